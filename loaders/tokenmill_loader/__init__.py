@@ -1,0 +1,1 @@
+"""tokenmill_loader: reads tokenmill token shards (no Dagster)."""
