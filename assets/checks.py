@@ -1,0 +1,64 @@
+"""Asset checks: each reports its figure; blocking ones stop a run before bad data flows downstream."""
+from __future__ import annotations
+
+import dagster as dg
+
+from resources import DataRoot
+from tokenmill.io import read_json, STATS_FILE
+from tokenmill.telemetry import build_funnel
+from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_dataset
+
+MAX_REJECTED_SHARE = 0.2  # above this the source or the reader settings are wrong, not the records
+
+
+def _problems_md(problems: list[str]) -> dg.MetadataValue:
+    shown = "\n".join(f"- {p}" for p in problems[:MAX_PROBLEMS])
+    more = f"\n- ... and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+    return dg.MetadataValue.md(shown + more or "none")
+
+
+@dg.asset_check(asset="raw_records", blocking=True, description="At least one record, and rejected share under a bound.")
+def raw_records_not_empty(data_root: DataRoot) -> dg.AssetCheckResult:
+    stats = read_json(data_root.path("raw_records") / STATS_FILE)
+    seen = stats["docs_in"]
+    share = (seen - stats["docs_out"]) / seen if seen else 1.0
+    return dg.AssetCheckResult(
+        passed=stats["docs_out"] > 0 and share <= MAX_REJECTED_SHARE,
+        metadata={"records": stats["docs_out"], "rejected_share": round(share, 4), "bound": MAX_REJECTED_SHARE},
+    )
+
+
+@dg.asset_check(asset="cleaned_jsonl", blocking=True, description="Every cleaned line is a valid record with a unique id.")
+def cleaned_records_valid(data_root: DataRoot) -> dg.AssetCheckResult:
+    result = validate_records(data_root.path("cleaned_jsonl"))
+    return dg.AssetCheckResult(
+        passed=not result["problems"],
+        metadata={"records": result["records"], "invalid": len(result["problems"]), "problems": _problems_md(result["problems"])},
+    )
+
+
+@dg.asset_check(asset="tokenized_bins", blocking=True,
+                description="Token ids < vocabulary, dataset.json consistent with shard files and SHA-256, masks aligned with tokens.")
+def token_shards_consistent(data_root: DataRoot) -> dg.AssetCheckResult:
+    problems, tokens, max_id, vocab = [], 0, -1, None
+    for split in ("train", "val"):
+        result = validate_token_dataset(data_root.path("tokenized_bins") / split)
+        problems += result["problems"]
+        tokens += result["tokens"]
+        max_id = max(max_id, result["max_token_id"] if result["max_token_id"] is not None else -1)
+        vocab = result.get("vocab_size", vocab)
+    return dg.AssetCheckResult(
+        passed=not problems,
+        metadata={"tokens_checked": tokens, "max_token_id": max_id, "vocab_size": vocab or 0,
+                  "problems": _problems_md(problems)},
+    )
+
+
+@dg.asset_check(asset="funnel_telemetry", description="Every stage: records in = records out + dropped, and stages link up.")
+def funnel_conserved(data_root: DataRoot) -> dg.AssetCheckResult:
+    funnel = build_funnel(data_root.path(""))
+    broken = [s["stage"] for s in funnel["stages"] if not (s["conserved"] and s["linked"])]
+    return dg.AssetCheckResult(
+        passed=not broken,
+        metadata={"stages_checked": len(funnel["stages"]), "broken_stages": ", ".join(broken) or "none"},
+    )

@@ -1,0 +1,557 @@
+"""Store: memory-mapped, validated access to tokenmill token shards (see docs/format.md).
+
+A Store presents every key of a dataset as one concatenated stream across shards (stream mode,
+`fetch`) and as records through the `offsets` of each key (record mode, `fetch_record`).
+Sources: a dataset folder (`dataset.json`), a single shard folder (`meta.json`), a headerless
+nanoGPT-style `.bin` file (given its dtype) or token-id JSONL (a file or a folder of `*.jsonl`).
+
+Files are memory-mapped lazily, on first access, in each process; pickling a Store keeps only its
+path and options, so DataLoader workers re-open (and re-map) the files themselves.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .errors import DatasetError
+
+FORMAT_NAME = "tokenmill-shards"
+FORMAT_VERSION = 1
+
+# training_type -> key whose items are the records, and the token keys
+RECORD_KEY = {"seq": "sequence", "conditional": "sequence", "sft": "sequence", "dpo": "chosen", "grpo": "prompts"}
+TOKEN_KEYS = {"seq": ("sequence",), "conditional": ("sequence",), "sft": ("sequence",),
+              "dpo": ("chosen", "rejected"), "grpo": ("prompts", "responses")}
+# mask key -> the token key it masks (same shape and offsets)
+MASK_OF = {"loss_mask": "sequence", "chosen_mask": "chosen", "rejected_mask": "rejected", "masks": "responses"}
+# keys with one item per grpo response (a record owns responses rewards.offsets[i]:rewards.offsets[i+1])
+RESPONSE_KEYS = ("responses", "masks")
+ALL_TOKEN_KEYS = ("sequence", "chosen", "rejected", "prompts", "responses")
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """numpy -> torch with widely supported dtypes: uint16 -> int32, uint32 -> int64, others kept."""
+    if a.dtype == np.uint16:
+        a = a.astype(np.int32)
+    elif a.dtype == np.uint32:
+        a = a.astype(np.int64)
+    elif not a.flags.writeable or not a.flags.c_contiguous:
+        a = np.array(a)
+    return torch.from_numpy(a)
+
+
+def _infer_type(keys: Iterable[str]) -> str:
+    keys = set(keys)
+    if "prompts" in keys:
+        return "grpo"
+    if "chosen" in keys:
+        return "dpo"
+    if "loss_mask" in keys:
+        return "sft"
+    return "seq"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: missing ({what})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{path}: not valid JSON ({what}): {e}") from None
+
+
+class _Part:
+    """One shard (or the single in-memory part of a .bin / JSONL source)."""
+
+    __slots__ = ("name", "folder", "dtypes", "lengths", "offsets", "records", "arrays")
+
+    def __init__(self, name: str, folder: Path | None):
+        self.name = name
+        self.folder = folder
+        self.dtypes: dict[str, np.dtype] = {}
+        self.lengths: dict[str, int] = {}
+        self.offsets: dict[str, np.ndarray] = {}
+        self.records = 0
+        self.arrays: dict[str, np.ndarray] = {}  # filled lazily (mmap) or eagerly (JSONL)
+
+
+def _map_file(path: Path, dtype: np.dtype, length: int) -> np.ndarray:
+    """Read-only mmap of a headerless little-endian file as a plain ndarray (cheap slicing)."""
+    if length == 0:
+        return np.empty(0, dtype=dtype)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != length * dtype.itemsize:
+            raise DatasetError(f"{path}: {size} bytes, expected {length * dtype.itemsize} "
+                               f"({length} x {dtype}); the file changed or is truncated")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mm, dtype=dtype.newbyteorder("<"), count=length)
+
+
+class Store:
+    """Validated, lazily memory-mapped view of a token dataset. Build it with `open_store`."""
+
+    def __init__(self, path: str | os.PathLike, dtype=None, verify: bool = False):
+        self.path = str(path)
+        self._dtype_arg = None if dtype is None else np.dtype(dtype).str
+        self.verify = bool(verify)
+        self._loaded = False
+        self._load()
+
+    # -- pickling: only the path and options travel; the receiving process re-opens lazily
+    def __getstate__(self):
+        return {"path": self.path, "_dtype_arg": self._dtype_arg, "verify": False}
+
+    def __setstate__(self, state):
+        self.path = state["path"]
+        self._dtype_arg = state["_dtype_arg"]
+        self.verify = state["verify"]
+        self._loaded = False
+
+    def __getattr__(self, name):
+        # lazily loaded attributes (after unpickling): load on first use
+        if name.startswith("__") or self.__dict__.get("_loaded", True):
+            raise AttributeError(name)
+        self._load()
+        return object.__getattribute__(self, name)
+
+    def __repr__(self):
+        return f"Store({self.path!r}, kind={self.kind!r}, type={self.training_type!r}, shards={len(self.parts)})"
+
+    # ------------------------------------------------------------------ loading
+    def _load(self):
+        p = Path(self.path)
+        self.info: dict = {}
+        if p.is_dir() and (p / "dataset.json").exists():
+            self.kind = "dataset"
+            parts = self._load_dataset(p)
+        elif p.is_dir() and (p / "meta.json").exists():
+            self.kind = "shard"
+            parts = [self._load_shard(p, p.name, None)]
+            parent = p.parent / "dataset.json"
+            tt = None
+            if parent.exists():
+                try:
+                    tt = json.loads(parent.read_text(encoding="utf-8")).get("training_type")
+                except (OSError, json.JSONDecodeError):
+                    tt = None
+            self.info = {"training_type": tt or _infer_type(parts[0].dtypes)}
+            if (p.parent / "tokenizer.json").exists():
+                self.info["tokenizer"] = {"file": "../tokenizer.json"}
+        elif p.is_file() and p.suffix == ".bin":
+            self.kind = "bin"
+            parts = [self._load_bin(p)]
+            self.info = {"training_type": "seq"}
+        elif (p.is_file() and p.suffix == ".jsonl") or (p.is_dir() and any(p.glob("*.jsonl"))):
+            self.kind = "jsonl"
+            parts = [self._load_jsonl(p)]
+            self.info = {"training_type": _infer_type(parts[0].dtypes)}
+        elif p.is_dir():
+            raise DatasetError(f"{p / 'dataset.json'}: missing (not a tokenmill dataset, or written only "
+                               f"partly: dataset.json is written last); no meta.json or *.jsonl either")
+        else:
+            raise DatasetError(f"{p}: not found, or not a dataset folder, shard folder, .bin or .jsonl file")
+        self.parts: list[_Part] = parts
+        self.training_type: str = self.info.get("training_type") or _infer_type(parts[0].dtypes if parts else ())
+        keys: list[str] = []
+        for part in parts:
+            for k in part.dtypes:
+                if k not in keys:
+                    keys.append(k)
+        self.keys = keys
+        self.dtypes = {k: next(pt.dtypes[k] for pt in parts if k in pt.dtypes) for k in keys}
+        self._cum = {k: np.concatenate([[0], np.cumsum([pt.lengths.get(k, 0) for pt in parts])]).astype(np.int64)
+                     for k in keys}
+        self._rec_cum = np.concatenate([[0], np.cumsum([pt.records for pt in parts])]).astype(np.int64)
+        self._doc_starts: dict[str, np.ndarray] = {}
+        self._loaded = True
+
+    def _load_dataset(self, root: Path) -> list[_Part]:
+        dpath = root / "dataset.json"
+        info = _read_json(dpath, "dataset description")
+        self.info = info
+        if info.get("format") != FORMAT_NAME:
+            raise DatasetError(f"{dpath}: format is {info.get('format')!r}, expected {FORMAT_NAME!r}")
+        if info.get("format_version") != FORMAT_VERSION:
+            raise DatasetError(f"{dpath}: format_version {info.get('format_version')!r} is not supported "
+                               f"(this loader reads {FORMAT_VERSION})")
+        shards = info.get("shards")
+        if not isinstance(shards, list):
+            raise DatasetError(f"{dpath}: 'shards' must be a list")
+        tt = info.get("training_type")
+        if tt is not None and tt not in RECORD_KEY:
+            raise DatasetError(f"{dpath}: unknown training_type {tt!r}")
+        declared = info.get("keys") or {}
+        parts = []
+        for entry in shards:
+            name = entry.get("name")
+            folder = root / str(name)
+            if not name or not folder.is_dir():
+                raise DatasetError(f"{folder}: shard listed in {dpath} is missing")
+            for fname, fmeta in (entry.get("files") or {}).items():
+                fpath = folder / fname
+                if not fpath.exists():
+                    raise DatasetError(f"{fpath}: listed in {dpath} but missing")
+                size = fpath.stat().st_size
+                if "bytes" in fmeta and size != int(fmeta["bytes"]):
+                    raise DatasetError(f"{fpath}: {size} bytes, {dpath} lists {fmeta['bytes']} "
+                                       f"(truncated, corrupted or from another build)")
+                if self.verify and fmeta.get("sha256") and _sha256(fpath) != fmeta["sha256"]:
+                    raise DatasetError(f"{fpath}: sha256 differs from {dpath} (corrupted)")
+            part = self._load_shard(folder, str(name), tt)
+            for k, dt in part.dtypes.items():
+                want = declared.get(k, {}).get("dtype") if declared else None
+                if declared and k not in declared:
+                    raise DatasetError(f"{folder / 'meta.json'}: key {k!r} is not declared in {dpath}")
+                if want is not None and np.dtype(want) != dt:
+                    raise DatasetError(f"{folder / 'meta.json'}: {k} has dtype {dt}, {dpath} declares {want}")
+            for k in declared:
+                if k not in part.dtypes:
+                    raise DatasetError(f"{folder / 'meta.json'}: key {k!r} declared in {dpath} is missing")
+            rt = tt or _infer_type(part.dtypes)
+            tok = sum(part.lengths.get(k, 0) for k in TOKEN_KEYS[rt])
+            if "records" in entry and int(entry["records"]) != part.records:
+                raise DatasetError(f"{folder / 'meta.json'}: {part.records} records, {dpath} lists {entry['records']}")
+            if "tokens" in entry and int(entry["tokens"]) != tok:
+                raise DatasetError(f"{folder / 'meta.json'}: {tok} tokens, {dpath} lists {entry['tokens']}")
+            parts.append(part)
+        totals = info.get("totals") or {}
+        if "records" in totals and int(totals["records"]) != sum(pt.records for pt in parts):
+            raise DatasetError(f"{dpath}: totals.records {totals['records']} != sum over shards "
+                               f"{sum(pt.records for pt in parts)}")
+        if "tokens" in totals and shards and "tokens" in shards[0]:
+            if int(totals["tokens"]) != sum(int(s.get("tokens", 0)) for s in shards):
+                raise DatasetError(f"{dpath}: totals.tokens {totals['tokens']} != sum over shards")
+        tokdt = info.get("token_dtype")
+        if tokdt is not None:
+            for pt in parts:
+                for k in ALL_TOKEN_KEYS:
+                    if k in pt.dtypes and pt.dtypes[k] != np.dtype(tokdt):
+                        raise DatasetError(f"{pt.folder / 'meta.json'}: {k} is {pt.dtypes[k]}, "
+                                           f"{dpath} token_dtype is {tokdt}")
+        return parts
+
+    def _load_shard(self, folder: Path, name: str, training_type: str | None) -> _Part:
+        mpath = folder / "meta.json"
+        meta = _read_json(mpath, "shard metadata")
+        if not isinstance(meta, dict) or not meta:
+            raise DatasetError(f"{mpath}: expected a mapping from key to {{shape, dtype, offsets}}")
+        part = _Part(name, folder)
+        for key, m in meta.items():
+            try:
+                shape = [int(x) for x in m["shape"]]
+                dt = np.dtype(m["dtype"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise DatasetError(f"{mpath}: key {key!r}: bad shape/dtype ({e})") from None
+            if len(shape) != 1:
+                raise DatasetError(f"{mpath}: key {key!r}: shape {shape} is not one-dimensional")
+            n = shape[0]
+            bpath = folder / f"{key}.bin"
+            if not bpath.exists():
+                raise DatasetError(f"{bpath}: missing (listed in {mpath})")
+            size = bpath.stat().st_size
+            if size != n * dt.itemsize:
+                raise DatasetError(f"{bpath}: {size} bytes, expected {n * dt.itemsize} = {n} x {dt} "
+                                   f"from {mpath} (truncated or corrupted)")
+            offs = m.get("offsets")
+            if offs is None:
+                raise DatasetError(f"{mpath}: key {key!r} has no offsets")
+            offs = np.asarray(offs, dtype=np.int64)
+            if offs.ndim != 1 or len(offs) < 1 or offs[0] != 0 or offs[-1] != n:
+                raise DatasetError(f"{mpath}: key {key!r}: offsets must start at 0 and end at shape[0]={n}")
+            if len(offs) > 1 and (np.diff(offs) < 0).any():
+                bad = int(np.argmax(np.diff(offs) < 0))
+                raise DatasetError(f"{mpath}: key {key!r}: offsets decrease at item {bad}")
+            part.dtypes[key] = dt
+            part.lengths[key] = n
+            part.offsets[key] = offs
+        self._check_part(part, training_type, mpath)
+        return part
+
+    def _check_part(self, part: _Part, training_type: str | None, where) -> None:
+        tt = training_type or _infer_type(part.dtypes)
+        rkey = RECORD_KEY[tt]
+        if rkey not in part.offsets:
+            raise DatasetError(f"{where}: training_type {tt} needs key {rkey!r}; keys are {sorted(part.dtypes)}")
+        part.records = len(part.offsets[rkey]) - 1
+        for mk, tk in MASK_OF.items():
+            if mk in part.offsets:
+                if tk not in part.offsets or not np.array_equal(part.offsets[mk], part.offsets[tk]):
+                    raise DatasetError(f"{where}: {mk} does not have the shape/offsets of {tk}")
+        for k, offs in part.offsets.items():
+            if k in RESPONSE_KEYS:
+                continue
+            if len(offs) - 1 != part.records:
+                raise DatasetError(f"{where}: key {k!r} has {len(offs) - 1} items, expected {part.records} records")
+        if tt == "grpo":
+            if "rewards" not in part.offsets:
+                raise DatasetError(f"{where}: grpo needs 'rewards' (its offsets group the responses)")
+            nresp = part.lengths["rewards"]
+            for k in RESPONSE_KEYS:
+                if k in part.offsets and len(part.offsets[k]) - 1 != nresp:
+                    raise DatasetError(f"{where}: {k} has {len(part.offsets[k]) - 1} responses, rewards has {nresp}")
+
+    def _load_bin(self, p: Path) -> _Part:
+        if self._dtype_arg is None:
+            raise DatasetError(f"{p}: a headerless .bin needs its dtype: open_store(path, dtype=np.uint16)")
+        dt = np.dtype(self._dtype_arg)
+        size = p.stat().st_size
+        if size % dt.itemsize:
+            raise DatasetError(f"{p}: {size} bytes is not a multiple of {dt} itemsize {dt.itemsize} (truncated?)")
+        n = size // dt.itemsize
+        part = _Part(p.name, p.parent)
+        part.dtypes["sequence"] = dt
+        part.lengths["sequence"] = n
+        part.offsets["sequence"] = np.array([0, n], dtype=np.int64)  # document boundaries unknown
+        part.records = 1
+        part.arrays["sequence"] = None  # mapped lazily from the file itself
+        self._bin_file = p
+        return part
+
+    def _load_jsonl(self, p: Path) -> _Part:
+        files = [p] if p.is_file() else sorted(p.glob("*.jsonl"))
+        cols: dict[str, list] = {}
+        resp_counts: list[int] = []
+        nrec = 0
+        for fp in files:
+            with open(fp, encoding="utf-8") as f:
+                for ln, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        rec = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise DatasetError(f"{fp}:{ln}: not JSON ({e.msg})") from None
+                    if not isinstance(rec, dict):
+                        raise DatasetError(f"{fp}:{ln}: not a JSON object")
+                    row = _jsonl_row(rec)
+                    if not row:
+                        raise DatasetError(f"{fp}:{ln}: no token-id list (expected input_ids, sequence, "
+                                           f"chosen/rejected or prompts/responses)")
+                    if nrec and set(row) != set(cols):
+                        raise DatasetError(f"{fp}:{ln}: keys {sorted(row)} differ from earlier records {sorted(cols)}")
+                    for k, v in row.items():
+                        cols.setdefault(k, []).append(v)
+                    nrec += 1
+        if not nrec:
+            raise DatasetError(f"{p}: no JSONL records")
+        part = _Part(p.name, p if p.is_dir() else p.parent)
+        for k, items in cols.items():
+            nested = k in RESPONSE_KEYS
+            flat_items = [x for it in items for x in it] if nested else items
+            lens = np.fromiter((len(x) for x in flat_items), dtype=np.int64, count=len(flat_items))
+            offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+            flat = [v for x in flat_items for v in x]
+            if k == "rewards":
+                arr = np.asarray(flat, dtype=np.float32)
+            elif k in MASK_OF:
+                arr = np.asarray(flat, dtype=np.uint8)
+            else:
+                arr = np.asarray(flat, dtype=np.int64)
+                if k in ALL_TOKEN_KEYS and arr.size and arr.min() >= 0:
+                    arr = arr.astype(np.uint16 if arr.max() < 65536 else np.uint32)
+                elif not arr.size:
+                    arr = arr.astype(np.uint16)
+            part.arrays[k] = arr
+            part.dtypes[k] = arr.dtype
+            part.lengths[k] = len(arr)
+            part.offsets[k] = offs
+        self._check_part(part, None, p)
+        return part
+
+    # ------------------------------------------------------------------ arrays
+    def _array(self, i: int, key: str) -> np.ndarray:
+        part = self.parts[i]
+        a = part.arrays.get(key)
+        if a is None:
+            if self.kind == "bin":
+                a = _map_file(self._bin_file, part.dtypes[key], part.lengths[key])
+            else:
+                a = _map_file(part.folder / f"{key}.bin", part.dtypes[key], part.lengths[key])
+            part.arrays[key] = a
+        return a
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_records(self) -> int:
+        return int(self._rec_cum[-1])
+
+    def num_items(self, key: str = "sequence") -> int:
+        """Length of the concatenated stream of `key` across shards (tokens for a token key)."""
+        self._need(key)
+        return int(self._cum[key][-1])
+
+    def __len__(self) -> int:
+        return self.num_records
+
+    def _need(self, key):
+        if key not in self._cum:
+            raise KeyError(f"{self.path}: no key {key!r} (keys: {self.keys})")
+
+    def doc_starts(self, key: str = "sequence") -> np.ndarray:
+        """Global stream positions where each item (document) of `key` starts, int64, sorted."""
+        ds = self._doc_starts.get(key)
+        if ds is None:
+            self._need(key)
+            cum = self._cum[key]
+            ds = np.concatenate([pt.offsets[key][:-1] + cum[i] for i, pt in enumerate(self.parts)]
+                                or [np.zeros(0, np.int64)]).astype(np.int64)
+            self._doc_starts[key] = ds
+        return ds
+
+    def record_lengths(self, key: str | None = None) -> np.ndarray:
+        """Items per record for `key` (default: the record key), without reading token data."""
+        key = key or RECORD_KEY[self.training_type]
+        self._need(key)
+        return np.concatenate([np.diff(pt.offsets[key]) for pt in self.parts]).astype(np.int64)
+
+    # ------------------------------------------------------------------ stream mode
+    def read(self, key: str, begin: int, end: int) -> np.ndarray:
+        """Stream items [begin, end) of `key` across shards as a numpy copy (native dtype)."""
+        self._need(key)
+        cum = self._cum[key]
+        total = int(cum[-1])
+        if not 0 <= begin <= end <= total:
+            raise IndexError(f"stream range [{begin}, {end}) outside [0, {total}) of key {key!r}")
+        if begin == end:
+            return np.empty(0, dtype=self.dtypes[key])
+        s0 = int(np.searchsorted(cum, begin, "right")) - 1
+        s1 = int(np.searchsorted(cum, end, "left")) - 1
+        if s0 == s1:
+            base = int(cum[s0])
+            return np.array(self._array(s0, key)[begin - base:end - base])
+        pieces = []
+        for s in range(s0, s1 + 1):
+            base = int(cum[s])
+            lo, hi = max(begin, base) - base, min(end, int(cum[s + 1])) - base
+            if hi > lo:
+                pieces.append(self._array(s, key)[lo:hi])
+        return np.concatenate(pieces)
+
+    def gather(self, key: str, starts: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Windows [s, s+length) of the stream of `key` for each s in `starts`, as one (B, length) array.
+
+        Vectorized: one fancy-indexed read per distinct shard in the batch; only windows that straddle
+        a shard boundary (rare) are assembled piecewise.
+        """
+        self._need(key)
+        starts = np.asarray(starts, dtype=np.int64)
+        cum = self._cum[key]
+        if out is None:
+            out = np.empty((len(starts), length), dtype=self.dtypes[key])
+        if not len(starts):
+            return out
+        if starts.min() < 0 or starts.max() + length > cum[-1]:
+            raise IndexError(f"window outside the stream of {key!r} (0..{int(cum[-1])})")
+        if len(cum) == 2:  # one part: single fancy read
+            a = self._array(0, key)
+            np.take(a, starts[:, None] + np.arange(length), out=out)
+            return out
+        sh = np.searchsorted(cum, starts, "right") - 1
+        local = starts - cum[sh]
+        inside = local + length <= cum[sh + 1] - cum[sh]
+        ar = np.arange(length)
+        ush = np.unique(sh[inside])
+        for s in ush:
+            sel = np.flatnonzero(inside & (sh == s))
+            out[sel] = np.take(self._array(int(s), key), local[sel, None] + ar)
+        for i in np.flatnonzero(~inside):
+            out[i] = self.read(key, int(starts[i]), int(starts[i]) + length)
+        return out
+
+    def fetch(self, begin: int, end: int, keys: str | Sequence[str] = "sequence"):
+        """Stream mode: items [begin, end) of the concatenated stream of each key across shards.
+
+        One key gives a tensor, several a dict of tensors. Token ids come back as int32 (uint16 data) or
+        int64 (uint32 data); masks as uint8; rewards as float32.
+        """
+        if isinstance(keys, str):
+            return to_torch(self.read(keys, begin, end))
+        return {k: to_torch(self.read(k, begin, end)) for k in keys}
+
+    # ------------------------------------------------------------------ record mode
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard, local record) of dataset record `index` (np.searchsorted over cumulative counts)."""
+        n = self.num_records
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"record {index} out of range (0..{n - 1})")
+        s = int(np.searchsorted(self._rec_cum, index, "right")) - 1
+        return s, index - int(self._rec_cum[s])
+
+    def read_record(self, index: int, key: str):
+        s, j = self.locate(index)
+        part = self.parts[s]
+        if key not in part.offsets:
+            raise KeyError(f"{self.path}: no key {key!r} (keys: {self.keys})")
+        a = self._array(s, key)
+        offs = part.offsets[key]
+        if key in RESPONSE_KEYS and "rewards" in part.offsets:
+            r0, r1 = part.offsets["rewards"][j], part.offsets["rewards"][j + 1]
+            return [np.array(a[offs[r]:offs[r + 1]]) for r in range(int(r0), int(r1))]
+        return np.array(a[offs[j]:offs[j + 1]])
+
+    def fetch_record(self, index: int, keys: str | Sequence[str] | None = None):
+        """Record mode: record `index` of each key via its offsets (one key: a tensor; several: a dict).
+
+        grpo: `responses` and `masks` give a list of tensors, one per response of the record (grouped by
+        the `rewards` offsets); `rewards` gives the record's float32 rewards.
+        """
+        def conv(v):
+            return [to_torch(x) for x in v] if isinstance(v, list) else to_torch(v)
+        if keys is None:
+            keys = self.keys
+        if isinstance(keys, str):
+            return conv(self.read_record(index, keys))
+        return {k: conv(self.read_record(index, k)) for k in keys}
+
+    # ------------------------------------------------------------------ misc
+    def tokenizer_path(self) -> Path | None:
+        tok = self.info.get("tokenizer") or {}
+        root = Path(self.path) if Path(self.path).is_dir() else Path(self.path).parent
+        cand = root / tok.get("file", "tokenizer.json")
+        return cand if cand.exists() else None
+
+
+def _jsonl_row(rec: dict) -> dict:
+    """Token-id columns of one JSONL record, with format.md key names."""
+    row = {}
+    if "input_ids" in rec and "sequence" not in rec:
+        row["sequence"] = rec["input_ids"]
+        if "loss_mask" not in rec and isinstance(rec.get("labels"), list):
+            row["loss_mask"] = [0 if x == -100 else 1 for x in rec["labels"]]
+    for k in ALL_TOKEN_KEYS + tuple(MASK_OF) + ("rewards",):
+        v = rec.get(k)
+        if k in rec and isinstance(v, list):
+            row[k] = v
+    if "prompts" not in row and "prompt" in rec and "responses" in row and isinstance(rec["prompt"], list):
+        row["prompts"] = rec["prompt"]
+    return row
+
+
+def open_store(path: str | os.PathLike, dtype=None, verify: bool = False) -> Store:
+    """Open a dataset folder, a shard folder, a headerless `.bin` (with `dtype`) or token-id JSONL.
+
+    Raises DatasetError (naming the file) when a file does not match its metadata; `verify=True` also
+    checks the SHA-256 of every file listed in dataset.json.
+    """
+    if isinstance(path, Store):
+        return path
+    return Store(path, dtype=dtype, verify=verify)

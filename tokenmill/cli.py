@@ -1,0 +1,35 @@
+"""`tokenmill` command line: lineage lookups and the demo corpus, without starting Dagster."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tokenmill", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    lin = sub.add_parser("lineage", help="token position -> document id, source file and line, folded duplicates")
+    lin.add_argument("position", type=int, help="token position in the split's token stream")
+    lin.add_argument("--split", default="train")
+    lin.add_argument("--key", default=None, help="token key (default: the dataset's first token key)")
+    lin.add_argument("--data", default=os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent.parent / "data")),
+                     help="data root (default: $TOKENMILL_DATA or ./data)")
+    args = parser.parse_args(argv)
+
+    if args.command == "lineage":
+        from tokenmill.lineage import locate_token
+
+        try:
+            found = locate_token(Path(args.data), args.position, split=args.split, key=args.key)
+        except (FileNotFoundError, IndexError) as e:
+            print(f"tokenmill lineage: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(found, ensure_ascii=False, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Start and stop a real `dagster dev` for tests and the screenshot script, and talk to its GraphQL API.
+
+No Dagster import: the server runs in its own process group (see DAGSTER-NOTES: started from a
+non-interactive shell it ignores SIGTERM, so it is stopped with SIGINT, then its whole group is killed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+ASSET_METADATA_QUERY = """
+query AssetMetadata($key: AssetKeyInput!) {
+  assetOrError(assetKey: $key) {
+    ... on Asset { assetMaterializations(limit: 1) { runId metadataEntries { label __typename
+        ... on IntMetadataEntry { intValue } ... on FloatMetadataEntry { floatValue }
+        ... on MarkdownMetadataEntry { mdStr } ... on TextMetadataEntry { text }
+        ... on BoolMetadataEntry { boolValue } } } }
+  }
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DagsterDev:
+    """`dagster dev` on 127.0.0.1:<free port> with its own DAGSTER_HOME; a context manager."""
+
+    def __init__(self, dagster_home: Path, env: dict[str, str] | None = None, log_path: Path | None = None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.dagster_home = Path(dagster_home)
+        self.env = {**os.environ, **(env or {}), "DAGSTER_HOME": str(self.dagster_home)}
+        self.log_path = log_path or self.dagster_home / "dagster-dev.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "DagsterDev":
+        self.dagster_home.mkdir(parents=True, exist_ok=True)
+        (self.dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        dagster = Path(sys.executable).with_name("dagster")
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [str(dagster), "dev", "-h", "127.0.0.1", "-p", str(self.port)],
+            cwd=REPO_ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dagster dev exited with {self.proc.returncode}; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/server_info", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"dagster dev did not answer on {self.url} within {timeout} s; log: {self.log_path}")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        if self.proc:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # children outlive the parent otherwise
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+    def graphql(self, query: str, variables: dict | None = None) -> dict:
+        body = json.dumps({"query": query, "variables": variables or {}}).encode()
+        req = urllib.request.Request(f"{self.url}/graphql", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            payload = json.load(resp)
+        if payload.get("errors"):
+            raise RuntimeError(f"GraphQL errors: {payload['errors']}")
+        return payload["data"]
+
+    def run_job(self, job_name: str, location: str = "tokenmill", timeout: float = 900) -> str:
+        """Launches a job through GraphQL, waits for it to finish, returns the run id (raises unless SUCCESS)."""
+        from dagster_graphql import DagsterGraphQLClient
+
+        client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
+        run_id = client.submit_job_execution(job_name, repository_location_name=location)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            status = client.get_run_status(run_id).value
+            if status in ("SUCCESS", "FAILURE", "CANCELED"):
+                if status != "SUCCESS":
+                    raise RuntimeError(f"run {run_id} ended {status}; log: {self.log_path}")
+                return run_id
+            time.sleep(1)
+        raise TimeoutError(f"run {run_id} not finished after {timeout} s")
+
+    def latest_metadata(self, asset_key: str) -> dict:
+        data = self.graphql(ASSET_METADATA_QUERY, {"key": {"path": [asset_key]}})
+        mats = data["assetOrError"].get("assetMaterializations") or []
+        if not mats:
+            return {}
+        out = {}
+        for e in mats[0]["metadataEntries"]:
+            value = next((e[k] for k in ("intValue", "floatValue", "mdStr", "text", "boolValue") if k in e), None)
+            out[e["label"]] = value
+        return out

@@ -1,0 +1,61 @@
+"""Headless-Chromium screenshots of the Dagster UI (asset graph, funnel asset page) for docs and tests.
+
+usage: python -m tokenmill.screenshots URL OUT_DIR     (exit 1 if a page shows an error)
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PAGES = {
+    "asset-graph": "/asset-groups",
+    "funnel-asset": "/assets/funnel_telemetry",
+}
+# Text the Dagster UI shows when a page failed; an empty body also counts as a failure.
+ERROR_MARKERS = ("Unexpected GraphQL error", "Something went wrong", "PythonError", "Page not found")
+# Without the background-networking flags Chromium keeps dialing out, which this network refuses.
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--window-size=1600,1000", "--virtual-time-budget=25000"]
+
+
+def find_chromium() -> str | None:
+    return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
+
+
+def capture(url: str, out_png: Path, chromium: str) -> str:
+    """Saves a screenshot of `url` and returns the rendered DOM text."""
+    with tempfile.TemporaryDirectory() as profile:
+        flags = CHROMIUM_FLAGS + [f"--user-data-dir={profile}"]
+        subprocess.run([chromium, *flags, f"--screenshot={out_png}", url], check=True, capture_output=True, timeout=120)
+    with tempfile.TemporaryDirectory() as profile:
+        flags = CHROMIUM_FLAGS + [f"--user-data-dir={profile}"]
+        dom = subprocess.run([chromium, *flags, "--dump-dom", url], check=True, capture_output=True, timeout=120)
+    return dom.stdout.decode("utf-8", "replace")
+
+
+def take_screenshots(base_url: str, out_dir: Path, chromium: str | None = None) -> dict[str, Path]:
+    chromium = chromium or find_chromium()
+    if chromium is None:
+        raise FileNotFoundError("no chromium on PATH (Debian: apt-get install chromium)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shots = {}
+    for name, path in PAGES.items():
+        png = out_dir / f"{name}.png"
+        dom = capture(base_url.rstrip("/") + path, png, chromium)
+        found = [m for m in ERROR_MARKERS if m in dom]
+        if found or "<body" not in dom or not png.exists() or png.stat().st_size < 10_000:
+            raise RuntimeError(f"{base_url}{path}: the page shows an error or did not render ({found or 'blank'}); see {png}")
+        shots[name] = png
+    return shots
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    for name, png in take_screenshots(sys.argv[1], Path(sys.argv[2])).items():
+        print(f"{name}: {png}")

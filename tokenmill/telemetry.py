@@ -1,0 +1,123 @@
+"""The whole-run funnel, built from the `_stats.json` each stage wrote (never by re-reading the data)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tokenmill.io import STATS_FILE, read_json
+
+# (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
+RECORD_STAGES = (
+    ("raw_records", "raw records"),
+    ("cleaned_jsonl", "after cleaning"),
+    ("deduped_jsonl", "after dedup"),
+    ("tokenized_bins", "tokenized"),
+)
+
+
+def stage_stats(data_root: Path, key: str) -> dict:
+    path = Path(data_root) / key / STATS_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: stage '{key}' has not been materialized (no {STATS_FILE})")
+    return read_json(path)
+
+
+def dropped_counts(stats: dict) -> dict[str, int]:
+    return {k[len("dropped_"):]: int(v) for k, v in sorted(stats.items())
+            if k.startswith("dropped_") and isinstance(v, (int, float))}
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+
+
+def build_funnel(data_root: Path) -> dict:
+    """Stage counts, drops per reason, token figures and conservation (in = out + dropped) per stage."""
+    data_root = Path(data_root)
+    stages, previous_out = [], None
+    for key, label in RECORD_STAGES:
+        s = stage_stats(data_root, key)
+        dropped = dropped_counts(s)
+        docs_in, docs_out = int(s["docs_in"]), int(s["docs_out"])
+        stages.append({
+            "stage": key, "label": label, "docs_in": docs_in, "docs_out": docs_out,
+            "dropped": dropped, "dropped_total": sum(dropped.values()),
+            # a stage must account for every record it saw, and see every record the previous one kept
+            "conserved": docs_in == docs_out + sum(dropped.values()),
+            "linked": previous_out is None or docs_in == previous_out,
+        })
+        previous_out = docs_out
+    tok = stage_stats(data_root, "tokenized_bins")
+    tokens = int(tok.get("tokens", 0))
+    supervised = int(tok.get("supervised_tokens", tokens))
+    masked = int(tok.get("masked_tokens", tokens - supervised))
+    return {
+        "stages": stages,
+        "records_with_metadata": tok.get("records_with_metadata"),
+        "metadata_dropout": tok.get("metadata_dropout"),
+        "tokens": {
+            "total": tokens, "supervised": supervised, "masked": masked,
+            "supervised_share": supervised / tokens if tokens else 0.0,
+            "masked_share": masked / tokens if tokens else 0.0,
+            "isolated_punctuation_share": tok.get("isolated_punctuation_share"),
+        },
+        "split": {name: tok.get(name, {}) for name in ("train", "val")},
+        "bytes_on_disk": {key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES
+                          if (data_root / key).exists()},
+        "conserved": all(s["conserved"] and s["linked"] for s in stages),
+    }
+
+
+def funnel_markdown(funnel: dict) -> str:
+    raw = funnel["stages"][0]["docs_in"] or 1
+    rows = ["| stage | records | share of raw | dropped |", "|---|---:|---:|---|"]
+    rows.append(f"| input records | {funnel['stages'][0]['docs_in']:,} | 100.00% | |")
+    for s in funnel["stages"]:
+        drops = ", ".join(f"{k}: {v:,}" for k, v in s["dropped"].items() if v) or "-"
+        rows.append(f"| {s['label']} | {s['docs_out']:,} | {100 * s['docs_out'] / raw:.2f}% | {drops} |")
+    t = funnel["tokens"]
+    rows += ["", "| tokens | count | share |", "|---|---:|---:|",
+             f"| total | {t['total']:,} | 100.00% |",
+             f"| supervised | {t['supervised']:,} | {100 * t['supervised_share']:.2f}% |",
+             f"| masked (-100) | {t['masked']:,} | {100 * t['masked_share']:.2f}% |"]
+    if t.get("isolated_punctuation_share") is not None:
+        rows.append(f"| isolated punctuation | | {100 * t['isolated_punctuation_share']:.2f}% |")
+    for name, split in funnel["split"].items():
+        if split:
+            rows.append(f"| {name} split | {split.get('tokens', 0):,} tokens | {split.get('records', 0):,} records |")
+    rows.append("")
+    rows.append("Every stage conserves records (in = out + dropped)." if funnel["conserved"]
+                else "**A stage does not conserve records: see funnel.json.**")
+    return "\n".join(rows)
+
+
+def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
+    """Bars of the funnel, and how the stage counts moved over past materializations (oldest first)."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib.pyplot as plt
+
+    labels = ["input"] + [s["label"] for s in funnel["stages"]]
+    counts = [funnel["stages"][0]["docs_in"]] + [s["docs_out"] for s in funnel["stages"]]
+    fig, (bars, lines) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=80)
+    bars.barh(labels[::-1], counts[::-1], color="#4f6bed")
+    for y, c in enumerate(counts[::-1]):
+        bars.text(c, y, f" {c:,}", va="center", fontsize=8)
+    bars.set_title("records per stage")
+    bars.set_xlim(0, max(counts) * 1.25 or 1)
+    runs = history + [{label: c for label, c in zip(labels, counts)}]
+    for label in labels:
+        lines.plot(range(1, len(runs) + 1), [r.get(label) for r in runs], marker="o", label=label)
+    lines.set_title(f"last {len(runs)} materializations")
+    lines.set_xlabel("materialization")
+    lines.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def history_row(funnel: dict) -> dict:
+    """The per-stage counts of one funnel, keyed like the chart's labels (stored as run metadata)."""
+    row = {"input": funnel["stages"][0]["docs_in"]}
+    row.update({s["label"]: s["docs_out"] for s in funnel["stages"]})
+    return row
