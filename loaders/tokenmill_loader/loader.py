@@ -1,0 +1,89 @@
+"""DataLoader: torch's DataLoader with a resumable, consumption-counting state."""
+from __future__ import annotations
+
+import torch
+from torch.utils.data import default_collate
+
+from .datasets import batched_collate
+from .sampler import ResumableSampler
+
+
+class _ResumableBatchSampler:
+    """Batches of the sampler's remaining indices, read when an iterator starts (so resume works)."""
+
+    def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool):
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+
+    def __iter__(self):
+        idx = self.sampler.remaining()
+        bs = self.batch_size
+        for i in range(0, len(idx), bs):
+            b = idx[i:i + bs]
+            if len(b) < bs and self.drop_last:
+                return
+            yield b.tolist()
+
+    def __len__(self) -> int:
+        n = self.sampler.num_samples()
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """torch DataLoader over a map-style dataset with a seeded, sharded, resumable order.
+
+    - Order: ResumableSampler(seed, shuffle, rank, world_size, drop_last); epoch e has its own order.
+    - The loader is a cursor: each `iter()` continues where the trainer stopped; when an epoch has been
+      fully yielded the next `iter()` starts the next epoch (or call `set_epoch`).
+    - `state_dict()` counts batches yielded to the caller (not what workers prefetched):
+      {epoch, position (samples of this rank consumed), ...}. `load_state_dict()` before iterating
+      resumes at the next batch exactly, in any process, with any num_workers.
+    - Datasets with `get_batch` (TokenDataset) are read one batch per vectorized call; their batches
+      are already collated. pin_memory defaults to True only when CUDA is available.
+    - num_workers defaults to 0: with vectorized batch reads from the page cache the main process is
+      fastest (see benchmarks/bench_loader.py: worker processes pay for copying every batch between
+      processes).
+    """
+
+    def __init__(self, dataset, batch_size: int = 1, shuffle: bool = True, seed: int = 0, rank: int = 0,
+                 world_size: int = 1, drop_last: bool = False, num_workers: int = 0, collate_fn=None,
+                 pin_memory: bool | None = None, **kwargs):
+        sampler = ResumableSampler(len(dataset), batch_size=batch_size, seed=seed, shuffle=shuffle,
+                                   rank=rank, world_size=world_size, drop_last=drop_last)
+        if collate_fn is None:
+            collate_fn = batched_collate if hasattr(dataset, "get_batch") else default_collate
+        if pin_memory is None:
+            pin_memory = torch.cuda.is_available()
+        super().__init__(dataset, batch_sampler=_ResumableBatchSampler(sampler, batch_size, drop_last),
+                         num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, **kwargs)
+        self.resumable_sampler = sampler
+        self._per_batch = batch_size
+
+    def __iter__(self):
+        s = self.resumable_sampler
+        if s.position >= s.num_samples():  # the previous epoch was fully consumed
+            s.set_epoch(s.epoch + 1)
+        it = super().__iter__()
+        epoch = s.epoch
+        for batch in it:
+            s.position = min(s.position + self._per_batch, s.num_samples())
+            yield batch
+        if s.epoch == epoch:
+            s.set_epoch(epoch + 1)
+
+    @property
+    def epoch(self) -> int:
+        return self.resumable_sampler.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.resumable_sampler.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        s = self.resumable_sampler
+        if s.position >= s.num_samples():
+            return {**s.state_dict(), "epoch": s.epoch + 1, "position": 0}
+        return s.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.resumable_sampler.load_state_dict(state)

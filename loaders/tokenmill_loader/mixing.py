@@ -1,0 +1,108 @@
+"""MixedLoader: several loaders mixed by integer ratios, one source per batch, resumable."""
+from __future__ import annotations
+
+import numpy as np
+
+
+class MixedLoader:
+    """Mix batches of several resumable loaders by integer ratios.
+
+    - One batch comes from one source (a dict batch gets a "source" key with the source's name).
+    - Selection is smooth weighted round-robin: each step every active source gains its ratio, the
+      source with the largest credit is chosen and loses the ratio sum. Ties go by a priority order
+      drawn from `seed`. After any n batches, source i has been chosen within +-1 of
+      n * ratio_i / sum(ratios) times. Deterministic: step k always picks the same source.
+    - Sources with ratio <= 0 are skipped entirely.
+    - An exhausted source (end of its epoch): on_exhausted="restart" (default) starts its next epoch
+      (its own loader advances the epoch), so iteration is endless; "stop" ends the iteration.
+    - state_dict(): the step counter, the credits and each inner loader's state_dict (which count what
+      was yielded). load_state_dict() before iterating resumes at the exact next batch.
+
+    `loaders`: a dict name -> loader or a list (names "0", "1", ...); `ratios` likewise (dict or list).
+    """
+
+    def __init__(self, loaders, ratios, seed: int = 0, on_exhausted: str = "restart"):
+        if isinstance(loaders, dict):
+            names = list(loaders)
+            lds = [loaders[n] for n in names]
+            rs = [ratios[n] for n in names] if isinstance(ratios, dict) else list(ratios)
+        else:
+            lds = list(loaders)
+            names = [str(i) for i in range(len(lds))]
+            rs = list(ratios)
+        if len(rs) != len(lds):
+            raise ValueError("one ratio per loader")
+        if any(int(r) != r for r in rs):
+            raise ValueError("ratios must be integers")
+        if on_exhausted not in ("restart", "stop"):
+            raise ValueError("on_exhausted must be 'restart' or 'stop'")
+        self.names = [n for n, r in zip(names, rs) if r > 0]
+        self.loaders = [ld for ld, r in zip(lds, rs) if r > 0]
+        self.ratios = np.array([int(r) for r in rs if r > 0], dtype=np.int64)
+        if not len(self.loaders):
+            raise ValueError("no source with a positive ratio")
+        self.total = int(self.ratios.sum())
+        self.seed = int(seed)
+        self.on_exhausted = on_exhausted
+        # tie-break priority (lower wins), fixed by the seed
+        self._priority = np.random.default_rng(np.random.SeedSequence((self.seed, 0x5EED))).permutation(len(self.loaders))
+        self.step = 0
+        self.credit = np.zeros(len(self.loaders), dtype=np.int64)
+
+    def _pick(self, credit: np.ndarray) -> int:
+        c = credit + self.ratios
+        best = c.max()
+        cands = np.flatnonzero(c == best)
+        return int(cands[np.argmin(self._priority[cands])])
+
+    def schedule(self, n: int, start_credit: np.ndarray | None = None) -> list[int]:
+        """Sources of the next n steps from a credit state (default: the start), without reading data."""
+        credit = np.zeros_like(self.credit) if start_credit is None else start_credit.copy()
+        out = []
+        for _ in range(n):
+            i = self._pick(credit)
+            credit += self.ratios
+            credit[i] -= self.total
+            out.append(i)
+        return out
+
+    def __iter__(self):
+        its: dict[int, object] = {}
+        try:
+            while True:
+                i = self._pick(self.credit)
+                if i not in its:
+                    its[i] = iter(self.loaders[i])
+                try:
+                    batch = next(its[i])
+                except StopIteration:
+                    if self.on_exhausted == "stop":
+                        return
+                    its[i] = iter(self.loaders[i])
+                    try:
+                        batch = next(its[i])
+                    except StopIteration:
+                        raise RuntimeError(f"source {self.names[i]!r} yields no batch at all") from None
+                self.credit += self.ratios
+                self.credit[i] -= self.total
+                self.step += 1
+                if isinstance(batch, dict):
+                    batch = {**batch, "source": self.names[i]}
+                yield batch
+        finally:
+            for it in its.values():
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "credit": self.credit.tolist(), "seed": self.seed, "names": list(self.names),
+                "inner": {n: ld.state_dict() for n, ld in zip(self.names, self.loaders)}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if list(state["names"]) != self.names:
+            raise ValueError(f"mixed state is for sources {state['names']}, this loader has {self.names}")
+        self.step = int(state["step"])
+        self.credit = np.array(state["credit"], dtype=np.int64)
+        for n, ld in zip(self.names, self.loaders):
+            ld.load_state_dict(state["inner"][n])

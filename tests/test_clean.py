@@ -1,0 +1,418 @@
+"""cleaned_jsonl: each rule on planted cases, bad input, conservation, determinism, the boilerplate detector
+(frequent genuine lines survive), accuracy on the demo corpus, and the asset."""
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from tokenmill import clean_rules as R
+from tokenmill.boilerplate import template_score
+from tokenmill.clean import REASONS, CleanSettings, clean_corpus
+from tokenmill.io import REJECTED_FILE, STATS_FILE, dumps, iter_jsonl, read_json, record_id, record_shards
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+def make_raw(folder: Path, texts, metas=None, per_shard=None, extra=None) -> list[str]:
+    """Writes texts as raw_records shards (part-XXXXX.jsonl); returns their ids in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    per_shard = per_shard or max(1, len(texts))
+    ids, lines = [], {}
+    for i, text in enumerate(texts):
+        rid = record_id("fixture.jsonl", line=i + 1)
+        rec = {"id": rid, "text": text, "meta": (metas[i] if metas else {}),
+               "source": {"path": "fixture.jsonl", "line": i + 1}}
+        if extra and i in extra:
+            rec.update(extra[i])
+        ids.append(rid)
+        lines.setdefault(i // per_shard, []).append(dumps(rec))
+    for k, ls in lines.items():
+        (folder / f"part-{k:05d}.jsonl").write_text("\n".join(ls) + "\n", encoding="utf-8")
+    return ids
+
+
+def clean(tmp_path: Path, texts, metas=None, workers=1, name="out", per_shard=None, extra=None, **settings):
+    raw = tmp_path / f"raw-{name}"
+    ids = make_raw(raw, texts, metas, per_shard, extra)
+    out = tmp_path / name
+    stats = clean_corpus(raw, out, CleanSettings(**settings), workers=workers)
+    recs = {r["id"]: r for shard in record_shards(out) for r in iter_jsonl(shard)}
+    rej = {r["id"]: r for r in iter_jsonl(out / REJECTED_FILE)}
+    assert stats["docs_in"] == len(texts) == len(recs) + len(rej)  # conservation, always
+    assert read_json(out / STATS_FILE) == json.loads(json.dumps(stats))
+    return ids, recs, rej, stats
+
+
+def mojibake(text: str) -> str:
+    """UTF-8 bytes read as Windows-1252 (ftfy's sloppy codec maps the 5 undefined bytes too)."""
+    import ftfy.bad_codecs  # noqa: F401  registers "sloppy-windows-1252"
+
+    return text.encode("utf-8").decode("sloppy-windows-1252")
+
+
+POEM = "床前明月光，疑是地上霜。\n举头望明月，低头思故乡。"
+JUEJU = "白日依山尽\n黄河入海流\n欲穷千里目\n更上一层楼"  # 20 characters, 4 lines of 5: valid
+PROSE = ("The committee met on Tuesday to discuss the new budget for the library. Several members asked for more "
+         "money for the children's section, and the chair promised a report by the end of the month.")
+
+
+# ------------------------------------------------------------------------------------------ rule 1-5: repair
+
+def test_mojibake_is_repaired_and_cjk_punctuation_untouched(tmp_path):
+    original = "Zoë’s résumé mentioned a year in Zürich — “an education”, she said."
+    garbled = mojibake(original)
+    assert garbled != original
+    text, n = R.repair_mojibake(garbled)
+    assert (text, n) == (original, 1)
+    cjk = "“春眠不觉晓，处处闻啼鸟。”（孟浩然）！？：；ＡＢＣ"
+    assert R.repair_mojibake(cjk) == (cjk, 0)
+    ids, recs, _, stats = clean(tmp_path, [garbled + "\n" + PROSE, cjk + "\n" + POEM])
+    assert recs[ids[0]]["text"] == original + "\n" + PROSE
+    assert recs[ids[1]]["text"] == cjk + "\n" + POEM  # full-width stays full-width under NFC
+    assert stats["mojibake_repaired"] == 1
+
+
+def test_unicode_normalization_forms():
+    decomposed = "Cafe\u0301 ｆｕｌｌｗｉｄｔｈ ﬁne"
+    assert R.normalize_unicode(decomposed, "NFC") == "Café ｆｕｌｌｗｉｄｔｈ ﬁne"
+    assert R.normalize_unicode(decomposed, "NFKC") == "Café fullwidth fine"
+    assert R.normalize_unicode(decomposed, "none") == decomposed
+    with pytest.raises(ValueError):
+        CleanSettings(normalization="NFD")
+
+
+def test_control_and_zero_width_characters_removed():
+    text = "\ufeffab\u200bc\x00d\x07e\u202ef\u2060g"
+    assert R.strip_control_chars(text) == ("abcdefg", 7)
+    emoji = "👩\u200d💻 and فارسی\u200cها"  # joiners carry meaning: kept
+    assert R.strip_control_chars(emoji) == (emoji, 0)
+    assert R.needs_repair(text)
+
+
+def test_whitespace_and_line_endings_normalized():
+    text = "\n\n  first line   \r\nsecond\u00a0line\t\r\n\r\n\r\n\r\nthird\u3000\rfourth\n\n\n"
+    assert R.normalize_whitespace(text) == "  first line\nsecond line\n\nthird\nfourth"
+    assert R.normalize_whitespace(" \n \t\n") == ""
+
+
+def test_invalid_surrogates_do_not_crash(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    # a JSON file as a reader could write it: lone surrogate escapes inside the text and the meta
+    lines = ['{"id": "a", "text": "good \\ud800text here, long enough\\udfff", "meta": {"title": "t\\ud83d"}, '
+             '"source": {"path": "x", "line": 1}}',
+             '{"id": "b", "text": "\\ud800\\ud800", "meta": {}, "source": {"path": "x", "line": 2}}']
+    (raw / "part-00000.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    stats = clean_corpus(raw, tmp_path / "out", CleanSettings(), workers=1)
+    recs = list(iter_jsonl(tmp_path / "out" / "part-00000.jsonl"))
+    assert [r["text"] for r in recs] == ["good text here, long enough"]
+    assert recs[0]["meta"]["title"] == "t"
+    assert stats["surrogates_removed"] == 4
+    assert [r["reason"] for r in iter_jsonl(tmp_path / "out" / REJECTED_FILE)] == ["empty"]
+    (tmp_path / "out" / "part-00000.jsonl").read_bytes().decode("utf-8")  # valid UTF-8 on disk
+
+
+# ------------------------------------------------------------------------------------------ rule 6: metadata
+
+def test_header_metadata_moved_into_meta(tmp_path):
+    texts = ["Title: The Humble Field\nAuthor: Peter Whitlock\n\n" + PROSE,
+             "标题：静夜思\n作者：李白\n朝代：唐\n" + POEM,
+             "By Jane Austen\n" + PROSE,
+             PROSE + "\nTitle: not a header down here",
+             "Title: kept from the reader? no\n" + PROSE]
+    metas = [{}, {}, {}, {}, {"title": "Reader Title"}]
+    ids, recs, _, stats = clean(tmp_path, texts, metas)
+    assert recs[ids[0]]["meta"] == {"title": "The Humble Field", "author": "Peter Whitlock"}
+    assert recs[ids[0]]["text"] == PROSE
+    assert recs[ids[1]]["meta"] == {"title": "静夜思", "author": "李白", "dynasty": "唐"}
+    assert recs[ids[1]]["text"] == POEM
+    assert recs[ids[2]]["meta"] == {"author": "Jane Austen"} and recs[ids[2]]["text"] == PROSE
+    assert recs[ids[3]]["text"] == texts[3] and recs[ids[3]]["meta"] == {}
+    assert recs[ids[4]]["meta"] == {"title": "Reader Title"} and recs[ids[4]]["text"] == PROSE  # reader wins
+    assert stats["docs_meta_extracted"] == 4
+
+
+def test_reader_title_repeated_in_text_is_dropped():
+    text, meta, n = R.extract_metadata("静夜思\n李白\n" + POEM, {"title": "静夜思", "author": "李白"})
+    assert (text, n) == (POEM, 2)
+    text, meta, n = R.extract_metadata(POEM, {"title": "静夜思"})
+    assert (text, n) == (POEM, 0)
+
+
+def test_metadata_extracted_before_boilerplate(tmp_path):
+    # "Author: X" header lines sit at the top of every document: the boilerplate detector would take the
+    # frequent ones, so extraction must run first and keep them as meta
+    texts = [f"Author: Example Writer\nTitle: Poem {i}\n" + PROSE.replace("Tuesday", f"day {i}") for i in range(40)]
+    ids, recs, _, stats = clean(tmp_path, texts, bp_min_df=3)
+    assert all(r["meta"]["author"] == "Example Writer" for r in recs.values())
+    assert recs[ids[7]]["meta"]["title"] == "Poem 7"
+
+
+# ------------------------------------------------------------------------------------------ rule 8: filters
+
+def test_each_filter_rejects_with_its_reason(tmp_path):
+    spam = "\n".join(["Buy cheap watches now!"] * 12)
+    texts = ["", "   \n\t \u3000 ", "Hi there", "\ufffd\ufffd\ufffd ab\ufffd \u25a1\u25a1\u25a1\u25a1 ?? text \ue000\ue001",
+             spam, "哈" * 200, "a" * 2000, JUEJU, POEM, PROSE]
+    ids, recs, rej, stats = clean(tmp_path, texts, max_chars=1000)
+    want = {0: "empty", 1: "empty", 2: "too_short", 3: "placeholder_glyphs", 4: "repetition", 5: "repetition",
+            6: "too_long"}
+    assert {i: rej[ids[i]]["reason"] for i in want} == want
+    assert set(recs) == {ids[7], ids[8], ids[9]}  # a 20-character jueju is valid
+    for r in rej.values():
+        assert set(r) == {"id", "source", "reason", "detail"} and r["detail"]
+    assert stats["rejected_by_reason"] == {"empty": 2, "too_short": 1, "placeholder_glyphs": 1, "repetition": 2,
+                                           "too_long": 1}
+    assert all(f"dropped_{r}" in stats for r in REASONS)
+
+
+def test_filters_keep_genuine_poetry_with_refrains():
+    shijing = "采采芣苡，薄言采之。采采芣苡，薄言有之。\n采采芣苡，薄言掇之。采采芣苡，薄言捋之。\n采采芣苡，薄言袺之。采采芣苡，薄言襭之。"
+    refrain = "式微式微，胡不归？\n微君之故，胡为乎中露！\n式微式微，胡不归？\n微君之躬，胡为乎泥中！"
+    limits = CleanSettings().ngram_limits()
+    for text in (shijing, refrain, JUEJU, POEM, PROSE):
+        assert R.check_repetition(text, 0.4, 0.4, limits) is None, text
+    assert R.check_repetition("好好学习 " * 50, 0.4, 0.4, limits)[0] == "repetition"
+    assert R.check_placeholder_glyphs("床前明月光，疑是地上□。\n举头望明月，低头思故乡。", 0.1) is None  # one lost char
+    assert R.check_placeholder_glyphs("床前□□□，□□□□□。", 0.1)[0] == "placeholder_glyphs"
+    assert R.check_placeholder_glyphs("What? Really? Yes.", 0.1) is None
+    assert R.check_placeholder_glyphs("Th? qu?ck br?wn f?x j?mps", 0.1)[0] == "placeholder_glyphs"
+
+
+# ------------------------------------------------------------------------------------------ rule 7: boilerplate
+
+def planted_corpus(n=300, seed=7):
+    """Documents of varied length with planted header/footer boilerplate, a frequent genuine line at random
+    positions, frequent words, and speaker labels locked at the top (genuine structure)."""
+    rng = random.Random(seed)
+    words = ("river moon spring wind mountain Transformer attention cloud lantern bridge willow harbor "
+             "春 月 风 花 雪 山 水 云").split()
+    header = "Copyright © 2024 Example Press | All rights reserved"
+    footer = "Read more at https://example.com/poems"
+    cn_header = "【本文来自网络 | 转载请注明出处】"
+    genuine = "And still the river runs to the sea."
+    speakers = ["ROMEO:", "JULIET:", "FIRST CITIZEN:", "NURSE:"]
+    docs, planted, genuine_docs = [], {}, []
+    for i in range(n):
+        body = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + f" {i}." for _ in range(rng.randint(2, 12))]
+        if i % 5 == 0:
+            body.insert(rng.randint(0, len(body)), genuine)
+            genuine_docs.append(i)
+        if i % 7 == 3:
+            body.insert(0, rng.choice(speakers))
+        lines = list(body)
+        plant = []
+        if i % 6 == 0:
+            lines.insert(0, header)
+            plant.append(header)
+        if i % 6 == 1:
+            lines.append(footer)
+            plant.append(footer)
+        if i % 6 == 2:
+            lines.insert(0, cn_header)
+            plant.append(cn_header)
+        planted[i] = plant
+        docs.append("\n".join(lines))
+    return docs, planted, genuine_docs, genuine, speakers
+
+
+def test_boilerplate_stripped_genuine_frequent_lines_kept(tmp_path):
+    docs, planted, genuine_docs, genuine, speakers = planted_corpus()
+    ids, recs, rej, stats = clean(tmp_path, docs, per_shard=70, workers=1)
+    assert not rej
+    removed_total = 0
+    for i, doc in enumerate(docs):
+        out_lines = recs[ids[i]]["text"].split("\n")
+        removed = [ln for ln in doc.split("\n") if ln not in out_lines]
+        assert removed == planted[i], (i, removed)
+        removed_total += len(removed)
+    assert all(genuine in recs[ids[i]]["text"] for i in genuine_docs)
+    for sp in speakers:  # labels at the top of many documents are structure, not boilerplate
+        assert any(recs[ids[i]]["text"].startswith(sp) for i in range(len(docs)))
+    bp = stats["boilerplate"]
+    assert bp["lines_stripped"] == removed_total == sum(map(len, planted.values()))
+    assert bp["docs_touched"] == sum(1 for p in planted.values() if p)
+    top = {t["line"]: t for t in bp["top_lines"]}
+    assert set(top) == {"Copyright © 2024 Example Press | All rights reserved",
+                        "Read more at https://example.com/poems", "【本文来自网络 | 转载请注明出处】"}
+    t = top["Read more at https://example.com/poems"]
+    assert t["score"] >= 0.65 and t["position"] == 1.0 and "url" in t["traits"]
+
+
+def test_frequency_alone_never_strips(tmp_path):
+    # a template-looking line in every other document, but at varied positions: genuine content
+    rng = random.Random(3)
+    line = "Section | Notes © see above"
+    docs = []
+    for i in range(200):
+        body = [f"Sentence number {j} of document {i} talks about rivers and moons." for j in range(8)]
+        if i % 2:
+            body.insert(rng.randint(1, 7), line)
+        docs.append("\n".join(body))
+    ids, recs, _, stats = clean(tmp_path, docs)
+    assert stats["boilerplate"]["lines_stripped"] == 0
+    assert sum(line in r["text"] for r in recs.values()) == 100
+
+
+def test_boilerplate_can_be_disabled(tmp_path):
+    docs, planted, *_ = planted_corpus(120)
+    ids, recs, _, stats = clean(tmp_path, docs, boilerplate=False)
+    assert [recs[i]["text"] for i in ids] == docs
+    assert stats["boilerplate"]["lines_stripped"] == 0
+
+
+def test_template_traits():
+    assert template_score("copyright © 0 example press | all rights reserved")[0] == 1.0
+    assert template_score("【本文来自网络 | 转载请注明出处】")[0] == 1.0
+    assert template_score("and still the river runs to the sea.")[0] == 0.0
+    assert template_score("romeo:")[0] < 0  # a speaker label: structure
+
+
+def test_tinyshakespeare_speaker_names_survive(tmp_path, shared_dir):
+    source = shared_dir / "corpora" / "tinyshakespeare" / "input.txt"
+    if not source.exists():
+        pytest.skip("tinyshakespeare not present")
+    from tokenmill.raw import RawSettings, ingest
+
+    ingest(source, tmp_path / "raw", RawSettings(txt_mode="blocks"), workers=1)
+    stats = clean_corpus(tmp_path / "raw", tmp_path / "out", CleanSettings(), workers=1)
+    stripped = {t["line"] for t in stats["boilerplate"]["top_lines"]}
+    assert not any(line.endswith(":") for line in stripped), stripped
+    assert stats["boilerplate"]["lines_stripped"] <= 30  # at most the stray "3 KING HENRY VI" running heads
+    text = "\n".join(r["text"] for shard in record_shards(tmp_path / "out") for r in iter_jsonl(shard))
+    assert text.count("ROMEO:") >= 160 and text.count("GLOUCESTER:") >= 220
+
+
+# ------------------------------------------------------------------------------------------ bad input, invariants
+
+def test_bad_input_never_crashes(tmp_path):
+    huge = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 190_000)[:10_500_000]
+    mixed = "Ελληνικά русский текст العربية हिन्दी 日本語のテキスト 한국어 텍스트 emoji 👩\u200d💻 " * 3
+    texts = [huge, mixed, " \n\t\r\n ", None, 12345, "ok " * 10]
+    ids, recs, rej, stats = clean(tmp_path, texts)
+    assert rej[ids[0]]["reason"] == "too_long"
+    assert recs[ids[1]]["text"] == mixed.strip()
+    assert rej[ids[2]]["reason"] == "empty" and rej[ids[3]]["reason"] == "empty"
+    assert rej[ids[4]]["reason"] == "too_short"  # a number as text: "12345"
+
+
+def test_huge_text_without_length_guard(tmp_path):
+    words = [f"w{i}" for i in range(5000)]
+    rng = random.Random(1)
+    huge = "\n".join(" ".join(rng.choice(words) for _ in range(20)) for _ in range(80_000))  # ~10.7 MB
+    assert len(huge) > 10_000_000
+    ids, recs, rej, _ = clean(tmp_path, [huge, PROSE], max_chars=0)
+    assert recs[ids[0]]["text"] == huge
+
+
+def test_special_fields_kept_and_repaired(tmp_path):
+    garbled = mojibake("Zoë’s café")
+    extra = {0: {"messages": [{"role": "user", "content": garbled}, {"role": "assistant", "content": "fine"}]}}
+    ids, recs, _, _ = clean(tmp_path, [PROSE], extra=extra)
+    assert recs[ids[0]]["messages"][0] == {"role": "user", "content": "Zoë’s café"}
+
+
+def test_output_deterministic_for_any_worker_count(tmp_path):
+    docs, *_ = planted_corpus(200, seed=11)
+    docs += ["", "\ufffd" * 30, "Ã©tÃ© " + PROSE]
+    _, _, _, s1 = clean(tmp_path, docs, workers=1, name="w1", per_shard=40)
+    _, _, _, s2 = clean(tmp_path, docs, workers=2, name="w2", per_shard=40)
+    names = sorted(p.name for p in (tmp_path / "w1").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "w2").iterdir())
+    assert names == sorted([f"part-{k:05d}.jsonl" for k in range(6)] + [REJECTED_FILE, STATS_FILE])
+    for name in names:
+        if name != STATS_FILE:
+            assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
+    drop = lambda s: {k: v for k, v in s.items() if k not in ("seconds", "rule_seconds", "rule_share")}
+    assert drop(s1) == drop(s2)
+
+
+def test_unchanged_records_pass_through_byte_identical(tmp_path):
+    ids, recs, _, _ = clean(tmp_path, [POEM, PROSE], [{"title": "静夜思", "author": "李白"}, {}])
+    assert (tmp_path / "raw-out" / "part-00000.jsonl").read_bytes() == (tmp_path / "out" / "part-00000.jsonl").read_bytes()
+
+
+def test_missing_input_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="raw_records"):
+        clean_corpus(tmp_path / "nope", tmp_path / "out", CleanSettings())
+
+
+def test_stats_report(tmp_path):
+    docs, *_ = planted_corpus(120)
+    ids, recs, rej, stats = clean(tmp_path, docs + ["Title: A\nAuthor: B\n" + PROSE, ""])
+    assert sum(stats["length_hist_before"]) == stats["docs_in"]
+    assert sum(stats["length_hist_after"]) == stats["docs_out"]
+    assert len(stats["length_buckets"]) == len(stats["length_hist_after"])
+    assert stats["chars_out"] < stats["chars_in"]
+    kinds = {e["kind"] for e in stats["examples"]}
+    assert {"boilerplate", "metadata"} <= kinds
+    assert all(len(e["before"]) <= 200 for e in stats["examples"])
+    assert set(stats["rule_share"]) >= {"repair_mojibake", "strip_boilerplate", "filter_repetition"}
+    assert abs(sum(stats["rule_share"].values()) - 1) < 0.01
+
+
+# ------------------------------------------------------------------------------------------ demo corpus accuracy
+
+def test_accuracy_on_demo_corpus(demo_source, demo_manifest, tmp_path):
+    from tokenmill.boilerplate import line_key
+    from tokenmill.raw import ingest
+
+    if not demo_source.is_dir():
+        pytest.skip("demo corpus absent")
+    ingest(demo_source, tmp_path / "raw", workers=1)
+    clean_corpus(tmp_path / "raw", tmp_path / "base", CleanSettings(boilerplate=False), workers=1)
+    stats = clean_corpus(tmp_path / "raw", tmp_path / "out", CleanSettings(), workers=2)
+    base = {r["id"]: r for p in record_shards(tmp_path / "base") for r in iter_jsonl(p)}
+    out = {r["id"]: r for p in record_shards(tmp_path / "out") for r in iter_jsonl(p)}
+    rej = {r["id"]: r for r in iter_jsonl(tmp_path / "out" / REJECTED_FILE)}
+    assert stats["docs_in"] == demo_manifest["records"] == len(out) + len(rej)
+
+    planted = {(d["id"], line) for d in demo_manifest["boilerplate_docs"] for line in d["lines"]}
+    removed = set()
+    for rid, rec in out.items():
+        kept = {line_key(ln) for ln in rec["text"].split("\n")}
+        removed |= {(rid, ln.strip()) for ln in base[rid]["text"].split("\n") if ln.strip() and line_key(ln) not in kept}
+    precision = len(removed & planted) / max(1, len(removed))
+    recall = len(removed & planted) / len(planted)
+    assert precision >= 0.95 and recall >= 0.95, (precision, recall, sorted(removed ^ planted)[:5])
+
+    for d in demo_manifest["genuine_frequent_docs"]:
+        assert d["line"] in out[d["id"]]["text"], d
+    texts = "\n".join(r["text"] for r in out.values())
+    for word in demo_manifest["genuine_frequent_words"]:
+        assert texts.count(word) >= 5, word
+    for g in demo_manifest["garbled"]:
+        assert rej.get(g["id"], {}).get("reason") == g["reason"], g
+    assert set(rej) == {g["id"] for g in demo_manifest["garbled"]}  # nothing else rejected
+    for m in demo_manifest["mojibake"]:
+        assert out[m["id"]]["text"] == m["original"], m["id"]
+    for h in demo_manifest.get("header_metadata", []):
+        assert out[h["id"]]["meta"]["title"] == h["title"] and out[h["id"]]["meta"]["author"] == h["author"]
+
+
+# ------------------------------------------------------------------------------------------ the asset
+
+def test_cleaned_jsonl_asset(demo_source, tmp_path):
+    import dagster as dg
+
+    from assets.clean import cleaned_jsonl
+    from assets.raw import raw_records
+    from resources import CorpusSource, DataRoot
+
+    result = dg.materialize([raw_records, cleaned_jsonl],
+                            resources={"source": CorpusSource(path=str(demo_source)),
+                                       "data_root": DataRoot(root=str(tmp_path / "data"))})
+    assert result.success
+    meta = result.asset_materializations_for_node("cleaned_jsonl")[0].metadata
+    stats = read_json(tmp_path / "data" / "cleaned_jsonl" / STATS_FILE)
+    assert meta["docs_in"].value == stats["docs_in"]
+    assert meta["docs_out"].value == stats["docs_out"] == stats["docs_in"] - stats["rejected"]
+    assert all(f"dropped_{r}" in meta for r in REASONS)
+    assert meta["boilerplate_lines_stripped"].value > 0
+    assert len(meta["boilerplate_top_lines"].value.records) >= 1
+    for key in ("examples", "length_distribution", "seconds", "path"):
+        assert key in meta
+    # no stray .jsonl besides the shards and _rejected.jsonl (check_contracts globs **/*.jsonl)
+    names = {p.name for p in (tmp_path / "data" / "cleaned_jsonl").iterdir()}
+    assert all(n.startswith("part-") or n in (REJECTED_FILE, STATS_FILE) for n in names), names

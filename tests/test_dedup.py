@@ -1,0 +1,341 @@
+"""dedup_report / deduped_jsonl: key normalization, datasketch-identical signatures, bands, verification,
+union-find, keep rule, conservation, determinism and the two assets end to end."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tokenmill import minhash as mh
+from tokenmill.dedup import (CLUSTERS_FILE, DECISIONS_FILE, REPORT_FILE, DedupSettings, build_dedup_report,
+                             write_deduped)
+from tokenmill.io import REMOVED_FILE, STATS_FILE, iter_jsonl, record_id, record_shards
+
+CHARS = "春江潮水连海平明月共生滟随波千万里何处无光流宛转绕芳甸照花林皆似霰空中霜飞不觉汀上白沙看见"
+
+
+def _rec(path: str, index: int, text: str, meta: dict | None = None) -> dict:
+    return {"id": record_id(path, index=index), "text": text, "meta": meta or {},
+            "source": {"path": path, "index": index}}
+
+
+def _poem(rng: random.Random, n: int = 28) -> str:
+    return "".join(rng.choice(CHARS) for _ in range(n))
+
+
+def _write(folder: Path, records: list[dict], per_shard: int = 10**9) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in range(0, max(len(records), 1), per_shard):
+        with open(folder / f"part-{s // per_shard:05d}.jsonl", "w", encoding="utf-8") as f:
+            for r in records[s:s + per_shard]:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return folder
+
+
+def _substitute(text: str, pos: int, ch: str = "龍") -> str:
+    return text[:pos] + ch + text[pos + 1:]
+
+
+def _corpus(seed: int = 0) -> tuple[list[dict], dict]:
+    """200 distinct poems in a.json; b.json: 30 exact copies (punctuated), 20 one-substitution variants."""
+    rng = random.Random(seed)
+    base = [_poem(rng, 40) for _ in range(200)]  # one substitution: Jaccard ~0.9, caught with p > 0.9998
+    recs = [_rec("a.json", i, t, {"title": f"t{i}"}) for i, t in enumerate(base)]
+    truth = {"exact": set(), "near": set()}
+    for i in range(30):
+        t = base[i]
+        r = _rec("b.json", i, f"{t[:14]}，{t[14:]}。", {"title": f"t{i}", "author": "someone"})
+        recs.append(r)
+        truth["exact"].add(r["id"])
+    for i in range(30, 50):
+        r = _rec("b.json", i, _substitute(base[i], 9))
+        recs.append(r)
+        truth["near"].add(r["id"])
+    return recs, truth
+
+
+# -------------------------------------------------------------------------------------------------
+# Level 1: the key
+# -------------------------------------------------------------------------------------------------
+
+
+def test_dedup_key_normalization():
+    k = mh.dedup_key
+    assert k("Ｈｅｌｌｏ，　ＷＯＲＬＤ！") == k("hello world") == "helloworld"  # NFKC full-width, casefold, spaces
+    assert k("床前明月光，疑是地上霜。") == k("床前明月光\n疑是地上霜") == "床前明月光疑是地上霜"
+    assert k("a\u200bb\ufeffc") == "abc"  # zero-width space and BOM (format characters)
+    assert k("Straße") == k("STRASSE")  # full case folding
+    assert k("★ love ♥ ©2024") == "love2024" and k("★ love", strip_symbols=False) == "★love"
+    assert k("春眠不觉晓") != k("春眠不覺曉")  # no Chinese folding unless asked
+    assert k("!!!") != k("???") and k("!!!") == "!!!"  # all-punctuation texts key on themselves
+    assert mh.key_digest(k("a b")) == mh.key_digest(k("AB")) and len(mh.key_digest("x")) == 32
+
+
+def test_batch_keys_equal_per_text_keys():
+    rng = random.Random(0)
+    tricky = ["Ｈｅｌｌｏ，　ＷＯＲＬＤ！", "Straße ™ ① ﬁ", "e\u0301 cafe\u0301", "!!!", "", "  ", "\u1100\u1161", "가나",
+              "İstanbul", "ΣΑΣ", "x\U00020000y", "😀 hi", "a\u200bb", "床前明月光，疑是地上霜。"]
+    pools = [(0x20, 0x2FF), (0x300, 0x36F), (0x1100, 0x11FF), (0x2000, 0x33FF), (0xAC00, 0xAC20), (0xFF00, 0xFFEF),
+             (0x4E00, 0x4E40), (0x1F300, 0x1F320)]
+    texts = tricky + ["".join(chr(rng.randint(*rng.choice(pools))) for _ in range(rng.randint(0, 12)))
+                      for _ in range(3000)]
+    for strip in (True, False):
+        assert mh.dedup_keys(texts, strip) == [mh.dedup_key(t, strip) for t in texts]
+
+
+def test_exact_level_groups_normalized_variants(tmp_path):
+    recs = [_rec("f.json", 0, "Hello, World!"), _rec("f.json", 1, "hello world"),
+            _rec("f.json", 2, "ＨＥＬＬＯ　ＷＯＲＬＤ。"), _rec("f.json", 3, "goodbye world")]
+    _write(tmp_path / "in", recs)
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
+    assert stats["dropped_exact_duplicate"] == 2 and stats["dropped_near_duplicate"] == 0
+    assert stats["docs_out"] == 2
+
+
+# -------------------------------------------------------------------------------------------------
+# Level 2: hashes and signatures, identical to datasketch
+# -------------------------------------------------------------------------------------------------
+
+KEYS = ["床前明月光疑是地上霜举头望明月低头思故乡", "helloworld", "a", "", "ab", "abc", "🦊fox🦊" * 5,
+        "".join(chr(0x20000 + i) for i in range(12))]  # astral-plane CJK extension B
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_vectorized_shingle_hashes_equal_python(n):
+    hashes, offsets = mh.shingle_hashes(KEYS, n)
+    for i, key in enumerate(KEYS):
+        ref = [mh.shingle_hash32(s) for s in mh.shingles(key, n)]
+        assert hashes[offsets[i]:offsets[i + 1]].tolist() == ref
+        assert [mh.shingle_hash32(s.encode("utf-8")) for s in mh.shingles(key, n)] == ref
+
+
+@pytest.mark.parametrize("hash_name", ["poly", "sha1"])
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_signatures_identical_to_datasketch(hash_name, n):
+    from datasketch import MinHash
+
+    rng = random.Random(n)
+    keys = KEYS + [_poem(rng, rng.randint(1, 300)) for _ in range(30)]
+    hashes, offsets = mh.shingle_hashes(keys, n, hash_name)
+    sig = mh.signatures(hashes, offsets, num_perm=64, seed=7, chunk=256)  # small chunks: many boundaries
+    for i, key in enumerate(keys):
+        if hash_name == "poly":
+            m = MinHash(num_perm=64, seed=7, hashfunc=mh.shingle_hash32)
+            m.update_batch(mh.shingles(key, n))
+        else:  # stock datasketch: default sha1_hash32 on UTF-8 bytes
+            m = MinHash(num_perm=64, seed=7)
+            m.update_batch([s.encode("utf-8") for s in mh.shingles(key, n)])
+        assert np.array_equal(m.hashvalues, sig[i]), (key, n)
+    a, b = mh.permutations(64, 7)
+    ref = MinHash(num_perm=64, seed=7).permutations
+    assert np.array_equal(a, ref[0]) and np.array_equal(b, ref[1])
+
+
+def test_signatures_usable_in_datasketch_lsh():
+    from datasketch import MinHash, MinHashLSH
+
+    keys = ["床前明月光疑是地上霜举头望明月低头思故乡", "床前明月光疑是地上霜举头望山月低头思故乡", "白日依山尽黄河入海流"]
+    hashes, offsets = mh.shingle_hashes(keys, 2)
+    sig = mh.signatures(hashes, offsets)
+    lsh = MinHashLSH(threshold=0.6, num_perm=128)
+    ms = [MinHash(num_perm=128, seed=1, hashfunc=mh.shingle_hash32, hashvalues=s, scheme="affine32") for s in sig]
+    for i, m in enumerate(ms):
+        lsh.insert(i, m)
+    assert sorted(lsh.query(ms[0])) == [0, 1]
+
+
+def test_ngram_rule_and_length_boundary():
+    s = DedupSettings()
+    assert [mh.ngram_size(L, 0, (100, 1000)) for L in (28, 99, 100, 999, 1000)] == [2, 2, 3, 3, 5]
+    assert s.doc_ngrams(28) == [2] and s.doc_ngrams(200) == [3]
+    assert s.doc_ngrams(95) == [2, 3] and s.doc_ngrams(105) == [2, 3]  # near the bound: both sizes
+    assert DedupSettings(ngram=4).doc_ngrams(5000) == [4]
+    lengths = np.arange(0, 2500)
+    doc, size = s.items(lengths)
+    assert list(zip(doc.tolist(), size.tolist())) == [(L, n) for L in lengths.tolist() if L for n in s.doc_ngrams(L)]
+
+
+def test_near_duplicates_across_the_length_bound_are_found(tmp_path):
+    rng = random.Random(3)
+    a = _poem(rng, 98)
+    b = a + _poem(rng, 4)  # 102 chars: 3-grams on its own, 2-grams for the 98-char original
+    _write(tmp_path / "in", [_rec("x.json", 0, a), _rec("x.json", 1, b)])
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
+    assert stats["dropped_near_duplicate"] == 1
+
+
+# -------------------------------------------------------------------------------------------------
+# Bands, buckets, verification
+# -------------------------------------------------------------------------------------------------
+
+
+def test_band_choice_favours_recall():
+    from datasketch import MinHashLSH
+
+    assert mh.choose_bands(0.8, 128) == (16, 8)
+    b, r = mh.choose_bands(0.85, 128)
+    assert (b, r) == (14, 9) and mh.catch_probability(0.85, b, r) > 0.97
+    ds = MinHashLSH(threshold=0.85, num_perm=128)
+    assert mh.catch_probability(0.85, ds.b, ds.r) < 0.6  # datasketch's default misses many pairs at 0.85
+    assert abs(mh.catch_probability(0.8, 16, 8) - (1 - (1 - 0.8 ** 8) ** 16)) < 1e-12
+    assert DedupSettings(bands=20, rows=6).band_shape() == (20, 6)
+    with pytest.raises(ValueError):
+        DedupSettings(bands=20, rows=7)
+
+
+def test_bucket_pairs_and_oversized_buckets():
+    h = np.array([5, 1, 5, 2, 5, 1, 9], dtype=np.uint64)
+    members = np.arange(10, 17)
+    pairs, st = mh.bucket_pairs(h, members, max_bucket=10)
+    assert sorted(map(tuple, mh.unique_pairs(pairs).tolist())) == [(10, 12), (10, 14), (11, 15), (12, 14)]
+    big = np.zeros(50, dtype=np.uint64)
+    pairs, st = mh.bucket_pairs(big, np.arange(50), max_bucket=10)
+    assert st["oversized_buckets"] == 1 and st["pairs_not_emitted"] == 50 * 49 // 2 - (2 * 50 - 3)
+    assert len(mh.unique_pairs(pairs)) == 2 * 50 - 3
+
+
+def test_verification_rejects_planted_false_candidate(tmp_path):
+    rng = random.Random(5)
+    shared, x, y = _poem(rng, 20), _poem(rng, 20), _poem(rng, 20)
+    # Jaccard about 0.3: 32 bands of 1 row make them LSH candidates almost surely, verification must reject
+    recs = [_rec("v.json", 0, shared + x), _rec("v.json", 1, shared + y)]
+    _write(tmp_path / "in", recs)
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=1), workers=1)
+    assert stats["candidate_pairs"] == 1 and stats["rejected_candidates"] == 1 and stats["verified_pairs"] == 0
+    assert stats["docs_out"] == 2 and stats["records_removed"] == 0
+
+
+def test_union_find():
+    uf = mh.UnionFind(8)
+    uf.union_pairs([(5, 6), (6, 7), (1, 2), (7, 3)])
+    roots = uf.roots()
+    assert roots.tolist() == [0, 1, 1, 3, 4, 3, 3, 3]  # root = smallest member
+    assert uf.find(7) == 3 and not uf.union(5, 3) and uf.union(0, 4) and uf.find(4) == 0
+
+
+# -------------------------------------------------------------------------------------------------
+# Keep rule, conservation, determinism
+# -------------------------------------------------------------------------------------------------
+
+
+def _kept_ids(folder: Path) -> set:
+    return {r["id"] for f in record_shards(folder) for r in iter_jsonl(f)}
+
+
+@pytest.mark.parametrize("rule", ["richest_meta", "first", "longest"])
+def test_keep_rule(tmp_path, rule):
+    rng = random.Random(9)
+    t = _poem(rng, 40)
+    recs = [_rec("k/10.json", 0, t, {"title": "x"}),                              # earliest, 1 meta field
+            _rec("k/2.json", 0, t + "。", {"title": "x", "author": "y", "n": ""}),  # 2 non-empty meta fields
+            _rec("k/2.json", 1, t + _poem(rng, 2), {}),                          # near dup, longest text
+            _rec("k/2.json", 2, t, {"title": "x", "author": "z"})]               # ties the richest, later
+    _write(tmp_path / "in", recs)
+    build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(keep=rule), workers=1)
+    write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+    # natural path order: k/2.json comes before k/10.json
+    expected = {"richest_meta": recs[1]["id"], "first": recs[0]["id"], "longest": recs[2]["id"]}[rule]
+    assert _kept_ids(tmp_path / "out") == {expected}
+    removed = list(iter_jsonl(tmp_path / "out" / REMOVED_FILE))
+    assert {r["duplicate_of"] for r in removed} == {expected} and len(removed) == 3
+
+
+def test_counts_add_up_and_report(tmp_path):
+    recs, truth = _corpus()
+    _write(tmp_path / "in", recs, per_shard=90)
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(chunk_bytes=4096), workers=1)
+    out = write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+    removed = list(iter_jsonl(tmp_path / "out" / REMOVED_FILE))
+    kept = _kept_ids(tmp_path / "out")
+    assert out["docs_in"] == len(recs) == len(kept) + len(removed) == out["docs_out"] + len(removed)
+    assert [p.name for p in record_shards(tmp_path / "out")] == [p.name for p in record_shards(tmp_path / "in")]
+    by_level = {lv: {r["id"] for r in removed if r["level"] == lv} for lv in ("exact", "near")}
+    # richest meta: the punctuated copies in b.json (2 fields) survive, their a.json originals go
+    assert len(by_level["exact"]) == 30 and by_level["near"] == truth["near"]
+    assert stats["dropped_exact_duplicate"] == 30 and stats["dropped_near_duplicate"] == 20
+    for r in removed:
+        assert set(r) >= {"id", "duplicate_of", "level", "similarity", "source", "reason"}
+        assert (r["similarity"] == 1.0) == (r["level"] == "exact") and r["similarity"] >= 0.8
+    report = json.loads((tmp_path / "rep" / REPORT_FILE).read_text())
+    c = report["counts"]
+    assert c["records_in"] == 250 and c["clusters"] == 50 and c["largest_cluster"] == 2
+    assert c["cross_file_duplicates"] == 50 and c["candidate_pairs"] >= c["verified_pairs"] >= 20
+    assert report["parameters"]["bands"] == 16 and report["parameters"]["catch_probability"]["0.8"] == 0.947
+    src = {p["path"]: p for p in report["per_source"]}
+    assert src["a.json"]["records_in"] == 200 and src["a.json"]["exact_removed"] == 30
+    assert sum(p["kept"] for p in report["per_source"]) == len(kept)
+    assert report["cluster_sizes"][0] == {"size": "2", "clusters": 50, "records": 100}
+    assert report["samples"] and all(m["text"] for s in report["samples"] for m in s["members"])
+    clusters = list(iter_jsonl(tmp_path / "rep" / CLUSTERS_FILE))
+    assert len(clusters) == 50 and all(c["members"][0]["id"] == c["kept"] for c in clusters)
+    assert len(list((tmp_path / "rep" / "signatures").glob("*.npy"))) >= 2 * 3  # per-chunk signatures + bands
+    dec = np.load(tmp_path / "rep" / DECISIONS_FILE)
+    assert len(dec["id"]) == len(removed)
+
+
+def test_deterministic_for_any_worker_count(tmp_path):
+    recs, _ = _corpus(seed=1)
+    _write(tmp_path / "in", recs, per_shard=60)
+    outs = []
+    for w in (1, 2):
+        rep, out = tmp_path / f"rep{w}", tmp_path / f"out{w}"
+        build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=3000), workers=w)
+        write_deduped(tmp_path / "in", rep, out, workers=w)
+        report = json.loads((rep / REPORT_FILE).read_text())
+        report.pop("seconds"), report.pop("timings")
+        files = {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl"))}
+        outs.append((report, (rep / CLUSTERS_FILE).read_bytes(), files))
+    assert outs[0] == outs[1]
+
+
+def test_stale_report_is_refused(tmp_path):
+    recs, _ = _corpus()
+    _write(tmp_path / "in", recs)
+    build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
+    with open(tmp_path / "in" / "part-00000.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(_rec("z.json", 0, "新的一首诗")) + "\n")
+    with pytest.raises(ValueError, match="rematerialize dedup_report"):
+        write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+
+
+def test_empty_input(tmp_path):
+    (tmp_path / "in").mkdir()
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
+    out = write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+    assert stats["docs_in"] == 0 and out["docs_out"] == 0 and (tmp_path / "out" / REMOVED_FILE).exists()
+
+
+# -------------------------------------------------------------------------------------------------
+# The assets
+# -------------------------------------------------------------------------------------------------
+
+
+def test_materialize_dedup_assets(tmp_path):
+    import dagster as dg
+
+    from assets.dedup import dedup_report, deduped_jsonl
+    from resources import CorpusSource, DataRoot
+
+    recs, truth = _corpus()
+    _write(tmp_path / "cleaned_jsonl", recs, per_shard=100)
+    result = dg.materialize(
+        [dedup_report, deduped_jsonl],
+        resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(tmp_path))},
+        run_config={"ops": {"dedup_report": {"config": {"sample_clusters": 4}}}},
+    )
+    assert result.success
+    md = result.asset_materializations_for_node("dedup_report")[0].metadata
+    assert md["docs_in"].value == 250 and md["dropped_near_duplicate"].value == 20
+    assert md["bands_x_rows"].value == "16 x 8" and "side" not in md
+    assert "removed" in md["sample_clusters"].value and "0.947" in md["parameters"].value
+    assert len(md["per_source"].value.records) == 2
+    md2 = result.asset_materializations_for_node("deduped_jsonl")[0].metadata
+    assert md2["docs_in"].value == md2["docs_out"].value + 50
+    stats = json.loads((tmp_path / "deduped_jsonl" / STATS_FILE).read_text())
+    assert stats["docs_in"] == stats["docs_out"] + stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
+    assert not any(p.name.endswith(".jsonl") and p.name not in ("part-00000.jsonl", "part-00001.jsonl",
+                                                                 "part-00002.jsonl", REMOVED_FILE)
+                   for p in (tmp_path / "deduped_jsonl").iterdir())

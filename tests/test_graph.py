@@ -1,0 +1,97 @@
+"""The whole graph on the demo corpus in a temporary instance: funnel adds up, checks pass, planted faults fail."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+
+from definitions import build_defs
+from resources import CorpusSource, DataRoot
+from tokenmill.cli import main as cli_main
+from tokenmill.io import read_json, record_shards
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+@pytest.fixture(scope="module")
+def graph_run(tmp_path_factory, demo_source):
+    data = tmp_path_factory.mktemp("data")
+    defs = build_defs(CorpusSource(path=str(demo_source)), DataRoot(root=str(data)))
+    with dg.instance_for_test() as instance:
+        result = defs.resolve_job_def("tokenmill_all").execute_in_process(instance=instance)
+        yield defs, result, data
+
+
+def run_checks(defs, data):
+    job = dg.define_asset_job("checks_only", selection=dg.AssetSelection.all_asset_checks())
+    checks_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
+    with dg.instance_for_test() as instance:
+        result = checks_defs.resolve_job_def("checks_only").execute_in_process(instance=instance, raise_on_error=False)
+    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+
+
+def test_every_check_passes_and_funnel_adds_up(graph_run, demo_manifest):
+    _, result, data = graph_run
+    assert result.success
+    evaluations = result.get_asset_check_evaluations()
+    assert len(evaluations) == 5 and all(e.passed for e in evaluations), [(e.check_name, e.metadata) for e in evaluations]
+    funnel = read_json(data / "funnel_telemetry" / "funnel.json")
+    assert funnel["conserved"]
+    stages = funnel["stages"]
+    for stage in stages:
+        assert stage["docs_in"] == stage["docs_out"] + sum(stage["dropped"].values()), stage
+    for before, after in zip(stages, stages[1:]):
+        assert after["docs_in"] == before["docs_out"]
+    assert stages[0]["docs_out"] == demo_manifest["records"]
+    assert funnel["tokens"]["total"] == funnel["tokens"]["supervised"] + funnel["tokens"]["masked"] > 0
+    assert (data / "funnel_telemetry" / "funnel.png").stat().st_size > 5000
+
+
+@pytest.mark.skipif(not (SHARED / "tools" / "check_contracts.py").exists(), reason="../shared is not here")
+def test_contracts_hold(graph_run):
+    _, _, data = graph_run
+    out = subprocess.run([sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(data)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
+
+
+def test_lineage_from_token_position_to_source(graph_run, capsys):
+    _, _, data = graph_run
+    manifest = read_json(data / "tokenized_bins" / "train" / "dataset.json")
+    position = manifest["totals"]["tokens"] // 2
+    assert cli_main(["lineage", str(position), "--data", str(data)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    record = next(json.loads(line) for shard in record_shards(data / "deduped_jsonl")
+                  for line in open(shard, encoding="utf-8") if json.loads(line)["id"] == found["record_id"])
+    assert found["source"] == record["source"] and found["text_preview"] == record["text"][:200]
+    removed = [json.loads(line) for line in open(data / "deduped_jsonl" / "removed.jsonl", encoding="utf-8")]
+    kept_with_dups = {r["duplicate_of"] for r in removed}
+    assert kept_with_dups, "the demo corpus plants duplicates"
+
+
+def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
+    defs, _, data = graph_run
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(data, broken)
+    # a duplicate key slipped into deduped_jsonl: an existing record under a new id
+    shard = record_shards(broken / "deduped_jsonl")[0]
+    record = json.loads(shard.read_text(encoding="utf-8").splitlines()[0])
+    record["id"] = "ffffffffffffffff"
+    with open(shard, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+    # a corrupted shard: a token id past the vocabulary
+    manifest = read_json(broken / "tokenized_bins" / "train" / "dataset.json")
+    bin_path = broken / "tokenized_bins" / "train" / manifest["shards"][0]["name"] / "sequence.bin"
+    tokens = np.memmap(bin_path, dtype=manifest["token_dtype"], mode="r+")
+    tokens[3] = np.iinfo(tokens.dtype).max
+    tokens.flush()
+    del tokens
+    broken_defs = build_defs(CorpusSource(path="unused"), DataRoot(root=str(broken)))
+    evaluations = run_checks(broken_defs, broken)
+    assert not evaluations["deduped_no_exact_duplicates"].passed
+    assert not evaluations["token_shards_consistent"].passed
+    assert evaluations["raw_records_not_empty"].passed and evaluations["cleaned_records_valid"].passed

@@ -1,0 +1,299 @@
+"""raw_records: readers, presets, bad input, determinism, and the asset on the demo corpus."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from assets.raw import raw_records
+from resources import CorpusSource, DataRoot
+from tokenmill.io import REJECTED_FILE, STATS_FILE, iter_jsonl, read_json, record_id, record_shards
+from tokenmill.raw import RawSettings, ingest
+
+
+def records(folder) -> list[dict]:
+    return [r for shard in record_shards(folder) for r in iter_jsonl(shard)]
+
+
+def rejected(folder) -> list[dict]:
+    path = Path(folder) / REJECTED_FILE
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def run(source, tmp_path, workers=1, **settings) -> tuple[dict, list[dict], list[dict]]:
+    out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+    stats = ingest(Path(source), out, RawSettings(**settings), workers=workers)
+    assert read_json(out / STATS_FILE) == stats
+    assert stats["docs_in"] == stats["docs_out"] + sum(stats["rejected_by_reason"].values())
+    return stats, records(out), rejected(out)
+
+
+def write(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data, encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------ the asset, demo corpus
+
+def materialize_raw(source: Path, data: Path, **config):
+    run_config = {"ops": {"raw_records": {"config": config}}} if config else None
+    with dg.instance_for_test() as instance:
+        return dg.materialize([raw_records], instance=instance, run_config=run_config,
+                              resources={"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data))})
+
+
+def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
+    result = materialize_raw(demo_source, tmp_path / "data")
+    assert result.success
+    meta = result.asset_materializations_for_node("raw_records")[0].metadata
+    out = tmp_path / "data" / "raw_records"
+    recs = records(out)
+    assert meta["docs_out"].value == len(recs) == demo_manifest["records"]
+    assert meta["docs_in"].value == demo_manifest["records"] + len(demo_manifest["rejected_raw"])
+    assert meta["path"].value == str(out)
+    assert "| id | source |" in meta["preview"].value
+    rows = {r.data["path"]: r.data for r in meta["files"].value.records}
+    for path, want in demo_manifest["files"].items():
+        assert (rows[path]["records"], rows[path]["rejected"]) == (want["records"], want["rejected"]), path
+    # every planted bad line is rejected, at its line, for its reason, and nothing else is
+    got = sorted((r["path"], r["line"], r["reason"]) for r in rejected(out))
+    assert got == sorted((r["path"], r["line"], r["reason"]) for r in demo_manifest["rejected_raw"])
+    for r in rejected(out):
+        assert r["detail"] and "snippet" in r
+    # the manifest's ids are the ids raw_records emits
+    ids = {r["id"] for r in recs}
+    assert len(ids) == len(recs)
+    planted = {i for pair in demo_manifest["exact_duplicates"] for i in pair}
+    planted |= {p[k] for p in demo_manifest["near_duplicates"] for k in ("a", "b")}
+    for key in ("mojibake", "garbled", "header_metadata", "boilerplate_docs", "genuine_frequent_docs"):
+        planted |= {p["id"] for p in demo_manifest[key]}
+    assert planted <= ids
+    stats = read_json(out / STATS_FILE)
+    assert stats["skipped_files"] == demo_manifest["skipped_files"]
+    # ids are stable across runs (same input, same ids, same bytes)
+    again = materialize_raw(demo_source, tmp_path / "data2")
+    assert again.success
+    for a, b in zip(record_shards(out), record_shards(tmp_path / "data2" / "raw_records"), strict=True):
+        assert a.read_bytes() == b.read_bytes()
+
+
+def test_contracts_hold_on_demo_output(demo_source, shared_dir, tmp_path):
+    ingest(demo_source, tmp_path / "raw_records", RawSettings())
+    tool = shared_dir / "tools" / "check_contracts.py"
+    res = subprocess.run([sys.executable, str(tool), str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "raw_records: " in res.stdout
+
+
+def test_missing_source_is_a_clear_error_before_any_work(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match="nope"):
+        ingest(missing, tmp_path / "out", RawSettings())
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(Exception) as info:
+        materialize_raw(missing, tmp_path / "data")
+    assert "does not exist" in str(info.value) or "does not exist" in str(info.value.__cause__)
+    assert not (tmp_path / "data" / "raw_records").exists()
+
+
+def test_byte_identical_for_any_worker_count_and_shard_rollover(demo_source, tmp_path):
+    # small tasks and shards so that several tasks and rollovers happen
+    kw = dict(task_mb=0.2, records_per_shard=300)
+    s1 = ingest(demo_source, tmp_path / "w1", RawSettings(**kw), workers=1)
+    s2 = ingest(demo_source, tmp_path / "w2", RawSettings(**kw), workers=2)
+    assert s1["tasks"] > 2 and s1["shards"] > s1["tasks"]
+    files1 = sorted(p.name for p in (tmp_path / "w1").iterdir())
+    assert files1 == sorted(p.name for p in (tmp_path / "w2").iterdir())
+    for name in files1:
+        if name != STATS_FILE:
+            assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), name
+    assert not [p for p in (tmp_path / "w2").iterdir() if p.name.startswith(".")]  # no task folders left
+    assert all(len(list(iter_jsonl(p))) <= 300 for p in record_shards(tmp_path / "w1"))
+
+
+# ------------------------------------------------------------------------------------------ readers
+
+def test_jsonl_reader_and_ids(tmp_path):
+    src = write(tmp_path / "src" / "a.jsonl", '{"text": "one", "lang": "en"}\n\n{"text": "two"}\n')
+    stats, recs, rej = run(src.parent, tmp_path)
+    assert [r["text"] for r in recs] == ["one", "two"]
+    assert recs[0] == {"id": record_id("a.jsonl", line=1), "text": "one", "meta": {"lang": "en"},
+                       "source": {"path": "a.jsonl", "line": 1}}
+    assert recs[1]["source"] == {"path": "a.jsonl", "line": 3}  # physical line numbers, blank lines counted
+    assert rej == [] and stats["docs_out"] == 2
+    # a single file as the source: paths are its name
+    _, recs_file, _ = run(src, tmp_path)
+    assert [r["id"] for r in recs_file] == [r["id"] for r in recs]
+
+
+def test_json_object_and_list(tmp_path):
+    write(tmp_path / "src" / "one.json", '{"text": "solo", "k": 1}')
+    write(tmp_path / "src" / "many.json", '[{"text": "a"}, {"text": "b"}, 7]')
+    stats, recs, rej = run(tmp_path / "src", tmp_path)
+    assert [(r["source"]["path"], r["source"]["index"], r["text"]) for r in recs] == \
+        [("many.json", 0, "a"), ("many.json", 1, "b"), ("one.json", 0, "solo")]
+    assert [(r["path"], r["index"], r["reason"]) for r in rej] == [("many.json", 2, "not_an_object")]
+
+
+def test_txt_blocks_and_file_modes(tmp_path):
+    write(tmp_path / "src" / "t.txt", "first block\nline two\n\n\n  \nsecond block\n\nthird\n")
+    _, recs, _ = run(tmp_path / "src", tmp_path, txt_mode="blocks")
+    assert [(r["text"], r["source"]["line"]) for r in recs] == [("first block\nline two", 1), ("second block", 6),
+                                                                  ("third", 8)]
+    _, recs, _ = run(tmp_path / "src", tmp_path, txt_mode="file")
+    assert [(r["text"], r["source"]) for r in recs] == [("first block\nline two\n\n\n  \nsecond block\n\nthird\n",
+                                                          {"path": "t.txt", "index": 0})]
+    with pytest.raises(ValueError):
+        RawSettings(txt_mode="paragraphs")
+
+
+def test_csv_reader(tmp_path):
+    write(tmp_path / "src" / "c.csv", 'title,text,author\nA,"multi\nline text",X\n\nB,plain,Y\nC,too,many,fields\nD,last,Z\n')
+    stats, recs, rej = run(tmp_path / "src", tmp_path)
+    assert [(r["text"], r["meta"], r["source"]["line"]) for r in recs] == [
+        ("multi\nline text", {"title": "A", "author": "X"}, 2), ("plain", {"title": "B", "author": "Y"}, 5),
+        ("last", {"title": "D", "author": "Z"}, 7)]
+    assert [(r["line"], r["reason"]) for r in rej] == [(6, "malformed_csv_row")]
+    # a configurable text column
+    write(tmp_path / "src2" / "c.csv", "body,n\nhello,1\n")
+    _, recs, _ = run(tmp_path / "src2", tmp_path, text_field="body")
+    assert recs[0]["text"] == "hello" and recs[0]["meta"] == {"n": "1"}
+
+
+def test_gzip_of_each_reader(tmp_path):
+    src = tmp_path / "src"
+    write(src / "a.jsonl.gz", gzip.compress('{"text": "gz line"}\n'.encode()))
+    write(src / "b.json.gz", gzip.compress('[{"text": "gz json"}]'.encode()))
+    write(src / "c.txt.gz", gzip.compress("gz block\n\ngz block 2\n".encode()))
+    write(src / "d.csv.gz", gzip.compress("text\ngz csv\n".encode()))
+    stats, recs, rej = run(src, tmp_path)
+    assert [r["text"] for r in recs] == ["gz line", "gz json", "gz block", "gz block 2", "gz csv"]
+    assert recs[0]["source"]["path"] == "a.jsonl.gz" and not rej
+
+
+def test_skipped_and_hidden_files(tmp_path):
+    src = tmp_path / "src"
+    write(src / "notes.md", "# not a corpus file")
+    write(src / ".hidden.jsonl", '{"text": "hidden"}\n')
+    write(src / ".git" / "x.jsonl", '{"text": "hidden too"}\n')
+    write(src / "sub" / "z.jsonl", '{"text": "visible"}\n')
+    stats, recs, _ = run(src, tmp_path)
+    assert [r["text"] for r in recs] == ["visible"]
+    assert recs[0]["source"]["path"] == "sub/z.jsonl"
+    assert stats["skipped_files"] == ["notes.md"]
+
+
+# ------------------------------------------------------------------------------------------ presets and field mapping
+
+def test_chinese_poetry_preset(tmp_path):
+    poems = [
+        {"author": "李白", "paragraphs": ["床前明月光，疑是地上霜。", "舉頭望明月，低頭思故鄉。"], "title": "靜夜思", "id": "u1"},
+        {"author": "蘇軾", "paragraphs": ["明月幾時有？"], "rhythmic": "水調歌頭", "tags": ["宋词三百首"]},
+        {"title": "关雎", "chapter": "国风", "section": "周南", "content": ["关关雎鸠，在河之洲。"]},
+        {"title": "某篇", "para": "一整段文字"},
+        {"author": "佚名", "paragraphs": [], "title": "空"},
+        {"author": "無名", "title": "無詩"},
+    ]
+    write(tmp_path / "src" / "poet.tang.0.json", json.dumps(poems, ensure_ascii=False))
+    stats, recs, rej = run(tmp_path / "src", tmp_path)
+    assert recs[0]["text"] == "床前明月光，疑是地上霜。\n舉頭望明月，低頭思故鄉。"
+    assert recs[0]["meta"] == {"title": "靜夜思", "author": "李白", "id": "u1"}
+    assert recs[1]["meta"] == {"title": "水調歌頭", "title_field": "rhythmic", "author": "蘇軾", "tags": ["宋词三百首"]}
+    assert recs[2]["text"] == "关关雎鸠，在河之洲。" and recs[2]["meta"]["chapter"] == "国风"
+    assert recs[3]["text"] == "一整段文字"
+    assert recs[4]["text"] == ""  # an empty body is a record; cleaning rejects it
+    assert [(r["index"], r["reason"]) for r in rej] == [(5, "no_text_field")]
+
+
+def test_dolma_metadata_is_flattened(tmp_path):
+    line = {"id": "http://x", "text": "doc", "source": "common-crawl",
+            "metadata": {"url": "http://x", "language": "en", "id": "inner"}}
+    write(tmp_path / "src" / "cc.jsonl", json.dumps(line) + "\n")
+    _, recs, _ = run(tmp_path / "src", tmp_path)
+    assert recs[0]["meta"] == {"id": "http://x", "source": "common-crawl", "url": "http://x", "language": "en",
+                               "metadata.id": "inner"}
+    assert recs[0]["source"] == {"path": "cc.jsonl", "line": 1}
+
+
+def test_training_layouts_keep_their_fields(tmp_path):
+    rows = [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+        {"prompt": "Q?", "chosen": "good", "rejected": "bad"},
+        {"prompt": "P", "responses": ["r1", "r2"], "rewards": [1.0, 0.0]},
+        {"messages": "not a list"},
+        {"prompt": "P", "responses": ["r1"], "rewards": [1.0, 2.0]},
+    ]
+    write(tmp_path / "src" / "t.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    _, recs, rej = run(tmp_path / "src", tmp_path)
+    assert recs[0]["messages"] == rows[0]["messages"] and recs[0]["text"] == "user: hi\n\nassistant: hello"
+    assert (recs[1]["prompt"], recs[1]["chosen"], recs[1]["rejected"]) == ("Q?", "good", "bad")
+    assert "good" in recs[1]["text"]
+    assert recs[2]["responses"] == ["r1", "r2"] and recs[2]["rewards"] == [1.0, 0.0]
+    assert list(recs[0]) == ["id", "text", "meta", "source", "messages"]
+    assert [(r["line"], r["reason"]) for r in rej] == [(4, "bad_fields"), (5, "bad_fields")]
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+def test_bad_jsonl_lines_are_rejected_with_line_numbers(tmp_path):
+    lines = [b'{"text": "ok 1"}', b'{"text": "cut', b'{"body": "no text"}', b'{"text": null}', b'[1, 2]',
+             b'{"text": "caf\xe9"}', b'{"text": ""}', b'{"text": "lone \\ud800 surrogate"}', b'{"text": "ok 2"}']
+    write(tmp_path / "src" / "bad.jsonl", b"\n".join(lines) + b"\n")
+    stats, recs, rej = run(tmp_path / "src", tmp_path)
+    assert [r["text"] for r in recs] == ["ok 1", "", "ok 2"]  # an empty text is kept (cleaning rejects it)
+    assert [(r["line"], r["reason"]) for r in rej] == [
+        (2, "malformed_json"), (3, "no_text_field"), (4, "no_text_field"), (5, "not_an_object"), (6, "undecodable_bytes"),
+        (8, "undecodable_bytes")]
+    assert rej[0]["snippet"] == '{"text": "cut' and rej[0]["path"] == "bad.jsonl"
+    assert stats["dropped_malformed_json"] == 1 and stats["dropped_no_text_field"] == 2
+    assert stats["rejected_by_reason"] == {"malformed_json": 1, "no_text_field": 2, "not_an_object": 1,
+                                           "undecodable_bytes": 2}
+    assert stats["docs_in"] == 9 and stats["files"][0]["rejected"] == 6
+
+
+def test_whole_file_failures(tmp_path):
+    src = tmp_path / "src"
+    write(src / "a_bad.json", '[\n  {"text": "a"},\n  {"text": "b",}\n]')
+    write(src / "b_latin1.json", '[{"text": "caf\u00e9"}]'.encode("latin-1"))
+    write(src / "c_latin1.txt", "fine line\n\ncaf\u00e9\n".encode("latin-1"))
+    write(src / "d_notgzip.jsonl.gz", b"this is not gzip data")
+    full = gzip.compress("".join(json.dumps({"text": f"line {i}"}) + "\n" for i in range(2000)).encode())
+    write(src / "e_truncated.jsonl.gz", full[: len(full) // 2])
+    os.symlink(src / "does-not-exist.jsonl", src / "f_dangling.jsonl")
+    write(src / "g_good.jsonl", '{"text": "still read"}\n')
+    stats, recs, rej = run(src, tmp_path)
+    by_path = {r["path"]: r for r in rej}
+    assert by_path["a_bad.json"]["reason"] == "malformed_json" and by_path["a_bad.json"]["line"] == 3
+    assert by_path["b_latin1.json"]["reason"] == "undecodable_bytes"
+    assert by_path["c_latin1.txt"]["reason"] == "undecodable_bytes" and by_path["c_latin1.txt"]["line"] == 3
+    assert by_path["d_notgzip.jsonl.gz"]["reason"] == "unreadable_file"
+    assert by_path["e_truncated.jsonl.gz"]["reason"] == "unreadable_file"
+    assert by_path["f_dangling.jsonl"]["reason"] == "unreadable_file"
+    truncated = [r for r in recs if r["source"]["path"] == "e_truncated.jsonl.gz"]
+    assert 0 < len(truncated) < 2000  # what could be read is kept; the rest is one rejected entry
+    assert by_path["e_truncated.jsonl.gz"]["line"] == len(truncated) + 1
+    assert [r["text"] for r in recs if r["source"]["path"] == "g_good.jsonl"] == ["still read"]
+    assert not any(r["source"]["path"] in ("c_latin1.txt", "b_latin1.json") for r in recs)
+    assert stats["rejected_by_reason"]["unreadable_file"] == 3
+
+
+# ------------------------------------------------------------------------------------------ the real corpus
+
+def test_full_tang_poems(shared_dir, tmp_path):
+    tang = shared_dir / "corpora" / "chinese-poetry" / "全唐诗"
+    if not tang.is_dir():
+        pytest.skip("chinese-poetry corpus not present")
+    stats = ingest(tang, tmp_path / "out", RawSettings(), workers=2)
+    assert stats["docs_out"] == 57_607
+    assert stats["rejected_by_reason"] == {}
+    assert all(f["path"].startswith("poet.tang.") for f in stats["files"]) and len(stats["files"]) == 58
+    first = next(iter_jsonl(record_shards(tmp_path / "out")[0]))
+    assert first["meta"]["author"] and first["meta"]["title"] and first["source"]["index"] == 0

@@ -1,0 +1,554 @@
+"""cleaned_jsonl: repair, normalize, extract metadata, strip boilerplate and filter garbage, shard by shard.
+
+Rules, in the order they run on each record (each a plain function in `clean_rules.py` / `boilerplate.py`):
+
+  0. too_long guard       reject texts over `max_chars` before any work (reason "too_long")
+  1. repair_surrogates    lone UTF-16 surrogates (JSON "\\ud800") removed, counted
+  2. repair_mojibake      ftfy, encodings and HTML entities only (no width/quote/line-break changes)
+  3. normalize_unicode    NFC (default), NFKC or none
+  4. strip_control_chars  control, zero-width, BOM and bidi characters removed
+  5. normalize_whitespace \\r\\n -> \\n, exotic spaces, trailing spaces, blank-line runs, outer blank lines
+  6. extract_metadata     Title:/Author:/作者：/朝代：/By ... header lines (and repeats of the reader's title or
+                          author) moved from the top of the text into `meta`, before boilerplate removal
+  7. strip_boilerplate    lines whose joint boilerplate score passes the threshold (two passes, see below)
+  8. filters, first failing one names the reason: empty, too_short, placeholder_glyphs, repetition
+
+Rules 1-5 only run on a text that a single fast scan (`needs_repair`) flags; most clean text skips them.
+
+Two passes over the shards, each in parallel (`map_ordered`, one task per input shard):
+  pass 1 applies rules 0-6 and gathers line statistics (boilerplate.LineStats -> numpy arrays);
+  merge sums them and keeps lines in >= `bp_min_df` documents;
+  pass 2 applies rules 0-6 again (cheaper than storing the intermediate text), then 7-8, and writes
+  `part-XXXXX.jsonl` (same shard names as the input) and a rejected side file per shard, merged in order into
+  `_rejected.jsonl`. Output is byte-identical for any worker count; records in = out + rejected.
+"""
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill import clean_rules as R
+from tokenmill.boilerplate import BoilerplateTable, LineStats, merge_line_stats
+from tokenmill.io import REJECTED_FILE, STATS_FILE, JsonlWriter, atomic_write_json, concat_files, dumps, record_shards
+from tokenmill.parallel import map_ordered
+from tokenmill.progress import Progress
+
+REASONS = ("too_long", "empty", "too_short", "placeholder_glyphs", "repetition")
+RULES = ("read_json", "too_long", "repair_surrogates", "repair_mojibake", "normalize_unicode", "strip_control_chars",
+         "normalize_whitespace", "extract_metadata", "line_stats", "stage_io", "merge_line_stats",
+         "strip_boilerplate", "filter_empty", "filter_too_short", "filter_placeholder_glyphs", "filter_repetition",
+         "write_json")
+# length histogram buckets (characters): [0,10), [10,20), ... [10000, inf)
+LENGTH_BUCKETS = (0, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+EXAMPLE_CHARS = 160
+BATCH = 2048  # records per column-wise batch: bounded memory, per-rule timing without per-record clock calls
+SPECIAL_TEXT_KEYS = ("messages", "prompt", "chosen", "rejected", "responses")
+
+
+@dataclass(frozen=True)
+class CleanSettings:
+    normalization: str = "NFC"
+    """Unicode normalization form: "NFC" (keeps full-width CJK punctuation), "NFKC" (also folds full-width
+    ASCII, ligatures, circled digits), or "none"."""
+    fix_mojibake: bool = True
+    """Repair mojibake (UTF-8 read with the wrong codec) and HTML entities with ftfy."""
+    extract_metadata: bool = True
+    """Move title/author/dynasty/date/source header lines from the top of the text into meta."""
+    max_header_lines: int = 6
+    """How many lines at the top of a text may be metadata header lines."""
+    boilerplate: bool = True
+    """Strip boilerplate lines (two-pass corpus-wide detector)."""
+    bp_min_df: int = 5
+    """A line must occur in at least this many documents to be a boilerplate candidate."""
+    bp_threshold: float = 0.65
+    """Joint boilerplate score (df, position, template, short; 0..1) from which a candidate line is stripped."""
+    bp_edge_frac: float = 0.05
+    """Header/footer zone: the first/last share of a document's lines (at least one line each)."""
+    min_chars: int = 10
+    """Records with fewer non-whitespace characters after cleaning are rejected ("too_short"); a 20-character
+    jueju passes."""
+    max_chars: int = 1_000_000
+    """Records longer than this (characters, before cleaning) are rejected ("too_long"); 0 disables the guard."""
+    max_placeholder_ratio: float = 0.10
+    """Reject when more than this share of characters are placeholders (U+FFFD, □, ■, private use, stray ?)."""
+    max_dup_line_frac: float = 0.40
+    """Reject when more than this share of lines repeat an earlier line (texts of 4+ lines; Gopher uses 0.30 for
+    web text, poetry with refrains needs more room)."""
+    max_dup_line_char_frac: float = 0.40
+    """Reject when more than this share of characters sits in repeated lines (texts of 4+ lines)."""
+    max_top_2gram_frac: float = 0.60
+    """Reject when the most frequent word 2-gram (CJK: character 2-gram) covers more than this share of characters
+    (texts of 20+ tokens). Measured on chinese-poetry: 0.5 would reject genuine refrain poems of the Shijing."""
+    max_top_3gram_frac: float = 0.55
+    """As max_top_2gram_frac, for 3-grams."""
+    max_top_4gram_frac: float = 0.50
+    """As max_top_2gram_frac, for 4-grams."""
+    examples: int = 6
+    """Before/after examples kept in _stats.json."""
+
+    def __post_init__(self):
+        if self.normalization not in ("NFC", "NFKC", "none"):
+            raise ValueError(f"normalization must be NFC, NFKC or none, not {self.normalization!r}")
+        if self.min_chars < 0 or self.max_chars < 0 or self.bp_min_df < 1:
+            raise ValueError("min_chars and max_chars must be >= 0, bp_min_df >= 1")
+
+    def ngram_limits(self) -> dict:
+        return {2: self.max_top_2gram_frac, 3: self.max_top_3gram_frac, 4: self.max_top_4gram_frac}
+
+
+# --------------------------------------------------------------------------------------------- per record
+
+class Timer:
+    """Seconds per rule, summed over a worker's batches (reported as each rule's share of the stage)."""
+
+    def __init__(self):
+        self.sec = dict.fromkeys(RULES, 0.0)
+        self._t = time.perf_counter()
+
+    def lap(self, rule: str) -> None:
+        now = time.perf_counter()
+        self.sec[rule] += now - self._t
+        self._t = now
+
+
+def _coerce_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return str(value)
+
+
+def _repair_batch(texts: list, metas: list, live: list[int], s: CleanSettings, timer: Timer, counts: Counter,
+                  rejects: dict, meta_moved: set) -> None:
+    """Rules 0-6 on the live records of a batch, in place."""
+    if s.max_chars:
+        for i in live:
+            bad = R.check_too_long(texts[i], s.max_chars)
+            if bad:
+                rejects[i] = bad
+        live[:] = [i for i in live if i not in rejects]
+    timer.lap("too_long")
+    flagged = [i for i in live if R.needs_repair(texts[i])]
+    for i in flagged:
+        texts[i], n = R.repair_surrogates(texts[i])
+        if n:
+            counts["surrogates_removed"] += n
+            counts["docs_with_surrogates"] += 1
+    timer.lap("repair_surrogates")
+    if s.fix_mojibake:
+        for i in flagged:
+            texts[i], n = R.repair_mojibake(texts[i])
+            counts["mojibake_repaired"] += n
+    timer.lap("repair_mojibake")
+    if s.normalization != "none":
+        for i in live:
+            texts[i] = R.normalize_unicode(texts[i], s.normalization)
+    timer.lap("normalize_unicode")
+    for i in flagged:
+        texts[i], n = R.strip_control_chars(texts[i])
+        counts["control_chars_removed"] += n
+    timer.lap("strip_control_chars")
+    for i in flagged:
+        texts[i] = R.normalize_whitespace(texts[i])
+    timer.lap("normalize_whitespace")
+    if s.extract_metadata:
+        for i in live:
+            texts[i], metas[i], n = R.extract_metadata(texts[i], metas[i], s.max_header_lines)
+            if n:
+                counts["meta_lines_extracted"] += n
+                counts["docs_meta_extracted"] += 1
+                meta_moved.add(i)
+    timer.lap("extract_metadata")
+
+
+def _read_batches(path: Path):
+    """Batches of (raw line as bytes without newline, parsed record) from one shard."""
+    batch = []
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ValueError(f"{path}:{n}: not a JSON record ({e})") from e
+            batch.append((line.rstrip(b"\r\n"), rec if isinstance(rec, dict) else {"text": rec}))
+            if len(batch) >= BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def _clean_meta(meta) -> dict:
+    if not isinstance(meta, dict):
+        return {}
+    return {k: R.clean_meta_value(v) for k, v in meta.items()}
+
+
+def _clean_special(rec: dict, s: CleanSettings) -> None:
+    """sft/dpo/grpo string fields get the repair rules (no filters: the record's text stands for them)."""
+    def fix(v):
+        if not isinstance(v, str) or not R.needs_repair(v):
+            return v
+        v, _ = R.repair_surrogates(v)
+        if s.fix_mojibake:
+            v, _ = R.repair_mojibake(v)
+        v = R.normalize_unicode(v, s.normalization)
+        v, _ = R.strip_control_chars(v)
+        return v
+    for k in SPECIAL_TEXT_KEYS:
+        if k not in rec:
+            continue
+        v = rec[k]
+        if isinstance(v, str):
+            rec[k] = fix(v)
+        elif isinstance(v, list):
+            rec[k] = [{**t, "content": fix(t.get("content"))} if isinstance(t, dict) else fix(t) for t in v]
+
+
+# An entry is what rules 0-6 leave for rules 7-8 (a list, so marshal can stage it between the passes):
+LINE, REC, TEXT, LEN_IN, REJECT, BEFORE, KIND = range(7)
+# LINE: input line (bytes); REC: the new record when rules 0-6 changed it, else None (the input line is the
+# output line); TEXT: current text; LEN_IN: input characters; REJECT: (reason, detail) or None; BEFORE: the input
+# text when the record changed (for the before/after examples); KIND: what changed it, for the examples.
+
+
+def _prepare_batch(batch: list, s: CleanSettings, timer: Timer, counts: Counter) -> list:
+    """Rules 0-6 on a batch of (raw line, record); returns its entries."""
+    texts = [_coerce_text(rec.get("text")) for _, rec in batch]
+    originals = list(texts)
+    metas = [rec.get("meta") if isinstance(rec.get("meta"), dict) else {} for _, rec in batch]
+    live = list(range(len(batch)))
+    rejects: dict[int, tuple] = {}
+    meta_moved: set[int] = set()
+    _repair_batch(texts, metas, live, s, timer, counts, rejects, meta_moved)
+    entries = []
+    for i, (line, rec) in enumerate(batch):
+        reject = rejects.get(i)
+        if reject is not None:
+            entries.append([line, {"id": rec.get("id"), "source": rec.get("source")}, "", len(originals[i]),
+                            reject, None, None])
+            continue
+        meta = _clean_meta(metas[i])
+        new = {"id": rec.get("id"), "text": texts[i], "meta": meta, "source": rec.get("source")}
+        for k, v in rec.items():
+            if k not in new:
+                new[k] = v
+        changed = texts[i] != originals[i] or meta != rec.get("meta") or list(new) != list(rec)
+        if any(k in rec for k in SPECIAL_TEXT_KEYS):
+            before = {k: rec[k] for k in SPECIAL_TEXT_KEYS if k in rec}
+            _clean_special(new, s)
+            changed = changed or any(new[k] != v for k, v in before.items())
+        entries.append([line, new if changed else None, texts[i], len(originals[i]), None,
+                        originals[i] if changed else None, "metadata" if i in meta_moved else "repair"])
+    timer.lap("extract_metadata")
+    return entries
+
+
+class ShardFinisher:
+    """Rules 7-8 and the writing of one output shard (and its rejected side file)."""
+
+    def __init__(self, out_path: str, rej_path: str, s: CleanSettings, table: BoilerplateTable | None):
+        self.s, self.table = s, table
+        self.limits = s.ngram_limits()
+        self.out, self.rej = JsonlWriter(out_path), JsonlWriter(rej_path)
+        self.out_bytes = self.out._f.buffer  # unchanged records are copied as the bytes they came in
+        self.reasons, self.strip_hist = Counter(), Counter()
+        self.stripped: dict[int, list] = {}
+        self.len_out, self.examples = [], {}
+        self.docs_in = self.docs_out = self.chars_out = 0
+
+    def finish(self, entries: list, timer: Timer) -> None:
+        s, table = self.s, self.table
+        self.docs_in += len(entries)
+        live = [e for e in entries if e[REJECT] is None]
+        n_stripped = {}
+        if table is not None:
+            for e in live:
+                text, gone = table.strip(e[TEXT])
+                if gone:
+                    if e[REC] is None:
+                        e[REC], e[BEFORE] = json.loads(e[LINE]), e[TEXT]
+                    e[REC]["text"] = e[TEXT] = text
+                    n_stripped[id(e)] = len(gone)
+                    for h, line, info in gone:
+                        entry = self.stripped.get(h)
+                        if entry is None:
+                            self.stripped[h] = [1, line, info]
+                        else:
+                            entry[0] += 1
+        timer.lap("strip_boilerplate")
+        for rule, check in (("filter_empty", R.check_empty),
+                            ("filter_too_short", lambda t: R.check_too_short(t, s.min_chars)),
+                            ("filter_placeholder_glyphs", lambda t: R.check_placeholder_glyphs(t, s.max_placeholder_ratio)),
+                            ("filter_repetition", lambda t: R.check_repetition(
+                                t, s.max_dup_line_frac, s.max_dup_line_char_frac, self.limits))):
+            keep = []
+            for e in live:
+                bad = check(e[TEXT])
+                if bad:
+                    e[REJECT] = bad
+                else:
+                    keep.append(e)
+            live = keep
+            timer.lap(rule)
+        for e in entries:
+            reject, rec, text = e[REJECT], e[REC], e[TEXT]
+            if reject is not None:
+                reason, detail = reject
+                self.reasons[reason] += 1
+                if id(e) in n_stripped:
+                    detail += f" (after stripping {n_stripped[id(e)]} boilerplate lines)"
+                if rec is None:
+                    rec = json.loads(e[LINE])
+                self.rej.write({"id": rec.get("id"), "source": rec.get("source"), "reason": reason, "detail": detail})
+                continue
+            self.strip_hist[min(n_stripped.get(id(e), 0), 5)] += 1
+            if rec is not None:
+                self.out_bytes.write(dumps(rec).encode("utf-8"))
+                kind = "boilerplate" if id(e) in n_stripped else e[KIND]
+                shelf = self.examples.setdefault(kind, [])
+                if len(shelf) < s.examples:
+                    before, after = _diff_window(e[BEFORE] or "", text)
+                    shelf.append({"id": rec.get("id"), "kind": kind, "before": before,
+                                  "after": after, "meta": {k: _short(str(v)) for k, v in
+                                                                  list(rec["meta"].items())[:4]}})
+            else:  # unchanged record: the input line is already the output line (same serializer)
+                self.out_bytes.write(e[LINE])
+            self.out_bytes.write(b"\n")
+            self.out.count += 1
+            self.docs_out += 1
+            self.chars_out += len(text)
+            self.len_out.append(len(text))
+        timer.lap("write_json")
+
+    def close(self, ok: bool) -> dict:
+        for w in (self.out, self.rej):
+            w.close() if ok else w.abort()
+        return {"docs_in": self.docs_in, "docs_out": self.docs_out, "reasons": dict(self.reasons),
+                "chars_out": self.chars_out, "hist_out": _hist(self.len_out), "examples": self.examples,
+                "stripped": self.stripped, "strip_hist": dict(self.strip_hist)}
+
+
+def _hist(lengths: list[int]) -> list[int]:
+    if not lengths:
+        return [0] * len(LENGTH_BUCKETS)
+    idx = np.searchsorted(np.array(LENGTH_BUCKETS[1:]), np.array(lengths), side="right")
+    return np.bincount(idx, minlength=len(LENGTH_BUCKETS)).tolist()
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + "…"
+
+
+def _diff_window(before: str, after: str) -> tuple[str, str]:
+    """Short excerpts of before/after around their first difference (a repair deep in a long text shows)."""
+    i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+    start = max(0, i - EXAMPLE_CHARS // 4)
+    pre = "…" if start else ""
+    return pre + _short(before[start:]), pre + _short(after[start:])
+
+
+# --------------------------------------------------------------------------------------------- the passes
+
+def prepare_task(args: tuple) -> dict:
+    """Pass 1 on one shard: rules 0-6, line statistics, and the prepared records saved to `stage_path` (marshal
+    batches, read back by pass 2 instead of parsing and repairing the JSON twice). Without boilerplate
+    detection there is no pass 2: this task finishes and writes the shard itself."""
+    path, stage_path, out_path, rej_path, s = args
+    timer, counts = Timer(), Counter()
+    stats = LineStats(s.bp_edge_frac) if s.boilerplate else None
+    finisher = None if s.boilerplate else ShardFinisher(out_path, rej_path, s, None)
+    len_in, chars_in = [], 0
+    stage = open(stage_path, "wb") if s.boilerplate else None
+    ok = False
+    try:
+        for batch in _read_batches(Path(path)):
+            timer.lap("read_json")
+            entries = _prepare_batch(batch, s, timer, counts)
+            for e in entries:
+                len_in.append(e[LEN_IN])
+                chars_in += e[LEN_IN]
+            if stats is not None:
+                for e in entries:
+                    if e[REJECT] is None:
+                        stats.add_document(e[TEXT])
+                timer.lap("line_stats")
+                marshal.dump(entries, stage)
+                timer.lap("stage_io")
+            else:
+                finisher.finish(entries, timer)
+        ok = True
+    finally:
+        if stage is not None:
+            stage.close()
+    out = {"counts": dict(counts), "chars_in": chars_in, "hist_in": _hist(len_in), "seconds": timer.sec}
+    if stats is not None:
+        out["arrays"] = stats.arrays()
+    else:
+        out.update(finisher.close(ok))
+    return out
+
+
+def finish_task(args: tuple) -> dict:
+    """Pass 2 on one shard: reads the prepared records back, applies rules 7-8, writes the shard."""
+    stage_path, out_path, rej_path, s, merged = args
+    timer = Timer()
+    finisher = ShardFinisher(out_path, rej_path, s, BoilerplateTable(merged, s.bp_threshold))
+    ok = False
+    try:
+        with open(stage_path, "rb") as f:
+            while True:
+                try:
+                    entries = marshal.load(f)
+                except EOFError:
+                    break
+                timer.lap("stage_io")
+                finisher.finish(entries, timer)
+        ok = True
+    finally:
+        res = finisher.close(ok)
+        os.unlink(stage_path)
+    res["seconds"] = timer.sec
+    return res
+
+
+# --------------------------------------------------------------------------------------------- the stage
+
+def _pick_examples(by_kind: dict, n: int) -> list:
+    """Up to n examples, taken in turn from each kind of change (boilerplate, metadata, repair)."""
+    order = [k for k in ("boilerplate", "metadata", "repair") if k in by_kind]
+    out, i = [], 0
+    while len(out) < n and any(i < len(by_kind[k]) for k in order):
+        out += [by_kind[k][i] for k in order if i < len(by_kind[k])]
+        i += 1
+    return out[:n]
+
+
+def _bucket_labels() -> list[str]:
+    edges = list(LENGTH_BUCKETS) + [None]
+    return [f"{a}-{b - 1}" if b is not None else f"{a}+" for a, b in zip(edges, edges[1:])]
+
+
+def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings = CleanSettings(), workers: int | None = None,
+                 log=None) -> dict:
+    """Cleans every `in_dir/part-*.jsonl` into `out_dir` (same shard names) with `_rejected.jsonl` and
+    `_stats.json`; returns the stats. See the module docstring for the rules and their order."""
+    t0 = time.perf_counter()
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    if not in_dir.is_dir():
+        raise FileNotFoundError(f"cleaned_jsonl: input folder does not exist: {in_dir} (materialize raw_records first)")
+    shards = record_shards(in_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    s = settings
+    seconds = dict.fromkeys(RULES, 0.0)
+    # per shard: input, staged prepared records (pass 1 -> pass 2), output shard, rejected side file
+    paths = [(str(p), str(out_dir / f".stage-{p.stem}.marshal"), str(out_dir / p.name),
+              str(out_dir / f".rejected-{p.stem}.part")) for p in shards]
+
+    counts, strip_hist, reasons = Counter(), Counter(), Counter()
+    hist_in = np.zeros(len(LENGTH_BUCKETS), np.int64)
+    hist_out = np.zeros(len(LENGTH_BUCKETS), np.int64)
+    docs_in = docs_out = chars_in = chars_out = 0
+    examples, stripped, parts = {}, {}, []
+    n_candidates = 0
+
+    def absorb(res: dict) -> None:
+        nonlocal docs_in, docs_out, chars_out
+        docs_in += res["docs_in"]
+        docs_out += res["docs_out"]
+        chars_out += res["chars_out"]
+        reasons.update(res["reasons"])
+        strip_hist.update(res["strip_hist"])
+        hist_out[:] += res["hist_out"]
+        for kind, shelf in res["examples"].items():
+            examples.setdefault(kind, []).extend(shelf)
+        for h, (n, line, info) in res["stripped"].items():
+            if h in stripped:
+                stripped[h][0] += n
+            else:
+                stripped[h] = [n, line, info]
+
+    try:
+        what = "cleaned_jsonl pass 1 (repair, metadata, line statistics)" if s.boilerplate else "cleaned_jsonl"
+        progress = Progress(what, total=len(shards), unit="shards", log=log)
+        for res in map_ordered(prepare_task, [(*p, s) for p in paths], workers):
+            counts.update(res["counts"])
+            chars_in += res["chars_in"]
+            hist_in += res["hist_in"]
+            for k, v in res["seconds"].items():
+                seconds[k] += v
+            if s.boilerplate:
+                parts.append(res["arrays"])
+            else:
+                absorb(res)
+            progress.advance(1)
+        progress.finish()
+        if s.boilerplate:
+            t_merge = time.perf_counter()
+            merged = merge_line_stats(parts, s.bp_min_df)
+            del parts
+            n_candidates = len(merged["hash"])
+            seconds["merge_line_stats"] = time.perf_counter() - t_merge
+            progress = Progress("cleaned_jsonl pass 2 (boilerplate, filters, write)", total=len(shards),
+                                unit="shards", log=log)
+            for res in map_ordered(finish_task, [(st, out, rej, s, merged) for _, st, out, rej in paths], workers):
+                absorb(res)
+                for k, v in res["seconds"].items():
+                    seconds[k] += v
+                progress.advance(1)
+            progress.finish()
+        concat_files([rej for *_, rej in paths], out_dir / REJECTED_FILE)
+    finally:
+        for _, st, _, rej in paths:
+            Path(st).unlink(missing_ok=True)
+            Path(rej).unlink(missing_ok=True)
+
+    top = sorted(stripped.values(), key=lambda e: (-e[0], e[1]))[:50]
+    work = sum(seconds.values()) or 1.0
+    n_rejected = sum(reasons.values())
+    stats = {
+        "docs_in": docs_in,
+        "docs_out": docs_out,
+        **{f"dropped_{r}": reasons.get(r, 0) for r in REASONS},
+        "rejected": n_rejected,
+        "rejected_by_reason": dict(sorted(reasons.items())),
+        "mojibake_repaired": counts.get("mojibake_repaired", 0),
+        "surrogates_removed": counts.get("surrogates_removed", 0),
+        "control_chars_removed": counts.get("control_chars_removed", 0),
+        "docs_meta_extracted": counts.get("docs_meta_extracted", 0),
+        "meta_lines_extracted": counts.get("meta_lines_extracted", 0),
+        "chars_in": chars_in,
+        "chars_out": chars_out,
+        "boilerplate": {
+            "enabled": s.boilerplate,
+            "candidates": n_candidates,
+            "lines_stripped": sum(e[0] for e in stripped.values()),
+            "distinct_lines_stripped": len(stripped),
+            "docs_touched": sum(v for k, v in strip_hist.items() if k),
+            "docs_by_lines_stripped": {("5+" if k == 5 else str(k)): strip_hist[k] for k in sorted(strip_hist)},
+            "top_lines": [{"line": line, "count": n, **info} for n, line, info in top],
+        },
+        "length_buckets": _bucket_labels(),
+        "length_hist_before": hist_in.tolist(),
+        "length_hist_after": hist_out.tolist(),
+        "examples": _pick_examples(examples, s.examples),
+        "shards": len(shards),
+        "rule_seconds": {k: round(v, 4) for k, v in seconds.items()},
+        "rule_share": {k: round(v / work, 4) for k, v in seconds.items()},
+        "settings": asdict(s),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+    if docs_in != docs_out + n_rejected:  # a bug, never expected: say so loudly rather than lose records
+        raise RuntimeError(f"cleaned_jsonl: {docs_in} in != {docs_out} out + {n_rejected} rejected")
+    atomic_write_json(out_dir / STATS_FILE, stats)
+    return stats
