@@ -1,10 +1,10 @@
 """Asset checks: each reports its figure; blocking ones stop a run before bad data flows downstream."""
-from __future__ import annotations
 
 import dagster as dg
 
 from resources import DataRoot
-from tokenmill.io import read_json, STATS_FILE
+from tokenmill.io import STATS_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.minhash import dedup_key, key_digest
 from tokenmill.telemetry import build_funnel
 from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_dataset
 
@@ -34,6 +34,28 @@ def cleaned_records_valid(data_root: DataRoot) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(
         passed=not result["problems"],
         metadata={"records": result["records"], "invalid": len(result["problems"]), "problems": _problems_md(result["problems"])},
+    )
+
+
+@dg.asset_check(asset="deduped_jsonl", blocking=True,
+                description="No two surviving records share an exact dedup key (the report's key settings).")
+def deduped_no_exact_duplicates(data_root: DataRoot) -> dg.AssetCheckResult:
+    settings = read_json(data_root.path("dedup_report") / "report.json")["parameters"]["settings"]
+    seen, problems, records = {}, [], 0
+    for shard in record_shards(data_root.path("deduped_jsonl")):
+        for record in iter_jsonl(shard):
+            records += 1
+            key = dedup_key(record["text"], settings["strip_symbols"], settings["fold_chinese"])
+            if not key:
+                continue  # nothing to compare: the report counts empty keys
+            digest = key_digest(key)
+            if digest in seen:
+                problems.append(f"{record['id']} duplicates {seen[digest]} ({shard.name})")
+            else:
+                seen[digest] = record["id"]
+    return dg.AssetCheckResult(
+        passed=not problems,
+        metadata={"records": records, "duplicate_keys": len(problems), "problems": _problems_md(problems)},
     )
 
 

@@ -37,7 +37,8 @@ def _cell(text) -> str:
 def _samples_md(samples: list[dict]) -> str:
     out = []
     for i, s in enumerate(samples):
-        out.append(f"**cluster {i + 1}** ({s['size']} records)\n\n| role | level | similarity | source | text |\n|---|---|---|---|---|")
+        shown = f", {len(s['members'])} shown" if len(s["members"]) < s["size"] else ""
+        out.append(f"**cluster {i + 1}** ({s['size']} records{shown})\n\n| role | level | similarity | source | text |\n|---|---|---|---|---|")
         for m in s["members"]:
             src = m["source"]
             loc = src.get("line", src.get("index", ""))
@@ -72,7 +73,8 @@ def dedup_report(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
         "docs_in": stats["docs_in"], "docs_out": stats["docs_out"],
         "dropped_exact_duplicate": stats["dropped_exact_duplicate"], "dropped_near_duplicate": stats["dropped_near_duplicate"],
         **{k: c[k] for k in ("candidate_pairs", "verified_pairs", "rejected_candidates", "clusters", "largest_cluster",
-                             "cross_file_duplicates", "oversized_buckets")},
+                             "components", "components_with_several_kept", "cross_file_duplicates", "oversized_buckets",
+                             "pairs_not_emitted")},
         "bands_x_rows": f"{p['bands']} x {p['rows']}",
         "parameters": dg.MetadataValue.md(_params_md(p)),
         "per_source": dg.MetadataValue.table(

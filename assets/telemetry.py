@@ -1,5 +1,4 @@
 """funnel_telemetry: the whole-run funnel as a file, a markdown table and a chart in the Dagster UI."""
-from __future__ import annotations
 
 import base64
 import time

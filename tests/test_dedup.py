@@ -86,6 +86,15 @@ def test_batch_keys_equal_per_text_keys():
         assert mh.dedup_keys(texts, strip) == [mh.dedup_key(t, strip) for t in texts]
 
 
+def test_chinese_folding_is_optional_and_consistent():
+    pytest.importorskip("opencc")
+    texts = ["舉頭望明月，低頭思故鄉。", "举头望明月\n低头思故乡", "Hello, 世界!"]
+    keys = mh.dedup_keys(texts, fold_chinese=True)
+    assert keys[0] == keys[1] == "举头望明月低头思故乡" and keys[2] == "hello世界"
+    assert keys == [mh.dedup_key(t, fold_chinese=True) for t in texts]
+    assert mh.dedup_keys(texts[:2]) == ["舉頭望明月低頭思故鄉", "举头望明月低头思故乡"]  # off by default
+
+
 def test_exact_level_groups_normalized_variants(tmp_path):
     recs = [_rec("f.json", 0, "Hello, World!"), _rec("f.json", 1, "hello world"),
             _rec("f.json", 2, "ＨＥＬＬＯ　ＷＯＲＬＤ。"), _rec("f.json", 3, "goodbye world")]
@@ -206,6 +215,35 @@ def test_verification_rejects_planted_false_candidate(tmp_path):
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=1), workers=1)
     assert stats["candidate_pairs"] == 1 and stats["rejected_candidates"] == 1 and stats["verified_pairs"] == 0
     assert stats["docs_out"] == 2 and stats["records_removed"] == 0
+
+
+def test_exact_jaccard_on_packed_shingle_sets():
+    rng = random.Random(2)
+    alphabet = "abc春江\U00020000\U0010FFFD"
+    for _ in range(500):
+        n = rng.choice([1, 2, 3, 4, 5])
+        a, b = ("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(2))
+        ref = mh.jaccard(set(mh.shingles(a, n)), set(mh.shingles(b, n)))
+        assert abs(mh.jaccard(mh.shingle_set(a, n), mh.shingle_set(b, n)) - ref) < 1e-12
+
+
+def test_chains_do_not_remove_records_below_the_threshold(tmp_path):
+    rng = random.Random(11)
+    a = _poem(rng, 40)
+    b = _substitute(a, 10)                      # J(a, b) = 0.90 (2-grams)
+    c = _substitute(_substitute(b, 25), 32)     # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
+    _write(tmp_path / "in", [_rec("c.json", i, t) for i, t in enumerate((a, b, c))])
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=4), workers=1)
+    write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+    ids = [record_id("c.json", index=i) for i in range(3)]
+    assert stats["verified_pairs"] == 2 and stats["components"] == 1 and stats["components_with_several_kept"] == 1
+    # union-find alone would remove c as a duplicate of a at 0.73; c is kept, b is removed as a's duplicate
+    assert _kept_ids(tmp_path / "out") == {ids[0], ids[2]}
+    (r,) = iter_jsonl(tmp_path / "out" / REMOVED_FILE)
+    assert r["id"] == ids[1] and r["duplicate_of"] == ids[0] and r["similarity"] >= 0.8
+    (cl,) = iter_jsonl(tmp_path / "rep" / CLUSTERS_FILE)
+    assert cl["kept"] == ids[0] and cl["component_size"] == 3 and len(cl["verified_pairs"]) == 1
+    assert [p[:2] for p in cl["linked_pairs"]] == [[ids[1], ids[2]]]  # the cut link of the chain
 
 
 def test_union_find():
@@ -329,7 +367,7 @@ def test_materialize_dedup_assets(tmp_path):
     assert result.success
     md = result.asset_materializations_for_node("dedup_report")[0].metadata
     assert md["docs_in"].value == 250 and md["dropped_near_duplicate"].value == 20
-    assert md["bands_x_rows"].value == "16 x 8" and "side" not in md
+    assert md["bands_x_rows"].value == "16 x 8"
     assert "removed" in md["sample_clusters"].value and "0.947" in md["parameters"].value
     assert len(md["per_source"].value.records) == 2
     md2 = result.asset_materializations_for_node("deduped_jsonl")[0].metadata
@@ -339,3 +377,17 @@ def test_materialize_dedup_assets(tmp_path):
     assert not any(p.name.endswith(".jsonl") and p.name not in ("part-00000.jsonl", "part-00001.jsonl",
                                                                  "part-00002.jsonl", REMOVED_FILE)
                    for p in (tmp_path / "deduped_jsonl").iterdir())
+
+
+def test_demo_corpus_planted_duplicates_are_found(tmp_path, demo_source, demo_manifest):
+    raw = pytest.importorskip("tokenmill.raw")
+    if not demo_source.exists():
+        pytest.skip("demo corpus not generated")
+    raw.ingest(demo_source, tmp_path / "raw", workers=1)
+    build_dedup_report(tmp_path / "raw", tmp_path / "rep", DedupSettings(), workers=1)
+    out = write_deduped(tmp_path / "raw", tmp_path / "rep", tmp_path / "out", workers=1)
+    kept_of = {r["id"]: r["duplicate_of"] for r in iter_jsonl(tmp_path / "out" / REMOVED_FILE)}
+    same = lambda a, b: kept_of.get(a, a) == kept_of.get(b, b)  # noqa: E731 - one survivor for both
+    assert all(same(a, b) for a, b in demo_manifest["exact_duplicates"])
+    assert all(same(p["a"], p["b"]) for p in demo_manifest["near_duplicates"])
+    assert out["docs_in"] == demo_manifest["records"]

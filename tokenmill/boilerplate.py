@@ -8,15 +8,16 @@ line found in varied positions (a refrain, a speaker name in a play, 春/月 ver
 a frequent line with no template traits needs a document frequency no genuine line reaches (see SCORE_*).
 
 Pass 1 (per shard) hashes each normalized line to 64 bits and returns numpy arrays of per-line counts;
-`merge_line_stats` sums them and keeps lines with df >= min_df (memory: 28 bytes per distinct line per shard,
-only numpy arrays cross process boundaries); pass 2 looks each line's hash up in that small table and scores a
-candidate once (its text is first seen there), so nothing but hashes and counts is ever held corpus-wide.
+`merge_line_stats` sums them and keeps lines with df >= min_df (memory: 48 bytes per distinct line per shard,
+only numpy arrays cross process boundaries); `prune_candidates` drops, vectorized, the candidates that cannot
+reach the threshold; pass 2 looks each line's hash up in that small table and scores a candidate once (its text
+is first seen there), so nothing but hashes and counts is ever held corpus-wide.
 """
 from __future__ import annotations
 
 import math
 import re
-import zlib
+from zlib import adler32, crc32
 
 import numpy as np
 
@@ -53,17 +54,35 @@ DF_FLOOR, DF_SATURATE = 0.001, 0.20
 SHORT_FULL, SHORT_ZERO = 20, 120
 
 
-def line_key(line: str, digits: bool = True) -> str:
-    """The form lines are compared in: stripped, lower-cased, every digit run as 0 ("Page 3 of 10" and
-    "Page 4 of 10" are the same template). `digits=False` says the caller knows there are none."""
-    s = line.strip().lower()
-    return DIGITS_RE.sub("0", s) if digits else s
+def line_key(line: str) -> str:
+    """The form lines are compared in: lower-cased, without surrounding spaces/tabs, every digit run as 0
+    ("Page 3 of 10" and "Page 4 of 10" are the same template)."""
+    return DIGITS_RE.sub("0", line.lower()).strip(" \t")
 
 
 def key_hash(key: str) -> int:
     """Stable 64-bit hash of a line key (Python's hash() differs per process): crc32 and adler32 side by side."""
     b = key.encode("utf-8")
-    return (zlib.crc32(b) << 32) | zlib.adler32(b)
+    return (crc32(b) << 32) | adler32(b)
+
+
+def doc_lines(text: str) -> list[str]:
+    """The lines the detector looks at: the non-blank lines of a text, in order."""
+    return [ln for ln in text.split("\n") if ln and not ln.isspace()]
+
+
+def doc_line_hashes(text: str) -> list[int]:
+    """key_hash(line_key(line)) of every line of doc_lines(text), computed for the whole text at once (one
+    lower(), one digit pass, one encode: about half the cost of doing it line by line)."""
+    low = text.lower()
+    if HAS_DIGIT(low) is not None:
+        low = DIGITS_RE.sub("0", low)
+    out = []
+    for b in low.encode("utf-8").split(b"\n"):
+        b = b.strip(b" \t")
+        if b and not b.isspace():
+            out.append((crc32(b) << 32) | adler32(b))
+    return out
 
 
 def edge_zone(n_lines: int, edge_frac: float) -> int:
@@ -71,64 +90,73 @@ def edge_zone(n_lines: int, edge_frac: float) -> int:
     return max(1, math.ceil(edge_frac * n_lines))
 
 
+HEAD, TAIL, INFORMATIVE = 1, 2, 4  # bits of a line occurrence's position code
+
+
 class LineStats:
-    """Per-shard accumulator of line statistics (pass 1)."""
+    """Per-shard accumulator of line statistics (pass 1): per distinct line of each document, its hash and a
+    position code; per document, the chance of landing in one edge zone at random."""
 
     def __init__(self, edge_frac: float = 0.05):
         self.edge_frac = edge_frac
         self.hashes: list[int] = []
-        self.head: list[int] = []
-        self.tail: list[int] = []
-        self.informative: list[int] = []
-        self.chance: list[float] = []
-        self.length: list[int] = []
+        self.codes: list[int] = []
+        self.doc_entries: list[int] = []
+        self.doc_chance: list[float] = []
         self.docs = 0
 
-    def add_document(self, text: str) -> None:
-        """Records each distinct line of one document once (document frequency), with where it sits."""
+    def add_document(self, text: str) -> list[int]:
+        """Records each distinct line of one document once (document frequency), with where it sits; returns
+        the hash of every line of doc_lines(text) in order (pass 2 looks them up without hashing again)."""
         self.docs += 1
-        lines = [ln for ln in text.split("\n") if ln.strip()]
-        n = len(lines)
+        hashes = doc_line_hashes(text)
+        n = len(hashes)
+        if n == 0:
+            self.doc_entries.append(0)
+            self.doc_chance.append(0.0)
+            return hashes
         zone = edge_zone(n, self.edge_frac)
         # a one-line document says nothing about position; from two lines on, being first (or last) every time
         # is evidence, weighed against the chance zone/n of landing there at random
-        informative = int(n >= 2)
-        chance = zone / n if informative else 0.0
-        seen = set()
-        digits = HAS_DIGIT(text) is not None
-        for i, line in enumerate(lines):
-            key = line_key(line, digits)
-            h = key_hash(key)
-            if h in seen:
-                continue
-            seen.add(h)
+        self.doc_chance.append(zone / n if n >= 2 else 0.0)
+        if len(set(hashes)) == n:  # every line distinct (the common case): positions are the line numbers
+            self.hashes += hashes
+            self.codes += ([INFORMATIVE | HEAD] * zone + [INFORMATIVE] * (n - 2 * zone) + [INFORMATIVE | TAIL] * zone
+                           if n >= 2 else [0])
+            self.doc_entries.append(n)
+            return hashes
+        # a line repeated inside the document: its first and last position decide (repeated across the
+        # document, it is locked nowhere)
+        where: dict[int, list] = {}
+        for i, h in enumerate(hashes):
+            w = where.get(h)
+            if w is None:
+                where[h] = [i, i]
+            else:
+                w[1] = i
+        for h, (first, last) in where.items():
             self.hashes.append(h)
-            self.head.append(informative and i < zone)
-            self.tail.append(informative and i >= n - zone)
-            self.informative.append(informative)
-            self.chance.append(chance)
-            self.length.append(len(key))
+            self.codes.append(INFORMATIVE | (HEAD if last < zone else 0) | (TAIL if first >= n - zone else 0))
+        self.doc_entries.append(len(where))
+        return hashes
 
     def arrays(self) -> dict:
-        """Per distinct line hash: df, head, tail, informative occurrences, summed chance, key length."""
+        """Per distinct line hash of the shard: df, head, tail, informative occurrences, summed chance."""
         if not self.hashes:
-            return {"docs": self.docs, "hash": np.zeros(0, np.uint64), "df": np.zeros(0, np.int32),
-                    "head": np.zeros(0, np.int32), "tail": np.zeros(0, np.int32),
-                    "informative": np.zeros(0, np.int32), "chance": np.zeros(0, np.float32),
-                    "length": np.zeros(0, np.int32)}
+            return {"docs": self.docs, "hash": np.zeros(0, np.uint64),
+                    **{k: np.zeros(0, np.float64) for k in ("df", "head", "tail", "informative", "chance")}}
         h = np.array(self.hashes, dtype=np.uint64)
+        codes = np.array(self.codes, dtype=np.uint8)
+        informative = (codes & INFORMATIVE) > 0
+        chance = np.repeat(np.array(self.doc_chance), np.array(self.doc_entries)) * informative
         uniq, inv = np.unique(h, return_inverse=True)
         m = len(uniq)
-        out = {"docs": self.docs, "hash": uniq,
-               "df": np.bincount(inv, minlength=m).astype(np.int32),
-               "head": np.bincount(inv, weights=np.array(self.head, np.float64), minlength=m).astype(np.int32),
-               "tail": np.bincount(inv, weights=np.array(self.tail, np.float64), minlength=m).astype(np.int32),
-               "informative": np.bincount(inv, weights=np.array(self.informative, np.float64),
-                                          minlength=m).astype(np.int32),
-               "chance": np.bincount(inv, weights=np.array(self.chance, np.float64), minlength=m).astype(np.float32),
-               "length": np.zeros(m, np.int32)}
-        out["length"][inv] = np.array(self.length, np.int32)
-        return out
+        return {"docs": self.docs, "hash": uniq,
+                "df": np.bincount(inv, minlength=m).astype(np.float64),
+                "head": np.bincount(inv, weights=(codes & HEAD) > 0, minlength=m),
+                "tail": np.bincount(inv, weights=(codes & TAIL) > 0, minlength=m),
+                "informative": np.bincount(inv, weights=informative, minlength=m),
+                "chance": np.bincount(inv, weights=chance, minlength=m)}
 
 
 def merge_line_stats(parts: list[dict], min_df: int) -> dict:
@@ -136,20 +164,38 @@ def merge_line_stats(parts: list[dict], min_df: int) -> dict:
     docs = sum(p["docs"] for p in parts)
     keys = ("df", "head", "tail", "informative", "chance")
     if not parts or not any(len(p["hash"]) for p in parts):
-        return {"docs": docs, "hash": np.zeros(0, np.uint64), **{k: np.zeros(0) for k in keys},
-                "length": np.zeros(0, np.int32)}
+        return {"docs": docs, "hash": np.zeros(0, np.uint64), **{k: np.zeros(0) for k in keys}}
     h = np.concatenate([p["hash"] for p in parts])
     uniq, inv = np.unique(h, return_inverse=True)
     m = len(uniq)
     df = np.bincount(inv, weights=np.concatenate([p["df"] for p in parts]), minlength=m)
     keep = df >= max(1, min_df)
-    out = {"docs": docs, "hash": uniq[keep], "df": df[keep].astype(np.int64)}
+    out = {"docs": docs, "hash": uniq[keep], "df": df[keep]}
     for k in keys[1:]:
         out[k] = np.bincount(inv, weights=np.concatenate([p[k] for p in parts]), minlength=m)[keep]
-    length = np.zeros(m, np.int32)
-    length[inv] = np.concatenate([p["length"] for p in parts])
-    out["length"] = length[keep]
     return out
+
+
+def prune_candidates(merged: dict, threshold: float) -> dict:
+    """Keeps the candidates that can still be stripped: positionally consistent (pos >= MIN_POS_SCORE) and with
+    a score that reaches `threshold` if template and short components were at their maximum. Vectorized; what
+    is left (usually a handful of lines) is scored with its text in pass 2."""
+    n = len(merged["hash"])
+    if not n:
+        return merged
+    docs = max(1, int(merged["docs"]))
+    frac = merged["df"] / docs
+    dfs = np.clip(np.log(np.maximum(frac, 1e-12) / DF_FLOOR) / math.log(DF_SATURATE / DF_FLOOR), 0.0, 1.0)
+    inf = merged["informative"].astype(np.float64)
+    safe = np.maximum(inf, 1.0)
+    consistency = np.maximum(merged["head"], merged["tail"]) / safe
+    expected = np.minimum(0.99, merged["chance"] / safe)
+    pos = np.where(inf > 0, np.maximum(0.0, (consistency - expected) / (1.0 - expected)), 0.0)
+    best = (SCORE_WEIGHTS["df"] * dfs + SCORE_WEIGHTS["position"] * pos + SCORE_WEIGHTS["template"]
+            + SCORE_WEIGHTS["short"])
+    keep = (pos >= MIN_POS_SCORE - 1e-9) & (best >= threshold - 1e-9)
+    return {"docs": merged["docs"], "candidates": n, **{k: v[keep] for k, v in merged.items()
+                                                         if isinstance(v, np.ndarray)}}
 
 
 def template_score(key: str) -> tuple[float, list[str]]:
@@ -227,19 +273,20 @@ class BoilerplateTable:
             self.cache[h] = info
         return info if info["strip"] else None
 
-    def strip(self, text: str) -> tuple[str, list[tuple[int, str, dict]]]:
-        """Removes the boilerplate lines of one text; returns (text, [(hash, line, info)] of stripped lines)."""
+    def strip(self, text: str, hashes: list[int] | None = None) -> tuple[str, list[tuple[int, str, dict]]]:
+        """Removes the boilerplate lines of one text; returns (text, [(hash, line, info)] of stripped lines).
+        `hashes`: doc_line_hashes(text) when the caller has them already."""
         if not self.index:
             return text, []
-        lines = text.split("\n")
-        kept, stripped = [], []
-        digits = HAS_DIGIT(text) is not None
-        for line in lines:
-            if line.strip():
-                key = line_key(line, digits)
-                h = key_hash(key)
+        if hashes is None:
+            hashes = doc_line_hashes(text)
+        kept, stripped, j = [], [], 0
+        for line in text.split("\n"):
+            if line and not line.isspace():
+                h = hashes[j]
+                j += 1
                 if h in self.index:
-                    info = self.judge(key, h)
+                    info = self.judge(line_key(line), h)
                     if info is not None:
                         stripped.append((h, line.strip(), info))
                         continue

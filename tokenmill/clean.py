@@ -13,14 +13,20 @@ Rules, in the order they run on each record (each a plain function in `clean_rul
   7. strip_boilerplate    lines whose joint boilerplate score passes the threshold (two passes, see below)
   8. filters, first failing one names the reason: empty, too_short, placeholder_glyphs, repetition
 
-Rules 1-5 only run on a text that a single fast scan (`needs_repair`) flags; most clean text skips them.
+Rules 1-5 only run on a text that a few C-speed string tests (`needs_repair`) flag; most clean text skips them.
 
-Two passes over the shards, each in parallel (`map_ordered`, one task per input shard):
-  pass 1 applies rules 0-6 and gathers line statistics (boilerplate.LineStats -> numpy arrays);
-  merge sums them and keeps lines in >= `bp_min_df` documents;
-  pass 2 applies rules 0-6 again (cheaper than storing the intermediate text), then 7-8, and writes
-  `part-XXXXX.jsonl` (same shard names as the input) and a rejected side file per shard, merged in order into
-  `_rejected.jsonl`. Output is byte-identical for any worker count; records in = out + rejected.
+Two passes over the shards, each in parallel (`map_ordered`, one task per input shard, results in shard order):
+  pass 1 reads and parses each record once, applies rules 0-6, then rule 8 on the text as it stands, and
+  gathers line statistics (boilerplate.LineStats -> numpy arrays). It stages per batch (marshal, in out_dir,
+  removed at the end) each record's output line as bytes (the input line itself when nothing changed), its
+  rejected line if a filter failed, and the 64-bit hashes of its lines;
+  merge sums the line statistics, keeps lines in >= `bp_min_df` documents and prunes, vectorized, those that
+  cannot reach the threshold;
+  pass 2 finds, with one np.isin per batch, the records that hold a candidate line, strips their boilerplate
+  lines (rule 7) and runs rule 8 again on them only (a record no line was stripped from keeps its verdict:
+  same text, same answer, so the filters effectively run after rule 7), then writes `part-XXXXX.jsonl` (same
+  shard names as the input) and a rejected side file per shard, concatenated in order into `_rejected.jsonl`.
+Output is byte-identical for any worker count; records in = out + rejected (checked before `_stats.json`).
 """
 from __future__ import annotations
 
@@ -35,14 +41,14 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill import clean_rules as R
-from tokenmill.boilerplate import BoilerplateTable, LineStats, merge_line_stats
+from tokenmill.boilerplate import BoilerplateTable, LineStats, merge_line_stats, prune_candidates
 from tokenmill.io import REJECTED_FILE, STATS_FILE, JsonlWriter, atomic_write_json, concat_files, dumps, record_shards
 from tokenmill.parallel import map_ordered
 from tokenmill.progress import Progress
 
 REASONS = ("too_long", "empty", "too_short", "placeholder_glyphs", "repetition")
 RULES = ("read_json", "too_long", "repair_surrogates", "repair_mojibake", "normalize_unicode", "strip_control_chars",
-         "normalize_whitespace", "extract_metadata", "line_stats", "stage_io", "merge_line_stats",
+         "normalize_whitespace", "extract_metadata", "assemble_records", "line_stats", "stage_io", "merge_line_stats",
          "strip_boilerplate", "filter_empty", "filter_too_short", "filter_placeholder_glyphs", "filter_repetition",
          "write_json")
 # length histogram buckets (characters): [0,10), [10,20), ... [10000, inf)
@@ -85,10 +91,10 @@ class CleanSettings:
     """Reject when more than this share of characters sits in repeated lines (texts of 4+ lines)."""
     max_top_2gram_frac: float = 0.60
     """Reject when the most frequent word 2-gram (CJK: character 2-gram) covers more than this share of characters
-    (texts of 20+ tokens). Measured on chinese-poetry: 0.5 would reject genuine refrain poems of the Shijing."""
-    max_top_3gram_frac: float = 0.55
+    (texts of 50+ tokens). Measured on chinese-poetry: 0.5 would reject genuine refrain poems of the Shijing."""
+    max_top_3gram_frac: float = 0.60
     """As max_top_2gram_frac, for 3-grams."""
-    max_top_4gram_frac: float = 0.50
+    max_top_4gram_frac: float = 0.60
     """As max_top_2gram_frac, for 4-grams."""
     examples: int = 6
     """Before/after examples kept in _stats.json."""
@@ -188,10 +194,10 @@ def _read_batches(path: Path):
         yield batch
 
 
-def _clean_meta(meta) -> dict:
+def _clean_meta(meta, form: str) -> dict:
     if not isinstance(meta, dict):
         return {}
-    return {k: R.clean_meta_value(v) for k, v in meta.items()}
+    return {k: R.clean_meta_value(v, form) for k, v in meta.items()}
 
 
 def _clean_special(rec: dict, s: CleanSettings) -> None:
@@ -215,15 +221,9 @@ def _clean_special(rec: dict, s: CleanSettings) -> None:
             rec[k] = [{**t, "content": fix(t.get("content"))} if isinstance(t, dict) else fix(t) for t in v]
 
 
-# An entry is what rules 0-6 leave for rules 7-8 (a list, so marshal can stage it between the passes):
-LINE, REC, TEXT, LEN_IN, REJECT, BEFORE, KIND = range(7)
-# LINE: input line (bytes); REC: the new record when rules 0-6 changed it, else None (the input line is the
-# output line); TEXT: current text; LEN_IN: input characters; REJECT: (reason, detail) or None; BEFORE: the input
-# text when the record changed (for the before/after examples); KIND: what changed it, for the examples.
-
-
 def _prepare_batch(batch: list, s: CleanSettings, timer: Timer, counts: Counter) -> list:
-    """Rules 0-6 on a batch of (raw line, record); returns its entries."""
+    """Rules 0-6 on a batch of (raw line, record). Returns per record [new record or None (unchanged: the input
+    line is the output line), text, reject or None, input length, input text when changed, kind of change]."""
     texts = [_coerce_text(rec.get("text")) for _, rec in batch]
     originals = list(texts)
     metas = [rec.get("meta") if isinstance(rec.get("meta"), dict) else {} for _, rec in batch]
@@ -235,108 +235,69 @@ def _prepare_batch(batch: list, s: CleanSettings, timer: Timer, counts: Counter)
     for i, (line, rec) in enumerate(batch):
         reject = rejects.get(i)
         if reject is not None:
-            entries.append([line, {"id": rec.get("id"), "source": rec.get("source")}, "", len(originals[i]),
-                            reject, None, None])
+            entries.append([{"id": rec.get("id"), "source": rec.get("source")}, "", reject, len(originals[i]),
+                            None, None])
             continue
-        meta = _clean_meta(metas[i])
-        new = {"id": rec.get("id"), "text": texts[i], "meta": meta, "source": rec.get("source")}
-        for k, v in rec.items():
-            if k not in new:
-                new[k] = v
-        changed = texts[i] != originals[i] or meta != rec.get("meta") or list(new) != list(rec)
-        if any(k in rec for k in SPECIAL_TEXT_KEYS):
-            before = {k: rec[k] for k in SPECIAL_TEXT_KEYS if k in rec}
-            _clean_special(new, s)
-            changed = changed or any(new[k] != v for k, v in before.items())
-        entries.append([line, new if changed else None, texts[i], len(originals[i]), None,
+        meta = metas[i]
+        if meta and R.meta_value_needs_cleaning("\n".join(v for v in meta.values() if isinstance(v, str)) + "\n.",
+                                                 s.normalization):
+            meta = _clean_meta(meta, s.normalization)
+        changed = texts[i] is not originals[i] and texts[i] != originals[i]
+        changed = changed or (meta is not rec.get("meta") and meta != rec.get("meta"))
+        changed = changed or list(rec)[:4] != ["id", "text", "meta", "source"]
+        special = [k for k in SPECIAL_TEXT_KEYS if k in rec]
+        new = None
+        if changed or special:
+            new = {"id": rec.get("id"), "text": texts[i], "meta": meta, "source": rec.get("source")}
+            for k, v in rec.items():
+                if k not in new:
+                    new[k] = v
+            if special:
+                before = {k: rec[k] for k in special}
+                _clean_special(new, s)
+                changed = changed or any(new[k] != v for k, v in before.items())
+        entries.append([new if changed else None, texts[i], None, len(originals[i]),
                         originals[i] if changed else None, "metadata" if i in meta_moved else "repair"])
-    timer.lap("extract_metadata")
+    timer.lap("assemble_records")
     return entries
 
 
-class ShardFinisher:
-    """Rules 7-8 and the writing of one output shard (and its rejected side file)."""
+def _filters(s: CleanSettings):
+    """Rule 8, in order: (timer name, check)."""
+    limits = s.ngram_limits()
+    return (("filter_empty", R.check_empty),
+            ("filter_too_short", lambda t: R.check_too_short(t, s.min_chars)),
+            ("filter_placeholder_glyphs", lambda t: R.check_placeholder_glyphs(t, s.max_placeholder_ratio)),
+            ("filter_repetition", lambda t: R.check_repetition(t, s.max_dup_line_frac, s.max_dup_line_char_frac,
+                                                               limits)))
 
-    def __init__(self, out_path: str, rej_path: str, s: CleanSettings, table: BoilerplateTable | None):
-        self.s, self.table = s, table
-        self.limits = s.ngram_limits()
-        self.out, self.rej = JsonlWriter(out_path), JsonlWriter(rej_path)
-        self.out_bytes = self.out._f.buffer  # unchanged records are copied as the bytes they came in
-        self.reasons, self.strip_hist = Counter(), Counter()
-        self.stripped: dict[int, list] = {}
-        self.len_out, self.examples = [], {}
-        self.docs_in = self.docs_out = self.chars_out = 0
 
-    def finish(self, entries: list, timer: Timer) -> None:
-        s, table = self.s, self.table
-        self.docs_in += len(entries)
-        live = [e for e in entries if e[REJECT] is None]
-        n_stripped = {}
-        if table is not None:
-            for e in live:
-                text, gone = table.strip(e[TEXT])
-                if gone:
-                    if e[REC] is None:
-                        e[REC], e[BEFORE] = json.loads(e[LINE]), e[TEXT]
-                    e[REC]["text"] = e[TEXT] = text
-                    n_stripped[id(e)] = len(gone)
-                    for h, line, info in gone:
-                        entry = self.stripped.get(h)
-                        if entry is None:
-                            self.stripped[h] = [1, line, info]
-                        else:
-                            entry[0] += 1
-        timer.lap("strip_boilerplate")
-        for rule, check in (("filter_empty", R.check_empty),
-                            ("filter_too_short", lambda t: R.check_too_short(t, s.min_chars)),
-                            ("filter_placeholder_glyphs", lambda t: R.check_placeholder_glyphs(t, s.max_placeholder_ratio)),
-                            ("filter_repetition", lambda t: R.check_repetition(
-                                t, s.max_dup_line_frac, s.max_dup_line_char_frac, self.limits))):
-            keep = []
-            for e in live:
-                bad = check(e[TEXT])
-                if bad:
-                    e[REJECT] = bad
-                else:
-                    keep.append(e)
-            live = keep
-            timer.lap(rule)
-        for e in entries:
-            reject, rec, text = e[REJECT], e[REC], e[TEXT]
-            if reject is not None:
-                reason, detail = reject
-                self.reasons[reason] += 1
-                if id(e) in n_stripped:
-                    detail += f" (after stripping {n_stripped[id(e)]} boilerplate lines)"
-                if rec is None:
-                    rec = json.loads(e[LINE])
-                self.rej.write({"id": rec.get("id"), "source": rec.get("source"), "reason": reason, "detail": detail})
-                continue
-            self.strip_hist[min(n_stripped.get(id(e), 0), 5)] += 1
-            if rec is not None:
-                self.out_bytes.write(dumps(rec).encode("utf-8"))
-                kind = "boilerplate" if id(e) in n_stripped else e[KIND]
-                shelf = self.examples.setdefault(kind, [])
-                if len(shelf) < s.examples:
-                    before, after = _diff_window(e[BEFORE] or "", text)
-                    shelf.append({"id": rec.get("id"), "kind": kind, "before": before,
-                                  "after": after, "meta": {k: _short(str(v)) for k, v in
-                                                                  list(rec["meta"].items())[:4]}})
-            else:  # unchanged record: the input line is already the output line (same serializer)
-                self.out_bytes.write(e[LINE])
-            self.out_bytes.write(b"\n")
-            self.out.count += 1
-            self.docs_out += 1
-            self.chars_out += len(text)
-            self.len_out.append(len(text))
-        timer.lap("write_json")
+def _first_failure(text: str, filters) -> tuple | None:
+    for _, check in filters:
+        bad = check(text)
+        if bad:
+            return bad
+    return None
 
-    def close(self, ok: bool) -> dict:
-        for w in (self.out, self.rej):
-            w.close() if ok else w.abort()
-        return {"docs_in": self.docs_in, "docs_out": self.docs_out, "reasons": dict(self.reasons),
-                "chars_out": self.chars_out, "hist_out": _hist(self.len_out), "examples": self.examples,
-                "stripped": self.stripped, "strip_hist": dict(self.strip_hist)}
+
+def _rejected_line(rec: dict, reject: tuple, extra: str = "") -> bytes:
+    reason, detail = reject
+    return dumps({"id": rec.get("id"), "source": rec.get("source"), "reason": reason,
+                  "detail": detail + extra}).encode("utf-8")
+
+
+class Examples:
+    """A few before/after examples per kind of change (boilerplate, metadata, repair)."""
+
+    def __init__(self, n: int):
+        self.n, self.by_kind = n, {}
+
+    def add(self, kind: str, rec: dict, before: str, after: str) -> None:
+        shelf = self.by_kind.setdefault(kind, [])
+        if len(shelf) < self.n:
+            b, a = _diff_window(before, after)
+            shelf.append({"id": rec.get("id"), "kind": kind, "before": b, "after": a,
+                          "meta": {k: _short(str(v)) for k, v in list((rec.get("meta") or {}).items())[:4]}})
 
 
 def _hist(lengths: list[int]) -> list[int]:
@@ -355,71 +316,136 @@ def _diff_window(before: str, after: str) -> tuple[str, str]:
     i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
     start = max(0, i - EXAMPLE_CHARS // 4)
     pre = "…" if start else ""
-    return pre + _short(before[start:]), pre + _short(after[start:])
+    # lone surrogates of the input cannot go into _stats.json: shown as U+FFFD
+    before = R.SURROGATE_RE.sub("\ufffd", before[start:start + EXAMPLE_CHARS + 1])
+    return pre + _short(before), pre + _short(after[start:])
 
 
 # --------------------------------------------------------------------------------------------- the passes
 
 def prepare_task(args: tuple) -> dict:
-    """Pass 1 on one shard: rules 0-6, line statistics, and the prepared records saved to `stage_path` (marshal
-    batches, read back by pass 2 instead of parsing and repairing the JSON twice). Without boilerplate
-    detection there is no pass 2: this task finishes and writes the shard itself."""
-    path, stage_path, out_path, rej_path, s = args
+    """Pass 1 on one shard: rules 0-6, rule 8 on the text as it is, line statistics; stages per batch (marshal)
+    what pass 2 needs: each record's output line (bytes), its rejected line if a filter failed, and the hashes
+    of its lines. Pass 2 then touches only the records that hold a boilerplate line."""
+    path, stage_path, s = args
     timer, counts = Timer(), Counter()
-    stats = LineStats(s.bp_edge_frac) if s.boilerplate else None
-    finisher = None if s.boilerplate else ShardFinisher(out_path, rej_path, s, None)
+    stats = LineStats(s.bp_edge_frac)
+    filters = _filters(s)
+    examples = Examples(s.examples)
     len_in, chars_in = [], 0
-    stage = open(stage_path, "wb") if s.boilerplate else None
-    ok = False
-    try:
+    with open(stage_path, "wb") as stage:
         for batch in _read_batches(Path(path)):
             timer.lap("read_json")
             entries = _prepare_batch(batch, s, timer, counts)
+            live = [e for e in entries if e[2] is None]
+            for name, check in filters:
+                keep = []
+                for e in live:
+                    bad = check(e[1])
+                    if bad:
+                        e[2] = bad
+                    else:
+                        keep.append(e)
+                live = keep
+                timer.lap(name)
+            hashes, n_lines = [], []
             for e in entries:
-                len_in.append(e[LEN_IN])
-                chars_in += e[LEN_IN]
-            if stats is not None:
-                for e in entries:
-                    if e[REJECT] is None:
-                        stats.add_document(e[TEXT])
-                timer.lap("line_stats")
-                marshal.dump(entries, stage)
-                timer.lap("stage_io")
-            else:
-                finisher.finish(entries, timer)
-        ok = True
-    finally:
-        if stage is not None:
-            stage.close()
-    out = {"counts": dict(counts), "chars_in": chars_in, "hist_in": _hist(len_in), "seconds": timer.sec}
-    if stats is not None:
-        out["arrays"] = stats.arrays()
-    else:
-        out.update(finisher.close(ok))
-    return out
+                hs = stats.add_document(e[1]) if (s.boilerplate and e[1]) else ()
+                hashes += hs
+                n_lines.append(len(hs))
+            timer.lap("line_stats")
+            out_lines, rej_lines, len_out = [], [], []
+            for (line, rec), e in zip(batch, entries):
+                new, text, reject, n_in, before, kind = e
+                len_in.append(n_in)
+                chars_in += n_in
+                if new is not None and text:
+                    out_lines.append(dumps(new).encode("utf-8"))
+                    if reject is None:
+                        examples.add(kind, new, before, text)
+                else:
+                    out_lines.append(line)
+                rej_lines.append(None if reject is None else _rejected_line(new or rec, reject))
+                len_out.append(len(text))
+            timer.lap("write_json")
+            marshal.dump((out_lines, rej_lines, len_out, n_lines, np.array(hashes, np.uint64).tobytes()), stage)
+            timer.lap("stage_io")
+    return {"counts": dict(counts), "chars_in": chars_in, "hist_in": _hist(len_in), "seconds": timer.sec,
+            "arrays": stats.arrays(), "examples": examples.by_kind}
 
 
 def finish_task(args: tuple) -> dict:
-    """Pass 2 on one shard: reads the prepared records back, applies rules 7-8, writes the shard."""
+    """Pass 2 on one shard: rule 7 on the records that hold a candidate boilerplate line (found by one vectorized
+    lookup per batch), rule 8 again on those, then writes the shard and its rejected side file."""
     stage_path, out_path, rej_path, s, merged = args
     timer = Timer()
-    finisher = ShardFinisher(out_path, rej_path, s, BoilerplateTable(merged, s.bp_threshold))
-    ok = False
-    try:
-        with open(stage_path, "rb") as f:
-            while True:
-                try:
-                    entries = marshal.load(f)
-                except EOFError:
-                    break
-                timer.lap("stage_io")
-                finisher.finish(entries, timer)
-        ok = True
-    finally:
-        res = finisher.close(ok)
-        os.unlink(stage_path)
-    res["seconds"] = timer.sec
-    return res
+    table = BoilerplateTable(merged, s.bp_threshold) if merged is not None and len(merged["hash"]) else None
+    wanted = merged["hash"] if table is not None else None
+    filters = _filters(s)
+    examples = Examples(s.examples)
+    reasons, strip_hist, stripped = Counter(), Counter(), {}
+    len_all = []
+    docs_in = docs_out = chars_out = 0
+    with JsonlWriter(out_path) as out, JsonlWriter(rej_path) as rej, open(stage_path, "rb") as stage:
+        out_b, rej_b = out._f.buffer, rej._f.buffer  # the staged lines are bytes already
+        while True:
+            try:
+                out_lines, rej_lines, len_out, n_lines, hash_bytes = marshal.load(stage)
+            except EOFError:
+                break
+            timer.lap("stage_io")
+            n = len(out_lines)
+            docs_in += n
+            hit_docs = []
+            if wanted is not None and hash_bytes:
+                all_hashes = np.frombuffer(hash_bytes, np.uint64)
+                hits = np.isin(all_hashes, wanted)
+                if hits.any():
+                    owner = np.repeat(np.arange(n), n_lines)
+                    hit_docs = np.unique(owner[hits]).tolist()
+                    ends = np.cumsum(n_lines).tolist()
+            n_stripped = {}
+            for i in hit_docs:
+                rec = json.loads(out_lines[i])
+                text, gone = table.strip(rec["text"], all_hashes[ends[i] - n_lines[i]:ends[i]].tolist())
+                if not gone:
+                    continue
+                n_stripped[i] = len(gone)
+                for h, line, info in gone:
+                    entry = stripped.get(h)
+                    if entry is None:
+                        stripped[h] = [1, line, info]
+                    else:
+                        entry[0] += 1
+                before, rec["text"] = rec["text"], text
+                reject = _first_failure(text, filters)
+                out_lines[i] = dumps(rec).encode("utf-8")
+                len_out[i] = len(text)
+                extra = f" (after stripping {len(gone)} boilerplate lines)"
+                rej_lines[i] = None if reject is None else _rejected_line(rec, reject, extra)
+                if reject is None:
+                    examples.add("boilerplate", rec, before, text)
+            timer.lap("strip_boilerplate")
+            for i in range(n):
+                r = rej_lines[i]
+                if r is not None:
+                    reasons[json.loads(r)["reason"]] += 1
+                    rej_b.write(r)
+                    rej_b.write(b"\n")
+                    rej.count += 1
+                    continue
+                out_b.write(out_lines[i])
+                out_b.write(b"\n")
+                out.count += 1
+                docs_out += 1
+                chars_out += len_out[i]
+                len_all.append(len_out[i])
+                strip_hist[min(n_stripped.get(i, 0), 5)] += 1
+            timer.lap("write_json")
+    os.unlink(stage_path)
+    return {"docs_in": docs_in, "docs_out": docs_out, "reasons": dict(reasons), "chars_out": chars_out,
+            "hist_out": _hist(len_all), "examples": examples.by_kind, "stripped": stripped,
+            "strip_hist": dict(strip_hist), "seconds": timer.sec}
 
 
 # --------------------------------------------------------------------------------------------- the stage
@@ -451,7 +477,7 @@ def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings = CleanSet
     out_dir.mkdir(parents=True, exist_ok=True)
     s = settings
     seconds = dict.fromkeys(RULES, 0.0)
-    # per shard: input, staged prepared records (pass 1 -> pass 2), output shard, rejected side file
+    # per shard: input, staged records (pass 1 -> pass 2), output shard, rejected side file
     paths = [(str(p), str(out_dir / f".stage-{p.stem}.marshal"), str(out_dir / p.name),
               str(out_dir / f".rejected-{p.stem}.part")) for p in shards]
 
@@ -460,53 +486,46 @@ def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings = CleanSet
     hist_out = np.zeros(len(LENGTH_BUCKETS), np.int64)
     docs_in = docs_out = chars_in = chars_out = 0
     examples, stripped, parts = {}, {}, []
-    n_candidates = 0
-
-    def absorb(res: dict) -> None:
-        nonlocal docs_in, docs_out, chars_out
-        docs_in += res["docs_in"]
-        docs_out += res["docs_out"]
-        chars_out += res["chars_out"]
-        reasons.update(res["reasons"])
-        strip_hist.update(res["strip_hist"])
-        hist_out[:] += res["hist_out"]
-        for kind, shelf in res["examples"].items():
-            examples.setdefault(kind, []).extend(shelf)
-        for h, (n, line, info) in res["stripped"].items():
-            if h in stripped:
-                stripped[h][0] += n
-            else:
-                stripped[h] = [n, line, info]
-
+    merged = None
     try:
-        what = "cleaned_jsonl pass 1 (repair, metadata, line statistics)" if s.boilerplate else "cleaned_jsonl"
-        progress = Progress(what, total=len(shards), unit="shards", log=log)
-        for res in map_ordered(prepare_task, [(*p, s) for p in paths], workers):
+        progress = Progress("cleaned_jsonl pass 1 (repair, metadata, filters, line statistics)", total=len(shards),
+                            unit="shards", log=log)
+        for res in map_ordered(prepare_task, [(src, st, s) for src, st, _, _ in paths], workers):
             counts.update(res["counts"])
             chars_in += res["chars_in"]
             hist_in += res["hist_in"]
             for k, v in res["seconds"].items():
                 seconds[k] += v
-            if s.boilerplate:
-                parts.append(res["arrays"])
-            else:
-                absorb(res)
+            for kind, shelf in res["examples"].items():
+                examples.setdefault(kind, []).extend(shelf)
+            parts.append(res["arrays"])
             progress.advance(1)
         progress.finish()
+        t_merge = time.perf_counter()
         if s.boilerplate:
-            t_merge = time.perf_counter()
-            merged = merge_line_stats(parts, s.bp_min_df)
-            del parts
-            n_candidates = len(merged["hash"])
-            seconds["merge_line_stats"] = time.perf_counter() - t_merge
-            progress = Progress("cleaned_jsonl pass 2 (boilerplate, filters, write)", total=len(shards),
-                                unit="shards", log=log)
-            for res in map_ordered(finish_task, [(st, out, rej, s, merged) for _, st, out, rej in paths], workers):
-                absorb(res)
-                for k, v in res["seconds"].items():
-                    seconds[k] += v
-                progress.advance(1)
-            progress.finish()
+            merged = prune_candidates(merge_line_stats(parts, s.bp_min_df), s.bp_threshold)
+        del parts
+        seconds["merge_line_stats"] = time.perf_counter() - t_merge
+
+        progress = Progress("cleaned_jsonl pass 2 (boilerplate, write)", total=len(shards), unit="shards", log=log)
+        for res in map_ordered(finish_task, [(st, out, rej, s, merged) for _, st, out, rej in paths], workers):
+            docs_in += res["docs_in"]
+            docs_out += res["docs_out"]
+            chars_out += res["chars_out"]
+            reasons.update(res["reasons"])
+            strip_hist.update(res["strip_hist"])
+            hist_out += res["hist_out"]
+            for kind, shelf in res["examples"].items():
+                examples.setdefault(kind, []).extend(shelf)
+            for h, (n, line, info) in res["stripped"].items():
+                if h in stripped:
+                    stripped[h][0] += n
+                else:
+                    stripped[h] = [n, line, info]
+            for k, v in res["seconds"].items():
+                seconds[k] += v
+            progress.advance(1)
+        progress.finish()
         concat_files([rej for *_, rej in paths], out_dir / REJECTED_FILE)
     finally:
         for _, st, _, rej in paths:
@@ -531,7 +550,8 @@ def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings = CleanSet
         "chars_out": chars_out,
         "boilerplate": {
             "enabled": s.boilerplate,
-            "candidates": n_candidates,
+            "candidates": int(merged["candidates"]) if merged is not None and "candidates" in merged else 0,
+            "strippable_candidates": len(merged["hash"]) if merged is not None else 0,
             "lines_stripped": sum(e[0] for e in stripped.values()),
             "distinct_lines_stripped": len(stripped),
             "docs_touched": sum(v for k, v in strip_hist.items() if k),

@@ -103,15 +103,19 @@ def normalize_whitespace(text: str) -> str:
     return text.strip("\n")
 
 
-def clean_meta_value(value):
-    """Meta strings get the same repair as the text (no surrogates, NFC, no control characters)."""
+def meta_value_needs_cleaning(value: str, form: str = "NFC") -> bool:
+    return needs_repair(value) or (form != "none" and not unicodedata.is_normalized(form, value))
+
+
+def clean_meta_value(value, form: str = "NFC"):
+    """Meta strings get the text's repair: no surrogates, no control characters, normalized, stripped."""
     if not isinstance(value, str):
         return value
-    if not needs_repair(value):
-        return normalize_unicode(value, "NFC")
-    value, _ = repair_surrogates(value)
-    value, _ = strip_control_chars(value)
-    return unicodedata.normalize("NFC", value).strip()
+    if needs_repair(value):
+        value, _ = repair_surrogates(value)
+        value, _ = strip_control_chars(value)
+        value = value.strip()
+    return normalize_unicode(value, form)
 
 
 # --------------------------------------------------------------------------------------------- metadata
@@ -129,7 +133,7 @@ META_LABELS = {
 META_LINE_RE = re.compile(
     r"^\s*(?:[#*>]+\s*)?(" + "|".join(sorted(map(re.escape, META_LABELS), key=len, reverse=True))
     + r")\s*[:：]\s*(.{1,200}?)\s*$", re.I)
-BY_LINE_RE = re.compile(r"^\s*(?:by|written by)\s+([A-Z][\w.'\-]*(?:\s+[A-Z][\w.'\-]*){0,3})\s*$")
+BY_LINE_RE = re.compile(r"^\s*(?:[Bb]y|[Ww]ritten [Bb]y)\s+([A-Z][\w.'\-]*(?:\s+[A-Z][\w.'\-]*){0,3})\s*$")
 # "〔唐〕李白", "[宋] 苏轼", "（唐）王维": dynasty + author on one line
 DYNASTY_AUTHOR_RE = re.compile(r"^\s*[\[〔【（(]\s*(\S{1,3})\s*[\]〕】）)]\s*(\S{1,8})\s*$")
 META_KEYS_FROM_READER = {"title": ("title", "rhythmic", "name"), "author": ("author", "authors", "writer", "poet"),
@@ -245,13 +249,12 @@ def check_placeholder_glyphs(text: str, max_ratio: float):
 
 
 def tokens_of(text: str) -> list[str] | str:
-    """Word tokens for the repetition statistics: space-separated words, or single characters (returned as one
-    string) for scripts written without spaces (CJK), where a character is the natural unit."""
-    if not text.isascii():
-        letters = NON_WORD_RE.sub("", text)
-        if len(letters.encode("utf-8")) > 2 * len(letters):  # mostly 3-byte characters: CJK-dominant
-            return letters
-    return WORD_RE.findall(text.lower())
+    """Tokens for the repetition statistics: lower-cased whitespace-separated words, or, for text written mostly
+    without spaces (CJK: over 2 UTF-8 bytes a character), its characters without whitespace, returned as one
+    string. Punctuation stays in both (dropping it costs a regex pass over every text for little change)."""
+    if not text.isascii() and len(text.encode("utf-8")) > 2 * len(text):
+        return "".join(text.split())
+    return text.lower().split()
 
 
 def repetition_stats(text: str, ngram_ns=(2, 3, 4), thresholds=None, min_tokens: int = 0) -> dict:
@@ -278,42 +281,36 @@ def repetition_stats(text: str, ngram_ns=(2, 3, 4), thresholds=None, min_tokens:
 
 
 def _ngram_stats(text: str, out: dict, ngram_ns, thresholds, min_tokens: int) -> dict:
+    """Adds top_<n>gram_frac: the share of tokens covered by the most frequent n-gram (k occurrences cover
+    k * n tokens; capped at 1). Gopher measures characters; tokens make the bound below exact and cheap."""
+    if len(text) < min_tokens or (text.isascii() and text.count(" ") + text.count("\n") + 1 < min_tokens):
+        return out  # cannot hold min_tokens tokens: skip the tokenizer
     toks = tokens_of(text)
-    if len(toks) < max(min_tokens, 2):
+    total = len(toks)
+    if total < max(min_tokens, 2):
         return out
-    chars = isinstance(toks, str)
-    total = len(toks) if chars else sum(map(len, toks))
-    todo = list(ngram_ns)
-    if chars and thresholds is not None:
-        # k occurrences of an n-gram leave at most N - k + 1 distinct characters, so its share k*n/N is at most
-        # n * (1 - distinct/N) + n/N: a C-speed set() rules most texts out
-        u = len(set(toks)) / total
-        todo = [n for n in todo if n * (1 - u) + n / total > thresholds.get(n, 1.0)]
-        if not todo:
-            return out
-    counts = Counter(toks)
-    top1 = max(counts.values())
-    longest = 1 if chars else max(map(len, counts))
-    for n in todo:
-        if len(toks) < n + 1:
+    top1 = max(Counter(toks).values())
+    for n in ngram_ns:
+        if total < n + 1:
             continue
-        # the top n-gram occurs at most top1 times and covers at most n * longest chars per occurrence
-        if thresholds is not None and top1 * n * longest / total <= thresholds.get(n, 1.0):
+        # an n-gram occurs at most as often as the commonest token: k*n/N <= top1*n/N (C-speed Counter above)
+        if thresholds is not None and top1 * n / total <= thresholds.get(n, 1.0):
             continue
-        if chars:
-            grams = Counter(map(toks.__getitem__, map(slice, range(len(toks) - n + 1), range(n, len(toks) + 1))))
+        if isinstance(toks, str):
+            grams = Counter(map(toks.__getitem__, map(slice, range(total - n + 1), range(n, total + 1))))
         else:
             grams = Counter(zip(*[toks[i:] for i in range(n)]))
-        gram, k = max(grams.items(), key=lambda kv: kv[1])
+        k = max(grams.values())
         if k > 1:
-            out[f"top_{n}gram_frac"] = k * (n if chars else sum(map(len, gram))) / total
+            out[f"top_{n}gram_frac"] = min(1.0, k * n / total)
     return out
 
 
 def check_repetition(text: str, max_dup_line_frac: float, max_dup_line_char_frac: float,
-                     top_ngram_fracs: dict, min_lines: int = 4, min_tokens: int = 20):
+                     top_ngram_fracs: dict, min_lines: int = 4, min_tokens: int = 50):
     """Rejects spam-like repetition; duplicate-line limits apply from `min_lines` lines on (a 2-line text with
-    a repeated line is a refrain, not spam)."""
+    a repeated line is a refrain, not spam), n-gram limits from `min_tokens` tokens on (Gopher's 50 words: in
+    a short poem, repeated characters are style, not spam)."""
     st = repetition_stats(text, tuple(top_ngram_fracs), top_ngram_fracs, min_tokens)
     if st["lines"] >= min_lines:
         if st["dup_line_frac"] > max_dup_line_frac:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -47,7 +48,7 @@ class DagsterDev:
 
     def __enter__(self) -> "DagsterDev":
         self.dagster_home.mkdir(parents=True, exist_ok=True)
-        (self.dagster_home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+        shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", self.dagster_home / "dagster.yaml")
         dagster = Path(sys.executable).with_name("dagster")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(

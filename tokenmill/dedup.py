@@ -17,7 +17,12 @@ Steps of build_dedup_report (datatrove-style, each a pass handing off through ar
 2. global: exact groups (equal SHA-256), LSH buckets over one representative per group -> candidate pairs;
 3. exact Jaccard of every candidate pair on its shingle sets (keys re-read for candidates only);
    pairs below the threshold are rejected (counted);
-4. union-find over exact groups joined by verified pairs -> clusters; the keep rule picks one record each.
+4. union-find over exact groups joined by verified pairs -> components; within them, in keep-rule order, a
+   group joins the most preferred kept record it has a verified pair with, else it is kept itself
+   (so every removed record is within the threshold of the record it names; chains are cut, not merged).
+
+Memory: the global steps hold fixed-width arrays per document (~100 bytes: id, SHA-256, counters, source),
+one band column at a time, and exact shingle arrays of candidate documents only; workers hold one chunk.
 """
 from __future__ import annotations
 
@@ -39,6 +44,7 @@ REPORT_FILE = "report.json"
 CLUSTERS_FILE = "clusters.jsonl"
 DECISIONS_FILE = "decisions.npz"
 SIGNATURE_DIR = "signatures"
+SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clusters.jsonl lists them all
 KEEP_RULES = ("richest_meta", "first", "longest")
 LEVEL_NAMES = ("exact", "near")
 _LOC_KIND = ("line", "index", None)
@@ -183,11 +189,6 @@ def _meta_count(meta) -> int:
     return sum(1 for v in meta.values() if v not in (None, "", [], {}))
 
 
-def _key(rec: dict, settings: DedupSettings) -> str:
-    text = rec.get("text")
-    return mh.dedup_key(text if isinstance(text, str) else "", settings.strip_symbols, settings.fold_chinese)
-
-
 # ------------------------------------------------------------------------------------------------
 # Step 1: per chunk, in workers
 # ------------------------------------------------------------------------------------------------
@@ -251,12 +252,14 @@ def _fetch_keys(task: tuple) -> dict:
     """Keys (and texts when asked) of the wanted ordinals of one chunk."""
     chunk, wanted, settings, with_text = task
     wanted = set(wanted)
-    out = {}
+    ordinals, texts = [], []
     for ordinal, line in _lines(chunk):
         if ordinal in wanted:
-            rec = _parse(chunk, ordinal, line)
-            out[ordinal] = (_key(rec, settings), rec.get("text") if with_text else None)
-    return out
+            text = _parse(chunk, ordinal, line).get("text")
+            ordinals.append(ordinal)
+            texts.append(text if isinstance(text, str) else "")
+    keys = mh.dedup_keys(texts, settings.strip_symbols, settings.fold_chinese)
+    return {o: (k, t if with_text else None) for o, k, t in zip(ordinals, keys, texts)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -341,7 +344,7 @@ class _ShingleCache:
         k = (doc, n)
         s = self.cache.get(k)
         if s is None:
-            s = self.cache[k] = set(mh.shingles(self.keys[doc], n))
+            s = self.cache[k] = mh.shingle_set(self.keys[doc], n)
         return s
 
     def jaccard(self, a: int, b: int) -> float:
@@ -359,24 +362,62 @@ def _fetch(chunks: list[dict], docs: dict, wanted: np.ndarray, settings: DedupSe
     order = sorted(by_chunk)
     tasks = [(chunks[c], by_chunk[c], settings, with_text) for c in order]
     out = {}
-    for c, got in zip(order, map_ordered(_fetch_keys, tasks, workers)):
+    # a process pool costs ~0.5 s to start; reading a chunk ~0.05 s: few chunks are read in this process
+    for c, got in zip(order, map_ordered(_fetch_keys, tasks, workers if len(tasks) >= 16 else 1)):
         base = int(docs["chunk_first"][c])
         for o, v in got.items():
             out[base + o] = v
     return out
 
 
-def _keep_order(docs: dict, comp: np.ndarray, rule: str) -> np.ndarray:
-    """Document indices sorted by (component, keep preference): the first of each component is kept."""
-    idx = np.arange(len(comp))
+def _preference(docs: dict, rule: str) -> np.ndarray:
+    """Rank of every document under the keep rule (0 = most preferred); ties are impossible (ids are unique,
+    and the input position breaks any remaining tie)."""
+    idx = np.arange(len(docs["meta_count"]))
     id_rank = np.argsort(np.argsort(docs["ids"], kind="stable"), kind="stable")
     if rule == "first":
-        keys = (idx, comp)
+        keys = (idx,)
     elif rule == "longest":
-        keys = (idx, id_rank, docs["loc"], docs["path"], -docs["text_len"], comp)
+        keys = (idx, id_rank, docs["loc"], docs["path"], -docs["text_len"])
     else:  # richest_meta
-        keys = (idx, id_rank, docs["loc"], docs["path"], -docs["meta_count"], comp)
-    return np.lexsort(keys)
+        keys = (idx, id_rank, docs["loc"], docs["path"], -docs["meta_count"])
+    rank = np.empty(len(idx), dtype=np.int64)
+    rank[np.lexsort(keys)] = idx
+    return rank
+
+
+def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarray, edge_sims: np.ndarray):
+    """Greedy star clustering over the verified group pairs, in keep-rule order.
+
+    Every exact group is represented by its most preferred record. Groups are visited from the most
+    preferred: a group with a verified edge to an already chosen center joins the most preferred such center
+    (its records are removed as near duplicates of the center's record, with that edge's measured
+    similarity); otherwise it becomes a center (its best record is kept, the rest of the group are exact
+    duplicates of it). So every removed record is within the threshold of the record it names, and no two
+    kept records share a verified edge; in a chain A~B~C where A and C are below the threshold, A and C
+    both survive. Returns (center group per group, similarity to the center per group, best doc per group).
+    """
+    best = np.full(n_groups, -1, dtype=np.int64)
+    by_rank = np.argsort(rank, kind="stable")
+    g_sorted = group[by_rank]
+    _, first_pos = np.unique(g_sorted, return_index=True)
+    best[g_sorted[first_pos]] = by_rank[first_pos]
+    center = np.arange(n_groups, dtype=np.int64)
+    sim = np.ones(n_groups, dtype=np.float64)
+    if len(edges):
+        neighbours: dict[int, list] = {}
+        for (a, b), s in zip(edges.tolist(), edge_sims.tolist()):
+            neighbours.setdefault(a, []).append((b, s))
+            neighbours.setdefault(b, []).append((a, s))
+        g_rank = rank[best]
+        for g in sorted(neighbours, key=lambda g: g_rank[g]):
+            choice = None
+            for h, s in neighbours[g]:
+                if center[h] == h and g_rank[h] < g_rank[g] and (choice is None or g_rank[h] < g_rank[choice[0]]):
+                    choice = (h, s)
+            if choice is not None:
+                center[g], sim[g] = choice
+    return center, sim, best
 
 
 def _source(docs: dict, d: int) -> dict:
@@ -441,24 +482,23 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings = De
     verified, verified_sims = cand[ok], sims[ok]
     timings["verification"] = time.perf_counter() - t0
 
-    # 4. clusters: union-find over exact groups joined by verified pairs; keep rule
+    # 4. components by union-find; the keep rule and greedy star assignment decide what survives
     t0 = time.perf_counter()
-    uf = mh.UnionFind(len(reps))
-    uf.union_pairs(zip(group[verified[:, 0]].tolist(), group[verified[:, 1]].tolist()))
-    comp = uf.roots()[group] if n_docs else np.empty(0, dtype=np.int64)
-    comp_size = np.bincount(comp, minlength=len(reps)) if n_docs else np.empty(0, dtype=np.int64)
-    order = _keep_order(docs, comp, settings.keep)
-    first_of_comp = np.ones(n_docs, dtype=bool)
-    first_of_comp[1:] = comp[order][1:] != comp[order][:-1]
-    kept_of_comp = np.full(len(reps), -1, dtype=np.int64)
-    kept_of_comp[comp[order][first_of_comp]] = order[first_of_comp]
-    kept_doc = kept_of_comp[comp] if n_docs else np.empty(0, dtype=np.int64)
+    n_groups = len(reps)
+    g_edges = np.stack([group[verified[:, 0]], group[verified[:, 1]]], axis=1) if len(verified) else \
+        np.empty((0, 2), dtype=np.int64)
+    uf = mh.UnionFind(n_groups)
+    uf.union_pairs(g_edges.tolist())
+    comp_of_group = uf.roots()
+    comp = comp_of_group[group] if n_docs else np.empty(0, dtype=np.int64)
+    comp_size = np.bincount(comp, minlength=n_groups) if n_docs else np.empty(0, dtype=np.int64)
+    rank = _preference(docs, settings.keep)
+    center, center_sim, best = _assign(group, n_groups, rank, g_edges, verified_sims)
+    star = center[group] if n_docs else np.empty(0, dtype=np.int64)  # cluster = center group
+    kept_doc = best[star] if n_docs else np.empty(0, dtype=np.int64)
     removed = np.flatnonzero(kept_doc != np.arange(n_docs))
-    level = np.where(group[removed] == group[kept_doc[removed]], 0, 1).astype(np.uint8)
-    similarity = np.ones(len(removed), dtype=np.float64)
-    for i in np.flatnonzero(level == 1).tolist():
-        d = int(removed[i])
-        similarity[i] = cache.jaccard(int(reps[group[d]]), int(reps[group[kept_doc[d]]]))
+    level = np.where(group[removed] == star[removed], 0, 1).astype(np.uint8)
+    similarity = np.where(level == 0, 1.0, center_sim[group[removed]])
     timings["clusters"] = time.perf_counter() - t0
 
     # 5. outputs
@@ -467,14 +507,15 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings = De
              chunk=docs["chunk"][removed], ordinal=docs["ordinal"][removed], id=docs["ids"][removed],
              kept_id=docs["ids"][kept_doc[removed]] if len(removed) else np.empty(0, dtype="S1"),
              level=level, similarity=similarity.astype(np.float32))
-    cluster_roots = np.flatnonzero(comp_size >= 2)
-    sizes = comp_size[cluster_roots]
+    star_size = np.bincount(star, minlength=n_groups) if n_docs else np.empty(0, dtype=np.int64)
+    cluster_roots = np.flatnonzero(star_size >= 2)
+    sizes = star_size[cluster_roots]
+    kept_per_comp = np.bincount(comp_of_group[np.unique(star)], minlength=n_groups) if n_docs else star_size
     n_exact, n_near = int((level == 0).sum()), int((level == 1).sum())
-    below = int(((level == 1) & (similarity < settings.threshold - 1e-12)).sum())
-    clusters_written = _write_clusters(out_dir, docs, comp, kept_doc, group, removed, level, similarity,
-                                       verified, verified_sims, cluster_roots, order)
+    clusters_written = _write_clusters(out_dir, docs, star, comp, comp_size, removed, level, similarity,
+                                       verified, verified_sims, cluster_roots, rank)
     per_source = _per_source(docs, removed, level, kept_doc)
-    samples = _samples(chunks, docs, comp, kept_doc, group, removed, level, similarity, cluster_roots,
+    samples = _samples(chunks, docs, star, kept_doc, group, removed, level, similarity, cluster_roots,
                        sizes, settings, workers)
     catch = {f"{s:g}": round(mh.catch_probability(s, bands, rows), 4)
              for s in sorted({0.5, 0.7, 0.8, 0.85, 0.9, settings.threshold})}
@@ -492,8 +533,9 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings = De
         "band_collisions": bucket_stats["band_collisions"],
         "oversized_buckets": bucket_stats["oversized_buckets"],
         "pairs_not_emitted": bucket_stats["pairs_not_emitted"],
-        "near_removed_below_threshold_to_kept": below,
         "clusters": int(len(cluster_roots)), "largest_cluster": int(sizes.max()) if len(sizes) else 0,
+        "components": int((comp_size >= 2).sum()),
+        "components_with_several_kept": int((kept_per_comp >= 2).sum()),
         "cross_file_duplicates": int(sum(p["cross_file"] for p in per_source)),
         "empty_keys": int((docs["key_len"] == 0).sum()),
     }
@@ -527,7 +569,15 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings = De
                   "chunks": [{"name": c["name"], "chunk": c["chunk"], "start": c["start"], "end": c["end"],
                               "records": r["records"], "stem": r["stem"]} for c, r in zip(chunks, results)]},
         "files": {"clusters": CLUSTERS_FILE, "decisions": DECISIONS_FILE, "signatures": SIGNATURE_DIR,
-                  "clusters_written": clusters_written},
+                  "clusters_written": clusters_written,
+                  "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
+                                      "is document item_doc[i] (0-based record of the chunk) sketched with "
+                                      "item_n[i]-grams (both in <chunk>.docs.npz); <chunk>.bands.npy: uint64 "
+                                      "(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc="
+                                      + ("tokenmill.minhash.shingle_hash32" if settings.shingle_hash == "poly"
+                                         else "datasketch.hashfunc.sha1_hash32")
+                                      + ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
+                                      "MinHash."},
         "seconds": round(seconds, 3), "timings": {k: round(v, 3) for k, v in timings.items()},
     }
     atomic_write_json(out_dir / REPORT_FILE, report)
@@ -539,18 +589,23 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings = De
     return stats
 
 
-def _write_clusters(out_dir, docs, comp, kept_doc, group, removed, level, similarity, verified,
-                    verified_sims, cluster_roots, order) -> int:
-    """clusters.jsonl: one line per cluster (ordered by kept record's input position)."""
-    lvl = {int(d): ("exact", 1.0) for d in removed[level == 0].tolist()}
-    lvl.update({int(d): ("near", float(s)) for d, s in zip(removed[level == 1].tolist(),
-                                                           similarity[level == 1].tolist())})
+def _write_clusters(out_dir, docs, star, comp, comp_size, removed, level, similarity, verified, verified_sims,
+                    cluster_roots, rank) -> int:
+    """clusters.jsonl: one line per cluster (one kept record and the records removed as its duplicates),
+    ordered by the kept record's input position; `component` links clusters that union-find joined."""
+    lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
     edges: dict[int, list] = {}
+    links: dict[int, list] = {}  # verified pairs between two clusters of one component (a chain cut)
     for (a, b), s in zip(verified.tolist(), verified_sims.tolist()):
-        edges.setdefault(int(comp[a]), []).append([_id(docs, a), _id(docs, b), round(float(s), 4)])
-    in_cluster = np.isin(comp[order], cluster_roots)
-    members_sorted = order[in_cluster]
-    bounds = np.flatnonzero(np.diff(comp[members_sorted])) + 1
+        pair = [_id(docs, a), _id(docs, b), round(float(s), 4)]
+        if star[a] == star[b]:
+            edges.setdefault(int(star[a]), []).append(pair)
+        else:
+            links.setdefault(int(star[a]), []).append(pair)
+            links.setdefault(int(star[b]), []).append(pair)
+    members_sorted = np.flatnonzero(np.isin(star, cluster_roots))
+    members_sorted = members_sorted[np.lexsort((rank[members_sorted], star[members_sorted]))]
+    bounds = np.flatnonzero(np.diff(star[members_sorted])) + 1
     runs = np.split(members_sorted, bounds) if len(members_sorted) else []
     runs.sort(key=lambda r: int(r[0]))
     with JsonlWriter(out_dir / CLUSTERS_FILE) as w:
@@ -559,12 +614,14 @@ def _write_clusters(out_dir, docs, comp, kept_doc, group, removed, level, simila
             members = [{"id": _id(docs, kept), "role": "kept", "source": _source(docs, kept)}]
             for d in run[1:].tolist():
                 lv, sim = lvl[d]
-                members.append({"id": _id(docs, d), "role": "removed", "level": lv, "similarity": round(sim, 4),
-                                "source": _source(docs, d)})
+                members.append({"id": _id(docs, d), "role": "removed", "level": LEVEL_NAMES[lv],
+                                "similarity": round(sim, 4), "source": _source(docs, d)})
             levels = {m.get("level") for m in members[1:]}
             w.write({"cluster": i, "kept": _id(docs, kept), "size": len(run),
                      "level": levels.pop() if len(levels) == 1 else "mixed", "members": members,
-                     "verified_pairs": edges.get(int(comp[kept]), [])})
+                     "verified_pairs": edges.get(int(star[kept]), []),
+                     "linked_pairs": links.get(int(star[kept]), []),
+                     "component": int(comp[kept]), "component_size": int(comp_size[comp[kept]])})
         return w.count
 
 
@@ -581,7 +638,7 @@ def _per_source(docs, removed, level, kept_doc) -> list[dict]:
             for i, p in enumerate(docs["paths"])]
 
 
-def _samples(chunks, docs, comp, kept_doc, group, removed, level, similarity, cluster_roots, sizes,
+def _samples(chunks, docs, star, kept_doc, group, removed, level, similarity, cluster_roots, sizes,
              settings, workers) -> list[dict]:
     """A few clusters with their texts: the largest, the lowest similarity (borderline), cross-file ones,
     and near and exact ones spread over the input (deterministic)."""
@@ -600,29 +657,35 @@ def _samples(chunks, docs, comp, kept_doc, group, removed, level, similarity, cl
     add(cluster_roots[np.argsort(-sizes, kind="stable")][: max(1, k // 4)])
     if len(near_removed):
         by_sim = near_removed[np.argsort(similarity[level == 1], kind="stable")]
-        add(comp[by_sim][: max(1, k // 4)])
+        add(star[by_sim][: max(1, k // 4)])
         cross = near_removed[docs["path"][near_removed] != docs["path"][kept_doc[near_removed]]]
-        add(comp[cross][:: max(1, len(cross) // max(1, k // 4))][: max(1, k // 4)])
-        spread = np.unique(comp[near_removed])
+        add(star[cross][:: max(1, len(cross) // max(1, k // 4))][: max(1, k // 4)])
+        spread = np.unique(star[near_removed])
         add(spread[:: max(1, len(spread) // max(1, k // 4))])
-    exact_roots = np.unique(comp[removed[level == 0]])
+    exact_roots = np.unique(star[removed[level == 0]])
     add(exact_roots[:: max(1, len(exact_roots) // max(1, k))])
-    member_docs = np.flatnonzero(np.isin(comp, chosen))
-    texts = _fetch(chunks, docs, member_docs, settings, workers, with_text=True)
+    in_sample = np.flatnonzero(np.isin(star, chosen))
+    shown = {}
+    sim_of = dict(zip(removed.tolist(), similarity.tolist()))
+    for r in chosen:  # the kept record and up to SAMPLE_MEMBERS - 1 removed ones, lowest similarity first
+        members = in_sample[star[in_sample] == r]
+        kept = int(kept_doc[members[0]])
+        others = members[members != kept]
+        others = sorted(others.tolist(), key=lambda d: (sim_of[d], d))[:SAMPLE_MEMBERS - 1]
+        shown[r] = (len(members), [kept] + others)
+    texts = _fetch(chunks, docs, np.asarray([d for _, ds in shown.values() for d in ds], dtype=np.int64), settings,
+                   workers, with_text=True)
     lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
     out = []
     for r in chosen:
-        members = member_docs[comp[member_docs] == r]
-        kept = int(kept_doc[members[0]])
+        size, (kept, *others) = shown[r]
         rows = [{"id": _id(docs, kept), "role": "kept", "level": "", "similarity": 1.0,
                  "source": _source(docs, kept), "text": texts[kept][1]}]
-        for d in members.tolist():
-            if d == kept:
-                continue
+        for d in others:
             lv, sim = lvl[d]
             rows.append({"id": _id(docs, d), "role": "removed", "level": LEVEL_NAMES[lv],
                          "similarity": round(float(sim), 4), "source": _source(docs, d), "text": texts[d][1]})
-        out.append({"size": len(members), "kept": rows[0]["id"], "members": rows})
+        out.append({"size": size, "kept": rows[0]["id"], "members_shown": len(rows), "members": rows})
     return out
 
 

@@ -156,12 +156,22 @@ def _build_key_map(strip_symbols: bool) -> np.ndarray:
     return table
 
 
+def _fold_batch(keys: list[str]) -> list[str]:
+    """Traditional -> simplified for many keys in one OpenCC call (keys hold no newline)."""
+    if not keys:
+        return keys
+    out = _t2s_converter()("\n".join(keys)).split("\n")
+    return out if len(out) == len(keys) else [_t2s_converter()(k) if k else k for k in keys]
+
+
 def dedup_keys(texts: Sequence[str], strip_symbols: bool = True, fold_chinese: bool = False) -> list[str]:
     """dedup_key for a batch, vectorized: one code-point array, one table lookup; a text with an unsafe
     character (see _key_map) or nothing left takes dedup_key itself, so the result always equals
-    [dedup_key(t) for t in texts]."""
-    if fold_chinese or not texts:
-        return [dedup_key(t, strip_symbols, fold_chinese) for t in texts]
+    [dedup_key(t, strip_symbols, fold_chinese) for t in texts]."""
+    if fold_chinese:
+        return _fold_batch(dedup_keys(texts, strip_symbols))
+    if not texts:
+        return []
     table = _key_map(strip_symbols)
     cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
@@ -386,9 +396,9 @@ def choose_bands(threshold: float, num_perm: int, fn_weight: float = 0.97) -> tu
     """(bands, rows) with bands * rows <= num_perm minimizing
     (1 - fn_weight) * P(false candidate below threshold) + fn_weight * P(missed pair above it),
     both integrated over Jaccard like datasketch's _optimal_param. Every candidate is verified
-    exactly, so a false candidate costs only time: the default weight favours recall
-    (threshold 0.8, 128 perms -> 16 x 8, 0.85 -> 14 x 9, 0.9 -> 10 x 12; datasketch's equal weights give 9 x 13, which catches
-    a pair at Jaccard 0.8 with probability 0.40)."""
+    exactly, so a false candidate costs only time: the default weight favours recall (128 perms:
+    threshold 0.8 -> 16 x 8, 0.85 -> 14 x 9, 0.9 -> 10 x 12; datasketch's equal weights give 9 x 13 at 0.8,
+    which catches a pair at Jaccard 0.8 with probability 0.40)."""
     xs = np.linspace(0.0, 1.0, 2001)
     below, above = xs <= threshold, xs >= threshold
     best = (np.inf, 0, 0)
@@ -473,8 +483,35 @@ def unique_pairs(pairs: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------
 
 
-def jaccard(a: set, b: set) -> float:
-    """Exact Jaccard of two shingle sets (two empty sets: 1.0)."""
+def shingle_set(key: str, n: int) -> np.ndarray:
+    """The distinct shingles of `key` as a sorted array, exactly (no hashing): n <= 3 code points packed
+    into one uint64 (21 bits each), longer shingles as raw UTF-32 bytes (void dtype). About 10x smaller than
+    a Python set of strings, which matters when many documents are candidates."""
+    cps = np.frombuffer(key.encode("utf-32-le"), dtype="<u4")
+    if 0 < len(cps) < n:  # the whole key is the one shingle, zero-padded (NUL never survives the key)
+        cps = np.concatenate([cps, np.zeros(n - len(cps), dtype="<u4")])
+    m = max(len(cps) - n + 1, 0)
+    if n <= 3:
+        packed = np.zeros(m, dtype=np.uint64)
+        for j in range(n):
+            packed <<= np.uint64(21)
+            packed |= cps[j:j + m]
+        packed.sort()
+        return packed[np.concatenate(([True], packed[1:] != packed[:-1]))] if m else packed
+    win = np.empty((m, n), dtype="<u4")
+    for j in range(n):
+        win[:, j] = cps[j:j + m]
+    return np.unique(win.view(np.dtype((np.void, 4 * n))).ravel())
+
+
+def jaccard(a, b) -> float:
+    """Exact Jaccard of two shingle sets: Python sets, or sorted unique arrays from shingle_set
+    (two empty sets: 1.0)."""
+    if isinstance(a, np.ndarray):
+        if len(a) == 0 and len(b) == 0:
+            return 1.0
+        inter = len(np.intersect1d(a, b, assume_unique=True))
+        return inter / (len(a) + len(b) - inter)
     if not a and not b:
         return 1.0
     inter = len(a & b)

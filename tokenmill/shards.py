@@ -12,6 +12,7 @@ what encoding the rendered string gives (added tokens split the input; BPE never
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -268,7 +269,7 @@ def _assemble(b: _Batch, tt: str, tok, vocab: int, punct: np.ndarray, dtype, whe
     id_lists = [e.ids for e in encs]
     piece_lens = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     total = int(piece_lens.sum())
-    piece_flat = np.fromiter((i for ids in id_lists for i in ids), dtype=np.int64, count=total)
+    piece_flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
     check_ids(piece_flat, vocab, where)
     piece_start = np.zeros(len(piece_lens), dtype=np.int64)
     if len(piece_lens):
@@ -713,9 +714,11 @@ def _stats(settings, vocab, dtype, docs_in, reasons, manifests, totals, tokens_p
         "metadata_dropout": dropout,
         "metadata_dropout_share": round(dropout / records, 4) if records else 0.0,
         "no_metadata": sum(t["no_metadata"] for t in totals.values()),
+        "records_with_metadata": records - sum(t["no_metadata"] for t in totals.values()) - dropout
+        if settings.training_type == "conditional" else 0,
         "chars_per_token": round(text_chars / text_tokens, 4) if text_tokens else None,
-        "isolated_punct_tokens": punct,
-        "isolated_punct_share": round(punct / tokens, 5) if tokens else 0.0,
+        "isolated_punctuation_tokens": punct,
+        "isolated_punctuation_share": round(punct / tokens, 5) if tokens else 0.0,
         "bytes_on_disk": bytes_per_key,
         "tokens_per_doc": {
             "mean": round(float(tpd.mean()), 2) if tpd.size else 0.0,
@@ -731,6 +734,7 @@ def _stats(settings, vocab, dtype, docs_in, reasons, manifests, totals, tokens_p
         stats[f"{s}_tokens"] = manifests[s]["totals"]["tokens"]
         stats[f"{s}_records"] = manifests[s]["totals"]["records"]
         stats[f"{s}_shards"] = len(manifests[s]["shards"])
+        stats[s] = {"tokens": stats[f"{s}_tokens"], "records": stats[f"{s}_records"], "shards": stats[f"{s}_shards"]}
     if sample is not None:
         stats["sample"] = {"id": sample["id"], "tokens": int(len(sample["ids"])),
                            "markdown": sample_markdown(tok, sample["ids"], sample["mask"])}

@@ -39,12 +39,13 @@ def test_every_prefix_within_one(ratios, seed):
 
 
 def test_random_ratios_within_one():
+    """Includes ratio sets where smooth weighted round-robin drifts past 1 (e.g. found at 1.02)."""
     rng = np.random.default_rng(0)
-    for _ in range(30):
+    for _ in range(200):
         ratios = rng.integers(1, 20, size=int(rng.integers(2, 7))).tolist()
         m = MixedLoader([ListLoader(str(i), 1) for i in range(len(ratios))], ratios, seed=int(rng.integers(100)))
         counts = np.zeros(len(ratios))
-        for n, i in enumerate(m.schedule(400), 1):
+        for n, i in enumerate(m.schedule(300), 1):
             counts[i] += 1
             assert np.all(np.abs(counts - n * np.array(ratios) / sum(ratios)) <= 1)
 

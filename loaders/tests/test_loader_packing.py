@@ -110,3 +110,23 @@ def test_packing_records_and_rank_sharding(tmp_path):
                 assert lab == want
                 got.append(i)
     assert sorted(got) == list(range(50))
+
+
+def test_lazy_order_packing_resume_in_process():
+    lens = (np.arange(120) % 23 + 1).tolist()
+
+    def mk():
+        return PackingLoader(Lengths(lens), max_tokens=40, pool_size=6, seed=4, full_shuffle_max=0)
+    ref = mk()
+    assert ref.sampler.lazy
+    full = [b["indices"].tolist() for b in ref]
+    assert sorted(i for b in full for i in b) == list(range(120))
+    pk = mk()
+    it = iter(pk)
+    for _ in range(7):
+        next(it)
+    state = pk.state_dict()
+    it.close()
+    r = mk()
+    r.load_state_dict(state)
+    assert [b["indices"].tolist() for b in r] == full[7:]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 import numpy as np
@@ -59,7 +60,10 @@ def main(argv=None) -> int:
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(summary(store, args.sample), ensure_ascii=False, indent=2))
+    text = json.dumps(summary(store, args.sample), ensure_ascii=False, indent=2)
+    # keep lists of numbers (sample ids) on one line
+    text = re.sub(r"\[\s*(-?\d+(?:,\s*-?\d+)*)\s*\]", lambda m: "[" + re.sub(r",\s*", ", ", m.group(1)) + "]", text)
+    print(text)
     return 0
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import default_collate
 
-from .datasets import batched_collate
-from .sampler import ResumableSampler
+from .datasets import RecordDataset, batched_collate, pad_collate
+from .sampler import ResumableSampler, iter_chunks
 
 
 class _ResumableBatchSampler:
@@ -17,13 +17,13 @@ class _ResumableBatchSampler:
         self.drop_last = drop_last
 
     def __iter__(self):
-        idx = self.sampler.remaining()
         bs = self.batch_size
-        for i in range(0, len(idx), bs):
-            b = idx[i:i + bs]
-            if len(b) < bs and self.drop_last:
-                return
-            yield b.tolist()
+        for chunk in iter_chunks(self.sampler.remaining(), bs * 256):  # whole batches per chunk
+            for i in range(0, len(chunk), bs):
+                b = chunk[i:i + bs]
+                if len(b) < bs and self.drop_last:
+                    return
+                yield b.tolist()
 
     def __len__(self) -> int:
         n = self.sampler.num_samples()
@@ -40,7 +40,8 @@ class DataLoader(torch.utils.data.DataLoader):
       {epoch, position (samples of this rank consumed), ...}. `load_state_dict()` before iterating
       resumes at the next batch exactly, in any process, with any num_workers.
     - Datasets with `get_batch` (TokenDataset) are read one batch per vectorized call; their batches
-      are already collated. pin_memory defaults to True only when CUDA is available.
+      are already collated; RecordDataset batches are padded (pad_collate). pin_memory defaults
+      to True only when CUDA is available.
     - num_workers defaults to 0: with vectorized batch reads from the page cache the main process is
       fastest (see benchmarks/bench_loader.py: worker processes pay for copying every batch between
       processes).
@@ -48,11 +49,17 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = True, seed: int = 0, rank: int = 0,
                  world_size: int = 1, drop_last: bool = False, num_workers: int = 0, collate_fn=None,
-                 pin_memory: bool | None = None, **kwargs):
+                 pin_memory: bool | None = None, full_shuffle_max: int = 1 << 22, **kwargs):
         sampler = ResumableSampler(len(dataset), batch_size=batch_size, seed=seed, shuffle=shuffle,
-                                   rank=rank, world_size=world_size, drop_last=drop_last)
+                                   rank=rank, world_size=world_size, drop_last=drop_last,
+                                   full_shuffle_max=full_shuffle_max)
         if collate_fn is None:
-            collate_fn = batched_collate if hasattr(dataset, "get_batch") else default_collate
+            if hasattr(dataset, "get_batch"):
+                collate_fn = batched_collate
+            elif isinstance(dataset, RecordDataset):
+                collate_fn = pad_collate
+            else:
+                collate_fn = default_collate
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
         super().__init__(dataset, batch_sampler=_ResumableBatchSampler(sampler, batch_size, drop_last),

@@ -8,14 +8,17 @@ class MixedLoader:
     """Mix batches of several resumable loaders by integer ratios.
 
     - One batch comes from one source (a dict batch gets a "source" key with the source's name).
-    - Selection is smooth weighted round-robin: each step every active source gains its ratio, the
-      source with the largest credit is chosen and loses the ratio sum. Ties go by a priority order
-      drawn from `seed`. After any n batches, source i has been chosen within +-1 of
-      n * ratio_i / sum(ratios) times. Deterministic: step k always picks the same source.
+    - Selection is earliest-deadline-first over Pfair windows: with p_i = ratio_i / sum(ratios), the
+      j-th batch of source i may be taken at step t (0-based) once t >= floor((j-1) / p_i) and is due
+      by ceil(j / p_i); each step takes the eligible source with the earliest due step (ties by a
+      priority order drawn from `seed`). Uniprocessor EDF meets every such window, so after any n
+      batches source i has been chosen floor(n p_i) or ceil(n p_i) times: strictly within +-1 of
+      n * p_i. (Smooth weighted round-robin, tried first, drifts to 1.02 on some ratio sets.)
+      Deterministic: step k always picks the same source.
     - Sources with ratio <= 0 are skipped entirely.
     - An exhausted source (end of its epoch): on_exhausted="restart" (default) starts its next epoch
       (its own loader advances the epoch), so iteration is endless; "stop" ends the iteration.
-    - state_dict(): the step counter, the credits and each inner loader's state_dict (which count what
+    - state_dict(): the step counter, the per-source counts and each inner loader's state_dict (which count what
       was yielded). load_state_dict() before iterating resumes at the exact next batch.
 
     `loaders`: a dict name -> loader or a list (names "0", "1", ...); `ratios` likewise (dict or list).
@@ -47,22 +50,27 @@ class MixedLoader:
         # tie-break priority (lower wins), fixed by the seed
         self._priority = np.random.default_rng(np.random.SeedSequence((self.seed, 0x5EED))).permutation(len(self.loaders))
         self.step = 0
-        self.credit = np.zeros(len(self.loaders), dtype=np.int64)
+        self.counts = np.zeros(len(self.loaders), dtype=np.int64)
 
-    def _pick(self, credit: np.ndarray) -> int:
-        c = credit + self.ratios
-        best = c.max()
-        cands = np.flatnonzero(c == best)
+    def _pick(self, step: int, counts: np.ndarray) -> int:
+        j = counts + 1  # the next batch of each source
+        release = ((j - 1) * self.total) // self.ratios
+        due = -((-j * self.total) // self.ratios)
+        eligible = release <= step
+        if not eligible.any():  # cannot happen with Pfair windows; keep going regardless
+            eligible[:] = True
+        cands = np.flatnonzero(eligible)
+        d = due[cands]
+        cands = cands[d == d.min()]
         return int(cands[np.argmin(self._priority[cands])])
 
-    def schedule(self, n: int, start_credit: np.ndarray | None = None) -> list[int]:
-        """Sources of the next n steps from a credit state (default: the start), without reading data."""
-        credit = np.zeros_like(self.credit) if start_credit is None else start_credit.copy()
+    def schedule(self, n: int) -> list[int]:
+        """Sources of the first n steps, without reading data."""
+        counts = np.zeros_like(self.counts)
         out = []
-        for _ in range(n):
-            i = self._pick(credit)
-            credit += self.ratios
-            credit[i] -= self.total
+        for t in range(n):
+            i = self._pick(t, counts)
+            counts[i] += 1
             out.append(i)
         return out
 
@@ -70,7 +78,7 @@ class MixedLoader:
         its: dict[int, object] = {}
         try:
             while True:
-                i = self._pick(self.credit)
+                i = self._pick(self.step, self.counts)
                 if i not in its:
                     its[i] = iter(self.loaders[i])
                 try:
@@ -83,8 +91,7 @@ class MixedLoader:
                         batch = next(its[i])
                     except StopIteration:
                         raise RuntimeError(f"source {self.names[i]!r} yields no batch at all") from None
-                self.credit += self.ratios
-                self.credit[i] -= self.total
+                self.counts[i] += 1
                 self.step += 1
                 if isinstance(batch, dict):
                     batch = {**batch, "source": self.names[i]}
@@ -96,13 +103,13 @@ class MixedLoader:
                     close()
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "credit": self.credit.tolist(), "seed": self.seed, "names": list(self.names),
+        return {"step": self.step, "counts": self.counts.tolist(), "seed": self.seed, "names": list(self.names),
                 "inner": {n: ld.state_dict() for n, ld in zip(self.names, self.loaders)}}
 
     def load_state_dict(self, state: dict) -> None:
         if list(state["names"]) != self.names:
             raise ValueError(f"mixed state is for sources {state['names']}, this loader has {self.names}")
         self.step = int(state["step"])
-        self.credit = np.array(state["credit"], dtype=np.int64)
+        self.counts = np.array(state["counts"], dtype=np.int64)
         for n, ld in zip(self.names, self.loaders):
             ld.load_state_dict(state["inner"][n])

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from .datasets import IGNORE_INDEX
-from .sampler import ResumableSampler
+from .sampler import ResumableSampler, iter_chunks
 
 
 class _Items(torch.utils.data.Dataset):
@@ -21,6 +21,20 @@ class _Items(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return self.dataset[i]
+
+
+class _Chunked:
+    """An index sequence (array or LazyIndices) as a sampler, materialized chunk by chunk."""
+
+    def __init__(self, indices):
+        self.indices = indices
+
+    def __len__(self):
+        return len(self.indices)
+
+    def __iter__(self):
+        for chunk in iter_chunks(self.indices, 4096):
+            yield from chunk.tolist()
 
 
 def _list_collate(samples):
@@ -64,7 +78,7 @@ class PackingLoader:
                  long_threshold: int | None = None, strategy: str = "prefer_closest", output: str = "flat",
                  pad_id: int = 0, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, num_tokens: Callable | None = None, collate_fn: Callable | None = None,
-                 pin_memory: bool | None = None, read_chunk: int = 32):
+                 pin_memory: bool | None = None, read_chunk: int = 32, full_shuffle_max: int = 1 << 22):
         if strategy not in ("prefer_closest", "prefer_first"):
             raise ValueError(f"strategy must be prefer_closest or prefer_first, not {strategy!r}")
         if output not in ("flat", "padded"):
@@ -84,7 +98,8 @@ class PackingLoader:
         self.collate_fn = collate_fn
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.read_chunk = int(read_chunk)
-        self.sampler = ResumableSampler(len(dataset), 1, seed, shuffle, rank, world_size, drop_last=False)
+        self.sampler = ResumableSampler(len(dataset), 1, seed, shuffle, rank, world_size, drop_last=False,
+                                        full_shuffle_max=full_shuffle_max)
         self.epoch = 0
         self._src_pos = 0          # next source position (index into this rank's order) to read
         self._pool_pos: list[int] = []  # source positions of the samples in the pool, pool order
@@ -117,16 +132,20 @@ class PackingLoader:
         """Samples at source positions start, start+1, ... (in order), as (position, sample)."""
         rest = order[start:]
         if self.num_workers <= 0:
-            for j, i in enumerate(rest.tolist()):
-                yield start + j, self.dataset[i]
+            pos = start
+            for chunk in iter_chunks(rest, 4096):
+                for i in chunk.tolist():
+                    yield pos, i, self.dataset[i]
+                    pos += 1
             return
-        dl = torch.utils.data.DataLoader(_Items(self.dataset), sampler=rest.tolist(), batch_size=self.read_chunk,
+        dl = torch.utils.data.DataLoader(_Items(self.dataset), sampler=_Chunked(rest), batch_size=self.read_chunk,
                                          collate_fn=_list_collate, num_workers=self.num_workers,
                                          prefetch_factor=4)
         pos = start
+        idx_iter = iter(_Chunked(rest))
         for chunk in dl:
             for s in chunk:
-                yield pos, s
+                yield pos, next(idx_iter), s
                 pos += 1
 
     # ------------------------------------------------------------------ packing
@@ -166,7 +185,11 @@ class PackingLoader:
         order = self.sampler.rank_indices(self.epoch)
         epoch = self.epoch
         # rebuild the pool exactly (resume) from its source positions
-        pool = [(p, s, self.num_tokens(s)) for p in self._pool_pos for s in (self.dataset[int(order[p])],)]
+        pool = []
+        for p in self._pool_pos:
+            i = int(order[p])
+            s = self.dataset[i]
+            pool.append((p, i, s, self.num_tokens(s)))
         src = self._source(order, self._src_pos)
         exhausted = False
         next_pos = self._src_pos
@@ -174,37 +197,37 @@ class PackingLoader:
             while True:
                 while len(pool) < self.pool_size and not exhausted:
                     try:
-                        p, s = next(src)
+                        p, i, s = next(src)
                     except StopIteration:
                         exhausted = True
                         break
                     next_pos = p + 1
                     n = self.num_tokens(s)
                     if n >= self.long_threshold:
-                        self._src_pos, self._pool_pos = next_pos, [q for q, _, _ in pool]
-                        yield self._collate([(p, s, n)], order)
+                        self._src_pos, self._pool_pos = next_pos, [x[0] for x in pool]
+                        yield self._collate([(p, i, s, n)])
                         continue
-                    pool.append((p, s, n))
+                    pool.append((p, i, s, n))
                 if not pool:
                     break
-                lens = np.fromiter((n for _, _, n in pool), dtype=np.int64, count=len(pool))
+                lens = np.fromiter((x[3] for x in pool), dtype=np.int64, count=len(pool))
                 slots = self._select(lens)
                 chosen = [pool[k] for k in slots]
                 taken = set(slots)
                 pool = [x for k, x in enumerate(pool) if k not in taken]
-                self._src_pos, self._pool_pos = next_pos, [q for q, _, _ in pool]
-                yield self._collate(chosen, order)
+                self._src_pos, self._pool_pos = next_pos, [x[0] for x in pool]
+                yield self._collate(chosen)
         finally:
             src.close()
         if self.epoch == epoch:
             self.set_epoch(epoch + 1)
 
     # ------------------------------------------------------------------ collation
-    def _collate(self, chosen, order) -> dict:
-        samples = [s for _, s, _ in chosen]
+    def _collate(self, chosen) -> dict:
+        samples = [x[2] for x in chosen]
         if self.collate_fn is not None:
             return self.collate_fn(samples)
-        idx = torch.tensor([int(order[p]) for p, _, _ in chosen], dtype=torch.int64)
+        idx = torch.tensor([x[1] for x in chosen], dtype=torch.int64)
         batch = self._flat(samples) if self.output == "flat" else self._padded(samples)
         batch["indices"] = idx
         if self.pin_memory:

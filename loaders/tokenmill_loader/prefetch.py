@@ -62,6 +62,11 @@ class DevicePrefetcher:
             return {k: (v if k in self.keep_int32 else _map(v, up)) for k, v in batch.items()}
         return _map(batch, up)
 
+    def _move(self, t: torch.Tensor) -> torch.Tensor:
+        if t.device.type == "cpu" and not t.is_pinned():
+            t = t.pin_memory()  # an async copy needs page-locked memory
+        return t.to(self.device, non_blocking=True)
+
     def _snapshot(self):
         sd = getattr(self.loader, "state_dict", None)
         return sd() if sd is not None else None
@@ -82,8 +87,7 @@ class DevicePrefetcher:
                 return None, None
             state = self._snapshot()
             with torch.cuda.stream(stream):
-                dev = _map(host, lambda t: (t if t.is_pinned() else t.pin_memory()).to(self.device, non_blocking=True))
-                dev = self._convert(dev)
+                dev = self._convert(_map(host, self._move))
             return dev, state
 
         nxt, nstate = preload()

@@ -1,8 +1,95 @@
 """ResumableSampler: seeded per-epoch shuffle, rank x worker sharding, O(1) exact resume."""
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 import torch
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S1, _S2, _S3 = np.uint64(30), np.uint64(27), np.uint64(31)
+
+
+class FeistelPermutation:
+    """A keyed pseudo-random bijection of range(n), evaluated at any positions in O(1) memory.
+
+    A balanced Feistel network (6 rounds, splitmix64-style round function, keys from the SeedSequence)
+    permutes [0, 4^h) with 4^h >= n; cycle walking (re-encrypting values >= n) restricts it to a
+    bijection of [0, n). Used instead of a materialized permutation for very long epochs, so start-up
+    and resume cost does not grow with the dataset.
+    """
+
+    ROUNDS = 6
+
+    def __init__(self, n: int, seed_seq: np.random.SeedSequence):
+        self.n = int(n)
+        bits = max(2, (self.n - 1).bit_length())
+        bits += bits & 1
+        self.h = np.uint64(bits // 2)
+        self.mask = np.uint64((1 << (bits // 2)) - 1)
+        self.keys = [np.uint64(k) for k in seed_seq.generate_state(self.ROUNDS, dtype=np.uint64)]
+
+    def _round(self, r: np.ndarray, k: np.uint64) -> np.ndarray:
+        z = r ^ k
+        z = (z ^ (z >> _S1)) * _M1
+        z = (z ^ (z >> _S2)) * _M2
+        return (z ^ (z >> _S3)) & self.mask
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.h, x & self.mask
+        for k in self.keys:
+            left, right = right, left ^ self._round(right, k)
+        return (left << self.h) | right
+
+    def __call__(self, positions: np.ndarray) -> np.ndarray:
+        y = self._encrypt(np.asarray(positions, dtype=np.uint64))
+        out = y >= self.n
+        while out.any():  # cycle walking: stays a bijection on [0, n)
+            y[out] = self._encrypt(y[out])
+            out = y >= self.n
+        return y.astype(np.int64)
+
+
+class LazyIndices:
+    """perm[start + step * j] for j in range(count): a lazily evaluated slice of a FeistelPermutation.
+
+    Supports len(), integer indexing, slicing with a positive step (gives another LazyIndices),
+    np.asarray() and tolist(); everything a materialized index array is used for here.
+    """
+
+    def __init__(self, perm: FeistelPermutation, start: int, step: int, count: int):
+        self.perm, self.start, self.step, self.count = perm, int(start), int(step), max(0, int(count))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            a, b, s = key.indices(self.count)
+            if s <= 0:
+                raise ValueError("only positive slice steps")
+            return LazyIndices(self.perm, self.start + self.step * a, self.step * s, len(range(a, b, s)))
+        j = operator.index(key)
+        if j < 0:
+            j += self.count
+        if not 0 <= j < self.count:
+            raise IndexError(j)
+        return int(self.perm(np.array([self.start + self.step * j]))[0])
+
+    def __array__(self, dtype=None, copy=None):
+        pos = self.start + self.step * np.arange(self.count, dtype=np.int64)
+        a = self.perm(pos)
+        return a if dtype is None else a.astype(dtype)
+
+    def tolist(self) -> list:
+        return np.asarray(self).tolist()
+
+
+def iter_chunks(indices, size: int = 8192):
+    """Materialized chunks (int64 arrays) of an index array or LazyIndices."""
+    for i in range(0, len(indices), size):
+        yield np.asarray(indices[i:i + size])
 
 
 class ResumableSampler(torch.utils.data.Sampler):
@@ -11,18 +98,21 @@ class ResumableSampler(torch.utils.data.Sampler):
     - Order of epoch e: a permutation drawn from np.random.SeedSequence((seed, e)), so every
       (seed, epoch) pair has its own order, and an epoch's order does not depend on how many epochs
       are run (or on batch size, rank count or worker count). shuffle=False: 0..length-1.
+      Up to `full_shuffle_max` items (default 2^22) the permutation is numpy's (uniform); above it a
+      keyed Feistel bijection (also from the SeedSequence) is evaluated lazily, so start-up and resume
+      stay O(1) in time and memory for any length.
     - Rank r of world_size W gets perm[r::W] (disjoint strided shares that together cover the epoch).
       drop_last=True trims every rank to the same whole number of batches (what DDP needs); the
       trimmed tail is skipped for this epoch only. drop_last=False: shares may differ by one item.
     - Worker sharding (for iterable use): `shard(epoch, worker_id, num_workers)` is the rank share
       [worker_id::num_workers]; disjoint across workers, together the rank share.
     - State is (epoch, position): `position` items of this rank's share were consumed. Resuming
-      regenerates the permutation from the seed and slices it: no replay, the cost does not depend on
+      regenerates the order from the seed and slices it: no replay, the cost does not depend on
       the position.
     """
 
     def __init__(self, length: int, batch_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False):
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False, full_shuffle_max: int = 1 << 22):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
         if seed < 0:
@@ -34,16 +124,22 @@ class ResumableSampler(torch.utils.data.Sampler):
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
+        self.lazy = self.shuffle and self.length > full_shuffle_max
         self.epoch = 0
         self.position = 0
-        self._cache: tuple[int, np.ndarray] | None = None
+        self._cache: tuple[int, object] | None = None
 
     # -- orders
+    def _seed_seq(self, epoch: int) -> np.random.SeedSequence:
+        return np.random.SeedSequence((self.seed, int(epoch)))
+
     def permutation(self, epoch: int) -> np.ndarray:
-        """The full order of `epoch` (all ranks), int64."""
+        """The full order of `epoch` (all ranks), int64 (materialized even when lazy)."""
         if not self.shuffle:
             return np.arange(self.length, dtype=np.int64)
-        rng = np.random.default_rng(np.random.SeedSequence((self.seed, int(epoch))))
+        if self.lazy:
+            return np.asarray(LazyIndices(FeistelPermutation(self.length, self._seed_seq(epoch)), 0, 1, self.length))
+        rng = np.random.default_rng(self._seed_seq(epoch))
         return rng.permutation(self.length).astype(np.int64, copy=False)
 
     def num_samples(self) -> int:
@@ -52,23 +148,27 @@ class ResumableSampler(torch.utils.data.Sampler):
             return (self.length // self.world_size // self.batch_size) * self.batch_size
         return len(range(self.rank, self.length, self.world_size))
 
-    def rank_indices(self, epoch: int | None = None) -> np.ndarray:
-        """This rank's share of `epoch` (cached for the last epoch asked)."""
+    def rank_indices(self, epoch: int | None = None):
+        """This rank's share of `epoch`: an int64 array, or LazyIndices for lazy orders (cached)."""
         epoch = self.epoch if epoch is None else int(epoch)
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        idx = self.permutation(epoch)[self.rank::self.world_size][:self.num_samples()]
+        if self.lazy:
+            idx = LazyIndices(FeistelPermutation(self.length, self._seed_seq(epoch)), self.rank, self.world_size,
+                              self.num_samples())
+        else:
+            idx = self.permutation(epoch)[self.rank::self.world_size][:self.num_samples()]
         self._cache = (epoch, idx)
         return idx
 
-    def shard(self, epoch: int | None = None, worker_id: int = 0, num_workers: int = 1) -> np.ndarray:
+    def shard(self, epoch: int | None = None, worker_id: int = 0, num_workers: int = 1):
         """Indices of stream (rank, worker_id): the rank share [worker_id::num_workers]."""
         return self.rank_indices(epoch)[worker_id::num_workers]
 
     # -- Sampler protocol
     def __iter__(self):
-        idx = self.rank_indices(self.epoch)[self.position:]
-        return iter(idx.tolist())
+        for chunk in iter_chunks(self.remaining()):
+            yield from chunk.tolist()
 
     def __len__(self) -> int:
         return self.num_samples()
@@ -78,7 +178,7 @@ class ResumableSampler(torch.utils.data.Sampler):
         self.epoch = int(epoch)
         self.position = 0
 
-    def remaining(self) -> np.ndarray:
+    def remaining(self):
         """Indices of this rank not yet consumed in the current epoch."""
         return self.rank_indices(self.epoch)[self.position:]
 

@@ -163,8 +163,11 @@ class Store:
             parts = [self._load_jsonl(p)]
             self.info = {"training_type": _infer_type(parts[0].dtypes)}
         elif p.is_dir():
+            splits = sorted(d.name for d in p.iterdir() if (d / "dataset.json").exists())
+            hint = f"; splits here: {', '.join(splits)} (open one of them)" if splits else \
+                "; no meta.json or *.jsonl either"
             raise DatasetError(f"{p / 'dataset.json'}: missing (not a tokenmill dataset, or written only "
-                               f"partly: dataset.json is written last); no meta.json or *.jsonl either")
+                               f"partly: dataset.json is written last){hint}")
         else:
             raise DatasetError(f"{p}: not found, or not a dataset folder, shard folder, .bin or .jsonl file")
         self.parts: list[_Part] = parts
@@ -174,8 +177,13 @@ class Store:
             for k in part.dtypes:
                 if k not in keys:
                     keys.append(k)
+        declared = self.info.get("keys") or {}
+        for k in declared:  # an empty split still knows its keys
+            if k not in keys:
+                keys.append(k)
         self.keys = keys
-        self.dtypes = {k: next(pt.dtypes[k] for pt in parts if k in pt.dtypes) for k in keys}
+        self.dtypes = {k: next((pt.dtypes[k] for pt in parts if k in pt.dtypes), None) or np.dtype(declared[k]["dtype"])
+                       for k in keys}
         self._cum = {k: np.concatenate([[0], np.cumsum([pt.lengths.get(k, 0) for pt in parts])]).astype(np.int64)
                      for k in keys}
         self._rec_cum = np.concatenate([[0], np.cumsum([pt.records for pt in parts])]).astype(np.int64)

@@ -1,0 +1,431 @@
+"""Dedup benchmark: accuracy against brute-force exact Jaccard, and speed and memory against datasketch.
+
+usage: python benchmarks/bench_dedup.py [--poetry-sample 6000] [--docs 100000] [--skip-demo] [--workers 2]
+
+1. Accuracy. On the demo corpus (demo_corpus/source, when present, read with tokenmill.raw.ingest) and on a
+   sample of ../shared/corpora/chinese-poetry (Tang poems and ci sharing a title or (author, tune), all of
+   宋词三百首: enriched with real cross-file duplicates), the ground truth is every pair of distinct keys with
+   exact Jaccard >= threshold, computed brute force (sparse shingle-incidence products, all pairs). Reported:
+   precision and recall of the stage's verified near-duplicate pairs, and of datasketch's LSH candidates
+   (MinHash.bulk + MinHashLSH with its default bands for the threshold) on the same documents and shingles.
+2. Speed, on synthetic ~200-character documents (random CJK, 10% near copies, 2% exact copies), each side in a
+   fresh process: datasketch as a user would (shingle sets of bytes, MinHash.bulk, MinHashLSH with
+   insertion_session, a query per document for candidate pairs, one process) against (a) the engine on the
+   same keys (shingle hashes, signatures and band hashes in `workers` processes, then banding) and (b) the
+   whole stage from JSONL (parse, key, signatures, candidates; build_dedup_report's timings). Ratio, docs/s.
+3. Memory: peak RSS of each side's process (and of the stage's worker processes), per million documents,
+   extrapolated linearly from --docs (the stage's per-document state is arrays of fixed width, so it is linear).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tokenmill import minhash as mh  # noqa: E402
+from tokenmill.dedup import CLUSTERS_FILE, DedupSettings, build_dedup_report  # noqa: E402
+from tokenmill.io import iter_jsonl, record_id, record_shards  # noqa: E402
+from tokenmill.parallel import map_ordered  # noqa: E402
+
+POETRY = REPO.parent / "shared" / "corpora" / "chinese-poetry"
+DEMO = REPO / "demo_corpus"
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _status_mib(pid: int | str, field: str) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def peak_mib() -> float:
+    """Peak RSS of this process (VmHWM: unlike ru_maxrss it is not inherited from the parent at fork/exec)."""
+    return _status_mib("self", "VmHWM")
+
+
+class TreeRss:
+    """Samples the RSS of this process plus all its descendants (the worker processes) every 20 ms; `peak`
+    is the largest total seen: the figure a memory budget applies to."""
+
+    def __init__(self):
+        import threading
+
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _descendants(self) -> list[int]:
+        children, pids = {}, []
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                ppid = _status_mib(d, "PPid") * 1024
+                children.setdefault(int(ppid), []).append(int(d))
+        todo = [os.getpid()]
+        while todo:
+            p = todo.pop()
+            pids.append(p)
+            todo.extend(children.get(p, []))
+        return pids
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, sum(_status_mib(p, "VmRSS") for p in self._descendants()))
+            self._stop.wait(0.02)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs
+# ------------------------------------------------------------------------------------------------
+
+
+def poetry_sample(limit: int, seed: int = 0) -> list[dict]:
+    """Records from chinese-poetry enriched for duplicates by metadata only (never by text): Tang poems whose
+    title occurs more than once, ci whose (author, tune) occurs more than once or that are in 宋词三百首."""
+    rng = random.Random(seed)
+    tang, song = [], []
+    for path in sorted((POETRY / "全唐诗").glob("poet.tang.*.json"), key=lambda p: mh.natural_key(p.name)):
+        for i, obj in enumerate(json.loads(path.read_text(encoding="utf-8"))):
+            tang.append((f"全唐诗/{path.name}", i, obj))
+    for path in sorted((POETRY / "宋词").glob("*.json"), key=lambda p: mh.natural_key(p.name)):
+        for i, obj in enumerate(json.loads(path.read_text(encoding="utf-8"))):
+            song.append((f"宋词/{path.name}", i, obj))
+
+    def text(obj):
+        body = obj.get("paragraphs") or obj.get("content") or []
+        return "\n".join(body) if isinstance(body, list) else str(body)
+
+    by_title = defaultdict(list)
+    for t in tang:
+        by_title[t[2].get("title", "")].append(t)
+    by_tune = defaultdict(list)
+    for s in song:
+        by_tune[(s[2].get("author", ""), s[2].get("rhythmic", ""))].append(s)
+    anthology = {(s[2].get("author", ""), s[2].get("rhythmic", "")) for s in song if "三百首" in s[0]}
+    other_tunes = [g for k, g in sorted(by_tune.items()) if len(g) > 1 and k not in anthology]
+    song_groups = [g for k, g in sorted(by_tune.items()) if k in anthology]
+    song_groups += rng.sample(other_tunes, k=len(other_tunes))
+    tang_groups = [g for _, g in sorted(by_title.items()) if len(g) > 1]
+    rng.shuffle(tang_groups)
+    chosen = []
+    for groups, budget in ((song_groups, int(limit * 0.4)), (tang_groups, limit)):
+        for g in groups:
+            if len(chosen) >= budget:
+                break
+            chosen.extend(g[:40])  # cap very common titles (送人, 浣溪沙)
+    recs = []
+    for path, i, obj in sorted(chosen[:limit], key=lambda t: (mh.natural_key(t[0]), t[1])):
+        meta = {k: obj[k] for k in ("title", "rhythmic", "author") if obj.get(k)}
+        body = text(obj)
+        if body.strip():
+            recs.append({"id": record_id(path, index=i), "text": body, "meta": meta,
+                         "source": {"path": path, "index": i}})
+    return recs
+
+
+def demo_records(tmp: Path) -> list[dict] | None:
+    if not (DEMO / "source").exists():
+        return None
+    try:
+        from tokenmill.raw import ingest
+    except ImportError:
+        return None
+    ingest(DEMO / "source", tmp / "demo_raw")
+    return [r for f in record_shards(tmp / "demo_raw") for r in iter_jsonl(f)]
+
+
+def write_records(folder: Path, recs: list[dict], per_shard: int = 50_000) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in range(0, len(recs), per_shard):
+        with open(folder / f"part-{s // per_shard:05d}.jsonl", "w", encoding="utf-8") as f:
+            for r in recs[s:s + per_shard]:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return folder
+
+
+def synthetic_texts(n: int, seed: int = 0) -> list[str]:
+    """~200-character documents of random common CJK characters; 10% near copies (1-4 substitutions of an
+    earlier document), 2% exact copies, with punctuation so the key differs from the text."""
+    rng = np.random.default_rng(seed)
+    alphabet = np.arange(0x4E00, 0x4E00 + 3000, dtype=np.uint32)
+    lengths = np.clip(rng.normal(200, 20, n).astype(int), 150, 250)
+    texts = []
+    for i in range(n):
+        u = rng.random()
+        if i > 10 and u < 0.10:
+            src = list(texts[rng.integers(0, i)])
+            for _ in range(int(rng.integers(1, 5))):
+                src[int(rng.integers(0, len(src)))] = chr(int(alphabet[rng.integers(0, len(alphabet))]))
+            texts.append("".join(src))
+        elif i > 10 and u < 0.12:
+            texts.append(texts[rng.integers(0, i)])
+        else:
+            chars = alphabet[rng.integers(0, len(alphabet), lengths[i])]
+            body = chars.astype("<u4").tobytes().decode("utf-32-le")
+            texts.append("，".join(body[j:j + 7] for j in range(0, len(body), 7)) + "。")
+    return texts
+
+
+# ------------------------------------------------------------------------------------------------
+# Accuracy
+# ------------------------------------------------------------------------------------------------
+
+
+def brute_force_pairs(keys: list[str], settings: DedupSettings) -> dict:
+    """{(i, j): jaccard} for every pair of the given distinct keys with exact Jaccard >= threshold, at the
+    pair's shingle size (its longer key's), by sparse incidence products over all pairs."""
+    import scipy.sparse as sp
+
+    lens = np.asarray([len(k) for k in keys])
+    out = {}
+    sizes = sorted({mh.ngram_size(int(L), settings.ngram, settings.ngram_bounds) for L in lens if L})
+    for n in sizes:
+        vocab, rows, cols = {}, [], []
+        sets = [set(mh.shingles(k, n)) for k in keys]
+        for i, s in enumerate(sets):
+            for g in s:
+                rows.append(i)
+                cols.append(vocab.setdefault(g, len(vocab)))
+        x = sp.csr_matrix((np.ones(len(rows), dtype=np.int32), (rows, cols)), shape=(len(keys), len(vocab)))
+        size = np.asarray([len(s) for s in sets])
+        xt = x.T.tocsr()
+        for lo in range(0, len(keys), 2000):
+            block = (x[lo:lo + 2000] @ xt).tocoo()
+            i, j, inter = block.row + lo, block.col, block.data
+            m = i < j
+            i, j, inter = i[m], j[m], inter[m]
+            jac = inter / (size[i] + size[j] - inter)
+            m = jac >= settings.threshold - 1e-12
+            for a, b, s in zip(i[m].tolist(), j[m].tolist(), jac[m].tolist()):
+                if settings.pair_ngram(int(lens[a]), int(lens[b])) == n:
+                    out[(a, b)] = s
+    return out
+
+
+def datasketch_candidates(keys: list[str], settings: DedupSettings) -> tuple[set, float, tuple]:
+    from datasketch import MinHash, MinHashLSH
+
+    t0 = time.perf_counter()
+    sh = [[s.encode("utf-8") for s in set(mh.shingles(k, mh.ngram_size(len(k), settings.ngram, settings.ngram_bounds)))]
+          for k in keys]
+    ms = MinHash.bulk(sh, num_perm=settings.num_perm)
+    lsh = MinHashLSH(threshold=settings.threshold, num_perm=settings.num_perm)
+    with lsh.insertion_session() as session:
+        for i, m in enumerate(ms):
+            session.insert(i, m)
+    pairs = set()
+    for i, m in enumerate(ms):
+        for j in lsh.query(m):
+            if j != i:
+                pairs.add((min(i, j), max(i, j)))
+    return pairs, time.perf_counter() - t0, (lsh.b, lsh.r)
+
+
+def accuracy(name: str, recs: list[dict], tmp: Path, settings: DedupSettings, workers: int) -> dict:
+    folder = write_records(tmp / f"{name}_in", recs)
+    t0 = time.perf_counter()
+    stats = build_dedup_report(folder, tmp / f"{name}_rep", settings, workers=workers)
+    stage_s = time.perf_counter() - t0
+    keys_all = mh.dedup_keys([r["text"] for r in recs])
+    first = {}
+    for i, k in enumerate(keys_all):
+        if k:
+            first.setdefault(k, i)
+    reps = sorted(first.values())
+    pos = {recs[i]["id"]: p for p, i in enumerate(reps)}
+    keys = [keys_all[i] for i in reps]
+    t0 = time.perf_counter()
+    truth = brute_force_pairs(keys, settings)
+    truth_s = time.perf_counter() - t0
+    found = set()
+    for c in iter_jsonl(tmp / f"{name}_rep" / CLUSTERS_FILE):
+        for a, b, _ in c["verified_pairs"] + c["linked_pairs"]:
+            i, j = pos[a], pos[b]
+            found.add((min(i, j), max(i, j)))
+    ds_pairs, ds_s, ds_params = datasketch_candidates(keys, settings)
+    tp = len(found & truth.keys())
+    ds_tp = len(ds_pairs & truth.keys())
+    return {
+        "set": name, "records": len(recs), "distinct_keys": len(keys), "true_pairs": len(truth),
+        "tokenmill": {"found": len(found), "precision": tp / len(found) if found else 1.0,
+                      "recall": tp / len(truth) if truth else 1.0, "candidates": stats["candidate_pairs"],
+                      "rejected_candidates": stats["rejected_candidates"], "exact_removed": stats["dropped_exact_duplicate"],
+                      "near_removed": stats["dropped_near_duplicate"], "seconds": round(stage_s, 2)},
+        "datasketch": {"bands_rows": ds_params, "candidates": len(ds_pairs),
+                       "precision": ds_tp / len(ds_pairs) if ds_pairs else 1.0,
+                       "recall": ds_tp / len(truth) if truth else 1.0, "seconds": round(ds_s, 2)},
+        "brute_force_seconds": round(truth_s, 2),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Speed and memory (each side in a fresh process)
+# ------------------------------------------------------------------------------------------------
+
+
+def _engine_task(task):
+    keys, settings, bands, rows = task
+    lens = np.asarray([len(k) for k in keys], dtype=np.int64)
+    doc, size = settings.items(lens)
+    sig = np.empty((len(doc), settings.num_perm), dtype=np.uint32)
+    for n in np.unique(size).tolist():
+        sel = np.flatnonzero(size == n)
+        h, off = mh.shingle_hashes([keys[d] for d in doc[sel].tolist()], n)
+        sig[sel] = mh.signatures(h, off, settings.num_perm, settings.seed)
+    return doc, mh.band_hashes(sig, bands, rows, salt=size.astype(np.uint64))
+
+
+def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
+    settings = DedupSettings()
+    folder = Path(folder)
+    if mode == "gen":  # inputs for the measured processes, so their memory is theirs alone
+        texts = synthetic_texts(n_docs)
+        write_records(folder / "in", [{"id": f"{i:016x}", "text": t, "meta": {}, "source": {"path": "synthetic.jsonl",
+                                                                                          "line": i + 1}}
+                                      for i, t in enumerate(texts)])
+        keys = mh.dedup_keys(texts)
+        uniq = list(dict.fromkeys(k for k in keys if k))  # exact level first, as the stage does
+        (folder / "keys.txt").write_text("\n".join(uniq) + "\n", encoding="utf-8")
+        return {"mode": mode, "docs": n_docs, "distinct": len(uniq)}
+    rss0 = rss_mib()
+    if mode == "stage":
+        t0 = time.perf_counter()
+        with TreeRss() as tree:
+            stats = build_dedup_report(folder / "in", folder / f"rep-{time.time_ns()}", settings, workers=workers)
+        total = time.perf_counter() - t0
+        tm = stats["timings"]
+        return {"mode": mode, "docs": n_docs, "seconds": tm["signatures"] + tm["candidates"], "total_seconds": total,
+                "candidates": stats["candidate_pairs"], "rss_start_mib": rss0, "peak_mib": peak_mib(),
+                "tree_peak_mib": tree.peak}
+    uniq = (folder / "keys.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    rss0 = rss_mib()
+    t0 = time.perf_counter()
+    tree = TreeRss().__enter__()
+    if mode == "engine":
+        bands, rows = settings.band_shape()
+        step = (len(uniq) + 2 * workers - 1) // (2 * workers)
+        tasks = [(uniq[i:i + step], settings, bands, rows) for i in range(0, len(uniq), step)]
+        docs, bh, base = [], [], 0
+        for t, (d, b) in zip(tasks, map_ordered(_engine_task, tasks, workers)):
+            docs.append(d + base)
+            bh.append(b)
+            base += len(t[0])
+        members = np.concatenate(docs)
+        pairs = [mh.bucket_pairs(np.concatenate([b[i] for b in bh]), members, settings.max_bucket)[0]
+                 for i in range(bands)]
+        n_pairs = len(mh.unique_pairs(np.concatenate(pairs)))
+    else:
+        pairs, _, _ = datasketch_candidates(uniq, settings)
+        n_pairs = len(pairs)
+    seconds = time.perf_counter() - t0
+    tree.__exit__()
+    return {"mode": mode, "docs": len(uniq), "seconds": seconds, "candidates": n_pairs,
+            "rss_start_mib": rss0, "peak_mib": peak_mib(), "tree_peak_mib": tree.peak}
+
+
+def run_child(mode: str, n_docs: int, workers: int, folder: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--_child", mode, "--docs", str(n_docs),
+                          "--workers", str(workers), "--_dir", str(folder)], capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{mode} child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--poetry-sample", type=int, default=6000)
+    ap.add_argument("--docs", type=int, default=100_000, help="synthetic documents for speed and memory")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--skip-demo", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--_child")
+    ap.add_argument("--_dir")
+    args = ap.parse_args()
+    if args._child:
+        print(json.dumps(child(args._child, args.docs, args.workers, args._dir)))
+        return
+
+    settings = DedupSettings()
+    print(f"threshold {settings.threshold}, {settings.num_perm} permutations, bands x rows {settings.band_shape()}, "
+          f"workers {args.workers}")
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        sets = []
+        if not args.skip_demo:
+            demo = demo_records(tmp)
+            if demo is not None:
+                sets.append(("demo_corpus", demo))
+            else:
+                print("demo corpus: not present (python -m tokenmill.demo demo_corpus), skipped")
+        if POETRY.exists() and args.poetry_sample > 0:
+            sets.append(("chinese-poetry", poetry_sample(args.poetry_sample)))
+        print("\n== accuracy: near-duplicate pairs vs brute-force exact Jaccard ==")
+        for name, recs in sets:
+            r = accuracy(name, recs, tmp, settings, args.workers)
+            t, d = r["tokenmill"], r["datasketch"]
+            print(f"{name}: {r['records']} records, {r['distinct_keys']} distinct keys, {r['true_pairs']} true pairs "
+                  f"(brute force {r['brute_force_seconds']} s)")
+            print(f"  tokenmill : precision {t['precision']:.4f} recall {t['recall']:.4f} ({t['found']} pairs; "
+                  f"{t['candidates']} candidates, {t['rejected_candidates']} rejected by verification; removed "
+                  f"{t['exact_removed']} exact + {t['near_removed']} near; {t['seconds']} s)")
+            print(f"  datasketch: precision {d['precision']:.4f} recall {d['recall']:.4f} ({d['candidates']} LSH "
+                  f"candidates, bands x rows {d['bands_rows']}, unverified; {d['seconds']} s)")
+    if args.skip_speed:
+        return
+    print(f"\n== speed and memory: {args.docs:,} synthetic ~200-character documents, each side in a fresh process ==")
+    with tempfile.TemporaryDirectory() as tmp:
+        gen = run_child("gen", args.docs, 1, Path(tmp))
+        ds = run_child("datasketch", args.docs, 1, Path(tmp))
+        en = run_child("engine", args.docs, args.workers, Path(tmp))
+        st = run_child("stage", args.docs, args.workers, Path(tmp))
+    print(f"{gen['docs']:,} documents, {gen['distinct']:,} distinct keys (signatures and candidates are computed for "
+          f"distinct keys on both sides; docs/s below counts all documents)")
+    for r in (ds, en):
+        r["docs"] = args.docs
+    per_m = 1e6 / args.docs
+    for r, label in ((ds, "datasketch (MinHash.bulk + MinHashLSH insertion_session + query), 1 process"),
+                     (en, f"tokenmill engine from keys, {args.workers} workers"),
+                     (st, f"tokenmill stage from JSONL (parse + key + signatures + candidates), {args.workers} workers")):
+        grown = r["peak_mib"] - r["rss_start_mib"]
+        print(f"{label}:\n  {r['seconds']:.2f} s, {r['docs'] / r['seconds']:,.0f} docs/s, {r['candidates']:,} candidate "
+              f"pairs; main process peak RSS {r['peak_mib']:.0f} MiB (+{grown:.0f} MiB over its start: "
+              f"~{grown * per_m / 1024:.2f} GiB per million docs); main + workers peak {r['tree_peak_mib']:.0f} MiB")
+    print(f"\nspeed-up, signatures + candidate pairs: engine {ds['seconds'] / en['seconds']:.1f}x, "
+          f"whole stage step {ds['seconds'] / st['seconds']:.1f}x (datasketch {ds['seconds']:.1f} s)")
+    if "total_seconds" in st:
+        print(f"stage build_dedup_report total (incl. verification, clusters, report): {st['total_seconds']:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

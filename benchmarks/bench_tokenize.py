@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Benchmark of the tokenizer and tokenized_bins stages on a real corpus (default ../shared/corpora/chinese-poetry).
+
+Prints:
+  - tokenizer training: tokenmill's bounded sample vs the reference approach (train on every record,
+    as ../shared/reference/seed_reference.py does), with chars/token of both on the same held-out text;
+  - tokens/s of the whole tokenize_corpus function (read JSONL, split, render, encode, pack, write shards)
+    next to the ceiling measured in the same run: `Tokenizer.encode_batch` alone (rayon threads on every
+    core) on the same rendered texts, best of --repeat interleaved runs; the ratio (target >= 0.7).
+
+usage: python benchmarks/bench_tokenize.py [SOURCE] [--repeat 3] [--workers N] [--skip-reference]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tokenmill.io import iter_jsonl, record_shards  # noqa: E402
+from tokenmill.shards import ShardSettings, _dropped, tokenize_corpus  # noqa: E402
+from tokenmill.tokenization import (HELD_OUT_MODULUS, TokenizerSettings, build_trainer_tokenizer,  # noqa: E402
+                                    hash64, load_tokenizer, train_tokenizer, training_text)
+
+
+def prepare_input(source: Path, out: Path) -> int:
+    """Raw records of the corpus (tokenmill.raw.ingest; a minimal reader when it is unavailable)."""
+    try:
+        from tokenmill.raw import ingest
+    except ImportError:
+        ingest = None
+    if ingest is not None:
+        return ingest(source, out)["docs_out"]
+    import hashlib
+    recs = []
+    for p in sorted(source.rglob("*.json")):
+        data = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(data, list):
+            continue
+        rel = str(p.relative_to(source))
+        for i, o in enumerate(data):
+            body = o.get("paragraphs") or o.get("content") or [] if isinstance(o, dict) else []
+            text = "\n".join(x for x in ([body] if isinstance(body, str) else body) if isinstance(x, str))
+            if text.strip():
+                rid = hashlib.blake2b(f"{rel}\0index:{i}".encode(), digest_size=8).hexdigest()
+                recs.append({"id": rid, "text": text, "meta": {"title": o.get("title") or o.get("rhythmic") or "",
+                             "author": o.get("author") or ""}, "source": {"path": rel, "index": i}})
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "part-00000.jsonl", "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return len(recs)
+
+
+def rendered_texts(in_dir: Path, s: ShardSettings) -> list[str]:
+    """The conditional rendering as one string per document (special tokens inline)."""
+    texts = []
+    for p in record_shards(in_dir):
+        for r in iter_jsonl(p):
+            if not r.get("text"):
+                continue  # rejected by tokenize_corpus (empty_text)
+            meta = r.get("meta") or {}
+            title, author = meta.get("title") or "", meta.get("author") or ""
+            if (not title and not author) or _dropped(r["id"], s.seed, s.metadata_dropout):
+                texts.append(f"<|content|>{r['text']}</s>")
+            else:
+                texts.append(f"<|title|>{title}<|author|>{author}<|content|>{r['text']}</s>")
+    return texts
+
+
+def ceiling(tok_path: Path, texts: list[str], batch: int = 8192) -> tuple[float, int]:
+    tok = load_tokenizer(tok_path)
+    t0 = time.perf_counter()
+    n = 0
+    for i in range(0, len(texts), batch):
+        n += sum(len(e.ids) for e in tok.encode_batch(texts[i:i + batch], add_special_tokens=False))
+    return time.perf_counter() - t0, n
+
+
+def reference_training(in_dir: Path) -> tuple[float, object]:
+    """The seed's approach: train on every record (title\\nauthor\\ntext), default threading."""
+    texts = []
+    for p in record_shards(in_dir):
+        for r in iter_jsonl(p):
+            meta = r.get("meta") or {}
+            texts.append(f"{meta.get('title') or ''}\n{meta.get('author') or ''}\n{r['text']}")
+    tok, trainer = build_trainer_tokenizer(4096, 2, "bytelevel")
+    t0 = time.perf_counter()
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    return time.perf_counter() - t0, tok
+
+
+def held_out(in_dir: Path, limit: int = 3000) -> list[str]:
+    out = []
+    for p in record_shards(in_dir):
+        for r in iter_jsonl(p):
+            if hash64("tokenizer-sample", r["id"]) % HELD_OUT_MODULUS == 0:
+                out.append(training_text(r))
+    return out[:limit]
+
+
+def cpt(tok, texts) -> float:
+    return sum(map(len, texts)) / max(1, sum(len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=False)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("source", nargs="?", default=str(REPO.parent / "shared" / "corpora" / "chinese-poetry"))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--training-type", default="conditional")
+    ap.add_argument("--skip-reference", action="store_true", help="skip training on every record (slow)")
+    ap.add_argument("--keep", help="keep the work folder here")
+    args = ap.parse_args()
+
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_tokenize_"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        raw = work / "records"
+        shutil.rmtree(raw, ignore_errors=True)
+        t0 = time.perf_counter()
+        n = prepare_input(Path(args.source), raw)
+        print(f"input: {n:,} records from {args.source} ({time.perf_counter() - t0:.1f} s)")
+
+        tok_dir = work / "tokenizer"
+        shutil.rmtree(tok_dir, ignore_errors=True)
+        ts = train_tokenizer(raw, tok_dir, TokenizerSettings())
+        print(f"tokenizer (tokenmill): {ts['train_seconds']:.2f} s training + {ts['sample_seconds']:.2f} s sampling "
+              f"on {ts['sample_records']:,} records / {ts['sample_chars']:,} chars; "
+              f"held-out chars/token {ts['chars_per_token']}")
+        held = held_out(raw)
+        ours_tok = load_tokenizer(tok_dir / "tokenizer.json")
+        if not args.skip_reference:
+            ref_s, ref_tok = reference_training(raw)
+            print(f"tokenizer (reference, every record): {ref_s:.2f} s training; "
+                  f"held-out chars/token {cpt(ref_tok, held):.4f} (ours {cpt(ours_tok, held):.4f}); "
+                  f"speed-up {ref_s / max(ts['train_seconds'], 1e-9):.1f}x")
+
+        settings = ShardSettings(training_type=args.training_type)
+        texts = rendered_texts(raw, settings) if args.training_type == "conditional" else None
+        best_ours, best_ceiling, stats, ceil_tokens = None, None, None, None
+        for rep in range(args.repeat):
+            out = work / "bins"
+            shutil.rmtree(out, ignore_errors=True)
+            t0 = time.perf_counter()
+            stats = tokenize_corpus(raw, tok_dir, out, settings, workers=args.workers)
+            dt = time.perf_counter() - t0
+            best_ours = dt if best_ours is None else min(best_ours, dt)
+            line = f"run {rep + 1}: tokenize_corpus {dt:.2f} s ({stats['tokens'] / dt:,.0f} tokens/s)"
+            if texts is not None:
+                c, ceil_tokens = ceiling(tok_dir / "tokenizer.json", texts)
+                best_ceiling = c if best_ceiling is None else min(best_ceiling, c)
+                line += f"; ceiling encode_batch {c:.2f} s ({ceil_tokens / c:,.0f} tokens/s)"
+            print(line, flush=True)
+        tokens = stats["tokens"]
+        print(f"tokens {tokens:,} (ceiling encoded {ceil_tokens if ceil_tokens is not None else '-'}), "
+              f"records {stats['records']:,}, supervised {stats['supervised_share']:.2%}, "
+              f"masked {stats['masked_share']:.2%}, dropout {stats['metadata_dropout_share']:.2%}, "
+              f"isolated punctuation {stats['isolated_punctuation_share']:.2%}, train/val shards "
+              f"{stats['train_shards']}/{stats['val_shards']}")
+        print(f"tokens/s whole function (best of {args.repeat}): {tokens / best_ours:,.0f}")
+        if best_ceiling is not None:
+            print(f"tokens/s ceiling encode_batch (best of {args.repeat}): {ceil_tokens / best_ceiling:,.0f}")
+            print(f"ratio: {(tokens / best_ours) / (ceil_tokens / best_ceiling):.2f} (target >= 0.7)")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        print(f"peak RSS: this process {peak:.0f} MiB, largest worker {child:.0f} MiB")
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,390 @@
+"""tokenized_bins stage: renderings and masks per training type, splits, shards, atomicity, determinism."""
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tokenmill.shards as shards_mod
+from tokenmill.io import STATS_FILE, read_json
+from tokenmill.shards import (REJECTED_JSON, ShardSettings, ShardWriter, SplitChunk, check_ids, token_dtype_for,
+                              tokenize_corpus)
+from tokenmill.tokenization import SPECIAL_TOKENS, TokenizerSettings, load_tokenizer, train_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = (REPO.parent / "shared").resolve()
+SP = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+
+LINES = ["床前明月光，疑是地上霜。", "举头望明月，低头思故乡。", "白日依山尽，黄河入海流。", "欲穷千里目，更上一层楼。",
+         "Shall I compare thee to a summer's day?", "Rough winds do shake the darling buds of May,"]
+
+
+def poem(i: int) -> dict:
+    body = "\n".join(LINES[(i + k) % len(LINES)] for k in range(1 + i % 4)) + f"\n其{i}"
+    meta = {"title": f"题目{i % 13}", "author": f"诗人{i % 7}"} if i % 10 else {}
+    return {"id": hashlib.blake2b(f"p{i}".encode(), digest_size=8).hexdigest(), "text": body, "meta": meta,
+            "source": {"path": "poems.json", "index": i}}
+
+
+def chat(i: int) -> dict:
+    r = {"id": hashlib.blake2b(f"c{i}".encode(), digest_size=8).hexdigest(), "text": f"chat {i}", "meta": {},
+         "source": {"path": "chat.jsonl", "line": i + 1}}
+    if i % 9 == 5:
+        return r  # no messages: rejected for sft
+    msgs = [{"role": "user", "content": f"写一首关于月亮的诗 {i}"}, {"role": "assistant", "content": LINES[i % 4]}]
+    if i % 3 == 0:
+        msgs = [{"role": "system", "content": "你是诗人。"}] + msgs + [
+            {"role": "user", "content": "再来一首"}, {"role": "assistant", "content": LINES[(i + 1) % 4]}]
+    r["messages"] = msgs
+    r["prompt"] = f"题{i}：写月亮"
+    r["chosen"] = LINES[i % 4]
+    r["rejected"] = "月亮 " * (1 + i % 3)
+    r["responses"] = [LINES[(i + k) % 6] for k in range(1 + i % 3)]
+    r["rewards"] = [float(k) - 0.5 for k in range(1 + i % 3)]
+    return r
+
+
+def write_parts(folder: Path, recs: list[dict], per_part: int = 10**9, bad_line: bool = False) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(0, len(recs), per_part):
+        with open(folder / f"part-{k // per_part:05d}.jsonl", "w", encoding="utf-8") as f:
+            for j, r in enumerate(recs[k:k + per_part]):
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+                if bad_line and j == 3:
+                    f.write("{this is not json\n")
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tok")
+    write_parts(base / "in", [poem(i) for i in range(200)] + [chat(i) for i in range(40)])
+    train_tokenizer(base / "in", base / "tok", TokenizerSettings(vocab_size=500))
+    return base / "tok"
+
+
+def read_split(folder: Path) -> dict:
+    """A minimal reader of docs/format.md: per key the list of items, plus record ids and the manifest."""
+    manifest = read_json(folder / "dataset.json")
+    items: dict = {}
+    ids: list = []
+    for sh in manifest["shards"]:
+        d = folder / sh["name"]
+        meta = read_json(d / "meta.json")
+        for key, spec in meta.items():
+            arr = np.fromfile(d / f"{key}.bin", dtype=spec["dtype"])
+            assert arr.shape[0] == spec["shape"][0]
+            offs = spec["offsets"]
+            items.setdefault(key, []).extend(arr[a:b] for a, b in zip(offs, offs[1:]))
+        ids.extend(read_json(d / "record_ids.json"))
+    return {"manifest": manifest, "items": items, "ids": ids}
+
+
+def run(tmp_path, tok_dir, recs, name="out", workers=1, **kw) -> tuple[dict, Path]:
+    src = tmp_path / f"{name}_in"
+    if not src.exists():
+        write_parts(src, recs, per_part=kw.pop("per_part", 10**9), bad_line=kw.pop("bad_line", False))
+    out = tmp_path / name
+    stats = tokenize_corpus(src, tok_dir, out, ShardSettings(**kw), workers=workers)
+    return stats, out
+
+
+def by_id(recs):
+    return {r["id"]: r for r in recs}
+
+
+# ------------------------------------------------------------------------------------------------
+def test_conditional_round_trip_mask_and_dropout(tmp_path, tok_dir):
+    recs = [poem(i) for i in range(300)]
+    stats, out = run(tmp_path, tok_dir, recs, training_type="conditional", val_fraction=0.2)
+    tok = load_tokenizer(tok_dir)
+    src = by_id(recs)
+    seen, dropped = 0, 0
+    for split in ("train", "val"):
+        d = read_split(out / split)
+        assert set(d["items"]) == {"sequence", "loss_mask"}
+        assert d["manifest"]["keys"]["sequence"] == {"dtype": "uint16", "kind": "tokens"}
+        for rid, seq, mask in zip(d["ids"], d["items"]["sequence"], d["items"]["loss_mask"]):
+            r = src[rid]
+            text = tok.decode(seq.tolist(), skip_special_tokens=False)
+            with_meta = f"<|title|>{r['meta'].get('title', '')}<|author|>{r['meta'].get('author', '')}<|content|>"
+            assert text in (with_meta + r["text"] + "</s>", "<|content|>" + r["text"] + "</s>")
+            if text.startswith("<|content|>") and r["meta"]:
+                dropped += 1
+            # the prefix, up to and including <|content|>, is masked; body and </s> are trained
+            k = int(np.flatnonzero(seq == SP["<|content|>"])[0])
+            assert mask[:k + 1].sum() == 0 and mask[k + 1:].all()
+            assert seq[-1] == SP["</s>"]
+            body = tok.decode(seq[k + 1:-1].tolist())
+            assert body == r["text"]
+            seen += 1
+    assert seen == len(recs) == stats["docs_out"] == stats["records"]
+    with_meta = sum(1 for r in recs if r["meta"])
+    assert stats["metadata_dropout"] == dropped
+    assert stats["no_metadata"] == len(recs) - with_meta
+    assert abs(dropped / with_meta - 0.25) < 0.08
+    assert stats["supervised_tokens"] + stats["masked_tokens"] == stats["tokens"]
+    assert stats["sample"]["markdown"].startswith("[~~<|")
+
+
+def test_dropout_share_close_to_rate_and_per_document(tmp_path, tok_dir):
+    recs = [poem(i) for i in range(1, 2000) if i % 10]
+    s1, _ = run(tmp_path, tok_dir, recs, name="a", training_type="conditional", metadata_dropout=0.25)
+    assert abs(s1["metadata_dropout"] / len(recs) - 0.25) < 0.03
+    s0, _ = run(tmp_path, tok_dir, recs, name="b", training_type="conditional", metadata_dropout=0.0)
+    assert s0["metadata_dropout"] == 0 and s0["masked_tokens"] > s1["masked_tokens"]
+    s2, _ = run(tmp_path, tok_dir, recs, name="c", training_type="conditional", metadata_dropout=0.25, seed=7)
+    assert s2["metadata_dropout"] != s1["metadata_dropout"] or s2["tokens"] != s1["tokens"]
+
+
+def test_seq_documents_are_bos_text_eos(tmp_path, tok_dir):
+    recs = [poem(i) for i in range(50)] + [dict(poem(50), text="")]
+    stats, out = run(tmp_path, tok_dir, recs, training_type="seq", val_fraction=0.0)
+    d = read_split(out / "train")
+    assert set(d["items"]) == {"sequence"}
+    tok = load_tokenizer(tok_dir)
+    src = by_id(recs)
+    for rid, seq in zip(d["ids"], d["items"]["sequence"]):
+        assert tok.decode(seq.tolist(), skip_special_tokens=False) == "<s>" + src[rid]["text"] + "</s>"
+    assert stats["dropped_empty_text"] == 1 and stats["docs_in"] == 51 == stats["docs_out"] + 1
+    assert stats["supervised_tokens"] == stats["tokens"]
+    assert read_split(out / "val")["ids"] == []  # an empty split still loads
+
+
+def test_sft_mask_is_assistant_turns_only_and_rejects_are_listed(tmp_path, tok_dir):
+    recs = [chat(i) for i in range(60)]
+    stats, out = run(tmp_path, tok_dir, recs, training_type="sft", val_fraction=0.0)
+    tok = load_tokenizer(tok_dir)
+    src = by_id(recs)
+    d = read_split(out / "train")
+    assert len(d["ids"]) == sum(1 for r in recs if "messages" in r)
+    for rid, seq, mask in zip(d["ids"], d["items"]["sequence"], d["items"]["loss_mask"]):
+        msgs = src[rid]["messages"]
+        rendered = "<s>" + "".join(f"<|{m['role']}|>{m['content']}<|end|>" for m in msgs) + "</s>"
+        assert tok.decode(seq.tolist(), skip_special_tokens=False) == rendered
+        trained = tok.decode(seq[mask == 1].tolist(), skip_special_tokens=False)
+        assert trained == "".join(m["content"] + "<|end|>" for m in msgs if m["role"] == "assistant")
+        # mask boundaries: after <|assistant|> up to and including its <|end|>
+        starts = np.flatnonzero(seq == SP["<|assistant|>"])
+        for s in starts:
+            assert mask[s] == 0 and mask[s + 1] == 1
+    rejected = json.loads((out / REJECTED_JSON).read_text(encoding="utf-8"))
+    missing = [r for r in recs if "messages" not in r]
+    assert stats["dropped_missing_messages"] == len(missing) == len(rejected)
+    assert {r["id"] for r in rejected} == {r["id"] for r in missing}
+    assert all(r["reason"] == "missing_messages" and r["where"].startswith("part-00000.jsonl:") for r in rejected)
+    assert stats["docs_in"] == stats["docs_out"] + len(rejected)
+
+
+def test_dpo_keys_offsets_and_masks(tmp_path, tok_dir):
+    recs = [chat(i) for i in range(40)]
+    stats, out = run(tmp_path, tok_dir, recs, training_type="dpo", val_fraction=0.0)
+    tok = load_tokenizer(tok_dir)
+    src = by_id(recs)
+    d = read_split(out / "train")
+    assert set(d["items"]) == {"chosen", "rejected", "chosen_mask", "rejected_mask"}
+    assert all(len(v) == len(d["ids"]) for v in d["items"].values())  # one item per record
+    for j, rid in enumerate(d["ids"]):
+        r = src[rid]
+        for key in ("chosen", "rejected"):
+            seq, mask = d["items"][key][j], d["items"][f"{key}_mask"][j]
+            assert tok.decode(seq.tolist(), skip_special_tokens=False) == \
+                f"<s><|user|>{r['prompt']}<|end|><|assistant|>{r[key]}<|end|></s>"
+            assert tok.decode(seq[mask == 1].tolist(), skip_special_tokens=False) == f"{r[key]}<|end|></s>"
+            k = int(np.flatnonzero(seq == SP["<|assistant|>"])[0])
+            assert mask[:k + 1].sum() == 0 and mask[k + 1:].all()
+    assert stats["tokens"] == sum(len(x) for k in ("chosen", "rejected") for x in d["items"][k])
+    assert d["manifest"]["totals"]["tokens"] == stats["tokens"]
+
+
+def test_grpo_keeps_record_and_group_boundaries(tmp_path, tok_dir):
+    recs = [chat(i) for i in range(40)] + [dict(chat(42), rewards=[1.0])]  # last one: rewards mismatch
+    recs[-1]["responses"] = ["a", "b"]
+    stats, out = run(tmp_path, tok_dir, recs, training_type="grpo", val_fraction=0.0, shard_tokens=300)
+    tok = load_tokenizer(tok_dir)
+    src = by_id(recs)
+    d = read_split(out / "train")
+    assert d["manifest"]["shards"][1:], "small shard_tokens: several shards"
+    resp_iter = iter(zip(d["items"]["responses"], d["items"]["masks"]))
+    for j, rid in enumerate(d["ids"]):
+        r = src[rid]
+        assert tok.decode(d["items"]["prompts"][j].tolist(), skip_special_tokens=False) == \
+            f"<s><|user|>{r['prompt']}<|end|><|assistant|>"
+        rewards = d["items"]["rewards"][j]
+        assert rewards.dtype == np.float32 and rewards.tolist() == r["rewards"]
+        for resp in r["responses"]:  # the record's group, in order
+            seq, mask = next(resp_iter)
+            assert tok.decode(seq.tolist(), skip_special_tokens=False) == f"{resp}<|end|></s>"
+            assert mask.all()
+    assert next(resp_iter, None) is None
+    assert stats["dropped_rewards_mismatch"] == 1
+    # the meta.json of every shard: rewards offsets are response-index boundaries
+    for sh in d["manifest"]["shards"]:
+        meta = read_json(out / "train" / sh["name"] / "meta.json")
+        assert meta["rewards"]["offsets"][-1] == len(meta["responses"]["offsets"]) - 1
+        assert len(meta["rewards"]["offsets"]) == len(meta["prompts"]["offsets"]) == sh["records"] + 1
+
+
+def test_literal_special_token_text_stays_text(tmp_path, tok_dir):
+    recs = [dict(poem(i), text=f"他写下 </s> 与 <|content|> 和 <s>{i}") for i in range(1, 6)]
+    _, out = run(tmp_path, tok_dir, recs, training_type="conditional", val_fraction=0.0, metadata_dropout=0.0)
+    d = read_split(out / "train")
+    tok = load_tokenizer(tok_dir)
+    for rid, seq in zip(d["ids"], d["items"]["sequence"]):
+        assert (seq == SP["</s>"]).sum() == 1 and (seq == SP["<|content|>"]).sum() == 1 and (seq == SP["<s>"]).sum() == 0
+        k = int(np.flatnonzero(seq == SP["<|content|>"])[0])
+        assert tok.decode(seq[k + 1:-1].tolist()) == by_id(recs)[rid]["text"]
+
+
+def test_shards_roll_over_and_records_never_straddle(tmp_path, tok_dir):
+    recs = [poem(i) for i in range(200)]
+    stats, out = run(tmp_path, tok_dir, recs, training_type="conditional", val_fraction=0.0, shard_tokens=500)
+    m = read_json(out / "train" / "dataset.json")
+    assert len(m["shards"]) > 3
+    for sh in m["shards"]:
+        meta = read_json(out / "train" / sh["name"] / "meta.json")
+        n = meta["sequence"]["shape"][0]
+        assert n == sh["tokens"] and (n <= 500 or sh["records"] == 1)
+        assert len(meta["sequence"]["offsets"]) == sh["records"] + 1 == len(read_json(out / "train" / sh["name"] / "record_ids.json")) + 1
+        assert meta["loss_mask"]["offsets"] == meta["sequence"]["offsets"]
+        for fname, info in sh["files"].items():
+            data = (out / "train" / sh["name"] / fname).read_bytes()
+            assert len(data) == info["bytes"] and hashlib.sha256(data).hexdigest() == info["sha256"]
+    assert read_split(out / "train")["ids"] == [r["id"] for r in recs]  # input order kept
+    assert (out / "train" / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
+    assert m["tokenizer"]["sha256"] == hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()
+    assert m["totals"]["tokens"] == stats["tokens"] == sum(s["tokens"] for s in m["shards"])
+
+
+def tree_bytes(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != STATS_FILE}
+
+
+def test_identical_bytes_for_any_worker_count_and_task_cut(tmp_path, tok_dir):
+    recs = [poem(i) for i in range(400)]
+    write_parts(tmp_path / "in", recs, per_part=150, bad_line=True)
+    outs = []
+    for name, workers, task_bytes in (("w1", 1, 0), ("w2", 2, 3000), ("w1b", 1, 5000)):
+        s = tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / name,
+                            ShardSettings(shard_tokens=2000, task_bytes=task_bytes), workers=workers)
+        outs.append(tree_bytes(tmp_path / name))
+        assert s["dropped_bad_json"] == 3 and s["docs_in"] == 403
+        assert s["workers"] == workers and (s["tasks"] > 3 or task_bytes == 0)
+    assert outs[0] == outs[1] == outs[2]
+    assert any(k.startswith("train/shard-00002") for k in outs[0])
+
+
+def test_split_by_id_is_stable_when_documents_are_added(tmp_path, tok_dir):
+    old = [poem(i) for i in range(300)]
+    new = old + [poem(i) for i in range(300, 600)]
+    _, out1 = run(tmp_path, tok_dir, old, name="old", training_type="seq", val_fraction=0.1)
+    _, out2 = run(tmp_path, tok_dir, new, name="new", training_type="seq", val_fraction=0.1)
+    val1, val2 = set(read_split(out1 / "val")["ids"]), set(read_split(out2 / "val")["ids"])
+    train1, train2 = set(read_split(out1 / "train")["ids"]), set(read_split(out2 / "train")["ids"])
+    assert val1 and val1 <= val2 and train1 <= train2 and not (val2 & train2)
+    assert 0.04 < len(val2) / 600 < 0.18
+
+
+def test_vocabulary_overflow_is_refused_at_write_time(tmp_path, tok_dir):
+    with pytest.raises(ValueError, match="overflows uint16"):
+        token_dtype_for(70_000, "uint16")
+    assert token_dtype_for(65_536) == np.uint16 and token_dtype_for(65_537) == np.uint32
+    with pytest.raises(ValueError, match="overflows"):
+        ShardWriter(tmp_path / "w", "seq", 70_000, "uint16", 100)
+    w = ShardWriter(tmp_path / "w2", "seq", 100, "uint16", 1000)
+    bad = SplitChunk(ids=["a"], data={"sequence": np.array([0, 150, 1], np.uint16)},
+                     item_lens={"sequence": np.array([3])}, rec_items={"sequence": np.array([1])},
+                     rec_tokens=np.array([3]))
+    with pytest.raises(ValueError, match="token id 150 >= vocabulary size 100"):
+        w.add(bad)
+    with pytest.raises(ValueError):
+        check_ids(np.array([5, 99, 100]), 100)
+    # whole stage: a tokenizer of 66k tokens forced into uint16 writes nothing
+    tok = load_tokenizer(tok_dir)
+    tok.add_tokens([f"zzq{i}" for i in range(66_000)])
+    big = tmp_path / "big"
+    big.mkdir()
+    tok.save(str(big / "tokenizer.json"))
+    write_parts(tmp_path / "in", [poem(i) for i in range(5)])
+    with pytest.raises(ValueError, match="overflows uint16"):
+        tokenize_corpus(tmp_path / "in", big, tmp_path / "out", ShardSettings(token_dtype="uint16"), workers=1)
+    assert not list((tmp_path / "out").rglob("dataset.json")) if (tmp_path / "out").exists() else True
+    s = tokenize_corpus(tmp_path / "in", big, tmp_path / "out32", ShardSettings(val_fraction=0.0), workers=1)
+    assert s["token_dtype"] == "uint32"
+    assert read_json(tmp_path / "out32" / "train" / "shard-00000" / "meta.json")["sequence"]["dtype"] == "uint32"
+
+
+def test_interrupted_write_leaves_nothing_a_reader_accepts(tmp_path, tok_dir, monkeypatch):
+    recs = [poem(i) for i in range(200)]
+    write_parts(tmp_path / "in", recs)
+    calls = {"n": 0}
+    real = shards_mod.ShardWriter._finish
+
+    def boom(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("disk full (simulated)")
+        return real(self)
+
+    monkeypatch.setattr(shards_mod.ShardWriter, "_finish", boom)
+    out = tmp_path / "out"
+    with pytest.raises(OSError, match="simulated"):
+        tokenize_corpus(tmp_path / "in", tok_dir, out, ShardSettings(shard_tokens=400), workers=1)
+    assert calls["n"] == 3
+    assert not list(out.rglob("dataset.json"))
+    assert not list(out.rglob("shard-*"))       # no shard folder under its final name
+    assert not (out / "train").exists() and not (out / "val").exists()
+    assert not list(out.glob(".tmp-*"))           # staging cleaned up
+
+
+def test_check_contracts_accepts_the_output(tmp_path, tok_dir):
+    tool = SHARED / "tools" / "check_contracts.py"
+    if not tool.exists():
+        pytest.skip(f"{tool} not present")
+    root = tmp_path / "data"
+    for tt in ("conditional",):
+        write_parts(tmp_path / "in", [poem(i) for i in range(100)] + [chat(i) for i in range(20)])
+        tokenize_corpus(tmp_path / "in", tok_dir, root / "tokenized_bins", ShardSettings(training_type=tt,
+                                                                                          shard_tokens=1000), workers=1)
+        r = subprocess.run([sys.executable, str(tool), str(root)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "0 violations" in r.stdout
+
+
+@pytest.mark.parametrize("tt", ["sft", "dpo", "grpo"])
+def test_record_types_pass_the_contract_check(tmp_path, tok_dir, tt):
+    tool = SHARED / "tools" / "check_contracts.py"
+    if not tool.exists():
+        pytest.skip(f"{tool} not present")
+    write_parts(tmp_path / "in", [chat(i) for i in range(60)])
+    tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "data" / "tokenized_bins",
+                    ShardSettings(training_type=tt, shard_tokens=400, val_fraction=0.2), workers=1)
+    r = subprocess.run([sys.executable, str(tool), str(tmp_path / "data")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_assets_materialize(tmp_path, tok_dir):
+    import dagster as dg
+
+    from assets.tokenize import tokenized_bins, tokenizer
+    from resources import CorpusSource, DataRoot
+
+    root = tmp_path / "data"
+    write_parts(root / "deduped_jsonl", [poem(i) for i in range(150)])
+    res = dg.materialize([tokenizer, tokenized_bins],
+                         resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(root))},
+                         run_config={"ops": {"tokenizer": {"config": {"vocab_size": 400}},
+                                             "tokenized_bins": {"config": {"shard_tokens": 3000}}}})
+    assert res.success
+    md = res.asset_materializations_for_node("tokenized_bins")[0].metadata
+    assert md["docs_out"].value == 150 and md["tokens"].value > 0
+    assert 0 < md["masked_share"].value < 1
+    stats = read_json(root / "tokenized_bins" / STATS_FILE)
+    assert stats["train"]["records"] + stats["val"]["records"] == 150
+    arr = np.memmap(root / "tokenized_bins" / "train" / "shard-00000" / "sequence.bin", dtype=np.uint16, mode="r")
+    assert arr.size and int(arr.max()) < 400
+    tmd = res.asset_materializations_for_node("tokenizer")[0].metadata
+    assert tmd["vocab_size"].value <= 400

@@ -1,0 +1,169 @@
+"""tokenizer stage: special token ids, byte-level round trip, bounded deterministic sample, existing tokenizer.json."""
+import json
+from pathlib import Path
+
+import pytest
+
+from tokenmill.io import STATS_FILE, read_json
+from tokenmill.tokenization import (SPECIAL_TOKENS, TokenizerSettings, build_trainer_tokenizer, load_tokenizer,
+                                    train_tokenizer)
+
+POEMS = ["床前明月光，疑是地上霜。\n举头望明月，低头思故乡。",
+         "白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。",
+         "春眠不觉晓，处处闻啼鸟。\n夜来风雨声，花落知多少。",
+         "Shall I compare thee to a summer's day?\nThou art more lovely and more temperate.",
+         "The quick brown fox jumps over the lazy dog; 12345 67890!"]
+
+
+def write_records(folder: Path, n: int = 300, start: int = 0) -> list[dict]:
+    folder.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for i in range(start, start + n):
+        recs.append({"id": f"{i:016x}", "text": POEMS[i % len(POEMS)] + f"\n第{i}首 line {i}",
+                     "meta": {"title": f"题{i % 17}", "author": f"作者{i % 11}"},
+                     "source": {"path": "poems.json", "index": i}})
+    with open(folder / "part-00000.jsonl", "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return recs
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tok")
+    write_records(base / "in")
+    stats = train_tokenizer(base / "in", base / "out", TokenizerSettings(vocab_size=400))
+    return base, stats
+
+
+def test_special_tokens_first_in_fixed_order(trained):
+    base, stats = trained
+    tok = load_tokenizer(base / "out" / "tokenizer.json")
+    assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
+    assert stats["special_tokens"] == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    assert stats["vocab_size"] == tok.get_vocab_size() <= 400
+
+
+ODD = ["  leading spaces\n\ttabs  ", "emoji 🙂 and é, ñ!?", "锟斤拷\u3000全角　空格", "", "「曰：」…—", "a,b;c 1.5e3%"]
+
+
+@pytest.mark.parametrize("text", POEMS + ODD)
+def test_byte_level_round_trip(trained, text):
+    tok = load_tokenizer(trained[0] / "out" / "tokenizer.json")
+    assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
+
+
+def test_pretokenizers_round_trip_and_punctuation_attachment(tmp_path):
+    import unicodedata
+
+    write_records(tmp_path / "in", n=300)
+    isolated = {}
+    for pt in ("bytelevel", "punct_attach"):
+        train_tokenizer(tmp_path / "in", tmp_path / pt, TokenizerSettings(vocab_size=600, pretokenizer=pt))
+        tok = load_tokenizer(tmp_path / pt / "tokenizer.json")
+        for text in POEMS + ODD:
+            assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
+        ids = [i for t in POEMS for i in tok.encode(t, add_special_tokens=False).ids]
+        isolated[pt] = sum(1 for i in ids if len(s := tok.decode([i])) == 1 and unicodedata.category(s)[0] == "P")
+    assert isolated["punct_attach"] < isolated["bytelevel"]
+    with pytest.raises(ValueError, match="pretokenizer"):
+        train_tokenizer(tmp_path / "in", tmp_path / "bad", TokenizerSettings(pretokenizer="nope"))
+
+
+def test_stats_held_out_and_examples(trained):
+    base, stats = trained
+    assert read_json(base / "out" / STATS_FILE) == json.loads(json.dumps(stats, ensure_ascii=False))
+    assert stats["mode"] == "trained"
+    assert stats["held_out_records"] > 0 and stats["sample_records"] > 0
+    assert stats["sample_records"] + stats["held_out_records"] <= stats["docs_in"] == 300
+    assert stats["chars_per_token"] > 0.5
+    assert stats["examples"] and all(e["roundtrip"] for e in stats["examples"])
+
+
+def test_sample_is_bounded(tmp_path):
+    write_records(tmp_path / "in", n=400)
+    s = train_tokenizer(tmp_path / "in", tmp_path / "out", TokenizerSettings(vocab_size=300, sample_chars=2000))
+    assert 0 < s["sample_chars"] <= 2000
+    assert s["sample_records"] < 60
+
+
+def test_deterministic_bytes(tmp_path, trained):
+    base, _ = trained
+    train_tokenizer(base / "in", tmp_path / "again", TokenizerSettings(vocab_size=400))
+    assert (tmp_path / "again" / "tokenizer.json").read_bytes() == (base / "out" / "tokenizer.json").read_bytes()
+
+
+def test_existing_tokenizer_is_copied(tmp_path, trained):
+    base, _ = trained
+    src = base / "out" / "tokenizer.json"
+    s = train_tokenizer(base / "in", tmp_path / "copy", TokenizerSettings(tokenizer_path=str(src)))
+    assert s["mode"] == "existing" and s["special_tokens_added"] == []
+    assert (tmp_path / "copy" / "tokenizer.json").read_bytes() == src.read_bytes()
+    # a folder holding tokenizer.json works too
+    s2 = train_tokenizer(base / "in", tmp_path / "copy2", TokenizerSettings(tokenizer_path=str(base / "out")))
+    assert (tmp_path / "copy2" / "tokenizer.json").read_bytes() == src.read_bytes()
+    assert s2["vocab_size"] == s["vocab_size"]
+
+
+def test_existing_tokenizer_without_our_specials_gets_them(tmp_path):
+    write_records(tmp_path / "in", n=50)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(POEMS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(tmp_path / "foreign.json"))
+    n0 = tok.get_vocab_size()
+    s = train_tokenizer(tmp_path / "in", tmp_path / "out", TokenizerSettings(tokenizer_path=str(tmp_path / "foreign.json")))
+    assert s["special_tokens_added"] == list(SPECIAL_TOKENS)
+    assert s["vocab_size"] == n0 + len(SPECIAL_TOKENS)
+    out = load_tokenizer(tmp_path / "out" / "tokenizer.json")
+    assert all(out.token_to_id(t) is not None for t in SPECIAL_TOKENS)
+
+
+def test_bad_tokenizer_path_is_a_clear_error(tmp_path):
+    write_records(tmp_path / "in", n=10)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        train_tokenizer(tmp_path / "in", tmp_path / "o1", TokenizerSettings(tokenizer_path=str(tmp_path / "nope.json")))
+    (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match="not a loadable"):
+        train_tokenizer(tmp_path / "in", tmp_path / "o2", TokenizerSettings(tokenizer_path=str(tmp_path / "broken.json")))
+
+
+def test_trainer_thread_count_does_not_change_bytes(tmp_path):
+    """HF BPE training is deterministic whatever the thread count (we train single-threaded anyway)."""
+    import os
+    import subprocess
+    import sys
+
+    write_records(tmp_path / "in", n=120)
+    code = ("import sys; from pathlib import Path; from tokenmill.tokenization import *; "
+            "tok, tr = build_trainer_tokenizer(350, 2); "
+            "from tokenmill.io import iter_jsonl; texts=[r['text'] for r in iter_jsonl(sys.argv[1])]; "
+            "tok.train_from_iterator(texts, trainer=tr); Path(sys.argv[2]).write_text(tok.to_str())")
+    outs = []
+    for threads in ("1", "2"):
+        out = tmp_path / f"t{threads}.json"
+        env = {**os.environ, "RAYON_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "true"}
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / "in" / "part-00000.jsonl"), str(out)],
+                       check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    assert build_trainer_tokenizer  # imported for the subprocess
+
+
+def test_sample_does_not_depend_on_file_cut_or_workers(tmp_path):
+    recs = write_records(tmp_path / "one", n=400)
+    (tmp_path / "three").mkdir()
+    for k in range(3):  # same records, other order and cut
+        with open(tmp_path / "three" / f"part-{k:05d}.jsonl", "w", encoding="utf-8") as f:
+            for r in recs[::-1][k::3]:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    s = TokenizerSettings(vocab_size=300, sample_chars=3000, held_out_chars=500)
+    a = train_tokenizer(tmp_path / "one", tmp_path / "a", s, workers=1)
+    b = train_tokenizer(tmp_path / "three", tmp_path / "b", s, workers=2)
+    assert (a["sample_records"], a["sample_chars"], a["held_out_chars"]) == \
+        (b["sample_records"], b["sample_chars"], b["held_out_chars"])
+    assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
