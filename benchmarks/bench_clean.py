@@ -39,16 +39,24 @@ REFERENCE = SHARED / "reference" / "seed_reference.py"
 PER_SHARD = 50_000
 
 
+def cpu() -> float:
+    """CPU seconds of this process and its finished children: steadier than wall time on a shared machine."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def shard_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in record_shards(folder))
 
 
-def report(name: str, stats: dict, seconds: float, mb: float) -> None:
+def report(name: str, stats: dict, seconds: float, mb: float, cpu_s: float) -> None:
     n = stats["docs_in"]
-    print(f"  {name}: {n:,} records in {seconds:.2f} s = {n / seconds:,.0f} records/s, {mb / seconds:.1f} MB/s; "
+    print(f"  {name}: {n:,} records in {seconds:.2f} s = {n / seconds:,.0f} records/s, {mb / seconds:.1f} MB/s "
+          f"(CPU {cpu_s:.2f} s = {cpu_s / n * 1e6:.0f} us/record); "
           f"out {stats['docs_out']:,}, rejected {stats['rejected_by_reason']}, "
           f"boilerplate lines stripped {stats['boilerplate']['lines_stripped']:,} "
           f"({stats['boilerplate']['candidates']:,} candidates)")
+    print(f"    wall per pass: {stats['pass_seconds']}")
     shares = sorted(stats["rule_share"].items(), key=lambda kv: -kv[1])
     print("    time per rule: " + ", ".join(f"{k} {v:.0%}" for k, v in shares if v >= 0.005))
 
@@ -59,10 +67,10 @@ def run_clean(raw: Path, tmp: Path, workers: list[int], name: str) -> dict:
     for w in workers:
         out = tmp / f"clean-{name}-{w}"
         shutil.rmtree(out, ignore_errors=True)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), cpu()
         stats = clean_corpus(raw, out, CleanSettings(), workers=w)
         times[w] = time.perf_counter() - t0
-        report(f"workers={w}", stats, times[w], mb)
+        report(f"workers={w}", stats, times[w], mb, cpu() - c0)
         assert stats["docs_in"] == stats["docs_out"] + stats["rejected"]
     return times
 
@@ -76,10 +84,11 @@ def reference_clean(tmp: Path) -> float | None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     dirs = [str(p) for p in sorted(POETRY.iterdir()) if p.is_dir()]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu()
     s = mod.stage_clean(dirs, tmp / "ref_01_cleaned.jsonl")
-    sec = time.perf_counter() - t0
+    sec, cpu_s = time.perf_counter() - t0, cpu() - c0
     print(f"  reference 01_clean: {s['raw']:,} records in {sec:.2f} s = {s['raw'] / sec:,.0f} records/s "
+          f"(CPU {cpu_s:.2f} s = {cpu_s / s['raw'] * 1e6:.0f} us/record) "
           f"(kept {s['clean']:,}, dropped {s['clean_drop_reasons']})")
     return sec
 
@@ -186,6 +195,10 @@ def main() -> None:
             contracts(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    import resource
+
+    print(f"peak RSS: this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
+          f"largest worker {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
     print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other work on the machine slows every figure)")
 
 

@@ -113,7 +113,7 @@ def nanogpt_batches(path: Path, n: int, seed: int = 0):
 def consume(batches, n: int) -> float:
     """Seconds to pull n batches (touching one element, as a training loop hands them to the device)."""
     it = iter(batches)
-    first = next(it)  # start-up (worker spawn) excluded
+    next(it)  # start-up (worker spawn) excluded
     t = time.perf_counter()
     k = 0
     for b in it:

@@ -119,7 +119,6 @@ def overlap(dev):
 
 
 def real_path(dev, root: Path):
-    import numpy as np
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_loader import make_dataset
     from tokenmill_loader import DataLoader, DevicePrefetcher, TokenDataset
@@ -144,7 +143,6 @@ def real_path(dev, root: Path):
     dt = (time.perf_counter() - t) / n
     print(f"  {n} batches on the device, checked equal: {32 * 2048 / dt / 1e6:.1f} M tokens/s "
           f"({dt * 1e3:.2f} ms/batch incl. host read, pin, copy, upcast)")
-    del np
 
 
 def main():

@@ -73,8 +73,12 @@ def test_mojibake_is_repaired_and_cjk_punctuation_untouched(tmp_path):
     assert stats["mojibake_repaired"] == 1
 
 
-def test_unicode_normalization_forms():
+def test_unicode_normalization_forms(tmp_path):
     decomposed = "Cafe\u0301 ｆｕｌｌｗｉｄｔｈ ﬁne"
+    ids, recs, _, _ = clean(tmp_path, [decomposed + " " + PROSE], name="nfc")
+    assert recs[ids[0]]["text"] == "Café ｆｕｌｌｗｉｄｔｈ ﬁne " + PROSE
+    ids, recs, _, _ = clean(tmp_path, [decomposed + " " + PROSE], name="nfkc", normalization="NFKC")
+    assert recs[ids[0]]["text"] == "Café fullwidth fine " + PROSE
     assert R.normalize_unicode(decomposed, "NFC") == "Café ｆｕｌｌｗｉｄｔｈ ﬁne"
     assert R.normalize_unicode(decomposed, "NFKC") == "Café fullwidth fine"
     assert R.normalize_unicode(decomposed, "none") == decomposed
@@ -82,7 +86,9 @@ def test_unicode_normalization_forms():
         CleanSettings(normalization="NFD")
 
 
-def test_control_and_zero_width_characters_removed():
+def test_control_and_zero_width_characters_removed(tmp_path):
+    ids, recs, _, stats = clean(tmp_path, ["\ufeffThe\u200b committee\x00 met" + PROSE[len("The committee met"):]])
+    assert recs[ids[0]]["text"] == PROSE and stats["control_chars_removed"] == 3
     text = "\ufeffab\u200bc\x00d\x07e\u202ef\u2060g"
     assert R.strip_control_chars(text) == ("abcdefg", 6)
     emoji = "👩\u200d💻 and فارسی\u200cها"  # joiners carry meaning: kept
@@ -313,7 +319,11 @@ def test_special_fields_kept_and_repaired(tmp_path):
     assert recs[ids[0]]["messages"][0] == {"role": "user", "content": "Zoë’s café"}
 
 
-def test_output_deterministic_for_any_worker_count(tmp_path):
+def test_output_deterministic_for_any_worker_count(tmp_path, monkeypatch):
+    import tokenmill.clean as stage
+
+    monkeypatch.setattr(stage, "PASS1_POOL_MIN_BYTES", 0)  # small input: force both passes into worker processes
+    monkeypatch.setattr(stage, "PASS2_POOL_MIN", 0)
     docs, *_ = planted_corpus(200, seed=11)
     docs += ["", "\ufffd" * 30, "Ã©tÃ© " + PROSE]
     _, _, _, s1 = clean(tmp_path, docs, workers=1, name="w1", per_shard=40)
@@ -324,7 +334,7 @@ def test_output_deterministic_for_any_worker_count(tmp_path):
     for name in names:
         if name != STATS_FILE:
             assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
-    drop = lambda s: {k: v for k, v in s.items() if k not in ("seconds", "rule_seconds", "rule_share")}
+    drop = lambda s: {k: v for k, v in s.items() if k not in ("seconds", "rule_seconds", "rule_share", "pass_seconds", "workers")}
     assert drop(s1) == drop(s2)
 
 

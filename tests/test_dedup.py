@@ -314,19 +314,23 @@ def test_counts_add_up_and_report(tmp_path):
     assert len(dec["id"]) == len(removed)
 
 
-def test_deterministic_for_any_worker_count(tmp_path):
+def test_deterministic_for_any_worker_count_and_batch_size(tmp_path, monkeypatch):
+    import tokenmill.dedup as dedup
+
     recs, _ = _corpus(seed=1)
     _write(tmp_path / "in", recs, per_shard=60)
     outs = []
-    for w in (1, 2):
-        rep, out = tmp_path / f"rep{w}", tmp_path / f"out{w}"
-        build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=3000), workers=w)
+    for w, batch in ((1, dedup.SHINGLE_BATCH), (2, dedup.SHINGLE_BATCH), (1, 100)):
+        monkeypatch.setattr(dedup, "SHINGLE_BATCH", batch)  # 100: a few documents per hashing batch
+        rep, out = tmp_path / f"rep{w}-{batch}", tmp_path / f"out{w}-{batch}"
+        build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=1500), workers=w)  # > IO_POOL_MIN_TASKS
         write_deduped(tmp_path / "in", rep, out, workers=w)
         report = json.loads((rep / REPORT_FILE).read_text())
         report.pop("seconds"), report.pop("timings")
         files = {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl"))}
-        outs.append((report, (rep / CLUSTERS_FILE).read_bytes(), files))
-    assert outs[0] == outs[1]
+        sigs = {p.name: p.read_bytes() for p in sorted((rep / "signatures").iterdir())}
+        outs.append((report, (rep / CLUSTERS_FILE).read_bytes(), files, sigs))
+    assert outs[0] == outs[1] == outs[2]
 
 
 def test_stale_report_is_refused(tmp_path):

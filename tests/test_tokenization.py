@@ -154,7 +154,7 @@ def test_trainer_thread_count_does_not_change_bytes(tmp_path):
     assert build_trainer_tokenizer  # imported for the subprocess
 
 
-def test_sample_does_not_depend_on_file_cut_or_workers(tmp_path):
+def test_sample_does_not_depend_on_file_order_or_cut(tmp_path):
     recs = write_records(tmp_path / "one", n=400)
     (tmp_path / "three").mkdir()
     for k in range(3):  # same records, other order and cut
@@ -162,8 +162,8 @@ def test_sample_does_not_depend_on_file_cut_or_workers(tmp_path):
             for r in recs[::-1][k::3]:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
     s = TokenizerSettings(vocab_size=300, sample_chars=3000, held_out_chars=500)
-    a = train_tokenizer(tmp_path / "one", tmp_path / "a", s, workers=1)
-    b = train_tokenizer(tmp_path / "three", tmp_path / "b", s, workers=2)
+    a = train_tokenizer(tmp_path / "one", tmp_path / "a", s)
+    b = train_tokenizer(tmp_path / "three", tmp_path / "b", s)
     assert (a["sample_records"], a["sample_chars"], a["held_out_chars"]) == \
         (b["sample_records"], b["sample_chars"], b["held_out_chars"])
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()

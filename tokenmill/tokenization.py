@@ -3,10 +3,10 @@
 Training on every record is what makes the seed slow (the tokenizer trainer spends 100+ s on the
 whole poetry corpus) and buys almost nothing: with a 4,096 vocabulary, chars per token on held-out
 poems is 1.0051 after 0.5 M sampled characters, 1.0063 after 1 M and 1.0083 after 4 M (GPT-2 split;
-40 s to train on all 7.9 M). So the trainer sees the records
-with the smallest `hash(id)` until `sample_chars` characters are collected (bottom-k sampling: the
-same input gives the same sample, and adding records changes it only at the margin), and 1 record in
-20 (by the same hash) is never trained on, so chars per token is measured on held-out text.
+40-90 s to train on all 7.9 M). So the trainer sees the records with the smallest `hash(id)` until
+`sample_chars` characters are collected (same input, same sample; adding records changes it only at the
+margin; only the records taken are JSON-parsed), and 1 record in 20 (by the same hash) is never trained
+on, so chars per token is measured on held-out text.
 
 The HF trainer is deterministic for a given input (same bytes of tokenizer.json whatever the thread
 count, checked with RAYON_NUM_THREADS=1/2), and runs about twice as fast single-threaded on a busy
@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import heapq
+import json
 import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tokenmill.io import STATS_FILE, atomic_write_json, atomic_write_text, iter_jsonl, record_shards
-from tokenmill.parallel import map_ordered
+import numpy as np
+
+from tokenmill.io import STATS_FILE, atomic_write_json, atomic_write_text, record_shards
 from tokenmill.progress import Progress
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -105,68 +106,78 @@ def _tokenizers_threads(enabled: bool):
             os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
-class _BottomK:
-    """The records with the smallest hashes whose characters fit a budget (the longest such prefix in hash
-    order; at least one record). Streaming, order-independent (a popped hash cuts off every larger one),
-    and mergeable: the selection of a union is the selection of the union of the parts' selections."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.heap: list = []  # (-hash, chars, text)
-        self.chars = 0
-        self.cut = None
-
-    def add(self, h: int, text: str) -> None:
-        if self.cut is not None and h >= self.cut:
-            return
-        heapq.heappush(self.heap, (-h, len(text), text))
-        self.chars += len(text)
-        while self.budget and self.chars > self.budget and len(self.heap) > 1:
-            neg, n, _ = heapq.heappop(self.heap)
-            self.chars -= n
-            self.cut = -neg
-
-    def items(self) -> list[tuple[int, str]]:
-        """(hash, text), ascending hash."""
-        return sorted((-neg, t) for neg, _, t in self.heap)
+def _line_id(line: bytes) -> str | None:
+    """The record id of a tokenmill JSONL line without parsing it (lines start with {"id": "...")."""
+    if line.startswith(b'{"id": "'):
+        end = line.find(b'"', 8)
+        if end > 0 and b"\\" not in line[8:end]:
+            return line[8:end].decode("utf-8")
+    return None
 
 
-def _sample_part(args: tuple) -> tuple:
-    """Worker: the bottom-k candidates (training sample, held-out) of one record shard."""
-    path, sample_chars, held_out_chars = args
-    train, held = _BottomK(sample_chars), _BottomK(held_out_chars)
-    n = total = 0
-    for rec in iter_jsonl(path):
-        text = training_text(rec)
-        if not text:
-            continue
-        n += 1
-        total += len(text)
-        h = hash64("tokenizer-sample", str(rec.get("id", "")))
-        (held if h % HELD_OUT_MODULUS == 0 else train).add(h, text)
-    return train.items(), held.items(), n, total
+def _parse(line: bytes, path, lineno: int) -> dict:
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}:{lineno}: not a JSON record ({e})") from e
+    return rec if isinstance(rec, dict) else {}
 
 
-def _sample(in_dir: Path, sample_chars: int, held_out_chars: int, workers: int | None = None, log=None):
-    """Training sample and held-out texts (ascending hash order: independent of file order and cut)."""
+def _sample(in_dir: Path, sample_chars: int, held_out_chars: int, log=None):
+    """Training sample and held-out texts: in ascending id-hash order, the longest prefix of each group
+    (held out: hash % 20 == 0; the rest) whose text fits the budget (at least one record).
+
+    Pass 1 hashes every line's id (read from the line head, no JSON parsing); pass 2 parses only the
+    records taken, in hash order. Independent of file order and cut; adding records moves it only at
+    the margin.
+    """
     parts = record_shards(in_dir)
-    train, held = _BottomK(sample_chars), _BottomK(held_out_chars)
-    n = total_chars = 0
+    hashes: list[int] = []
+    where: list[tuple[int, int, int]] = []  # (part, byte offset, line number)
     progress = Progress("tokenizer sample", total=len(parts), unit="shards", log=log)
-    for tr, he, k, c in map_ordered(_sample_part, [(str(p), sample_chars, held_out_chars) for p in parts], workers):
-        for h, t in tr:
-            train.add(h, t)
-        for h, t in he:
-            held.add(h, t)
-        n += k
-        total_chars += c
+    for pi, p in enumerate(parts):
+        with open(p, "rb") as f:
+            off = 0
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    rid = _line_id(line)
+                    if rid is None:
+                        rid = str(_parse(line, p, lineno).get("id", ""))
+                    hashes.append(hash64("tokenizer-sample", rid))
+                    where.append((pi, off, lineno))
+                off += len(line)
         progress.advance()
     progress.finish()
-    train_texts = [t for _, t in train.items()]
-    held_texts = [t for _, t in held.items()]
+    order = np.argsort(np.array(hashes, dtype=np.uint64), kind="stable")
+    groups = {True: ([], held_out_chars), False: ([], sample_chars)}  # held? -> (texts, budget)
+    used = {True: 0, False: 0}
+    closed = {True: False, False: False}
+    handles = [open(p, "rb") for p in parts]
+    try:
+        for i in order:
+            held = hashes[i] % HELD_OUT_MODULUS == 0
+            if closed[held]:
+                if closed[not held]:
+                    break
+                continue
+            pi, off, lineno = where[i]
+            handles[pi].seek(off)
+            text = training_text(_parse(handles[pi].readline(), parts[pi], lineno))
+            if not text:
+                continue
+            texts, budget = groups[held]
+            if budget and texts and used[held] + len(text) > budget:
+                closed[held] = True
+                continue
+            texts.append(text)
+            used[held] += len(text)
+    finally:
+        for h in handles:
+            h.close()
+    train_texts, held_texts = groups[False][0], groups[True][0]
     if not train_texts and held_texts:  # tiny corpus: everything fell into the held-out share
         train_texts, held_texts = held_texts, []
-    return train_texts, held_texts, n, total_chars
+    return train_texts, held_texts, len(hashes), sum(p.stat().st_size for p in parts)
 
 
 def build_trainer_tokenizer(vocab_size: int, min_frequency: int, pretokenizer: str = "bytelevel"):
@@ -225,16 +236,15 @@ def _examples(tok, texts: list[str], k: int = 3) -> list[dict]:
     return out
 
 
-def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, log=None,
-                    workers: int | None = None) -> dict:
+def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, log=None) -> dict:
     """Trains (or copies) the tokenizer; writes out_dir/tokenizer.json and _stats.json; returns the stats."""
     t0 = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    train, held, n_records, total_chars = _sample(in_dir, settings.sample_chars, settings.held_out_chars, workers, log)
+    train, held, n_records, total_bytes = _sample(in_dir, settings.sample_chars, settings.held_out_chars, log)
     t_sample = time.perf_counter() - t0
     stats: dict = {"settings": asdict(settings), "docs_in": n_records, "docs_out": n_records,
-                   "corpus_chars": total_chars}
+                   "corpus_bytes": total_bytes}
     t1 = time.perf_counter()
     if settings.tokenizer_path:
         src = Path(settings.tokenizer_path).expanduser()

@@ -25,7 +25,7 @@ class ListLoader:
 
 
 @pytest.mark.parametrize("ratios", [[1, 1], [3, 1], [5, 3, 2], [7, 1, 1, 1], [1, 2, 3, 4, 5, 6], [10, 1],
-                                    [2, 0, 1], [13, 8, 5, 3, 2, 1, 1]])
+                                    [2, 0, 1], [13, 8, 5, 3, 2, 1, 1], [69, 69, 1, 27, 85, 15]])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_prefix_within_one(ratios, seed):
     m = MixedLoader([ListLoader(str(i), 10**9) for i in range(len(ratios))], ratios, seed=seed)

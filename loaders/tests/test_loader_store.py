@@ -264,3 +264,11 @@ def test_pickle_keeps_only_paths(sft):
     ds = TokenDataset(path, 16)
     ds.get_batch([0, 1, 2])
     assert len(pickle.dumps(ds)) < 1000
+
+
+def test_verify_token_ids_below_vocab(tmp_path):
+    recs = [{"sequence": [0, 5, 999]}, {"sequence": [0, 1000, 3]}]
+    path = write_dataset(tmp_path / "v", recs, "seq", vocab_size=1000)
+    open_store(path)
+    with pytest.raises(DatasetError, match=r"shard-00000/sequence\.bin: token id 1000 >= vocab_size 1000"):
+        open_store(path, verify=True)

@@ -50,7 +50,9 @@ class TokenDataset(torch.utils.data.Dataset):
     for uint16 data (int64 for uint32 data); upcast on the device (DevicePrefetcher does).
 
     `get_batch(indices)` (also `__getitems__`, which torch's DataLoader calls with a batch of indices)
-    reads a whole batch in one call (vectorized shard lookup, one slice copy per window) and returns a collated dict of (B, seq_len) tensors.
+    reads a whole batch in one call (vectorized shard lookup, one slice copy per window) and returns
+    a collated dict of (B, seq_len) tensors. With a plain torch DataLoader pass
+    collate_fn=batched_collate (tokenmill_loader.DataLoader does this itself).
     """
 
     def __init__(self, path, seq_len: int, stride: int | None = None, cu_seqlens: bool = False,
@@ -120,7 +122,7 @@ class TokenDataset(torch.utils.data.Dataset):
         ids, labels, pos = buf[0], buf[1], buf[2]
         self.store.gather(self.key, starts, L, out=ids)
         if self.has_mask:
-            mask = self.store.gather("loss_mask", starts, L).view(bool)
+            mask = np.not_equal(self.store.gather("loss_mask", starts, L), 0)
             labels.fill(IGNORE_INDEX)
             np.copyto(labels, ids, where=mask)
         else:
@@ -136,7 +138,7 @@ class TokenDataset(torch.utils.data.Dataset):
         out = {"input_ids": t_ids, "labels": t_labels, "position_ids": t_pos}
         if self.cu_seqlens:
             out["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
-            out["max_seqlen"] = int(np.diff(cu).max())
+            out["max_seqlen"] = int(np.diff(cu).max()) if B else 0
         return out
 
     def _flat_arange(self, n: int) -> np.ndarray:

@@ -182,8 +182,10 @@ class Store:
             if k not in keys:
                 keys.append(k)
         self.keys = keys
-        self.dtypes = {k: next((pt.dtypes[k] for pt in parts if k in pt.dtypes), None) or np.dtype(declared[k]["dtype"])
-                       for k in keys}
+        self.dtypes = {}
+        for k in keys:
+            found = [pt.dtypes[k] for pt in parts if k in pt.dtypes]
+            self.dtypes[k] = found[0] if found else np.dtype(declared[k]["dtype"])
         self._cum = {k: np.concatenate([[0], np.cumsum([pt.lengths.get(k, 0) for pt in parts])]).astype(np.int64)
                      for k in keys}
         self._rec_cum = np.concatenate([[0], np.cumsum([pt.records for pt in parts])]).astype(np.int64)
@@ -246,6 +248,15 @@ class Store:
         if "tokens" in totals and shards and "tokens" in shards[0]:
             if int(totals["tokens"]) != sum(int(s.get("tokens", 0)) for s in shards):
                 raise DatasetError(f"{dpath}: totals.tokens {totals['tokens']} != sum over shards")
+        vocab = info.get("vocab_size")
+        if self.verify and vocab:
+            for pt in parts:
+                for k in ALL_TOKEN_KEYS:
+                    if k in pt.dtypes and pt.lengths[k]:
+                        top = int(_map_file(pt.folder / f"{k}.bin", pt.dtypes[k], pt.lengths[k]).max())
+                        if top >= int(vocab):
+                            raise DatasetError(f"{pt.folder / (k + '.bin')}: token id {top} >= vocab_size {vocab} "
+                                               f"of {dpath}")
         tokdt = info.get("token_dtype")
         if tokdt is not None:
             for pt in parts:
@@ -335,7 +346,6 @@ class Store:
     def _load_jsonl(self, p: Path) -> _Part:
         files = [p] if p.is_file() else sorted(p.glob("*.jsonl"))
         cols: dict[str, list] = {}
-        resp_counts: list[int] = []
         nrec = 0
         for fp in files:
             with open(fp, encoding="utf-8") as f:
@@ -559,7 +569,7 @@ def open_store(path: str | os.PathLike, dtype=None, verify: bool = False) -> Sto
     """Open a dataset folder, a shard folder, a headerless `.bin` (with `dtype`) or token-id JSONL.
 
     Raises DatasetError (naming the file) when a file does not match its metadata; `verify=True` also
-    checks the SHA-256 of every file listed in dataset.json.
+    checks the SHA-256 of every file listed in dataset.json and that every token id < vocab_size.
     """
     if isinstance(path, Store):
         return path
