@@ -23,10 +23,15 @@ def summary(store, sample_tokens: int = 64) -> dict:
         "shards": len(store.parts),
         "vocab_size": store.info.get("vocab_size"),
     }
+    top = [int(store._array(i, k).max()) for i in range(len(store.parts)) for k in TOKEN_KEYS[tt]
+           if k in store.parts[i].dtypes and store.parts[i].lengths[k]]
+    out["max_token_id"] = max(top) if top else None
     if "loss_mask" in store.keys:
         trained = sum(int(np.count_nonzero(store._array(i, "loss_mask"))) for i in range(len(store.parts)))
         out["supervised_tokens"] = trained
         out["masked_tokens"] = store.num_items("loss_mask") - trained
+    if store.kind == "bin":  # a headerless stream: no record or document boundaries are stored
+        out["records"] = out["documents"] = None
     if store.kind == "dataset":
         out["format_version"] = store.info.get("format_version")
         out["special_tokens"] = store.info.get("special_tokens")

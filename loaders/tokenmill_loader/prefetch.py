@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 # compact host dtypes that become int64 on the device (token ids, labels, positions, boundaries)
-_UPCAST = (torch.int32, torch.int16, torch.uint16, torch.uint32)
+_UPCAST = tuple(getattr(torch, n) for n in ("int32", "int16", "uint16", "uint32") if hasattr(torch, n))
 
 
 def _map(obj, fn):
