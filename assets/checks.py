@@ -4,7 +4,7 @@ import dagster as dg
 
 from resources import DataRoot
 from tokenmill.io import STATS_FILE, iter_jsonl, read_json, record_shards
-from tokenmill.minhash import dedup_key, key_digest
+from tokenmill.minhash import dedup_keys, key_digest
 from tokenmill.telemetry import build_funnel
 from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_dataset
 
@@ -43,9 +43,10 @@ def deduped_no_exact_duplicates(data_root: DataRoot) -> dg.AssetCheckResult:
     settings = read_json(data_root.path("dedup_report") / "report.json")["parameters"]["settings"]
     seen, problems, records = {}, [], 0
     for shard in record_shards(data_root.path("deduped_jsonl")):
-        for record in iter_jsonl(shard):
-            records += 1
-            key = dedup_key(record["text"], settings["strip_symbols"], settings["fold_chinese"])
+        batch = list(iter_jsonl(shard))
+        records += len(batch)
+        keys = dedup_keys([r["text"] for r in batch], settings["strip_symbols"], settings["fold_chinese"])
+        for record, key in zip(batch, keys):
             if not key:
                 continue  # nothing to compare: the report counts empty keys
             digest = key_digest(key)

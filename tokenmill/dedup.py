@@ -96,6 +96,11 @@ class DedupSettings:
         object.__setattr__(self, "ngram_bounds", tuple(int(x) for x in self.ngram_bounds))
         if not 0.0 < self.threshold <= 1.0:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.ngram < 0 or len(self.ngram_bounds) != 2 or not 0 < self.ngram_bounds[0] <= self.ngram_bounds[1]:
+            raise ValueError(f"ngram must be >= 0 (0 = by length) and ngram_bounds two increasing lengths, got "
+                             f"{self.ngram}, {self.ngram_bounds}")
+        if self.num_perm < 1 or self.chunk_bytes < 1:
+            raise ValueError("num_perm and chunk_bytes must be positive")
         if self.keep not in KEEP_RULES:
             raise ValueError(f"keep must be one of {KEEP_RULES}, got {self.keep!r}")
         if self.shingle_hash not in mh.HASHFUNCS:
