@@ -95,3 +95,26 @@ def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
     assert not evaluations["deduped_no_exact_duplicates"].passed
     assert not evaluations["token_shards_consistent"].passed
     assert evaluations["raw_records_not_empty"].passed and evaluations["cleaned_records_valid"].passed
+
+
+def test_loader_reads_what_the_pipeline_wrote(graph_run):
+    """The format contract end to end: tokenized_bins written by the graph, read by tokenmill_loader."""
+    from tokenizers import Tokenizer
+    from tokenmill_loader import RecordDataset, TokenDataset, open_store
+
+    _, _, data = graph_run
+    train = data / "tokenized_bins" / "train"
+    store = open_store(train, verify=True)
+    manifest = read_json(train / "dataset.json")
+    assert store.num_records == manifest["totals"]["records"]
+    windows = TokenDataset(train, seq_len=64)
+    item = windows[len(windows) // 2]
+    assert item["input_ids"].shape == item["labels"].shape == item["position_ids"].shape == (64,)
+    trained = item["labels"] != -100
+    assert (item["labels"][trained] == item["input_ids"][trained]).all()  # unshifted labels
+    record = RecordDataset(train)[0]
+    text = Tokenizer.from_file(str(train / "tokenizer.json")).decode(record["input_ids"].tolist(), skip_special_tokens=True)
+    first_id = read_json(train / manifest["shards"][0]["name"] / "record_ids.json")[0]
+    source = next(json.loads(line) for shard in record_shards(data / "deduped_jsonl")
+                  for line in open(shard, encoding="utf-8") if json.loads(line)["id"] == first_id)
+    assert source["text"] in text
