@@ -54,7 +54,8 @@ def raw_records(context: dg.AssetExecutionContext, config: RawConfig, source: Co
     undecodable bytes and unreadable files go to `_rejected.jsonl` with path, line and reason."""
     src = source.resolved()  # a missing source is a clear error before any work
     with staged_output(data_root.path("raw_records")) as out:
-        stats = ingest(src, out, RawSettings(**config.model_dump()), log=context.log)
+        stats = ingest(src, out, RawSettings(**config.model_dump()), log=context.log,
+                       exclude=data_root.path(""))
     final = data_root.path("raw_records")
     files = stats["files"]
     cols = ["path", "records", "rejected", "bytes"]

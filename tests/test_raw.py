@@ -297,3 +297,15 @@ def test_full_tang_poems(shared_dir, tmp_path):
     assert all(f["path"].startswith("poet.tang.") for f in stats["files"]) and len(stats["files"]) == 58
     first = next(iter_jsonl(record_shards(tmp_path / "out")[0]))
     assert first["meta"]["author"] and first["meta"]["title"] and first["source"]["index"] == 0
+
+
+def test_data_root_inside_source_is_not_ingested(tmp_path):
+    src = tmp_path / "corpus"
+    (src / "data" / "raw_records").mkdir(parents=True)
+    (src / "a.jsonl").write_text('{"text": "a real document"}\n', encoding="utf-8")
+    (src / "data" / "raw_records" / "part-00000.jsonl").write_text('{"text": "our own output"}\n', encoding="utf-8")
+    out = tmp_path / "out"
+    stats = ingest(src, out, RawSettings(), workers=1, exclude=src / "data")
+    assert stats["docs_out"] == 1
+    texts = [r["text"] for shard in sorted(out.glob("part-*.jsonl")) for r in iter_jsonl(shard)]
+    assert texts == ["a real document"]

@@ -396,7 +396,7 @@ def finish_task(args: tuple) -> dict:
     len_all = []
     docs_in = docs_out = chars_out = 0
     with JsonlWriter(out_path) as out, JsonlWriter(rej_path) as rej, open(stage_path, "rb") as stage:
-        out_b, rej_b = out._f.buffer, rej._f.buffer  # the staged lines are bytes already
+        out_b, rej_b = out.buffer, rej.buffer  # the staged lines are bytes already
         while True:
             try:
                 out_lines, rej_lines, len_out, n_lines, hash_bytes = marshal.load(stage)

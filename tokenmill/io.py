@@ -73,6 +73,11 @@ class JsonlWriter:
         self._f.write("\n")
         self.count += 1
 
+    @property
+    def buffer(self):
+        """The binary stream, for lines that are already encoded JSON (the caller adds the newline)."""
+        return self._f.buffer
+
     def close(self) -> None:
         self._f.close()
         os.replace(self._tmp, self.path)

@@ -75,14 +75,16 @@ def reader_kind(name: str) -> tuple[str | None, bool]:
     return READERS.get(os.path.splitext(lower)[1]), gz
 
 
-def list_source(source: Path) -> tuple[list[tuple[str, str]], list[str]]:
-    """([(relpath, abspath)] to read, [relpath skipped]) in sorted order; hidden files and folders are ignored."""
+def list_source(source: Path, exclude: Path | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(relpath, abspath)] to read, [relpath skipped]) in sorted order; hidden files and folders are ignored,
+    and so is `exclude` (the data root, when it lies inside the source: never ingest our own outputs)."""
     if source.is_file():
         items = [(source.name, str(source))]
     else:
         items = []
         for dirpath, dirnames, filenames in os.walk(source):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")
+                           and (exclude is None or Path(dirpath, d).resolve() != exclude)]
             for fn in filenames:
                 if not fn.startswith("."):
                     full = os.path.join(dirpath, fn)
@@ -492,7 +494,7 @@ def ingest_task(args: tuple) -> dict:
 # ---------------------------------------------------------------------------------------------- the stage
 
 def ingest(source: Path, out_dir: Path, settings: RawSettings = RawSettings(), workers: int | None = None,
-           log=None) -> dict:
+           log=None, exclude: Path | None = None) -> dict:
     """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`.
 
     Writes part-XXXXX.jsonl, _rejected.jsonl (every bad line/record/file with a reason) and _stats.json;
@@ -503,7 +505,7 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings = RawSettings(), w
     if not source.exists():
         raise FileNotFoundError(f"corpus source does not exist: {source}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    read, skipped = list_source(source)
+    read, skipped = list_source(source, Path(exclude).resolve() if exclude else None)
     files = []
     for rel, full in read:
         try:
