@@ -28,11 +28,12 @@ def raw_records_not_empty(data_root: DataRoot) -> dg.AssetCheckResult:
     )
 
 
-@dg.asset_check(asset="cleaned_jsonl", blocking=True, description="Every cleaned line is a valid record with a unique id.")
+@dg.asset_check(asset="cleaned_jsonl", blocking=True,
+                description="At least one record survived cleaning, and every line is a valid record with a unique id.")
 def cleaned_records_valid(data_root: DataRoot) -> dg.AssetCheckResult:
     result = validate_records(data_root.path("cleaned_jsonl"))
     return dg.AssetCheckResult(
-        passed=not result["problems"],
+        passed=result["records"] > 0 and not result["problems"],
         metadata={"records": result["records"], "invalid": len(result["problems"]), "problems": _problems_md(result["problems"])},
     )
 

@@ -118,3 +118,12 @@ def test_loader_reads_what_the_pipeline_wrote(graph_run):
     source = next(json.loads(line) for shard in record_shards(data / "deduped_jsonl")
                   for line in open(shard, encoding="utf-8") if json.loads(line)["id"] == first_id)
     assert source["text"] in text
+
+
+def test_nothing_left_after_cleaning_blocks_the_run(tmp_path):
+    from assets.checks import cleaned_records_valid
+
+    (tmp_path / "cleaned_jsonl").mkdir()
+    (tmp_path / "cleaned_jsonl" / "part-00000.jsonl").write_text("", encoding="utf-8")
+    result = cleaned_records_valid(data_root=DataRoot(root=str(tmp_path)))
+    assert not result.passed and result.metadata["records"].value == 0

@@ -309,3 +309,15 @@ def test_data_root_inside_source_is_not_ingested(tmp_path):
     assert stats["docs_out"] == 1
     texts = [r["text"] for shard in sorted(out.glob("part-*.jsonl")) for r in iter_jsonl(shard)]
     assert texts == ["a real document"]
+
+
+def test_json_values_that_are_not_objects_are_rejected(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_text('"a bare JSON string"\n42\n{"text": "a real record"}\n', encoding="utf-8")
+    (src / "b.json").write_text('[{"text": "kept"}, "bare string", 5, null]', encoding="utf-8")
+    out = tmp_path / "out"
+    stats = ingest(src, out, RawSettings(), workers=1)
+    texts = sorted(r["text"] for shard in sorted(out.glob("part-*.jsonl")) for r in iter_jsonl(shard))
+    assert texts == ["a real record", "kept"]
+    assert stats["dropped_not_an_object"] == 5 and stats["docs_in"] == stats["docs_out"] + stats["rejected"]

@@ -458,7 +458,7 @@ def ingest_task(args: tuple) -> dict:
                     if status == "bad":
                         reject(loc, *item)
                         continue
-                    if isinstance(item, str):  # txt reader: the text itself
+                    if kind == "txt":  # the txt reader yields the text itself
                         text, meta, special = item, {}, {}
                     elif not isinstance(item, dict):
                         reject(loc, "not_an_object", f"JSON value is {type(item).__name__}, not an object",
@@ -514,7 +514,8 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings = RawSettings(), w
             size = 0
         files.append((rel, full, size))
     if skipped and log is not None:
-        log.warning(f"raw_records: skipped {len(skipped)} files with unknown extensions, e.g. {skipped[:5]}")
+        log.warning(f"raw_records: skipped {len(skipped)} files (unknown extension or a file name that is not "
+                    f"UTF-8), e.g. {skipped[:5]}")
     tasks = plan_tasks(files, max(1, int(settings.task_mb * 1024 * 1024)))
     args = [(t, str(out_dir / f".task-{i:05d}"), settings) for i, t in enumerate(tasks)]
     progress = Progress("raw_records", total=len(files), unit="files", log=log)
