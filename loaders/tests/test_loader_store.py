@@ -272,3 +272,32 @@ def test_verify_token_ids_below_vocab(tmp_path):
     open_store(path)
     with pytest.raises(DatasetError, match=r"shard-00000/sequence\.bin: token id 1000 >= vocab_size 1000"):
         open_store(path, verify=True)
+
+
+def test_record_batches_of_dpo_and_grpo_mark_their_padding(tmp_path):
+    """Every padded token key gets its own mask, padding uses <pad>, padded rewards are NaN (never a real 0)."""
+    from tokenmill_loader import DataLoader, RecordDataset
+
+    dpo = RecordDataset(write_dataset(tmp_path / "dpo", _dpo(8), "dpo"))
+    batch = next(iter(DataLoader(dpo, batch_size=4, shuffle=False)))
+    for side in ("chosen", "rejected"):
+        lengths = [len(dpo[i][f"{side}_input_ids"]) for i in range(4)]
+        assert batch[f"{side}_attention_mask"].sum(1).tolist() == lengths
+        ids = batch[f"{side}_input_ids"]
+        assert (ids[batch[f"{side}_attention_mask"] == 0] == dpo.pad_id).all() and dpo.pad_id == 2
+    grpo = RecordDataset(write_dataset(tmp_path / "grpo", _grpo(8), "grpo"))
+    batch = next(iter(DataLoader(grpo, batch_size=4, shuffle=False)))
+    assert batch["prompt_attention_mask"].sum(1).tolist() == [len(grpo[i]["prompt_ids"]) for i in range(4)]
+    groups = [len(grpo[i]["rewards"]) for i in range(4)]
+    assert (~torch.isnan(batch["rewards"])).sum(1).tolist() == groups
+
+
+def test_set_epoch_of_the_current_epoch_keeps_a_resumed_position():
+    from tokenmill_loader import ResumableSampler
+
+    s = ResumableSampler(100, seed=3)
+    s.load_state_dict({**s.state_dict(), "epoch": 2, "position": 40})
+    s.set_epoch(2)  # the usual epoch loop after a resume
+    assert s.position == 40
+    s.set_epoch(3)
+    assert s.position == 0 and s.epoch == 3

@@ -74,6 +74,7 @@ def write_dataset(root, records: list[dict], training_type: str = "seq", shard_r
                  for k, dt in keys.items()},
         "shards": shards,
         "totals": {"tokens": sum(s["tokens"] for s in shards), "records": sum(s["records"] for s in shards)},
+        "special_tokens": {"<s>": 0, "</s>": 1, "<pad>": 2},
     }
     if tokenizer_file:
         import shutil

@@ -175,6 +175,11 @@ class RecordDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.store.num_records
 
+    @property
+    def pad_id(self) -> int:
+        """The dataset's `<pad>` id (dataset.json special_tokens), else 0."""
+        return int((self.store.info.get("special_tokens") or {}).get("<pad>", 0))
+
     def lengths(self) -> np.ndarray:
         """Tokens per record (the record key: sequence, chosen or prompts), from offsets only."""
         return self.store.record_lengths(RECORD_KEY[self.training_type])
@@ -218,27 +223,45 @@ class RecordDataset(torch.utils.data.Dataset):
                 "rewards": to_torch(st.read_record(index, "rewards"))}
 
 
-def pad_collate(samples: list[dict], pad_id: int = 0) -> dict:
-    """Pad a list of variable-length 1-D samples into (B, Lmax) tensors plus `attention_mask`.
+def _mask_key(key: str) -> str | None:
+    """The attention-mask name of a padded token key: input_ids -> attention_mask,
+    chosen_input_ids -> chosen_attention_mask, prompt_ids -> prompt_attention_mask; None for other keys."""
+    if key.endswith("input_ids"):
+        return key[: -len("input_ids")] + "attention_mask"
+    if key.endswith("_ids") and "position" not in key:
+        return key[: -len("ids")] + "attention_mask"
+    return None
 
-    `labels` pad with -100, `position_ids` with 0, every other 1-D tensor with `pad_id`; lists and
-    non-tensor values are kept as lists.
+
+def pad_collate(samples: list[dict], pad_id: int = 0) -> dict:
+    """Pad a list of variable-length 1-D samples into (B, Lmax) tensors, with an attention mask per token key.
+
+    `labels` pad with -100, `position_ids` with 0, float tensors (grpo `rewards`) with NaN so padding never
+    reads as a real value, every other 1-D tensor with `pad_id` (RecordDataset gives the dataset's `<pad>`).
+    Each token key gets its mask (`input_ids` -> `attention_mask`, `chosen_input_ids` ->
+    `chosen_attention_mask`, `prompt_ids` -> `prompt_attention_mask`); lists and other values stay lists.
     """
     out = {}
-    lengths = None
     for k in samples[0]:
         vals = [s[k] for s in samples]
         if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in vals):
             lmax = max(len(v) for v in vals)
-            fill = IGNORE_INDEX if "labels" in k else (0 if "position" in k else pad_id)
+            if "labels" in k:
+                fill = IGNORE_INDEX
+            elif "position" in k:
+                fill = 0
+            elif vals[0].is_floating_point():
+                fill = float("nan")
+            else:
+                fill = pad_id
             t = torch.full((len(vals), lmax), fill, dtype=vals[0].dtype)
             for i, v in enumerate(vals):
                 t[i, :len(v)] = v
             out[k] = t
-            if k in ("input_ids",) and lengths is None:
+            mask_key = _mask_key(k)
+            if mask_key is not None:
                 lengths = torch.tensor([len(v) for v in vals])
+                out[mask_key] = (torch.arange(lmax)[None, :] < lengths[:, None]).to(torch.uint8)
         else:
             out[k] = vals
-    if lengths is not None:
-        out["attention_mask"] = (torch.arange(out["input_ids"].shape[1])[None, :] < lengths[:, None]).to(torch.uint8)
     return out

@@ -1,6 +1,8 @@
 """DataLoader: torch's DataLoader with a resumable, consumption-counting state."""
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch.utils.data import default_collate
 
@@ -57,7 +59,7 @@ class DataLoader(torch.utils.data.DataLoader):
             if hasattr(dataset, "get_batch"):
                 collate_fn = batched_collate
             elif isinstance(dataset, RecordDataset):
-                collate_fn = pad_collate
+                collate_fn = functools.partial(pad_collate, pad_id=dataset.pad_id)
             else:
                 collate_fn = default_collate
         if pin_memory is None:

@@ -174,9 +174,11 @@ class ResumableSampler(torch.utils.data.Sampler):
         return self.num_samples()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start `epoch` from its beginning."""
-        self.epoch = int(epoch)
-        self.position = 0
+        """Start `epoch` from its beginning. The current epoch keeps its position, so the usual
+        `for e in range(start, E): loader.set_epoch(e)` loop after load_state_dict resumes mid-epoch."""
+        if int(epoch) != self.epoch:
+            self.epoch = int(epoch)
+            self.position = 0
 
     def remaining(self):
         """Indices of this rank not yet consumed in the current epoch."""
