@@ -301,3 +301,32 @@ def test_set_epoch_of_the_current_epoch_keeps_a_resumed_position():
     assert s.position == 40
     s.set_epoch(3)
     assert s.position == 0 and s.epoch == 3
+
+
+def test_malformed_metadata_gives_dataset_errors_naming_the_file(tmp_path):
+    def with_meta(name, edit):
+        """A dpo dataset whose shard meta.json is edited; dataset.json re-lists its size so only the edit is wrong."""
+        path = write_dataset(tmp_path / name, _dpo(6), "dpo")
+        meta_path = path / "shard-00000" / "meta.json"
+        meta = json.loads(meta_path.read_text())
+        edit(meta)
+        meta_path.write_text(json.dumps(meta))
+        info = json.loads((path / "dataset.json").read_text())
+        info["shards"][0]["files"]["meta.json"] = {"bytes": meta_path.stat().st_size}
+        (path / "dataset.json").write_text(json.dumps(info))
+        return path
+
+    path = with_meta("offsets", lambda m: m["chosen"]["offsets"].__setitem__(1, "x"))
+    with pytest.raises(DatasetError, match="meta.json.*offsets must be integers"):
+        open_store(path)
+    # meta.json says uint32 where dataset.json declares uint16: reported as a dtype error, not truncation
+    path = with_meta("dtype", lambda m: m["chosen"].__setitem__("dtype", "uint32"))
+    with pytest.raises(DatasetError, match="chosen has dtype uint32.*declares uint16"):
+        open_store(path)
+
+    path = write_dataset(tmp_path / "entry", _dpo(6), "dpo")
+    info = json.loads((path / "dataset.json").read_text())
+    info["shards"].append("shard-00009")
+    (path / "dataset.json").write_text(json.dumps(info))
+    with pytest.raises(DatasetError, match="dataset.json.*not an object"):
+        open_store(path)

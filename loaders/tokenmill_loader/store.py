@@ -210,6 +210,8 @@ class Store:
         declared = info.get("keys") or {}
         parts = []
         for entry in shards:
+            if not isinstance(entry, dict):
+                raise DatasetError(f"{dpath}: shard entry {entry!r} is not an object")
             name = entry.get("name")
             folder = root / str(name)
             if not name or not folder.is_dir():
@@ -224,13 +226,10 @@ class Store:
                                        f"(truncated, corrupted or from another build)")
                 if self.verify and fmeta.get("sha256") and _sha256(fpath) != fmeta["sha256"]:
                     raise DatasetError(f"{fpath}: sha256 differs from {dpath} (corrupted)")
-            part = self._load_shard(folder, str(name), tt)
-            for k, dt in part.dtypes.items():
-                want = declared.get(k, {}).get("dtype") if declared else None
+            part = self._load_shard(folder, str(name), tt, declared, dpath)
+            for k in part.dtypes:
                 if declared and k not in declared:
                     raise DatasetError(f"{folder / 'meta.json'}: key {k!r} is not declared in {dpath}")
-                if want is not None and np.dtype(want) != dt:
-                    raise DatasetError(f"{folder / 'meta.json'}: {k} has dtype {dt}, {dpath} declares {want}")
             for k in declared:
                 if k not in part.dtypes:
                     raise DatasetError(f"{folder / 'meta.json'}: key {k!r} declared in {dpath} is missing")
@@ -266,7 +265,8 @@ class Store:
                                            f"{dpath} token_dtype is {tokdt}")
         return parts
 
-    def _load_shard(self, folder: Path, name: str, training_type: str | None) -> _Part:
+    def _load_shard(self, folder: Path, name: str, training_type: str | None,
+                    declared: dict | None = None, dpath: Path | None = None) -> _Part:
         mpath = folder / "meta.json"
         meta = _read_json(mpath, "shard metadata")
         if not isinstance(meta, dict) or not meta:
@@ -278,6 +278,15 @@ class Store:
                 dt = np.dtype(m["dtype"])
             except (KeyError, TypeError, ValueError) as e:
                 raise DatasetError(f"{mpath}: key {key!r}: bad shape/dtype ({e})") from None
+            spec = (declared or {}).get(key)
+            want = spec.get("dtype") if isinstance(spec, dict) else None
+            if want is not None:  # before the size check, so a wrong dtype is not reported as truncation
+                try:
+                    want_dt = np.dtype(want)
+                except TypeError:
+                    raise DatasetError(f"{dpath}: key {key!r} declares an unknown dtype {want!r}") from None
+                if want_dt != dt:
+                    raise DatasetError(f"{mpath}: {key} has dtype {dt}, {dpath} declares {want}")
             if len(shape) != 1:
                 raise DatasetError(f"{mpath}: key {key!r}: shape {shape} is not one-dimensional")
             n = shape[0]
@@ -291,7 +300,10 @@ class Store:
             offs = m.get("offsets")
             if offs is None:
                 raise DatasetError(f"{mpath}: key {key!r} has no offsets")
-            offs = np.asarray(offs, dtype=np.int64)
+            raw = np.asarray(offs)
+            if raw.size and raw.dtype.kind not in "iu":
+                raise DatasetError(f"{mpath}: key {key!r}: offsets must be integers (found {raw.dtype} values)")
+            offs = raw.astype(np.int64)
             if offs.ndim != 1 or len(offs) < 1 or offs[0] != 0 or offs[-1] != n:
                 raise DatasetError(f"{mpath}: key {key!r}: offsets must start at 0 and end at shape[0]={n}")
             if len(offs) > 1 and (np.diff(offs) < 0).any():
