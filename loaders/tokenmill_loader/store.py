@@ -145,13 +145,15 @@ class Store:
             self.kind = "shard"
             parts = [self._load_shard(p, p.name, None)]
             parent = p.parent / "dataset.json"
-            tt = None
+            dataset_info = {}
             if parent.exists():
                 try:
-                    tt = json.loads(parent.read_text(encoding="utf-8")).get("training_type")
+                    dataset_info = json.loads(parent.read_text(encoding="utf-8"))
                 except (OSError, json.JSONDecodeError):
-                    tt = None
-            self.info = {"training_type": tt or _infer_type(parts[0].dtypes)}
+                    dataset_info = {}
+            # a shard alone still knows its dataset's type, vocabulary and special tokens
+            self.info = {k: dataset_info[k] for k in ("vocab_size", "special_tokens") if k in dataset_info}
+            self.info["training_type"] = dataset_info.get("training_type") or _infer_type(parts[0].dtypes)
             if (p.parent / "tokenizer.json").exists():
                 self.info["tokenizer"] = {"file": "../tokenizer.json"}
         elif p.is_file() and p.suffix == ".bin":
