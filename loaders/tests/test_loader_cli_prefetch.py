@@ -38,6 +38,13 @@ def test_inspect_prints_summary(tmp_path, capsys):
     assert out["sample"]["text"].split() == [("<s>" if t == 0 else f"w{t}") for t in recs[0]["sequence"]]
 
 
+def test_inspect_counts_dpo_masks(tmp_path, capsys):
+    recs = [{"chosen": [5, 6, 7, 8], "rejected": [5, 6, 9], "chosen_mask": [0, 0, 1, 1], "rejected_mask": [0, 0, 1]}] * 3
+    assert main(["inspect", str(write_dataset(tmp_path / "dpo", recs, "dpo"))]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["supervised_tokens"] == 9 and out["masked_tokens"] == 12
+
+
 def test_inspect_errors_and_module_entry(tmp_path):
     recs = random_docs(5, seed=1)
     path = write_dataset(tmp_path / "ds", recs, "seq")

@@ -26,10 +26,12 @@ def summary(store, sample_tokens: int = 64) -> dict:
     top = [int(store._array(i, k).max()) for i in range(len(store.parts)) for k in TOKEN_KEYS[tt]
            if k in store.parts[i].dtypes and store.parts[i].lengths[k]]
     out["max_token_id"] = max(top) if top else None
-    if "loss_mask" in store.keys:
-        trained = sum(int(np.count_nonzero(store._array(i, "loss_mask"))) for i in range(len(store.parts)))
+    mask_keys = [k for k in ("loss_mask", "chosen_mask", "rejected_mask", "masks") if k in store.keys]
+    if mask_keys:
+        trained = sum(int(np.count_nonzero(store._array(i, k))) for k in mask_keys
+                      for i in range(len(store.parts)) if k in store.parts[i].dtypes)
         out["supervised_tokens"] = trained
-        out["masked_tokens"] = store.num_items("loss_mask") - trained
+        out["masked_tokens"] = sum(store.num_items(k) for k in mask_keys) - trained
     if store.kind == "bin":  # a headerless stream: no record or document boundaries are stored
         out["records"] = out["documents"] = None
     if store.kind == "dataset":
@@ -43,7 +45,8 @@ def summary(store, sample_tokens: int = 64) -> dict:
         if tok is not None:
             try:
                 from tokenizers import Tokenizer  # optional, not a dependency
-                out["sample"]["text"] = Tokenizer.from_file(str(tok)).decode(ids.tolist(), skip_special_tokens=False)
+                text = Tokenizer.from_file(str(tok)).decode(ids.tolist(), skip_special_tokens=False)
+                out["sample"]["text"] = text.rstrip("\ufffd")  # the cut may split a multi-byte character
             except ImportError:
                 out["sample"]["text"] = None
             except Exception as e:  # a tokenizer that cannot decode: report, do not fail the summary
