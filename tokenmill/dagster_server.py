@@ -29,6 +29,18 @@ query AssetMetadata($key: AssetKeyInput!) {
 }"""
 
 
+LAUNCH_ASSETS_MUTATION = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on InvalidSubsetError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+  }
+}"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,6 +110,22 @@ class DagsterDev:
 
         client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
         run_id = client.submit_job_execution(job_name, repository_location_name=location)
+        return self.wait_for_run(run_id, timeout)
+
+    def materialize(self, asset_keys: list[str], location: str = "tokenmill", timeout: float = 900) -> str:
+        """Launches a materialization of just these assets (the implicit asset job) and waits for success."""
+        data = self.graphql(LAUNCH_ASSETS_MUTATION, {"params": {"selector": {
+            "repositoryLocationName": location, "repositoryName": "__repository__", "jobName": "__ASSET_JOB",
+            "assetSelection": [{"path": [k]} for k in asset_keys]}}})
+        launched = data["launchRun"]
+        if launched["__typename"] != "LaunchRunSuccess":
+            raise RuntimeError(f"launchRun failed: {launched}")
+        return self.wait_for_run(launched["run"]["runId"], timeout)
+
+    def wait_for_run(self, run_id: str, timeout: float = 900) -> str:
+        from dagster_graphql import DagsterGraphQLClient
+
+        client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
         deadline = time.time() + timeout
         while time.time() < deadline:
             status = client.get_run_status(run_id).value
