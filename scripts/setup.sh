@@ -3,7 +3,14 @@
 # Idempotent: a second call only re-checks the installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+pip_install() {
+  # this machine's pip config names find-links folders that may not exist: drop that noise, keep real errors
+  .venv/bin/python -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]" -e ./loaders
+pip_install torch==2.13.0
+pip_install -e ".[test]" -e ./loaders
 mkdir -p dagster_home
