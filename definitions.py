@@ -25,6 +25,9 @@ def build_defs(source: CorpusSource, data_root: DataRoot) -> dg.Definitions:
         schedules=[daily_refresh],
         sensors=[source_files_sensor],
         resources={"source": source, "data_root": data_root},
+        # one process per run, whatever launches it (job, UI "Materialize all", dg launch, schedule, sensor):
+        # each stage fans out over its own workers, and the data root's lock is held by that one process
+        executor=dg.in_process_executor,
     )
 
 

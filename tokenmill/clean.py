@@ -42,9 +42,9 @@ import numpy as np
 
 from tokenmill import clean_rules as R
 from tokenmill.boilerplate import BoilerplateTable, LineStats, merge_line_stats, prune_candidates
-from tokenmill.io import REJECTED_FILE, STATS_FILE, JsonlWriter, atomic_write_json, concat_files, dumps, record_shards
-from tokenmill.parallel import default_workers, map_ordered
-from tokenmill.progress import Progress
+from tokenmill.common.io import REJECTED_FILE, STATS_FILE, JsonlWriter, atomic_write_json, concat_files, dumps, record_shards
+from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.progress import Progress
 
 REASONS = ("too_long", "empty", "too_short", "placeholder_glyphs", "repetition")
 RULES = ("read_json", "too_long", "repair_surrogates", "repair_mojibake", "normalize_unicode", "strip_control_chars",

@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill import minhash as mh
-from tokenmill.io import (REMOVED_FILE, STATS_FILE, JsonlWriter, atomic_write_json, concat_files,
+from tokenmill.common.io import (REMOVED_FILE, STATS_FILE, JsonlWriter, atomic_write_json, concat_files,
                           read_json, record_shards)
-from tokenmill.parallel import default_workers, map_ordered
-from tokenmill.progress import Progress
+from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.progress import Progress
 
 REPORT_FILE = "report.json"
 CLUSTERS_FILE = "clusters.jsonl"

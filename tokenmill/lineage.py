@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.io import REMOVED_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.common.io import REMOVED_FILE, iter_jsonl, read_json, record_shards
 
 
 def locate_token(data_root: Path, position: int, split: str = "train", key: str | None = None) -> dict:

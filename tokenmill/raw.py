@@ -23,9 +23,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tokenmill.io import JsonlWriter, REJECTED_FILE, STATS_FILE, atomic_write_json, concat_files, dumps, record_id, shard_name
-from tokenmill.parallel import map_ordered
-from tokenmill.progress import Progress
+from tokenmill.common.io import JsonlWriter, REJECTED_FILE, STATS_FILE, atomic_write_json, concat_files, dumps, record_id, shard_name
+from tokenmill.common.parallel import map_ordered
+from tokenmill.common.progress import Progress
 
 READERS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt", ".csv": "csv"}
 REASONS = ("malformed_json", "no_text_field", "not_an_object", "undecodable_bytes", "unreadable_file",

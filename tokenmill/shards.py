@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.io import STATS_FILE, atomic_write_json, record_shards
-from tokenmill.parallel import default_workers, map_ordered
-from tokenmill.progress import Progress
+from tokenmill.common.io import STATS_FILE, atomic_write_json, record_shards
+from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.progress import Progress
 from tokenmill.tokenization import SPECIAL_TOKENS, TOKENIZER_FILE, hash64, load_tokenizer
 
 FORMAT_NAME = "tokenmill-shards"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tokenmill.io import STATS_FILE, read_json
+from tokenmill.common.io import STATS_FILE, read_json
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
 RECORD_STAGES = (

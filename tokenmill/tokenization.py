@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.io import STATS_FILE, atomic_write_json, atomic_write_text, record_shards
-from tokenmill.progress import Progress
+from tokenmill.common.io import STATS_FILE, atomic_write_json, atomic_write_text, record_shards
+from tokenmill.common.progress import Progress
 
 TOKENIZER_FILE = "tokenizer.json"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.io import record_shards, read_json
+from tokenmill.common.io import record_shards, read_json
 
 MAX_PROBLEMS = 20  # problems listed in a check's metadata; the count is always complete
 

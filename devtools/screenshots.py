@@ -1,7 +1,7 @@
 """Headless-Chromium screenshots of the Dagster UI (asset graph, funnel asset page) for docs and tests.
 
-usage: python -m tokenmill.screenshots URL OUT_DIR     a running UI (exit 1 if a page shows an error)
-       python -m tokenmill.screenshots --serve OUT_DIR   start `dagster dev` on a free port with a temporary
+usage: python -m devtools.screenshots URL OUT_DIR     a running UI (exit 1 if a page shows an error)
+       python -m devtools.screenshots --serve OUT_DIR   start `dagster dev` on a free port with a temporary
                                                         instance, run the whole job on $TOKENMILL_SOURCE, then shoot
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ def take_screenshots(base_url: str, out_dir: Path, chromium: str | None = None) 
 
 
 def serve_and_shoot(out_dir: Path) -> dict[str, Path]:
-    from tokenmill.dagster_server import DagsterDev
+    from devtools.dagster_server import DagsterDev
 
     with tempfile.TemporaryDirectory() as tmp:
         env = {"TOKENMILL_DATA": os.environ.get("TOKENMILL_DATA", str(Path(tmp) / "data"))}

@@ -1,0 +1,1 @@
+"""Developer tooling, not part of the runtime: the demo corpus generator, the dev server harness, UI screenshots."""

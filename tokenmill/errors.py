@@ -1,0 +1,38 @@
+"""The errors tokenmill raises, one class per kind of cause, so callers (and users reading a failed run) can tell
+them apart. Every message names the file, line, field or key at fault.
+
+Policy for malformed input:
+- A *source* file the user gave us that is unreadable or malformed line by line is not an error: the line is
+  quarantined in the stage's ``_rejected.jsonl`` with its reason and the run goes on (raw_records).
+- A line of a stage's *own* output that fails to parse (cleaned_jsonl, deduped_jsonl, ...) is corruption:
+  the reading stage raises :class:`CorruptOutputError` naming the file and line, and never drops it silently.
+"""
+from __future__ import annotations
+
+
+class TokenmillError(Exception):
+    """Base class of every error tokenmill raises on purpose."""
+
+
+class SourceError(TokenmillError):
+    """The corpus source is missing, empty or unreadable (TOKENMILL_SOURCE)."""
+
+
+class ConfigError(TokenmillError, ValueError):
+    """A stage setting is invalid; the message names the field (``dedup_report.keep: ...``)."""
+
+
+class CorruptOutputError(TokenmillError):
+    """A file a tokenmill stage wrote does not parse or does not match its manifest (file and line named)."""
+
+
+class StaleUpstreamError(TokenmillError):
+    """An upstream stage's output is missing or was built for other inputs/settings: materialize it first."""
+
+
+class DataRootBusyError(TokenmillError):
+    """Another run holds the data root's lock; the message names the holder run."""
+
+
+class CapacityError(TokenmillError):
+    """A value does not fit the on-disk format (token ids beyond the dtype, offsets beyond int64, ...)."""
