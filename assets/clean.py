@@ -5,7 +5,7 @@ from pydantic import Field
 
 from resources import DataRoot
 from tokenmill.clean import REASONS, CleanSettings, clean_corpus
-from tokenmill.io import staged_output
+from tokenmill.common.io import staged_output
 
 TOP_LINES = 15  # boilerplate lines shown in the UI table; _stats.json keeps 50
 CELL_CHARS = 100

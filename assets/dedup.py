@@ -5,7 +5,7 @@ from pydantic import Field
 
 from resources import DataRoot
 from tokenmill.dedup import CLUSTERS_FILE, REPORT_FILE, DedupSettings, build_dedup_report, write_deduped
-from tokenmill.io import REMOVED_FILE, read_json, staged_output
+from tokenmill.common.io import REMOVED_FILE, read_json, staged_output
 
 MAX_TABLE_ROWS = 20  # per-source rows shown in the UI; the full list is in report.json
 TEXT_CHARS = 80  # characters of each text in the side-by-side samples

@@ -6,7 +6,7 @@ import dagster as dg
 from pydantic import Field
 
 from resources import CorpusSource, DataRoot
-from tokenmill.io import iter_jsonl, record_shards, staged_output
+from tokenmill.common.io import iter_jsonl, record_shards, staged_output
 from tokenmill.raw import RawSettings, ingest
 
 MAX_FILE_ROWS = 50  # per-file rows in the UI table; _stats.json lists every file

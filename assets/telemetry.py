@@ -6,7 +6,7 @@ import time
 import dagster as dg
 
 from resources import DataRoot
-from tokenmill.io import atomic_write_json, staged_output
+from tokenmill.common.io import atomic_write_json, staged_output
 from tokenmill.telemetry import build_funnel, funnel_chart_png, funnel_markdown, history_row
 
 HISTORY_RUNS = 10  # materializations shown in the "how counts moved" chart

@@ -4,7 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from resources import DataRoot
-from tokenmill.io import staged_output
+from tokenmill.common.io import staged_output
 from tokenmill.shards import ShardSettings, tokenize_corpus
 from tokenmill.tokenization import TokenizerSettings, train_tokenizer
 

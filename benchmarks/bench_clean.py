@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tokenmill.clean import CleanSettings, clean_corpus  # noqa: E402
-from tokenmill.io import dumps, record_id, record_shards  # noqa: E402
+from tokenmill.common.io import dumps, record_id, record_shards  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 POETRY = SHARED / "corpora" / "chinese-poetry"

@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO))
 
 from tokenmill import minhash as mh  # noqa: E402
 from tokenmill.dedup import CLUSTERS_FILE, DedupSettings, build_dedup_report  # noqa: E402
-from tokenmill.io import iter_jsonl, record_id, record_shards  # noqa: E402
-from tokenmill.parallel import map_ordered  # noqa: E402
+from tokenmill.common.io import iter_jsonl, record_id, record_shards  # noqa: E402
+from tokenmill.common.parallel import map_ordered  # noqa: E402
 
 POETRY = REPO.parent / "shared" / "corpora" / "chinese-poetry"
 DEMO = REPO / "demo_corpus"
@@ -402,7 +402,7 @@ def main() -> None:
             if demo is not None:
                 sets.append(("demo_corpus", demo))
             else:
-                print("demo corpus: not present (python -m tokenmill.demo demo_corpus), skipped")
+                print("demo corpus: not present (python -m devtools.demo demo_corpus), skipped")
         if POETRY.exists() and args.poetry_sample > 0:
             sets.append(("chinese-poetry", poetry_sample(args.poetry_sample)))
         print("\n== accuracy: near-duplicate pairs vs brute-force exact Jaccard ==")

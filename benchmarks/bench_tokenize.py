@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tokenmill.io import iter_jsonl, record_shards  # noqa: E402
+from tokenmill.common.io import iter_jsonl, record_shards  # noqa: E402
 from tokenmill.shards import ShardSettings, _dropped, tokenize_corpus  # noqa: E402
 from tokenmill.tokenization import (HELD_OUT_MODULUS, TokenizerSettings, build_trainer_tokenizer,  # noqa: E402
                                     hash64, load_tokenizer, train_tokenizer, training_text)

@@ -9,7 +9,7 @@ import pytest
 from tokenmill import clean_rules as R
 from tokenmill.boilerplate import template_score
 from tokenmill.clean import REASONS, CleanSettings, clean_corpus
-from tokenmill.io import REJECTED_FILE, STATS_FILE, dumps, iter_jsonl, read_json, record_id, record_shards
+from tokenmill.common.io import REJECTED_FILE, STATS_FILE, dumps, iter_jsonl, read_json, record_id, record_shards
 
 
 # ------------------------------------------------------------------------------------------ helpers

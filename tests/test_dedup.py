@@ -12,7 +12,7 @@ import pytest
 from tokenmill import minhash as mh
 from tokenmill.dedup import (CLUSTERS_FILE, DECISIONS_FILE, REPORT_FILE, DedupSettings, build_dedup_report,
                              write_deduped)
-from tokenmill.io import REMOVED_FILE, STATS_FILE, iter_jsonl, record_id, record_shards
+from tokenmill.common.io import REMOVED_FILE, STATS_FILE, iter_jsonl, record_id, record_shards
 
 CHARS = "春江潮水连海平明月共生滟随波千万里何处无光流宛转绕芳甸照花林皆似霰空中霜飞不觉汀上白沙看见"
 

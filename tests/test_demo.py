@@ -7,8 +7,8 @@ from pathlib import Path
 import ftfy
 import pytest
 
-from tokenmill.demo import DEFAULT_SEED, generate_demo_corpus
-from tokenmill.io import iter_jsonl, record_shards
+from devtools.demo import DEFAULT_SEED, generate_demo_corpus
+from tokenmill.common.io import iter_jsonl, record_shards
 from tokenmill.raw import RawSettings, ingest
 
 

@@ -11,7 +11,7 @@ import pytest
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
 from tokenmill.cli import main as cli_main
-from tokenmill.io import read_json, record_shards
+from tokenmill.common.io import read_json, record_shards
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

@@ -11,7 +11,7 @@ import pytest
 
 from assets.raw import raw_records
 from resources import CorpusSource, DataRoot
-from tokenmill.io import REJECTED_FILE, STATS_FILE, iter_jsonl, read_json, record_id, record_shards
+from tokenmill.common.io import REJECTED_FILE, STATS_FILE, iter_jsonl, read_json, record_id, record_shards
 from tokenmill.raw import RawSettings, ingest
 
 

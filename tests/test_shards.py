@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tokenmill.shards as shards_mod
-from tokenmill.io import STATS_FILE, read_json
+from tokenmill.common.io import STATS_FILE, read_json
 from tokenmill.shards import (REJECTED_JSON, ShardSettings, ShardWriter, SplitChunk, check_ids, token_dtype_for,
                               tokenize_corpus)
 from tokenmill.tokenization import SPECIAL_TOKENS, TokenizerSettings, load_tokenizer, train_tokenizer

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill.io import STATS_FILE, read_json
+from tokenmill.common.io import STATS_FILE, read_json
 from tokenmill.tokenization import (SPECIAL_TOKENS, TokenizerSettings, build_trainer_tokenizer, load_tokenizer,
                                     train_tokenizer)
 
@@ -141,7 +141,7 @@ def test_trainer_thread_count_does_not_change_bytes(tmp_path):
     write_records(tmp_path / "in", n=120)
     code = ("import sys; from pathlib import Path; from tokenmill.tokenization import *; "
             "tok, tr = build_trainer_tokenizer(350, 2); "
-            "from tokenmill.io import iter_jsonl; texts=[r['text'] for r in iter_jsonl(sys.argv[1])]; "
+            "from tokenmill.common.io import iter_jsonl; texts=[r['text'] for r in iter_jsonl(sys.argv[1])]; "
             "tok.train_from_iterator(texts, trainer=tr); Path(sys.argv[2]).write_text(tok.to_str())")
     outs = []
     for threads in ("1", "2"):

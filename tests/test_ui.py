@@ -2,8 +2,8 @@
 and the asset graph and funnel page rendered in headless Chromium."""
 import pytest
 
-from tokenmill.dagster_server import DagsterDev
-from tokenmill.screenshots import find_chromium, take_screenshots
+from devtools.dagster_server import DagsterDev
+from devtools.screenshots import find_chromium, take_screenshots
 
 
 @pytest.fixture(scope="module")
