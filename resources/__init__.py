@@ -46,7 +46,7 @@ class DataRoot(dg.ConfigurableResource):
         return Path(self.root).expanduser().resolve() / asset_key
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
-        run = context.dagster_run
+        run = context.run
         if run is None:  # built outside a run (tests calling an asset function directly)
             return
         validate_run_settings(run.run_config)
