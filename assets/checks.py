@@ -5,7 +5,7 @@ import dagster as dg
 from resources import DataRoot
 from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
 from tokenmill.minhash import dedup_keys, key_digest
-from tokenmill.telemetry import build_funnel
+from tokenmill.stages.telemetry import build_funnel
 from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_dataset
 
 MAX_REJECTED_SHARE = 0.2  # above this the source or the reader settings are wrong, not the records

@@ -1,13 +1,13 @@
 """funnel_telemetry: the whole-run funnel as a file, a markdown table and a chart in the Dagster UI."""
 
-import base64
 import time
 
 import dagster as dg
 
+from assets.metadata import funnel_metadata
 from resources import DataRoot
 from tokenmill.common.io import atomic_write_json, staged_output
-from tokenmill.telemetry import build_funnel, funnel_chart_png, funnel_markdown, history_row
+from tokenmill.stages.telemetry import build_funnel, funnel_chart_png, history_row
 
 HISTORY_RUNS = 10  # materializations shown in the "how counts moved" chart
 
@@ -37,23 +37,9 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> 
     """
     start = time.perf_counter()
     funnel = build_funnel(data_root.path(""))
-    row = history_row(funnel)
+    history = history_row(funnel)
     with staged_output(data_root.path("funnel_telemetry")) as out:
         atomic_write_json(out / "funnel.json", funnel)
-        chart = funnel_chart_png(funnel, previous_history_rows(context), out / "funnel.png")
-        png = chart.read_bytes()
-    final = data_root.path("funnel_telemetry")
-    image = f"![funnel](data:image/png;base64,{base64.b64encode(png).decode()})"
-    return dg.MaterializeResult(metadata={
-        "funnel": dg.MetadataValue.md(funnel_markdown(funnel)),
-        "chart": dg.MetadataValue.md(image),
-        "history_row": dg.MetadataValue.json(row),
-        "raw_records": row["input"],
-        **{f"records_{s['stage']}": s["docs_out"] for s in funnel["stages"]},
-        "tokens": funnel["tokens"]["total"],
-        "supervised_share": round(funnel["tokens"]["supervised_share"], 4),
-        "conserved": funnel["conserved"],
-        "seconds": round(time.perf_counter() - start, 3),
-        "path": dg.MetadataValue.path(str(final / "funnel.json")),
-        "chart_path": dg.MetadataValue.path(str(final / "funnel.png")),
-    })
+        chart = funnel_chart_png(funnel, previous_history_rows(context), out / "funnel.png").read_bytes()
+    metadata = funnel_metadata(funnel, history, chart, data_root.path("funnel_telemetry"))
+    return dg.MaterializeResult(metadata={**metadata, "seconds": round(time.perf_counter() - start, 3)})

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from tokenmill.common.io import STATS_FILE, read_json
+from tokenmill.errors import StaleUpstreamError
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
 RECORD_STAGES = (
@@ -18,7 +19,7 @@ RECORD_STAGES = (
 def stage_stats(data_root: Path, key: str) -> dict:
     path = Path(data_root) / key / STATS_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{path}: stage '{key}' has not been materialized (no {STATS_FILE})")
+        raise StaleUpstreamError(f"{path}: stage '{key}' has not been materialized (no {STATS_FILE})")
     return read_json(path)
 
 
@@ -66,29 +67,6 @@ def build_funnel(data_root: Path) -> dict:
                           if (data_root / key).exists()},
         "conserved": all(s["conserved"] and s["linked"] for s in stages),
     }
-
-
-def funnel_markdown(funnel: dict) -> str:
-    raw = funnel["stages"][0]["docs_in"] or 1
-    rows = ["| stage | records | share of raw | dropped |", "|---|---:|---:|---|"]
-    rows.append(f"| input records | {funnel['stages'][0]['docs_in']:,} | 100.00% | |")
-    for s in funnel["stages"]:
-        drops = ", ".join(f"{k}: {v:,}" for k, v in s["dropped"].items() if v) or "-"
-        rows.append(f"| {s['label']} | {s['docs_out']:,} | {100 * s['docs_out'] / raw:.2f}% | {drops} |")
-    t = funnel["tokens"]
-    rows += ["", "| tokens | count | share |", "|---|---:|---:|",
-             f"| total | {t['total']:,} | 100.00% |",
-             f"| supervised | {t['supervised']:,} | {100 * t['supervised_share']:.2f}% |",
-             f"| masked (-100) | {t['masked']:,} | {100 * t['masked_share']:.2f}% |"]
-    if t.get("isolated_punctuation_share") is not None:
-        rows.append(f"| isolated punctuation | | {100 * t['isolated_punctuation_share']:.2f}% |")
-    for name, split in funnel["split"].items():
-        if split:
-            rows.append(f"| {name} split | {split.get('tokens', 0):,} tokens | {split.get('records', 0):,} records |")
-    rows.append("")
-    rows.append("Every stage conserves records (in = out + dropped)." if funnel["conserved"]
-                else "**A stage does not conserve records: see funnel.json.**")
-    return "\n".join(rows)
 
 
 def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
