@@ -5,6 +5,8 @@ import contextlib
 import multiprocessing
 import os
 import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -39,6 +41,21 @@ def _main_module_hidden(fn: Callable) -> Iterator[None]:
             main.__dict__.update(saved)
 
 
+PARENT_POLL_SECONDS = 1.0
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Worker initializer: a daemon thread ends the worker once its run process is gone (OOM killer, kill -9),
+    so no orphan keeps memory or a half-finished file. Reparenting changes getppid(), which needs no signal."""
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tokenmill-parent-watch", daemon=True).start()
+
+
 def map_ordered(fn: Callable[[T], R], tasks: Iterable[T], workers: int | None = None) -> Iterator[R]:
     """Yields fn(task) for each task, in task order, using `workers` processes (1: in this process).
 
@@ -52,7 +69,8 @@ def map_ordered(fn: Callable[[T], R], tasks: Iterable[T], workers: int | None = 
             yield fn(task)
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
+                             initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
         with _main_module_hidden(fn):
             results = pool.map(fn, tasks)  # submits every task, so every worker is spawned here
         yield from results

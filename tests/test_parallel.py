@@ -1,0 +1,54 @@
+"""Process fan-out: results in task order whatever the worker count; workers never outlive their run process."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+from tokenmill.common.parallel import map_ordered
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_results_come_back_in_task_order_for_any_worker_count():
+    assert list(map_ordered(square, range(20), workers=2)) == list(map_ordered(square, range(20), workers=1))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_workers_exit_when_the_run_process_is_killed(tmp_path):
+    """kill -9 of the run process alone (as the OOM killer does) must not leave its workers running."""
+    script = textwrap.dedent("""
+        import os, sys, time
+        from tokenmill.common.parallel import map_ordered
+        def report_and_block(i):
+            print(os.getpid(), flush=True)
+            time.sleep(600)
+        if __name__ == "__main__":
+            list(map_ordered(report_and_block, range(2), workers=2))
+    """)
+    (tmp_path / "run.py").write_text(script)
+    run = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    workers = [int(run.stdout.readline()) for _ in range(2)]
+    os.kill(run.pid, signal.SIGKILL)
+    run.wait()
+    deadline = time.monotonic() + 15
+    while any(alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = [w for w in workers if alive(w)]
+    for w in survivors:
+        os.kill(w, signal.SIGKILL)
+    assert not survivors, f"workers {survivors} outlived their run process"
