@@ -5,8 +5,8 @@ import sys
 
 import pytest
 import torch
-
 from tm_writer import random_docs, write_dataset
+
 from tokenmill_loader import DataLoader, DevicePrefetcher, TokenDataset
 from tokenmill_loader.__main__ import main
 
@@ -39,7 +39,8 @@ def test_inspect_prints_summary(tmp_path, capsys):
 
 
 def test_inspect_counts_dpo_masks(tmp_path, capsys):
-    recs = [{"chosen": [5, 6, 7, 8], "rejected": [5, 6, 9], "chosen_mask": [0, 0, 1, 1], "rejected_mask": [0, 0, 1]}] * 3
+    recs = [{"chosen": [5, 6, 7, 8], "rejected": [5, 6, 9],
+             "chosen_mask": [0, 0, 1, 1], "rejected_mask": [0, 0, 1]}] * 3
     assert main(["inspect", str(write_dataset(tmp_path / "dpo", recs, "dpo"))]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["supervised_tokens"] == 9 and out["masked_tokens"] == 12

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 import torch
-
 from tm_writer import random_docs, write_dataset
+
 from tokenmill_loader import PackingLoader, RecordDataset
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from resume_child import build
 from tm_writer import random_docs, write_dataset
 

@@ -4,8 +4,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
-
 from tm_writer import random_docs, write_dataset
+
 from tokenmill_loader import DataLoader, ResumableSampler, TokenDataset
 from tokenmill_loader.sampler import FeistelPermutation
 
@@ -44,7 +44,7 @@ def test_order_independent_of_number_of_epochs(fsm):
     ref.set_epoch(3)
     want = list(ref)
     run = ResumableSampler(97, seed=5, full_shuffle_max=fsm)
-    for e in range(4):
+    for _epoch in range(4):
         got = np.asarray(run.remaining()).tolist()
         run.advance(len(got))
     assert got == want

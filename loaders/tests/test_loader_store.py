@@ -5,8 +5,8 @@ import pickle
 import numpy as np
 import pytest
 import torch
-
 from tm_writer import random_docs, write_dataset
+
 from tokenmill_loader import DatasetError, RecordDataset, TokenDataset, open_store
 
 

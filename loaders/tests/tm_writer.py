@@ -1,56 +1,55 @@
 """Tiny writer of the docs/format.md token-shard format, for the loader's own tests and benchmarks.
 
-Independent of tokenmill's writer on purpose: the loader package must read the documented format.
+It stays free of tokenmill (the loader package is tested alone), and takes every name, kind, dtype and
+manifest field from tokenmill_loader.format, the module tokenmill's writer uses too, so the two cannot drift.
 """
 from __future__ import annotations
 
 import hashlib
-import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 
-RECORD_KEY = {"seq": "sequence", "conditional": "sequence", "sft": "sequence", "dpo": "chosen", "grpo": "prompts"}
-TOKEN_KEYS = {"seq": ("sequence",), "conditional": ("sequence",), "sft": ("sequence",),
-              "dpo": ("chosen", "rejected"), "grpo": ("prompts", "responses")}
-RESPONSE_KEYS = ("responses", "masks")
+from tokenmill_loader.format import (
+    DATASET_FILE,
+    KIND_OF,
+    RECORD_IDS_FILE,
+    RESPONSE_KEYS,
+    SHARD_META_FILE,
+    TOKEN_KEYS,
+    TOKENIZER_FILE,
+    data_file,
+    dataset_manifest,
+    dumps_compact,
+    key_dtype,
+    key_meta,
+    shard_name,
+)
 
 
-def _dtype_for(key: str, token_dtype: str) -> str:
-    if key == "rewards":
-        return "float32"
-    if "mask" in key:
-        return "uint8"
-    return token_dtype
-
-
-def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _file_entry(path: Path) -> dict:
+    data = path.read_bytes()
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def write_shard(folder: Path, records: list[dict], training_type: str, token_dtype: str = "uint16") -> dict:
-    """Write one shard folder; returns its dataset.json entry (without name)."""
+    """Write one shard folder; returns its dataset.json entry (without name) and its keys."""
     folder.mkdir(parents=True, exist_ok=True)
     keys = list(records[0]) if records else list(TOKEN_KEYS[training_type])
     meta = {}
     for k in keys:
-        dt = np.dtype(_dtype_for(k, token_dtype))
-        if k in RESPONSE_KEYS:
-            items = [item for r in records for item in r[k]]
-        else:
-            items = [r[k] for r in records]
-        lens = [len(x) for x in items]
-        offs = [0] + np.cumsum(lens).tolist() if items else [0]
+        dt = key_dtype(KIND_OF[k], token_dtype)
+        items = [item for r in records for item in r[k]] if k in RESPONSE_KEYS else [r[k] for r in records]
+        offsets = np.concatenate([[0], np.cumsum([len(x) for x in items], dtype=np.int64)])
         flat = np.asarray([v for x in items for v in x], dtype=dt)
-        flat.astype(dt.newbyteorder("<")).tofile(folder / f"{k}.bin")
-        meta[k] = {"shape": [int(len(flat))], "dtype": dt.name, "offsets": [int(o) for o in offs]}
-    (folder / "meta.json").write_text(json.dumps(meta))
-    (folder / "record_ids.json").write_text(json.dumps([f"{i:016x}" for i in range(len(records))]))
-    files = {f"{k}.bin": {"bytes": (folder / f"{k}.bin").stat().st_size, "sha256": _sha(folder / f"{k}.bin")}
-             for k in keys}
-    files["meta.json"] = {"bytes": (folder / "meta.json").stat().st_size, "sha256": _sha(folder / "meta.json")}
+        flat.astype(dt.newbyteorder("<")).tofile(folder / data_file(k))
+        meta[k] = key_meta(dt, offsets)
+    (folder / SHARD_META_FILE).write_bytes(dumps_compact(meta))
+    (folder / RECORD_IDS_FILE).write_bytes(dumps_compact([f"{i:016x}" for i in range(len(records))]))
+    files = {name: _file_entry(folder / name) for name in [data_file(k) for k in keys] + [SHARD_META_FILE]}
     tokens = sum(meta[k]["shape"][0] for k in TOKEN_KEYS[training_type] if k in meta)
-    return {"tokens": int(tokens), "records": len(records), "files": files, "_keys": {k: meta[k]["dtype"] for k in keys}}
+    return {"tokens": int(tokens), "records": len(records), "files": files}, keys
 
 
 def write_dataset(root, records: list[dict], training_type: str = "seq", shard_records: int | None = None,
@@ -60,27 +59,20 @@ def write_dataset(root, records: list[dict], training_type: str = "seq", shard_r
     root.mkdir(parents=True, exist_ok=True)
     n = shard_records or max(1, len(records))
     chunks = [records[i:i + n] for i in range(0, len(records), n)] or [[]]
-    shards = []
-    keys = {}
+    shards, keys = [], []
     for si, chunk in enumerate(chunks):
-        e = write_shard(root / f"shard-{si:05d}", chunk, training_type, token_dtype)
-        keys.update(e.pop("_keys"))
-        shards.append({"name": f"shard-{si:05d}", **e})
-    info = {
-        "format": "tokenmill-shards", "format_version": 1,
-        "training_type": training_type, "split": "train",
-        "vocab_size": vocab_size, "token_dtype": token_dtype,
-        "keys": {k: {"dtype": dt, "kind": "mask" if "mask" in k else ("rewards" if k == "rewards" else "tokens")}
-                 for k, dt in keys.items()},
-        "shards": shards,
-        "totals": {"tokens": sum(s["tokens"] for s in shards), "records": sum(s["records"] for s in shards)},
-        "special_tokens": {"<s>": 0, "</s>": 1, "<pad>": 2},
-    }
+        entry, keys = write_shard(root / shard_name(si), chunk, training_type, token_dtype)
+        shards.append({"name": shard_name(si), **entry})
+    tokenizer = None
     if tokenizer_file:
-        import shutil
-        shutil.copy(tokenizer_file, root / "tokenizer.json")
-        info["tokenizer"] = {"file": "tokenizer.json", "sha256": _sha(root / "tokenizer.json"), "vocab_size": vocab_size}
-    (root / "dataset.json").write_text(json.dumps(info, indent=1))
+        shutil.copy(tokenizer_file, root / TOKENIZER_FILE)
+        tokenizer = {"file": TOKENIZER_FILE, "sha256": _file_entry(root / TOKENIZER_FILE)["sha256"],
+                     "vocab_size": vocab_size}
+    info = dataset_manifest(
+        training_type=training_type, split="train", vocab_size=vocab_size, token_dtype=token_dtype,
+        special_tokens={"<s>": 0, "</s>": 1, "<pad>": 2}, tokenizer=tokenizer, keys=keys, shards=shards,
+        totals={"tokens": sum(s["tokens"] for s in shards), "records": sum(s["records"] for s in shards)})
+    (root / DATASET_FILE).write_bytes(dumps_compact(info))
     return root
 
 

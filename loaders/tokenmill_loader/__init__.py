@@ -1,16 +1,33 @@
 """tokenmill_loader: memory-mapped datasets, resumable sampling, packing, mixing and GPU prefetch
 for tokenmill token shards (docs/format.md). Depends on numpy and torch only.
-"""
-from .datasets import IGNORE_INDEX, RecordDataset, TokenDataset, batched_collate, pad_collate
-from .errors import DatasetError
-from .loader import DataLoader
-from .mixing import MixedLoader
-from .packing import PackingLoader
-from .prefetch import DevicePrefetcher
-from .sampler import ResumableSampler
-from .store import Store, open_store
 
-__all__ = ["open_store", "Store", "DatasetError", "TokenDataset", "RecordDataset", "ResumableSampler",
-           "DataLoader", "PackingLoader", "MixedLoader", "DevicePrefetcher", "pad_collate", "batched_collate",
-           "IGNORE_INDEX"]
+Names are imported on first use, so `tokenmill_loader.format` (numpy only) loads without torch: tokenmill's
+writer imports it in every worker process.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .format import DatasetError
+
+_SOURCES = {
+    "open_store": ".store", "Store": ".store",
+    "TokenDataset": ".datasets", "RecordDataset": ".datasets", "pad_collate": ".datasets",
+    "batched_collate": ".datasets", "IGNORE_INDEX": ".datasets",
+    "ResumableSampler": ".sampler", "DataLoader": ".loader", "PackingLoader": ".packing",
+    "MixedLoader": ".mixing", "DevicePrefetcher": ".prefetch",
+}
+__all__ = ["DatasetError", *_SOURCES]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name not in _SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_SOURCES[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

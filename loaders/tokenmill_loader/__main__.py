@@ -9,7 +9,8 @@ import sys
 import numpy as np
 
 from .errors import DatasetError
-from .store import RECORD_KEY, TOKEN_KEYS, open_store
+from .format import MASK_OF, RECORD_KEY, TOKEN_KEYS
+from .store import open_store
 
 
 def summary(store, sample_tokens: int = 64) -> dict:
@@ -26,7 +27,7 @@ def summary(store, sample_tokens: int = 64) -> dict:
     top = [int(store._array(i, k).max()) for i in range(len(store.parts)) for k in TOKEN_KEYS[tt]
            if k in store.parts[i].dtypes and store.parts[i].lengths[k]]
     out["max_token_id"] = max(top) if top else None
-    mask_keys = [k for k in ("loss_mask", "chosen_mask", "rejected_mask", "masks") if k in store.keys]
+    mask_keys = [k for k in MASK_OF if k in store.keys]
     if mask_keys:
         trained = sum(int(np.count_nonzero(store._array(i, k))) for k in mask_keys
                       for i in range(len(store.parts)) if k in store.parts[i].dtypes)

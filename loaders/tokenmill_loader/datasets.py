@@ -5,7 +5,8 @@ import numpy as np
 import torch
 
 from .errors import DatasetError
-from .store import RECORD_KEY, Store, open_store, to_torch
+from .format import PAD_TOKEN, RECORD_KEY
+from .store import Store, open_store, to_torch
 
 IGNORE_INDEX = -100
 
@@ -178,7 +179,7 @@ class RecordDataset(torch.utils.data.Dataset):
     @property
     def pad_id(self) -> int:
         """The dataset's `<pad>` id (dataset.json special_tokens), else 0."""
-        return int((self.store.info.get("special_tokens") or {}).get("<pad>", 0))
+        return int((self.store.info.get("special_tokens") or {}).get(PAD_TOKEN, 0))
 
     def lengths(self) -> np.ndarray:
         """Tokens per record (the record key: sequence, chosen or prompts), from offsets only."""

@@ -1,9 +1,4 @@
-"""Errors raised by tokenmill_loader."""
-from __future__ import annotations
+"""Errors raised by tokenmill_loader (defined with the format they guard: tokenmill_loader.format)."""
+from .format import DatasetError
 
-
-class DatasetError(ValueError):
-    """A dataset on disk does not match its metadata (size, dtype, offsets, shard list, checksum).
-
-    The message always names the offending file.
-    """
+__all__ = ["DatasetError"]

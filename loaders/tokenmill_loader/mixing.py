@@ -48,7 +48,8 @@ class MixedLoader:
         self.seed = int(seed)
         self.on_exhausted = on_exhausted
         # tie-break priority (lower wins), fixed by the seed
-        self._priority = np.random.default_rng(np.random.SeedSequence((self.seed, 0x5EED))).permutation(len(self.loaders))
+        rng = np.random.default_rng(np.random.SeedSequence((self.seed, 0x5EED)))
+        self._priority = rng.permutation(len(self.loaders))
         self.step = 0
         self.counts = np.zeros(len(self.loaders), dtype=np.int64)
 

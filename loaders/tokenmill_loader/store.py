@@ -10,30 +10,37 @@ path and options, so DataLoader workers re-open (and re-map) the files themselve
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import mmap
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from .errors import DatasetError
-
-FORMAT_NAME = "tokenmill-shards"
-FORMAT_VERSION = 1
-
-# training_type -> key whose items are the records, and the token keys
-RECORD_KEY = {"seq": "sequence", "conditional": "sequence", "sft": "sequence", "dpo": "chosen", "grpo": "prompts"}
-TOKEN_KEYS = {"seq": ("sequence",), "conditional": ("sequence",), "sft": ("sequence",),
-              "dpo": ("chosen", "rejected"), "grpo": ("prompts", "responses")}
-# mask key -> the token key it masks (same shape and offsets)
-MASK_OF = {"loss_mask": "sequence", "chosen_mask": "chosen", "rejected_mask": "rejected", "masks": "responses"}
-# keys with one item per grpo response (a record owns responses rewards.offsets[i]:rewards.offsets[i+1])
-RESPONSE_KEYS = ("responses", "masks")
-ALL_TOKEN_KEYS = ("sequence", "chosen", "rejected", "prompts", "responses")
+from .format import (
+    ALL_TOKEN_KEYS,
+    DATASET_FILE,
+    GROUP_KEY,
+    KIND_DTYPES,
+    MASK,
+    MASK_OF,
+    RECORD_KEY,
+    RESPONSE_KEYS,
+    SHARD_META_FILE,
+    TOKENIZER_FILE,
+    VALUES,
+    DatasetError,
+    KeyData,
+    Shard,
+    auto_token_dtype,
+    check_records,
+    data_file,
+    infer_training_type,
+    read_shard,
+    validate_dataset,
+)
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
@@ -45,35 +52,6 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     elif not a.flags.writeable or not a.flags.c_contiguous:
         a = np.array(a)
     return torch.from_numpy(a)
-
-
-def _infer_type(keys: Iterable[str]) -> str:
-    keys = set(keys)
-    if "prompts" in keys:
-        return "grpo"
-    if "chosen" in keys:
-        return "dpo"
-    if "loss_mask" in keys:
-        return "sft"
-    return "seq"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _read_json(path: Path, what: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: missing ({what})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{path}: not valid JSON ({what}): {e}") from None
 
 
 class _Part:
@@ -89,6 +67,14 @@ class _Part:
         self.offsets: dict[str, np.ndarray] = {}
         self.records = 0
         self.arrays: dict[str, np.ndarray] = {}  # filled lazily (mmap) or eagerly (JSONL)
+
+    @classmethod
+    def of(cls, shard: Shard) -> _Part:
+        part = cls(shard.name, shard.folder)
+        for key, spec in shard.keys.items():
+            part.dtypes[key], part.lengths[key], part.offsets[key] = spec.dtype, spec.length, spec.offsets
+        part.records = shard.records
+        return part
 
 
 def _map_file(path: Path, dtype: np.dtype, length: int) -> np.ndarray:
@@ -138,13 +124,13 @@ class Store:
     def _load(self):
         p = Path(self.path)
         self.info: dict = {}
-        if p.is_dir() and (p / "dataset.json").exists():
+        if p.is_dir() and (p / DATASET_FILE).exists():
             self.kind = "dataset"
             parts = self._load_dataset(p)
-        elif p.is_dir() and (p / "meta.json").exists():
+        elif p.is_dir() and (p / SHARD_META_FILE).exists():
             self.kind = "shard"
-            parts = [self._load_shard(p, p.name, None)]
-            parent = p.parent / "dataset.json"
+            parts = [_Part.of(read_shard(p))]
+            parent = p.parent / DATASET_FILE
             dataset_info = {}
             if parent.exists():
                 try:
@@ -153,9 +139,9 @@ class Store:
                     dataset_info = {}
             # a shard alone still knows its dataset's type, vocabulary and special tokens
             self.info = {k: dataset_info[k] for k in ("vocab_size", "special_tokens") if k in dataset_info}
-            self.info["training_type"] = dataset_info.get("training_type") or _infer_type(parts[0].dtypes)
-            if (p.parent / "tokenizer.json").exists():
-                self.info["tokenizer"] = {"file": "../tokenizer.json"}
+            self.info["training_type"] = dataset_info.get("training_type") or infer_training_type(parts[0].dtypes)
+            if (p.parent / TOKENIZER_FILE).exists():
+                self.info["tokenizer"] = {"file": f"../{TOKENIZER_FILE}"}
         elif p.is_file() and p.suffix == ".bin":
             self.kind = "bin"
             parts = [self._load_bin(p)]
@@ -163,17 +149,18 @@ class Store:
         elif (p.is_file() and p.suffix == ".jsonl") or (p.is_dir() and any(p.glob("*.jsonl"))):
             self.kind = "jsonl"
             parts = [self._load_jsonl(p)]
-            self.info = {"training_type": _infer_type(parts[0].dtypes)}
+            self.info = {"training_type": infer_training_type(parts[0].dtypes)}
         elif p.is_dir():
-            splits = sorted(d.name for d in p.iterdir() if (d / "dataset.json").exists())
+            splits = sorted(d.name for d in p.iterdir() if (d / DATASET_FILE).exists())
             hint = f"; splits here: {', '.join(splits)} (open one of them)" if splits else \
-                "; no meta.json or *.jsonl either"
-            raise DatasetError(f"{p / 'dataset.json'}: missing (not a tokenmill dataset, or written only "
+                f"; no {SHARD_META_FILE} or *.jsonl either"
+            raise DatasetError(f"{p / DATASET_FILE}: missing (not a tokenmill dataset, or written only "
                                f"partly: dataset.json is written last){hint}")
         else:
             raise DatasetError(f"{p}: not found, or not a dataset folder, shard folder, .bin or .jsonl file")
         self.parts: list[_Part] = parts
-        self.training_type: str = self.info.get("training_type") or _infer_type(parts[0].dtypes if parts else ())
+        self.training_type: str = (self.info.get("training_type")
+                                   or infer_training_type(parts[0].dtypes if parts else ()))
         keys: list[str] = []
         for part in parts:
             for k in part.dtypes:
@@ -195,150 +182,9 @@ class Store:
         self._loaded = True
 
     def _load_dataset(self, root: Path) -> list[_Part]:
-        dpath = root / "dataset.json"
-        info = _read_json(dpath, "dataset description")
-        self.info = info
-        if info.get("format") != FORMAT_NAME:
-            raise DatasetError(f"{dpath}: format is {info.get('format')!r}, expected {FORMAT_NAME!r}")
-        if info.get("format_version") != FORMAT_VERSION:
-            raise DatasetError(f"{dpath}: format_version {info.get('format_version')!r} is not supported "
-                               f"(this loader reads {FORMAT_VERSION})")
-        shards = info.get("shards")
-        if not isinstance(shards, list):
-            raise DatasetError(f"{dpath}: 'shards' must be a list")
-        tt = info.get("training_type")
-        if tt is not None and tt not in RECORD_KEY:
-            raise DatasetError(f"{dpath}: unknown training_type {tt!r}")
-        declared = info.get("keys") or {}
-        parts = []
-        for entry in shards:
-            if not isinstance(entry, dict):
-                raise DatasetError(f"{dpath}: shard entry {entry!r} is not an object")
-            name = entry.get("name")
-            folder = root / str(name)
-            if not name or not folder.is_dir():
-                raise DatasetError(f"{folder}: shard listed in {dpath} is missing")
-            for fname, fmeta in (entry.get("files") or {}).items():
-                fpath = folder / fname
-                if not fpath.exists():
-                    raise DatasetError(f"{fpath}: listed in {dpath} but missing")
-                size = fpath.stat().st_size
-                if "bytes" in fmeta and size != int(fmeta["bytes"]):
-                    raise DatasetError(f"{fpath}: {size} bytes, {dpath} lists {fmeta['bytes']} "
-                                       f"(truncated, corrupted or from another build)")
-                if self.verify and fmeta.get("sha256") and _sha256(fpath) != fmeta["sha256"]:
-                    raise DatasetError(f"{fpath}: sha256 differs from {dpath} (corrupted)")
-            part = self._load_shard(folder, str(name), tt, declared, dpath)
-            for k in part.dtypes:
-                if declared and k not in declared:
-                    raise DatasetError(f"{folder / 'meta.json'}: key {k!r} is not declared in {dpath}")
-            for k in declared:
-                if k not in part.dtypes:
-                    raise DatasetError(f"{folder / 'meta.json'}: key {k!r} declared in {dpath} is missing")
-            rt = tt or _infer_type(part.dtypes)
-            tok = sum(part.lengths.get(k, 0) for k in TOKEN_KEYS[rt])
-            if "records" in entry and int(entry["records"]) != part.records:
-                raise DatasetError(f"{folder / 'meta.json'}: {part.records} records, {dpath} lists {entry['records']}")
-            if "tokens" in entry and int(entry["tokens"]) != tok:
-                raise DatasetError(f"{folder / 'meta.json'}: {tok} tokens, {dpath} lists {entry['tokens']}")
-            parts.append(part)
-        totals = info.get("totals") or {}
-        if "records" in totals and int(totals["records"]) != sum(pt.records for pt in parts):
-            raise DatasetError(f"{dpath}: totals.records {totals['records']} != sum over shards "
-                               f"{sum(pt.records for pt in parts)}")
-        if "tokens" in totals and shards and "tokens" in shards[0]:
-            if int(totals["tokens"]) != sum(int(s.get("tokens", 0)) for s in shards):
-                raise DatasetError(f"{dpath}: totals.tokens {totals['tokens']} != sum over shards")
-        vocab = info.get("vocab_size")
-        if self.verify and vocab:
-            for pt in parts:
-                for k in ALL_TOKEN_KEYS:
-                    if k in pt.dtypes and pt.lengths[k]:
-                        top = int(_map_file(pt.folder / f"{k}.bin", pt.dtypes[k], pt.lengths[k]).max())
-                        if top >= int(vocab):
-                            raise DatasetError(f"{pt.folder / (k + '.bin')}: token id {top} >= vocab_size {vocab} "
-                                               f"of {dpath}")
-        tokdt = info.get("token_dtype")
-        if tokdt is not None:
-            for pt in parts:
-                for k in ALL_TOKEN_KEYS:
-                    if k in pt.dtypes and pt.dtypes[k] != np.dtype(tokdt):
-                        raise DatasetError(f"{pt.folder / 'meta.json'}: {k} is {pt.dtypes[k]}, "
-                                           f"{dpath} token_dtype is {tokdt}")
-        return parts
-
-    def _load_shard(self, folder: Path, name: str, training_type: str | None,
-                    declared: dict | None = None, dpath: Path | None = None) -> _Part:
-        mpath = folder / "meta.json"
-        meta = _read_json(mpath, "shard metadata")
-        if not isinstance(meta, dict) or not meta:
-            raise DatasetError(f"{mpath}: expected a mapping from key to {{shape, dtype, offsets}}")
-        part = _Part(name, folder)
-        for key, m in meta.items():
-            try:
-                shape = [int(x) for x in m["shape"]]
-                dt = np.dtype(m["dtype"])
-            except (KeyError, TypeError, ValueError) as e:
-                raise DatasetError(f"{mpath}: key {key!r}: bad shape/dtype ({e})") from None
-            spec = (declared or {}).get(key)
-            want = spec.get("dtype") if isinstance(spec, dict) else None
-            if want is not None:  # before the size check, so a wrong dtype is not reported as truncation
-                try:
-                    want_dt = np.dtype(want)
-                except TypeError:
-                    raise DatasetError(f"{dpath}: key {key!r} declares an unknown dtype {want!r}") from None
-                if want_dt != dt:
-                    raise DatasetError(f"{mpath}: {key} has dtype {dt}, {dpath} declares {want}")
-            if len(shape) != 1:
-                raise DatasetError(f"{mpath}: key {key!r}: shape {shape} is not one-dimensional")
-            n = shape[0]
-            bpath = folder / f"{key}.bin"
-            if not bpath.exists():
-                raise DatasetError(f"{bpath}: missing (listed in {mpath})")
-            size = bpath.stat().st_size
-            if size != n * dt.itemsize:
-                raise DatasetError(f"{bpath}: {size} bytes, expected {n * dt.itemsize} = {n} x {dt} "
-                                   f"from {mpath} (truncated or corrupted)")
-            offs = m.get("offsets")
-            if offs is None:
-                raise DatasetError(f"{mpath}: key {key!r} has no offsets")
-            raw = np.asarray(offs)
-            if raw.size and raw.dtype.kind not in "iu":
-                raise DatasetError(f"{mpath}: key {key!r}: offsets must be integers (found {raw.dtype} values)")
-            offs = raw.astype(np.int64)
-            if offs.ndim != 1 or len(offs) < 1 or offs[0] != 0 or offs[-1] != n:
-                raise DatasetError(f"{mpath}: key {key!r}: offsets must start at 0 and end at shape[0]={n}")
-            if len(offs) > 1 and (np.diff(offs) < 0).any():
-                bad = int(np.argmax(np.diff(offs) < 0))
-                raise DatasetError(f"{mpath}: key {key!r}: offsets decrease at item {bad}")
-            part.dtypes[key] = dt
-            part.lengths[key] = n
-            part.offsets[key] = offs
-        self._check_part(part, training_type, mpath)
-        return part
-
-    def _check_part(self, part: _Part, training_type: str | None, where) -> None:
-        tt = training_type or _infer_type(part.dtypes)
-        rkey = RECORD_KEY[tt]
-        if rkey not in part.offsets:
-            raise DatasetError(f"{where}: training_type {tt} needs key {rkey!r}; keys are {sorted(part.dtypes)}")
-        part.records = len(part.offsets[rkey]) - 1
-        for mk, tk in MASK_OF.items():
-            if mk in part.offsets:
-                if tk not in part.offsets or not np.array_equal(part.offsets[mk], part.offsets[tk]):
-                    raise DatasetError(f"{where}: {mk} does not have the shape/offsets of {tk}")
-        for k, offs in part.offsets.items():
-            if k in RESPONSE_KEYS:
-                continue
-            if len(offs) - 1 != part.records:
-                raise DatasetError(f"{where}: key {k!r} has {len(offs) - 1} items, expected {part.records} records")
-        if tt == "grpo":
-            if "rewards" not in part.offsets:
-                raise DatasetError(f"{where}: grpo needs 'rewards' (its offsets group the responses)")
-            nresp = part.lengths["rewards"]
-            for k in RESPONSE_KEYS:
-                if k in part.offsets and len(part.offsets[k]) - 1 != nresp:
-                    raise DatasetError(f"{where}: {k} has {len(part.offsets[k]) - 1} responses, rewards has {nresp}")
+        dataset = validate_dataset(root, checksums=self.verify, scan=self.verify)
+        self.info = dataset.manifest
+        return [_Part.of(shard) for shard in dataset.shards]
 
     def _load_bin(self, p: Path) -> _Part:
         if self._dtype_arg is None:
@@ -383,28 +229,29 @@ class Store:
                     nrec += 1
         if not nrec:
             raise DatasetError(f"{p}: no JSONL records")
-        part = _Part(p.name, p if p.is_dir() else p.parent)
+        shard = Shard(p.name, p if p.is_dir() else p.parent, {})
+        arrays = {}
         for k, items in cols.items():
             nested = k in RESPONSE_KEYS
             flat_items = [x for it in items for x in it] if nested else items
             lens = np.fromiter((len(x) for x in flat_items), dtype=np.int64, count=len(flat_items))
             offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
             flat = [v for x in flat_items for v in x]
-            if k == "rewards":
-                arr = np.asarray(flat, dtype=np.float32)
+            if k == GROUP_KEY:
+                arr = np.asarray(flat, dtype=KIND_DTYPES[VALUES])
             elif k in MASK_OF:
-                arr = np.asarray(flat, dtype=np.uint8)
+                arr = np.asarray(flat, dtype=KIND_DTYPES[MASK])
             else:
                 arr = np.asarray(flat, dtype=np.int64)
                 if k in ALL_TOKEN_KEYS and arr.size and arr.min() >= 0:
-                    arr = arr.astype(np.uint16 if arr.max() < 65536 else np.uint32)
+                    arr = arr.astype(auto_token_dtype(int(arr.max()) + 1))
                 elif not arr.size:
                     arr = arr.astype(np.uint16)
-            part.arrays[k] = arr
-            part.dtypes[k] = arr.dtype
-            part.lengths[k] = len(arr)
-            part.offsets[k] = offs
-        self._check_part(part, None, p)
+            arrays[k] = arr
+            shard.keys[k] = KeyData(arr.dtype, len(arr), offs)
+        check_records(shard, None, p)
+        part = _Part.of(shard)
+        part.arrays.update(arrays)
         return part
 
     # ------------------------------------------------------------------ arrays
@@ -415,7 +262,7 @@ class Store:
             if self.kind == "bin":
                 a = _map_file(self._bin_file, part.dtypes[key], part.lengths[key])
             else:
-                a = _map_file(part.folder / f"{key}.bin", part.dtypes[key], part.lengths[key])
+                a = _map_file(part.folder / data_file(key), part.dtypes[key], part.lengths[key])
             part.arrays[key] = a
         return a
 
@@ -536,8 +383,8 @@ class Store:
             raise KeyError(f"{self.path}: no key {key!r} (keys: {self.keys})")
         a = self._array(s, key)
         offs = part.offsets[key]
-        if key in RESPONSE_KEYS and "rewards" in part.offsets:
-            r0, r1 = part.offsets["rewards"][j], part.offsets["rewards"][j + 1]
+        if key in RESPONSE_KEYS and GROUP_KEY in part.offsets:
+            r0, r1 = part.offsets[GROUP_KEY][j], part.offsets[GROUP_KEY][j + 1]
             return [np.array(a[offs[r]:offs[r + 1]]) for r in range(int(r0), int(r1))]
         return np.array(a[offs[j]:offs[j + 1]])
 
@@ -559,7 +406,7 @@ class Store:
     def tokenizer_path(self) -> Path | None:
         tok = self.info.get("tokenizer") or {}
         root = Path(self.path) if Path(self.path).is_dir() else Path(self.path).parent
-        cand = root / tok.get("file", "tokenizer.json")
+        cand = root / tok.get("file", TOKENIZER_FILE)
         return cand if cand.exists() else None
 
 
@@ -570,7 +417,7 @@ def _jsonl_row(rec: dict) -> dict:
         row["sequence"] = rec["input_ids"]
         if "loss_mask" not in rec and isinstance(rec.get("labels"), list):
             row["loss_mask"] = [0 if x == -100 else 1 for x in rec["labels"]]
-    for k in ALL_TOKEN_KEYS + tuple(MASK_OF) + ("rewards",):
+    for k in ALL_TOKEN_KEYS + tuple(MASK_OF) + (GROUP_KEY,):
         v = rec.get(k)
         if k in rec and isinstance(v, list):
             row[k] = v
