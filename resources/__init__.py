@@ -7,6 +7,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
 from tokenmill.errors import SourceError
 from tokenmill.settings import validate_run_settings
@@ -51,6 +52,8 @@ class DataRoot(dg.ConfigurableResource):
             return
         validate_run_settings(run.run_config)
         self._lock = DataRootLock(self.path("")).acquire(run.run_id, wait_seconds=self.lock_wait_seconds)
+        for action in recover_data_root(self.path("")):  # what an interrupted run left, now that no run is writing
+            context.log.warning(f"recovered {self.path('')}: {action}")
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._lock is not None:

@@ -5,6 +5,7 @@ import contextlib
 import json
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -106,28 +107,95 @@ def concat_files(parts: Iterable[str | os.PathLike], dest: str | os.PathLike, re
     os.replace(tmp, dest)
 
 
+STAGING_MARK = ".staging-"  # .<stage>.staging-<token>: being written; removable whenever no run holds the lock
+VERSION_MARK = ".v-"  # .<stage>.v-<token>: complete; <stage> is a symlink to the current one
+LEGACY_OLD_MARK = ".old-"  # .<stage>.old-<token>: left by the two-rename swap of earlier releases
+
+
+def _token() -> str:
+    """Sorts in creation order (recovery picks the newest complete version) and never repeats."""
+    return time.strftime("%Y%m%dT%H%M%S") + f"{time.time_ns() % 10**9:09d}-{uuid.uuid4().hex[:6]}"
+
+
+def _point(final_dir: Path, version: Path) -> None:
+    """Makes `final_dir` a symlink to `version` in one atomic rename (readers see old or new, never neither)."""
+    link = final_dir.with_name(f".{final_dir.name}.link-{uuid.uuid4().hex[:8]}")
+    os.symlink(version.name, link)
+    os.replace(link, final_dir)
+
+
+def _versions(final_dir: Path, mark: str) -> list[Path]:
+    return sorted(final_dir.parent.glob(f".{final_dir.name}{mark}*"))
+
+
 @contextlib.contextmanager
 def staged_output(final_dir: str | os.PathLike) -> Iterator[Path]:
-    """Yields an empty staging folder next to `final_dir`; on success swaps it into place.
+    """Yields an empty staging folder next to `final_dir`; on success publishes it as the stage's output.
 
-    A failed or interrupted stage leaves the previous output untouched (the staging folder is removed),
-    so readers never see a mix of two runs.
+    Publishing is two atomic renames, each safe to interrupt: the staging folder becomes a complete version,
+    then the `final_dir` symlink is renamed over to point at it; the previous version is removed last. A failed
+    or interrupted stage leaves the previous output in place, and `recover_stage` cleans up after a kill.
     """
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    token = uuid.uuid4().hex[:8]
-    staging = final_dir.with_name(f".{final_dir.name}.staging-{token}")
-    old = final_dir.with_name(f".{final_dir.name}.old-{token}")
+    token = _token()
+    staging = final_dir.with_name(f".{final_dir.name}{STAGING_MARK}{token}")
     staging.mkdir()
     try:
         yield staging
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if final_dir.exists():
-        os.replace(final_dir, old)
-    os.replace(staging, final_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    version = final_dir.with_name(f".{final_dir.name}{VERSION_MARK}{token}")
+    os.replace(staging, version)
+    if final_dir.exists() and not final_dir.is_symlink():  # a plain folder from an earlier release
+        os.replace(final_dir, final_dir.with_name(f".{final_dir.name}{VERSION_MARK}0-legacy-{token}"))
+    _point(final_dir, version)
+    recover_stage(final_dir)
+
+
+def recover_stage(final_dir: str | os.PathLike) -> list[str]:
+    """Cleans up what an interrupted run left around one stage folder; returns what it did, one line each.
+
+    Staging folders are removed; a stage left without its pointer gets the newest complete version back (the
+    legacy `.old-*` folder counts as one); every version the pointer does not name is removed. Only call it while
+    holding the data root's lock (another run's staging folder would look abandoned).
+    """
+    final_dir = Path(final_dir)
+    actions = []
+    for staging in _versions(final_dir, STAGING_MARK) + list(final_dir.parent.glob(f".{final_dir.name}.link-*")):
+        shutil.rmtree(staging) if staging.is_dir() and not staging.is_symlink() else staging.unlink()
+        actions.append(f"removed unfinished {staging.name}")
+    complete = _versions(final_dir, VERSION_MARK) + _versions(final_dir, LEGACY_OLD_MARK)
+    if not final_dir.exists() and complete:
+        newest = max(complete, key=lambda p: p.name.split(VERSION_MARK)[-1] if VERSION_MARK in p.name else "")
+        if LEGACY_OLD_MARK in newest.name:
+            os.replace(newest, final_dir)
+        else:
+            if final_dir.is_symlink():  # dangling pointer
+                final_dir.unlink()
+            _point(final_dir, newest)
+        actions.append(f"restored {final_dir.name} from {newest.name}")
+    current = final_dir.resolve() if final_dir.is_symlink() else None
+    for old in complete:
+        if old.exists() and old.resolve() != current and old != final_dir:
+            shutil.rmtree(old)
+            actions.append(f"removed superseded {old.name}")
+    return actions
+
+
+def recover_data_root(data_root: str | os.PathLike) -> list[str]:
+    """`recover_stage` for every stage folder under the data root, including ones only leftovers still name."""
+    data_root = Path(data_root)
+    if not data_root.is_dir():
+        return []
+    stages = set()
+    for entry in data_root.iterdir():
+        name = entry.name
+        for mark in (STAGING_MARK, VERSION_MARK, LEGACY_OLD_MARK, ".link-"):
+            if name.startswith(".") and mark in name:
+                stages.add(name[1:name.index(mark)])
+    return [f"{stage}: {action}" for stage in sorted(stages) for action in recover_stage(data_root / stage)]
 
 
 def record_id(path: str, line: int | None = None, index: int | None = None) -> str:
