@@ -3,8 +3,8 @@
 usage: python benchmarks/bench_clean.py [--records 300000] [--workers 1 2] [--skip-poetry] [--skip-generated]
                                         [--contracts]
 
-1. ../shared/corpora/chinese-poetry, read once with tokenmill.raw.ingest (not timed), then clean_corpus with each
-   worker count. Baseline measured in the same run: the reference's stage 1 (seed_reference.stage_clean: NFKC,
+1. ../shared/corpora/chinese-poetry, read once with tokenmill.stages.raw.ingest (not timed), then clean_corpus with
+   each worker count. Baseline measured in the same run: the reference's stage 1 (seed_reference.stage_clean: NFKC,
    control characters, annotations, bad-character and length filters, title/author), single process, on the same
    folders. The reference does no mojibake repair, no boilerplate detection, no repetition filter.
 2. A generated corpus (--records, ~650 bytes each: Chinese verse and English prose lines drawn from a pool of
@@ -30,8 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tokenmill.clean import CleanSettings, clean_corpus  # noqa: E402
 from tokenmill.common.io import dumps, record_id, record_shards  # noqa: E402
+from tokenmill.stages.clean import CleanSettings, clean_corpus  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 POETRY = SHARED / "corpora" / "chinese-poetry"
@@ -141,7 +141,8 @@ def generate(raw: Path, records: int, seed: int = 1) -> None:
         elif r < 0.01:
             text = rng.choice(["", "\ufffd" * 40, "buy now " * 60, "ok"])
         rid = record_id("generated.jsonl", line=i + 1)
-        f.write(dumps({"id": rid, "text": text, "meta": {"n": i}, "source": {"path": "generated.jsonl", "line": i + 1}}))
+        f.write(dumps({"id": rid, "text": text, "meta": {"n": i},
+                       "source": {"path": "generated.jsonl", "line": i + 1}}))
         f.write("\n")
     if f:
         f.close()
@@ -154,8 +155,8 @@ def contracts(tmp: Path) -> None:
     code = ("import dagster as dg\n"
             "from assets.raw import raw_records\nfrom assets.clean import cleaned_jsonl\n"
             "from resources import CorpusSource, DataRoot\n"
-            f"r = dg.materialize([raw_records, cleaned_jsonl], resources={{'source': CorpusSource(path={str(POETRY)!r}), "
-            f"'data_root': DataRoot(root={str(data)!r})}})\n"
+            "r = dg.materialize([raw_records, cleaned_jsonl], resources={"
+            f"'source': CorpusSource(path={str(POETRY)!r}), 'data_root': DataRoot(root={str(data)!r})}})\n"
             "print('materialize success:', r.success)\n")
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
@@ -176,7 +177,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_clean-"))
     try:
         if not args.skip_poetry and POETRY.is_dir():
-            from tokenmill.raw import ingest
+            from tokenmill.stages.raw import ingest
 
             print(f"chinese-poetry ({POETRY})")
             ingest(POETRY, tmp / "poetry_raw")
@@ -199,7 +200,8 @@ def main() -> None:
 
     print(f"peak RSS: this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
           f"largest worker {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
-    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other work on the machine slows every figure)")
+    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other work on the machine slows "
+          "every figure)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 usage: python benchmarks/bench_dedup.py [--poetry-sample 20000] [--docs 100000] [--skip-demo] [--workers 2]
 
-1. Accuracy. On the demo corpus (demo_corpus/source, when present, read with tokenmill.raw.ingest) and on a
+1. Accuracy. On the demo corpus (demo_corpus/source, when present, read with tokenmill.stages.raw.ingest) and on a
    sample of ../shared/corpora/chinese-poetry (Tang poems and ci sharing a title or (author, tune), all of
    宋词三百首: enriched with real cross-file duplicates), the ground truth is every pair of distinct keys with
    exact Jaccard >= threshold, computed brute force (sparse shingle-incidence products, all pairs). Reported:
@@ -166,7 +166,7 @@ def demo_records(tmp: Path) -> list[dict] | None:
     if not (DEMO / "source").exists():
         return None
     try:
-        from tokenmill.raw import ingest
+        from tokenmill.stages.raw import ingest
     except ImportError:
         return None
     ingest(DEMO / "source", tmp / "demo_raw")

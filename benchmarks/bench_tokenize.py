@@ -31,9 +31,9 @@ from tokenmill.tokenization import (HELD_OUT_MODULUS, TokenizerSettings, build_t
 
 
 def prepare_input(source: Path, out: Path) -> int:
-    """Raw records of the corpus (tokenmill.raw.ingest; a minimal reader when it is unavailable)."""
+    """Raw records of the corpus (tokenmill.stages.raw.ingest; a minimal reader when it is unavailable)."""
     try:
-        from tokenmill.raw import ingest
+        from tokenmill.stages.raw import ingest
     except ImportError:
         ingest = None
     if ingest is not None:

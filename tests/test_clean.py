@@ -6,11 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill import clean_rules as R
-from tokenmill.boilerplate import template_score
-from tokenmill.clean import REASONS, CleanSettings, clean_corpus
 from tokenmill.common.io import REJECTED_FILE, STATS_FILE, dumps, iter_jsonl, read_json, record_id, record_shards
-
+from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
+from tokenmill.settings import validate_run_settings
+from tokenmill.stages.clean import REASONS, CleanSettings, clean_corpus
+from tokenmill.stages.clean import filters as F
+from tokenmill.stages.clean import repair as R
+from tokenmill.stages.clean.boilerplate import template_score
+from tokenmill.stages.clean.metadata import extract_metadata
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -140,9 +143,9 @@ def test_header_metadata_moved_into_meta(tmp_path):
 
 
 def test_reader_title_repeated_in_text_is_dropped():
-    text, meta, n = R.extract_metadata("静夜思\n李白\n" + POEM, {"title": "静夜思", "author": "李白"})
+    text, meta, n = extract_metadata("静夜思\n李白\n" + POEM, {"title": "静夜思", "author": "李白"})
     assert (text, n) == (POEM, 2)
-    text, meta, n = R.extract_metadata(POEM, {"title": "静夜思"})
+    text, meta, n = extract_metadata(POEM, {"title": "静夜思"})
     assert (text, n) == (POEM, 0)
 
 
@@ -159,7 +162,8 @@ def test_metadata_extracted_before_boilerplate(tmp_path):
 
 def test_each_filter_rejects_with_its_reason(tmp_path):
     spam = "\n".join(["Buy cheap watches now!"] * 12)
-    texts = ["", "   \n\t \u3000 ", "Hi there", "\ufffd\ufffd\ufffd ab\ufffd \u25a1\u25a1\u25a1\u25a1 ?? text \ue000\ue001",
+    texts = ["", "   \n\t \u3000 ", "Hi there",
+             "\ufffd\ufffd\ufffd ab\ufffd \u25a1\u25a1\u25a1\u25a1 ?? text \ue000\ue001",
              spam, "哈" * 200, "a" * 2000, JUEJU, POEM, PROSE]
     ids, recs, rej, stats = clean(tmp_path, texts, max_chars=1000)
     want = {0: "empty", 1: "empty", 2: "too_short", 3: "placeholder_glyphs", 4: "repetition", 5: "repetition",
@@ -174,16 +178,17 @@ def test_each_filter_rejects_with_its_reason(tmp_path):
 
 
 def test_filters_keep_genuine_poetry_with_refrains():
-    shijing = "采采芣苡，薄言采之。采采芣苡，薄言有之。\n采采芣苡，薄言掇之。采采芣苡，薄言捋之。\n采采芣苡，薄言袺之。采采芣苡，薄言襭之。"
+    shijing = ("采采芣苡，薄言采之。采采芣苡，薄言有之。\n采采芣苡，薄言掇之。采采芣苡，薄言捋之。\n"
+               "采采芣苡，薄言袺之。采采芣苡，薄言襭之。")
     refrain = "式微式微，胡不归？\n微君之故，胡为乎中露！\n式微式微，胡不归？\n微君之躬，胡为乎泥中！"
     limits = CleanSettings().ngram_limits()
     for text in (shijing, refrain, JUEJU, POEM, PROSE):
-        assert R.check_repetition(text, 0.4, 0.4, limits) is None, text
-    assert R.check_repetition("好好学习 " * 50, 0.4, 0.4, limits)[0] == "repetition"
-    assert R.check_placeholder_glyphs("床前明月光，疑是地上□。\n举头望明月，低头思故乡。", 0.1) is None  # one lost char
-    assert R.check_placeholder_glyphs("床前□□□，□□□□□。", 0.1)[0] == "placeholder_glyphs"
-    assert R.check_placeholder_glyphs("What? Really? Yes.", 0.1) is None
-    assert R.check_placeholder_glyphs("Th? qu?ck br?wn f?x j?mps", 0.1)[0] == "placeholder_glyphs"
+        assert F.check_repetition(text, 0.4, 0.4, limits) is None, text
+    assert F.check_repetition("好好学习 " * 50, 0.4, 0.4, limits)[0] == "repetition"
+    assert F.check_placeholder_glyphs("床前明月光，疑是地上□。\n举头望明月，低头思故乡。", 0.1) is None  # one lost char
+    assert F.check_placeholder_glyphs("床前□□□，□□□□□。", 0.1)[0] == "placeholder_glyphs"
+    assert F.check_placeholder_glyphs("What? Really? Yes.", 0.1) is None
+    assert F.check_placeholder_glyphs("Th? qu?ck br?wn f?x j?mps", 0.1)[0] == "placeholder_glyphs"
 
 
 # ------------------------------------------------------------------------------------------ rule 7: boilerplate
@@ -201,7 +206,8 @@ def planted_corpus(n=300, seed=7):
     speakers = ["ROMEO:", "JULIET:", "FIRST CITIZEN:", "NURSE:"]
     docs, planted, genuine_docs = [], {}, []
     for i in range(n):
-        body = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + f" {i}." for _ in range(rng.randint(2, 12))]
+        body = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + f" {i}."
+                for _ in range(rng.randint(2, 12))]
         if i % 5 == 0:
             body.insert(rng.randint(0, len(body)), genuine)
             genuine_docs.append(i)
@@ -279,7 +285,7 @@ def test_tinyshakespeare_speaker_names_survive(tmp_path, shared_dir):
     source = shared_dir / "corpora" / "tinyshakespeare" / "input.txt"
     if not source.exists():
         pytest.skip("tinyshakespeare not present")
-    from tokenmill.raw import RawSettings, ingest
+    from tokenmill.stages.raw import RawSettings, ingest
 
     ingest(source, tmp_path / "raw", RawSettings(txt_mode="blocks"), workers=1)
     stats = clean_corpus(tmp_path / "raw", tmp_path / "out", CleanSettings(), workers=1)
@@ -320,7 +326,7 @@ def test_special_fields_kept_and_repaired(tmp_path):
 
 
 def test_output_deterministic_for_any_worker_count(tmp_path, monkeypatch):
-    import tokenmill.clean as stage
+    import tokenmill.stages.clean.corpus as stage
 
     monkeypatch.setattr(stage, "PASS1_POOL_MIN_BYTES", 0)  # small input: force both passes into worker processes
     monkeypatch.setattr(stage, "PASS2_POOL_MIN", 0)
@@ -334,18 +340,37 @@ def test_output_deterministic_for_any_worker_count(tmp_path, monkeypatch):
     for name in names:
         if name != STATS_FILE:
             assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
-    drop = lambda s: {k: v for k, v in s.items() if k not in ("seconds", "rule_seconds", "rule_share", "pass_seconds", "workers")}
-    assert drop(s1) == drop(s2)
+    volatile = ("seconds", "rule_seconds", "rule_share", "pass_seconds", "workers")
+    assert {k: v for k, v in s1.items() if k not in volatile} == {k: v for k, v in s2.items() if k not in volatile}
 
 
 def test_unchanged_records_pass_through_byte_identical(tmp_path):
     ids, recs, _, _ = clean(tmp_path, [POEM, PROSE], [{"title": "静夜思", "author": "李白"}, {}])
-    assert (tmp_path / "raw-out" / "part-00000.jsonl").read_bytes() == (tmp_path / "out" / "part-00000.jsonl").read_bytes()
+    shard = "part-00000.jsonl"
+    assert (tmp_path / "raw-out" / shard).read_bytes() == (tmp_path / "out" / shard).read_bytes()
 
 
 def test_missing_input_folder_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="raw_records"):
+    with pytest.raises(StaleUpstreamError, match="raw_records"):
         clean_corpus(tmp_path / "nope", tmp_path / "out", CleanSettings())
+
+
+def test_settings_bounds_and_combinations():
+    for bad in ({"normalization": "NFD"}, {"bp_threshold": 1.5}, {"max_dup_line_frac": -0.1}, {"bp_min_df": 0},
+                {"min_chars": 50, "max_chars": 10}, {"no_such_setting": 1}):
+        with pytest.raises(ValueError):
+            CleanSettings(**bad)
+    assert CleanSettings(min_chars=50, max_chars=0).max_chars == 0  # 0: no length limit
+    with pytest.raises(ConfigError, match=r"cleaned_jsonl: min_chars \(50\) must not exceed max_chars"):
+        validate_run_settings({"ops": {"cleaned_jsonl": {"config": {"min_chars": 50, "max_chars": 10}}}})
+
+
+def test_malformed_raw_line_is_corruption(tmp_path):
+    make_raw(tmp_path / "raw", [PROSE, POEM])
+    with open(tmp_path / "raw" / "part-00000.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": "cut\n')
+    with pytest.raises(CorruptOutputError, match=r"part-00000.jsonl:3: not a JSON record"):
+        clean_corpus(tmp_path / "raw", tmp_path / "out", workers=1)
 
 
 def test_stats_report(tmp_path):
@@ -365,8 +390,8 @@ def test_stats_report(tmp_path):
 # ------------------------------------------------------------------------------------------ demo corpus accuracy
 
 def test_accuracy_on_demo_corpus(demo_source, demo_manifest, tmp_path):
-    from tokenmill.boilerplate import line_key
-    from tokenmill.raw import ingest
+    from tokenmill.stages.clean.line_stats import line_key
+    from tokenmill.stages.raw import ingest
 
     if not demo_source.is_dir():
         pytest.skip("demo corpus absent")
@@ -382,7 +407,8 @@ def test_accuracy_on_demo_corpus(demo_source, demo_manifest, tmp_path):
     removed = set()
     for rid, rec in out.items():
         kept = {line_key(ln) for ln in rec["text"].split("\n")}
-        removed |= {(rid, ln.strip()) for ln in base[rid]["text"].split("\n") if ln.strip() and line_key(ln) not in kept}
+        removed |= {(rid, ln.strip()) for ln in base[rid]["text"].split("\n")
+                    if ln.strip() and line_key(ln) not in kept}
     precision = len(removed & planted) / max(1, len(removed))
     recall = len(removed & planted) / len(planted)
     assert precision >= 0.95 and recall >= 0.95, (precision, recall, sorted(removed ^ planted)[:5])

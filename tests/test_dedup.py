@@ -9,10 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tokenmill import minhash as mh
-from tokenmill.dedup import (CLUSTERS_FILE, DECISIONS_FILE, REPORT_FILE, DedupSettings, build_dedup_report,
-                             write_deduped)
 from tokenmill.common.io import REMOVED_FILE, STATS_FILE, iter_jsonl, record_id, record_shards
+from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
+from tokenmill.settings import load_settings
+from tokenmill.stages.dedup import (CLUSTERS_FILE, DECISION_DIR, REPORT_FILE, DedupSettings, Partitions,
+                                    build_dedup_report, write_deduped)
+from tokenmill.stages.dedup import keys as K
+from tokenmill.stages.dedup import minhash as mh
 
 CHARS = "春江潮水连海平明月共生滟随波千万里何处无光流宛转绕芳甸照花林皆似霰空中霜飞不觉汀上白沙看见"
 
@@ -63,7 +66,7 @@ def _corpus(seed: int = 0) -> tuple[list[dict], dict]:
 
 
 def test_dedup_key_normalization():
-    k = mh.dedup_key
+    k = K.dedup_key
     assert k("Ｈｅｌｌｏ，　ＷＯＲＬＤ！") == k("hello world") == "helloworld"  # NFKC full-width, casefold, spaces
     assert k("床前明月光，疑是地上霜。") == k("床前明月光\n疑是地上霜") == "床前明月光疑是地上霜"
     assert k("a\u200bb\ufeffc") == "abc"  # zero-width space and BOM (format characters)
@@ -71,7 +74,7 @@ def test_dedup_key_normalization():
     assert k("★ love ♥ ©2024") == "love2024" and k("★ love", strip_symbols=False) == "★love"
     assert k("春眠不觉晓") != k("春眠不覺曉")  # no Chinese folding unless asked
     assert k("!!!") != k("???") and k("!!!") == "!!!"  # all-punctuation texts key on themselves
-    assert mh.key_digest(k("a b")) == mh.key_digest(k("AB")) and len(mh.key_digest("x")) == 32
+    assert K.key_digest(k("a b")) == K.key_digest(k("AB")) and len(K.key_digest("x")) == 32
 
 
 def test_batch_keys_equal_per_text_keys():
@@ -83,16 +86,16 @@ def test_batch_keys_equal_per_text_keys():
     texts = tricky + ["".join(chr(rng.randint(*rng.choice(pools))) for _ in range(rng.randint(0, 12)))
                       for _ in range(3000)]
     for strip in (True, False):
-        assert mh.dedup_keys(texts, strip) == [mh.dedup_key(t, strip) for t in texts]
+        assert K.dedup_keys(texts, strip) == [K.dedup_key(t, strip) for t in texts]
 
 
 def test_chinese_folding_is_optional_and_consistent():
     pytest.importorskip("opencc")
     texts = ["舉頭望明月，低頭思故鄉。", "举头望明月\n低头思故乡", "Hello, 世界!"]
-    keys = mh.dedup_keys(texts, fold_chinese=True)
+    keys = K.dedup_keys(texts, fold_chinese=True)
     assert keys[0] == keys[1] == "举头望明月低头思故乡" and keys[2] == "hello世界"
-    assert keys == [mh.dedup_key(t, fold_chinese=True) for t in texts]
-    assert mh.dedup_keys(texts[:2]) == ["舉頭望明月低頭思故鄉", "举头望明月低头思故乡"]  # off by default
+    assert keys == [K.dedup_key(t, fold_chinese=True) for t in texts]
+    assert K.dedup_keys(texts[:2]) == ["舉頭望明月低頭思故鄉", "举头望明月低头思故乡"]  # off by default
 
 
 def test_exact_level_groups_normalized_variants(tmp_path):
@@ -310,12 +313,12 @@ def test_counts_add_up_and_report(tmp_path):
     clusters = list(iter_jsonl(tmp_path / "rep" / CLUSTERS_FILE))
     assert len(clusters) == 50 and all(c["members"][0]["id"] == c["kept"] for c in clusters)
     assert len(list((tmp_path / "rep" / "signatures").glob("*.npy"))) >= 2 * 3  # per-chunk signatures + bands
-    dec = np.load(tmp_path / "rep" / DECISIONS_FILE)
-    assert len(dec["id"]) == len(removed)
+    decided = [np.load(f)["id"] for f in sorted((tmp_path / "rep" / DECISION_DIR).glob("*.npz"))]
+    assert sum(len(d) for d in decided) == len(removed)
 
 
 def test_deterministic_for_any_worker_count_and_batch_size(tmp_path, monkeypatch):
-    import tokenmill.dedup as dedup
+    import tokenmill.stages.dedup.signatures as dedup
 
     recs, _ = _corpus(seed=1)
     _write(tmp_path / "in", recs, per_shard=60)
@@ -339,7 +342,7 @@ def test_stale_report_is_refused(tmp_path):
     build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
     with open(tmp_path / "in" / "part-00000.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(_rec("z.json", 0, "新的一首诗")) + "\n")
-    with pytest.raises(ValueError, match="rematerialize dedup_report"):
+    with pytest.raises(StaleUpstreamError, match="rematerialize dedup_report"):
         write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
 
 
@@ -384,7 +387,7 @@ def test_materialize_dedup_assets(tmp_path):
 
 
 def test_demo_corpus_planted_duplicates_are_found(tmp_path, demo_source, demo_manifest):
-    raw = pytest.importorskip("tokenmill.raw")
+    raw = pytest.importorskip("tokenmill.stages.raw")
     if not demo_source.exists():
         pytest.skip("demo corpus not generated")
     raw.ingest(demo_source, tmp_path / "raw", workers=1)
@@ -395,3 +398,82 @@ def test_demo_corpus_planted_duplicates_are_found(tmp_path, demo_source, demo_ma
     assert all(same(a, b) for a, b in demo_manifest["exact_duplicates"])
     assert all(same(p["a"], p["b"]) for p in demo_manifest["near_duplicates"])
     assert out["docs_in"] == demo_manifest["records"]
+
+
+# -------------------------------------------------------------------------------------------------
+# Partitioned steps, oversized buckets, settings, corrupt input
+# -------------------------------------------------------------------------------------------------
+
+
+def _decisions(rep: Path, out: Path) -> tuple:
+    report = json.loads((rep / REPORT_FILE).read_text())
+    counts = {k: v for k, v in report["counts"].items()}
+    files = {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl"))}
+    return counts, report["samples"], report["per_source"], (rep / CLUSTERS_FILE).read_bytes(), files
+
+
+def test_partitioned_steps_decide_as_one_partition(tmp_path):
+    recs, _ = _corpus(seed=4)
+    rng = random.Random(4)
+    template = _poem(rng, 40)  # a family of near copies: clusters joined through several pairs and groups
+    recs += [_rec("c.json", i, _substitute(template, 3 + i % 30, "云" if i % 2 else "雨")) for i in range(12)]
+    recs += [_rec("d.json", i, template) for i in range(3)]
+    _write(tmp_path / "in", recs, per_shard=70)
+    runs = {}
+    for name, parts in (("one", Partitions(exact_docs=10**9, bucket_items=10**9, verify_pairs=10**9)),
+                        ("many", Partitions(exact_docs=7, bucket_items=5, verify_pairs=3))):
+        rep, out = tmp_path / f"rep-{name}", tmp_path / f"out-{name}"
+        build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=3000), workers=1, partitions=parts)
+        write_deduped(tmp_path / "in", rep, out, workers=1)
+        runs[name] = _decisions(rep, out)
+        partitions = json.loads((rep / REPORT_FILE).read_text())["partitions"]
+        if name == "many":  # every partitioned step really ran as several tasks
+            assert min(partitions["digest_ranges"], partitions["band_hash_ranges"], partitions["verify_ranges"]) > 1
+        else:
+            assert partitions["digest_ranges"] == partitions["band_hash_ranges"] == partitions["verify_ranges"] == 1
+    assert runs["one"] == runs["many"]
+    counts = runs["one"][0]
+    assert counts["near_duplicates_removed"] >= 20 + 12 and counts["components"] >= 50
+
+
+def test_oversized_bucket_is_handled_and_counted(tmp_path):
+    rng = random.Random(8)
+    t = _poem(rng, 60)
+    # 40 one-substitution copies: they share most band buckets, far above max_bucket=5
+    recs = [_rec("o.json", i, _substitute(t, i % 60, "龍")) for i in range(40)]
+    _write(tmp_path / "in", recs)
+    settings = DedupSettings(max_bucket=5)
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1,
+                               partitions=Partitions(bucket_items=7, verify_pairs=10))
+    report = json.loads((tmp_path / "rep" / REPORT_FILE).read_text())
+    assert stats["oversized_buckets"] > 0 and report["counts"]["oversized_buckets"] == stats["oversized_buckets"]
+    assert stats["pairs_not_emitted"] > 0
+    # a star from the first member and the chain: 2m - 3 pairs per oversized bucket, not m^2 / 2
+    assert stats["candidate_pairs"] < 40 * 39 // 2
+    assert stats["docs_out"] == 1 and stats["dropped_near_duplicate"] == 39
+
+
+@pytest.mark.parametrize("values,field", [({"keep": "newest"}, "dedup_report.keep"),
+                                          ({"threshold": 1.5}, "dedup_report.threshold"),
+                                          ({"shingle_hash": "md5"}, "dedup_report.shingle_hash"),
+                                          ({"ngram_bounds": [1000, 100]}, "dedup_report.ngram_bounds")])
+def test_invalid_settings_are_refused_naming_the_field(values, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        load_settings(DedupSettings, values)
+
+
+def test_bands_times_rows_beyond_num_perm_is_refused():
+    with pytest.raises(ConfigError) as e:
+        load_settings(DedupSettings, {"bands": 20, "rows": 8, "num_perm": 128})
+    assert all(word in str(e.value) for word in ("dedup_report", "bands", "rows", "num_perm", "160"))
+    with pytest.raises(ConfigError, match="bands"):
+        load_settings(DedupSettings, {"bands": 4})
+
+
+def test_malformed_line_in_cleaned_jsonl_is_corruption(tmp_path):
+    recs, _ = _corpus()
+    _write(tmp_path / "in", recs[:20])
+    with open(tmp_path / "in" / "part-00000.jsonl", "a", encoding="utf-8") as f:
+        f.write("\n{not json\n")
+    with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:22: not a JSON record"):
+        build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)

@@ -9,7 +9,7 @@ import pytest
 
 from devtools.demo import DEFAULT_SEED, generate_demo_corpus
 from tokenmill.common.io import iter_jsonl, record_shards
-from tokenmill.raw import RawSettings, ingest
+from tokenmill.stages.raw import RawSettings, ingest
 
 
 def files_of(folder: Path) -> dict[str, bytes]:

@@ -12,7 +12,8 @@ import pytest
 from assets.raw import raw_records
 from resources import CorpusSource, DataRoot
 from tokenmill.common.io import REJECTED_FILE, STATS_FILE, iter_jsonl, read_json, record_id, record_shards
-from tokenmill.raw import RawSettings, ingest
+from tokenmill.errors import SourceError
+from tokenmill.stages.raw import RawSettings, ingest
 
 
 def records(folder) -> list[dict]:
@@ -47,7 +48,8 @@ def materialize_raw(source: Path, data: Path, **config):
     run_config = {"ops": {"raw_records": {"config": config}}} if config else None
     with dg.instance_for_test() as instance:
         return dg.materialize([raw_records], instance=instance, run_config=run_config,
-                              resources={"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data))})
+                              resources={"source": CorpusSource(path=str(source)),
+                                         "data_root": DataRoot(root=str(data))})
 
 
 def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
@@ -95,7 +97,7 @@ def test_contracts_hold_on_demo_output(demo_source, shared_dir, tmp_path):
 
 def test_missing_source_is_a_clear_error_before_any_work(tmp_path):
     missing = tmp_path / "nope"
-    with pytest.raises(FileNotFoundError, match="nope"):
+    with pytest.raises(SourceError, match="nope.*TOKENMILL_SOURCE"):
         ingest(missing, tmp_path / "out", RawSettings())
     assert not (tmp_path / "out").exists()
     with pytest.raises(Exception) as info:
@@ -104,12 +106,26 @@ def test_missing_source_is_a_clear_error_before_any_work(tmp_path):
     assert not (tmp_path / "data" / "raw_records").exists()
 
 
+def test_empty_source_is_a_source_error(tmp_path):
+    write(tmp_path / "src" / "notes.md", "# no corpus file here")
+    with pytest.raises(SourceError, match="no .jsonl, .json, .txt or .csv file.*set TOKENMILL_SOURCE"):
+        ingest(tmp_path / "src", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_settings_are_checked():
+    for bad in ({"txt_mode": "paragraphs"}, {"records_per_shard": 0}, {"task_mb": 0}, {"csv_delimiter": ";;"},
+                {"csv_delimiter": '"'}, {"text_field": ""}):
+        with pytest.raises(ValueError):
+            RawSettings(**bad)
+
+
 def test_byte_identical_for_any_worker_count_and_shard_rollover(demo_source, tmp_path):
     # small tasks and shards so that several tasks and rollovers happen
     kw = dict(task_mb=0.2, records_per_shard=300)
     s1 = ingest(demo_source, tmp_path / "w1", RawSettings(**kw), workers=1)
     s2 = ingest(demo_source, tmp_path / "w2", RawSettings(**kw), workers=2)
-    assert s1["tasks"] > 2 and s1["shards"] > s1["tasks"]
+    assert s1["tasks"] > 2 and s1["shards"] > s1["tasks"] and s2["shards"] == s1["shards"]
     files1 = sorted(p.name for p in (tmp_path / "w1").iterdir())
     assert files1 == sorted(p.name for p in (tmp_path / "w2").iterdir())
     for name in files1:
@@ -156,7 +172,8 @@ def test_txt_blocks_and_file_modes(tmp_path):
 
 
 def test_csv_reader(tmp_path):
-    write(tmp_path / "src" / "c.csv", 'title,text,author\nA,"multi\nline text",X\n\nB,plain,Y\nC,too,many,fields\nD,last,Z\n')
+    write(tmp_path / "src" / "c.csv",
+          'title,text,author\nA,"multi\nline text",X\n\nB,plain,Y\nC,too,many,fields\nD,last,Z\n')
     stats, recs, rej = run(tmp_path / "src", tmp_path)
     assert [(r["text"], r["meta"], r["source"]["line"]) for r in recs] == [
         ("multi\nline text", {"title": "A", "author": "X"}, 2), ("plain", {"title": "B", "author": "Y"}, 5),
@@ -170,10 +187,10 @@ def test_csv_reader(tmp_path):
 
 def test_gzip_of_each_reader(tmp_path):
     src = tmp_path / "src"
-    write(src / "a.jsonl.gz", gzip.compress('{"text": "gz line"}\n'.encode()))
-    write(src / "b.json.gz", gzip.compress('[{"text": "gz json"}]'.encode()))
-    write(src / "c.txt.gz", gzip.compress("gz block\n\ngz block 2\n".encode()))
-    write(src / "d.csv.gz", gzip.compress("text\ngz csv\n".encode()))
+    write(src / "a.jsonl.gz", gzip.compress(b'{"text": "gz line"}\n'))
+    write(src / "b.json.gz", gzip.compress(b'[{"text": "gz json"}]'))
+    write(src / "c.txt.gz", gzip.compress(b"gz block\n\ngz block 2\n"))
+    write(src / "d.csv.gz", gzip.compress(b"text\ngz csv\n"))
     stats, recs, rej = run(src, tmp_path)
     assert [r["text"] for r in recs] == ["gz line", "gz json", "gz block", "gz block 2", "gz csv"]
     assert recs[0]["source"]["path"] == "a.jsonl.gz" and not rej
@@ -195,7 +212,8 @@ def test_skipped_and_hidden_files(tmp_path):
 
 def test_chinese_poetry_preset(tmp_path):
     poems = [
-        {"author": "李白", "paragraphs": ["床前明月光，疑是地上霜。", "舉頭望明月，低頭思故鄉。"], "title": "靜夜思", "id": "u1"},
+        {"author": "李白", "paragraphs": ["床前明月光，疑是地上霜。", "舉頭望明月，低頭思故鄉。"], "title": "靜夜思",
+         "id": "u1"},
         {"author": "蘇軾", "paragraphs": ["明月幾時有？"], "rhythmic": "水調歌頭", "tags": ["宋词三百首"]},
         {"title": "关雎", "chapter": "国风", "section": "周南", "content": ["关关雎鸠，在河之洲。"]},
         {"title": "某篇", "para": "一整段文字"},
@@ -250,8 +268,8 @@ def test_bad_jsonl_lines_are_rejected_with_line_numbers(tmp_path):
     stats, recs, rej = run(tmp_path / "src", tmp_path)
     assert [r["text"] for r in recs] == ["ok 1", "", "ok 2"]  # an empty text is kept (cleaning rejects it)
     assert [(r["line"], r["reason"]) for r in rej] == [
-        (2, "malformed_json"), (3, "no_text_field"), (4, "no_text_field"), (5, "not_an_object"), (6, "undecodable_bytes"),
-        (8, "undecodable_bytes")]
+        (2, "malformed_json"), (3, "no_text_field"), (4, "no_text_field"), (5, "not_an_object"),
+        (6, "undecodable_bytes"), (8, "undecodable_bytes")]
     assert rej[0]["snippet"] == '{"text": "cut' and rej[0]["path"] == "bad.jsonl"
     assert stats["dropped_malformed_json"] == 1 and stats["dropped_no_text_field"] == 2
     assert stats["rejected_by_reason"] == {"malformed_json": 1, "no_text_field": 2, "not_an_object": 1,

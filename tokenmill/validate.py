@@ -32,6 +32,9 @@ def validate_records(stage_dir: Path) -> dict:
                 except json.JSONDecodeError as e:
                     problems.append(f"{shard.name}:{n}: not JSON ({e.msg})")
                     continue
+                except RecursionError:  # a reader lets no such record through; a check must not crash on one
+                    problems.append(f"{shard.name}:{n}: nested too deeply to parse")
+                    continue
                 src = r.get("source") if isinstance(r, dict) else None
                 if not (isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("text"), str)
                         and isinstance(r.get("meta"), dict) and isinstance(src, dict) and "path" in src

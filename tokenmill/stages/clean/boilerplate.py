@@ -1,4 +1,4 @@
-"""Boilerplate detector: corpus-wide line statistics (pass 1), a small merge, a joint score, stripping (pass 2).
+"""Rule 7 of cleaning, the boilerplate detector: merge of the line statistics, a joint score, stripping (pass 2).
 
 A line is boilerplate when it is *mechanically* repeated: many documents carry it (document frequency), it
 sits locked in the same edge of the document (positional consistency: first/last lines or first/last 5%),
@@ -9,8 +9,8 @@ locked at one edge but with no template trait (a speaker label "ROMEO:" opening 
 to sit in about 8% of all documents before the other components can carry it over the threshold, and a label
 line (short, ending in a colon) counts against the template component (see SCORE_WEIGHTS and LABEL_RE).
 
-Pass 1 (per shard) hashes each normalized line to 64 bits and returns numpy arrays of per-line counts;
-`merge_line_stats` sums them and keeps lines with df >= min_df (memory: 48 bytes per distinct line per shard,
+Pass 1 (per shard, `line_stats`) hashes each normalized line to 64 bits and returns numpy arrays of per-line
+counts; `merge_line_stats` sums them and keeps lines with df >= min_df (memory: 48 bytes per distinct line per shard,
 only numpy arrays cross process boundaries); `prune_candidates` drops, vectorized, the candidates that cannot
 reach the threshold; pass 2 looks each line's hash up in that small table and scores a candidate once (its text
 is first seen there), so nothing but hashes and counts is ever held corpus-wide.
@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import math
 import re
-from zlib import adler32, crc32
+from dataclasses import replace
 
 import numpy as np
 
-DIGITS_RE = re.compile(r"\d+")
-HAS_DIGIT = re.compile(r"\d").search
+from tokenmill.stages.clean.line_stats import COUNT_FIELDS, LineTable, doc_line_hashes, line_key
+
 # template traits, each with its weight in template_score (capped at 1)
 TEMPLATE_TRAITS = [
     ("url", 1.0, re.compile(r"https?://|www\.|\.(?:com|org|net|cn|io)\b|@\w+\.\w+")),
     ("copyright", 1.0, re.compile(r"©|\(c\)|copyright|all rights reserved|版权所有|版權所有|转载|轉載|未经授权|"
-                                  r"本文来源|本文來源|原创声明|免责声明|privacy policy|terms of (?:use|service)", re.I)),
-    ("navigation", 0.8, re.compile(r"click (?:here|to)|read more|next page|previous page|subscribe|sign (?:in|up)|"
-                                   r"log ?in|share (?:this|on)|follow us|back to top|cookie|advertisement|"
+                                  r"本文来源|本文來源|原创声明|免责声明|"
+                                  r"privacy policy|terms of (?:use|service)", re.I)),
+    ("navigation", 0.8, re.compile(r"click (?:here|to)|read more|next page|previous page|subscribe|"
+                                   r"sign (?:in|up)|log ?in|share (?:this|on)|follow us|back to top|cookie|"
+                                   r"advertisement|"
                                    r"上一页|下一页|上一篇|下一篇|点击|點擊|阅读全文|閱讀全文|返回|首页|首頁|关注|關注|"
                                    r"扫码|掃碼|公众号|公眾號|广告|廣告|展开全文|收起|登录|登錄|注册|註冊", re.I)),
     ("delimiters", 0.6, re.compile(r"\s[|｜•·»›/]\s|\S\s?[|｜]\s?\S|^[|｜]|[|｜]$|>>|<<")),
@@ -56,144 +58,38 @@ DF_FLOOR, DF_SATURATE = 0.001, 0.20
 SHORT_FULL, SHORT_ZERO = 20, 120
 
 
-def line_key(line: str) -> str:
-    """The form lines are compared in: lower-cased, without surrounding spaces/tabs, every digit run as 0
-    ("Page 3 of 10" and "Page 4 of 10" are the same template)."""
-    return DIGITS_RE.sub("0", line.lower()).strip(" \t")
-
-
-def key_hash(key: str) -> int:
-    """Stable 64-bit hash of a line key (Python's hash() differs per process): crc32 and adler32 side by side."""
-    b = key.encode("utf-8")
-    return (crc32(b) << 32) | adler32(b)
-
-
-def doc_lines(text: str) -> list[str]:
-    """The lines the detector looks at: the non-blank lines of a text, in order."""
-    return [ln for ln in text.split("\n") if ln and not ln.isspace()]
-
-
-def doc_line_hashes(text: str) -> list[int]:
-    """key_hash(line_key(line)) of every line of doc_lines(text), in order, computed for the whole text at once
-    (one lower(), one digit pass: about half the cost of doing it line by line)."""
-    low = text.lower()  # lower() never adds or removes a line break, so the lines stay aligned with doc_lines
-    if HAS_DIGIT(low) is not None:
-        low = DIGITS_RE.sub("0", low)
-    return [(crc32(b) << 32) | adler32(b)
-            for b in (ln.strip(" \t").encode("utf-8") for ln in low.split("\n") if ln and not ln.isspace())]
-
-
-def edge_zone(n_lines: int, edge_frac: float) -> int:
-    """Lines at each end of a document counted as header/footer: the first/last `edge_frac` of lines, at least 1."""
-    return max(1, math.ceil(edge_frac * n_lines))
-
-
-HEAD, TAIL, INFORMATIVE = 1, 2, 4  # bits of a line occurrence's position code
-
-
-class LineStats:
-    """Per-shard accumulator of line statistics (pass 1): per distinct line of each document, its hash and a
-    position code; per document, the chance of landing in one edge zone at random."""
-
-    def __init__(self, edge_frac: float = 0.05):
-        self.edge_frac = edge_frac
-        self.hashes: list[int] = []
-        self.codes: list[int] = []
-        self.doc_entries: list[int] = []
-        self.doc_chance: list[float] = []
-        self.docs = 0
-
-    def add_document(self, text: str) -> list[int]:
-        """Records each distinct line of one document once (document frequency), with where it sits; returns
-        the hash of every line of doc_lines(text) in order (pass 2 looks them up without hashing again)."""
-        self.docs += 1
-        hashes = doc_line_hashes(text)
-        n = len(hashes)
-        if n == 0:
-            self.doc_entries.append(0)
-            self.doc_chance.append(0.0)
-            return hashes
-        zone = edge_zone(n, self.edge_frac)
-        # a one-line document says nothing about position; from two lines on, being first (or last) every time
-        # is evidence, weighed against the chance zone/n of landing there at random
-        self.doc_chance.append(zone / n if n >= 2 else 0.0)
-        if len(set(hashes)) == n:  # every line distinct (the common case): positions are the line numbers
-            self.hashes += hashes
-            self.codes += ([INFORMATIVE | HEAD] * zone + [INFORMATIVE] * (n - 2 * zone) + [INFORMATIVE | TAIL] * zone
-                           if n >= 2 else [0])
-            self.doc_entries.append(n)
-            return hashes
-        # a line repeated inside the document: its first and last position decide (repeated across the
-        # document, it is locked nowhere)
-        where: dict[int, list] = {}
-        for i, h in enumerate(hashes):
-            w = where.get(h)
-            if w is None:
-                where[h] = [i, i]
-            else:
-                w[1] = i
-        for h, (first, last) in where.items():
-            self.hashes.append(h)
-            self.codes.append(INFORMATIVE | (HEAD if last < zone else 0) | (TAIL if first >= n - zone else 0))
-        self.doc_entries.append(len(where))
-        return hashes
-
-    def arrays(self) -> dict:
-        """Per distinct line hash of the shard: df, head, tail, informative occurrences, summed chance."""
-        if not self.hashes:
-            return {"docs": self.docs, "hash": np.zeros(0, np.uint64),
-                    **{k: np.zeros(0, np.float64) for k in ("df", "head", "tail", "informative", "chance")}}
-        h = np.array(self.hashes, dtype=np.uint64)
-        codes = np.array(self.codes, dtype=np.uint8)
-        informative = (codes & INFORMATIVE) > 0
-        chance = np.repeat(np.array(self.doc_chance), np.array(self.doc_entries)) * informative
-        uniq, inv = np.unique(h, return_inverse=True)
-        m = len(uniq)
-        return {"docs": self.docs, "hash": uniq,
-                "df": np.bincount(inv, minlength=m).astype(np.float64),
-                "head": np.bincount(inv, weights=(codes & HEAD) > 0, minlength=m),
-                "tail": np.bincount(inv, weights=(codes & TAIL) > 0, minlength=m),
-                "informative": np.bincount(inv, weights=informative, minlength=m),
-                "chance": np.bincount(inv, weights=chance, minlength=m)}
-
-
-def merge_line_stats(parts: list[dict], min_df: int) -> dict:
+def merge_line_stats(parts: list[LineTable], min_df: int) -> LineTable:
     """Sums per-shard line statistics and keeps lines with df >= min_df (the candidates), sorted by hash."""
-    docs = sum(p["docs"] for p in parts)
-    keys = ("df", "head", "tail", "informative", "chance")
-    if not parts or not any(len(p["hash"]) for p in parts):
-        return {"docs": docs, "hash": np.zeros(0, np.uint64), **{k: np.zeros(0) for k in keys}}
-    h = np.concatenate([p["hash"] for p in parts])
-    uniq, inv = np.unique(h, return_inverse=True)
+    docs = sum(p.docs for p in parts)
+    if not any(len(p) for p in parts):
+        return LineTable.empty(docs)
+    uniq, inv = np.unique(np.concatenate([p.hash for p in parts]), return_inverse=True)
     m = len(uniq)
-    df = np.bincount(inv, weights=np.concatenate([p["df"] for p in parts]), minlength=m)
-    keep = df >= max(1, min_df)
-    out = {"docs": docs, "hash": uniq[keep], "df": df[keep]}
-    for k in keys[1:]:
-        out[k] = np.bincount(inv, weights=np.concatenate([p[k] for p in parts]), minlength=m)[keep]
-    return out
+    sums = {k: np.bincount(inv, weights=np.concatenate([getattr(p, k) for p in parts]), minlength=m)
+            for k in COUNT_FIELDS}
+    keep = sums["df"] >= max(1, min_df)
+    return LineTable(docs, uniq[keep], **{k: v[keep] for k, v in sums.items()})
 
 
-def prune_candidates(merged: dict, threshold: float) -> dict:
+def prune_candidates(merged: LineTable, threshold: float) -> LineTable:
     """Keeps the candidates that can still be stripped: positionally consistent (pos >= MIN_POS_SCORE) and with
     a score that reaches `threshold` if template and short components were at their maximum. Vectorized; what
     is left (usually a handful of lines) is scored with its text in pass 2."""
-    n = len(merged["hash"])
+    n = len(merged)
     if not n:
         return merged
-    docs = max(1, int(merged["docs"]))
-    frac = merged["df"] / docs
+    docs = max(1, int(merged.docs))
+    frac = merged.df / docs
     dfs = np.clip(np.log(np.maximum(frac, 1e-12) / DF_FLOOR) / math.log(DF_SATURATE / DF_FLOOR), 0.0, 1.0)
-    inf = merged["informative"].astype(np.float64)
+    inf = merged.informative.astype(np.float64)
     safe = np.maximum(inf, 1.0)
-    consistency = np.maximum(merged["head"], merged["tail"]) / safe
-    expected = np.minimum(0.99, merged["chance"] / safe)
+    consistency = np.maximum(merged.head, merged.tail) / safe
+    expected = np.minimum(0.99, merged.chance / safe)
     pos = np.where(inf > 0, np.maximum(0.0, (consistency - expected) / (1.0 - expected)), 0.0)
     best = (SCORE_WEIGHTS["df"] * dfs + SCORE_WEIGHTS["position"] * pos + SCORE_WEIGHTS["template"]
             + SCORE_WEIGHTS["short"])
     keep = (pos >= MIN_POS_SCORE - 1e-9) & (best >= threshold - 1e-9)
-    return {"docs": merged["docs"], "candidates": n, **{k: v[keep] for k, v in merged.items()
-                                                         if isinstance(v, np.ndarray)}}
+    return replace(merged.select(keep), candidates=n)
 
 
 def template_score(key: str) -> tuple[float, list[str]]:
@@ -247,10 +143,10 @@ def score_line(key: str, df: float, head: float, tail: float, informative: float
 class BoilerplateTable:
     """Pass-2 lookup: candidate hash -> score (computed lazily, once per candidate per worker)."""
 
-    def __init__(self, merged: dict, threshold: float):
-        self.docs = int(merged["docs"])
+    def __init__(self, merged: LineTable, threshold: float):
+        self.docs = int(merged.docs)
         self.threshold = threshold
-        self.index = {int(h): i for i, h in enumerate(merged["hash"].tolist())}
+        self.index = {int(h): i for i, h in enumerate(merged.hash.tolist())}
         self.m = merged
         self.cache: dict[int, dict] = {}
 
@@ -265,8 +161,8 @@ class BoilerplateTable:
         info = self.cache.get(h)
         if info is None:
             m = self.m
-            info = score_line(key, float(m["df"][i]), float(m["head"][i]), float(m["tail"][i]),
-                              float(m["informative"][i]), float(m["chance"][i]), self.docs)
+            info = score_line(key, float(m.df[i]), float(m.head[i]), float(m.tail[i]), float(m.informative[i]),
+                              float(m.chance[i]), self.docs)
             info["strip"] = bool(info["score"] >= self.threshold and info["position"] >= MIN_POS_SCORE)
             self.cache[h] = info
         return info if info["strip"] else None

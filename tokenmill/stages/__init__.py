@@ -1,0 +1,1 @@
+"""One package per pipeline stage; one module per step."""

@@ -1,0 +1,34 @@
+"""cleaned_jsonl: repair, normalize, extract metadata, strip boilerplate and filter garbage, shard by shard.
+
+Rules, in the order they run on each record (each a plain function, one module per kind):
+
+  0. too_long guard       reject texts over `max_chars` before any work (reason "too_long")       filters
+  1. repair_surrogates    lone UTF-16 surrogates (JSON "\\ud800") removed, counted                repair
+  2. repair_mojibake      ftfy, encodings and HTML entities only (no width/quote/line-break changes)
+  3. normalize_unicode    NFC (default), NFKC or none
+  4. strip_control_chars  control, zero-width, BOM and bidi characters removed
+  5. normalize_whitespace \\r\\n -> \\n, exotic spaces, trailing spaces, blank-line runs, outer blank lines
+  6. extract_metadata     Title:/Author:/作者：/朝代：/By ... header lines (and repeats of the reader's    metadata
+                          title or author) moved from the top of the text into `meta`, before boilerplate removal
+  7. strip_boilerplate    lines whose joint boilerplate score passes the threshold    line_stats, boilerplate
+  8. filters, first failing one names the reason: empty, too_short, placeholder_glyphs, repetition    filters
+
+Rules 1-5 only run on a text that a few C-speed string tests (`needs_repair`) flag; most clean text skips them.
+
+Steps, each over every shard in parallel (`map_ordered`, one task per input shard, results in shard order):
+  prepare  pass 1: reads and parses each record once, rules 0-6, then rule 8 on the text as it stands, and
+           gathers line statistics (`line_stats.LineTable`); stages per batch (`staging.StagedBatch`) each
+           record's output line, its rejected line if a filter failed, and the hashes of its lines
+  merge    `boilerplate.merge_line_stats` keeps lines in >= `bp_min_df` documents, `prune_candidates` drops,
+           vectorized, those that cannot reach the threshold
+  finish   pass 2: finds, with one np.isin per batch, the records that hold a candidate line, strips their
+           boilerplate lines (rule 7) and runs rule 8 again on them only, then writes `part-XXXXX.jsonl` (same
+           shard names as the input) and a rejected side file per shard, concatenated in order into
+           `_rejected.jsonl`
+  corpus   the orchestration of the three and the stats (`report`: seconds per rule, lengths, examples)
+Output is byte-identical for any worker count; records in = out + rejected (checked before `_stats.json`).
+"""
+from tokenmill.stages.clean.corpus import REASONS, clean_corpus
+from tokenmill.stages.clean.settings import CleanSettings
+
+__all__ = ["REASONS", "CleanSettings", "clean_corpus"]

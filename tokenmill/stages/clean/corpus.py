@@ -1,0 +1,207 @@
+"""Clean orchestration: pass 1 over every shard, the corpus-wide boilerplate merge, pass 2, the stats."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import REJECTED_FILE, STATS_FILE, atomic_write_json, concat_files, record_shards
+from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.progress import Progress
+from tokenmill.errors import StaleUpstreamError
+from tokenmill.stages.clean.boilerplate import merge_line_stats, prune_candidates
+from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
+from tokenmill.stages.clean.line_stats import LineTable
+from tokenmill.stages.clean.prepare import PrepareResult, PrepareTask, prepare_task
+from tokenmill.stages.clean.report import LENGTH_BUCKETS, RULES, bucket_labels, pick_examples
+from tokenmill.stages.clean.settings import CleanSettings
+
+REASONS = ("too_long", "empty", "too_short", "placeholder_glyphs", "repetition")
+PASS1_POOL_MIN_BYTES = 8 << 20  # input size from which pass 1 runs in worker processes
+# pass 2 is light (bytes in, bytes out, a few records stripped): below this many records, or with nothing to
+# strip, starting worker processes (~1 s each: interpreter, numpy) costs more than it saves
+PASS2_POOL_MIN = 500_000
+TOP_LINES = 50  # stripped lines listed in _stats.json
+
+
+@dataclass(frozen=True)
+class ShardPaths:
+    shard: Path
+    """The input shard."""
+    stage: Path
+    """Staged records from pass 1 to pass 2 (in out_dir, removed at the end)."""
+    out: Path
+    rejected: Path
+    """The shard's rejected side file."""
+
+    @classmethod
+    def of(cls, shard: Path, out_dir: Path) -> ShardPaths:
+        return cls(shard, out_dir / f".stage-{shard.stem}.marshal", out_dir / shard.name,
+                   out_dir / f".rejected-{shard.stem}.part")
+
+
+@dataclass
+class Totals:
+    """Pass results summed over shards, in shard order."""
+
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(RULES, 0.0))
+    examples: dict = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+    reasons: Counter = field(default_factory=Counter)
+    strip_hist: Counter = field(default_factory=Counter)
+    stripped: dict = field(default_factory=dict)
+    hist_in: np.ndarray = field(default_factory=lambda: np.zeros(len(LENGTH_BUCKETS), np.int64))
+    hist_out: np.ndarray = field(default_factory=lambda: np.zeros(len(LENGTH_BUCKETS), np.int64))
+    docs_in: int = 0
+    docs_out: int = 0
+    chars_in: int = 0
+    chars_out: int = 0
+    pass_seconds: dict = field(default_factory=dict)
+
+    def _add_common(self, res: PrepareResult | FinishResult) -> None:
+        for k, v in res.seconds.items():
+            self.seconds[k] += v
+        for kind, shelf in res.examples.items():
+            self.examples.setdefault(kind, []).extend(shelf)
+
+    def add_prepared(self, res: PrepareResult) -> None:
+        self._add_common(res)
+        self.counts.update(res.counts)
+        self.chars_in += res.chars_in
+        self.hist_in += res.hist_in
+
+    def add_finished(self, res: FinishResult) -> None:
+        self._add_common(res)
+        self.docs_in += res.docs_in
+        self.docs_out += res.docs_out
+        self.chars_out += res.chars_out
+        self.reasons.update(res.reasons)
+        self.strip_hist.update(res.strip_hist)
+        self.hist_out += res.hist_out
+        for h, (n, line, info) in res.stripped.items():
+            if h in self.stripped:
+                self.stripped[h][0] += n
+            else:
+                self.stripped[h] = [n, line, info]
+
+
+def run_pass1(paths: list[ShardPaths], s: CleanSettings, totals: Totals, workers: int | None,
+              log) -> list[LineTable]:
+    """Rules 0-6 and 8, line statistics, staging; returns each shard's line statistics."""
+    progress = Progress("cleaned_jsonl pass 1 (repair, metadata, filters, line statistics)", total=len(paths),
+                        unit="shards", log=log)
+    small = sum(p.shard.stat().st_size for p in paths) < PASS1_POOL_MIN_BYTES  # not worth starting processes
+    tasks = [PrepareTask(str(p.shard), str(p.stage), s) for p in paths]
+    parts = []
+    for res in map_ordered(prepare_task, tasks, 1 if small else workers):
+        totals.add_prepared(res)
+        parts.append(res.lines)
+        progress.advance(1)
+    progress.finish()
+    return parts
+
+
+def find_boilerplate(parts: list[LineTable], s: CleanSettings, totals: Totals) -> LineTable | None:
+    """The corpus-wide candidate lines (merged, pruned); None when detection is off."""
+    t0 = time.perf_counter()
+    merged = prune_candidates(merge_line_stats(parts, s.bp_min_df), s.bp_threshold) if s.boilerplate else None
+    totals.seconds["merge_line_stats"] = time.perf_counter() - t0
+    return merged
+
+
+def run_pass2(paths: list[ShardPaths], out_dir: Path, s: CleanSettings, merged: LineTable | None, docs_seen: int,
+              totals: Totals, workers: int | None, log) -> None:
+    """Rule 7, rule 8 on the stripped records, the shards and _rejected.jsonl written."""
+    progress = Progress("cleaned_jsonl pass 2 (boilerplate, write)", total=len(paths), unit="shards", log=log)
+    table = merged if merged is not None and len(merged) else None
+    light = table is None or docs_seen < PASS2_POOL_MIN
+    tasks = [FinishTask(str(p.stage), str(p.out), str(p.rejected), s, table) for p in paths]
+    for res in map_ordered(finish_task, tasks, 1 if light else workers):
+        totals.add_finished(res)
+        progress.advance(1)
+    progress.finish()
+    concat_files([p.rejected for p in paths], out_dir / REJECTED_FILE)
+
+
+def _boilerplate_stats(s: CleanSettings, merged: LineTable | None, totals: Totals) -> dict:
+    top = sorted(totals.stripped.values(), key=lambda e: (-e[0], e[1]))[:TOP_LINES]
+    return {
+        "enabled": s.boilerplate,
+        "candidates": merged.candidates if merged is not None else 0,
+        "strippable_candidates": len(merged) if merged is not None else 0,
+        "lines_stripped": sum(e[0] for e in totals.stripped.values()),
+        "distinct_lines_stripped": len(totals.stripped),
+        "docs_touched": sum(v for k, v in totals.strip_hist.items() if k),
+        "docs_by_lines_stripped": {("5+" if k == 5 else str(k)): totals.strip_hist[k]
+                                   for k in sorted(totals.strip_hist)},
+        "top_lines": [{"line": line, "count": n, **info} for n, line, info in top],
+    }
+
+
+def build_stats(s: CleanSettings, merged: LineTable | None, totals: Totals, shards: int, workers: int | None,
+                t0: float) -> dict:
+    work = sum(totals.seconds.values()) or 1.0
+    reasons, counts = totals.reasons, totals.counts
+    return {
+        "docs_in": totals.docs_in,
+        "docs_out": totals.docs_out,
+        **{f"dropped_{r}": reasons.get(r, 0) for r in REASONS},
+        "rejected": sum(reasons.values()),
+        "rejected_by_reason": dict(sorted(reasons.items())),
+        **{k: counts.get(k, 0) for k in ("mojibake_repaired", "surrogates_removed", "control_chars_removed",
+                                         "docs_meta_extracted", "meta_lines_extracted")},
+        "chars_in": totals.chars_in,
+        "chars_out": totals.chars_out,
+        "boilerplate": _boilerplate_stats(s, merged, totals),
+        "length_buckets": bucket_labels(),
+        "length_hist_before": totals.hist_in.tolist(),
+        "length_hist_after": totals.hist_out.tolist(),
+        "examples": pick_examples(totals.examples, s.examples),
+        "shards": shards,
+        "pass_seconds": totals.pass_seconds,
+        "workers": default_workers() if workers is None else workers,
+        "rule_seconds": {k: round(v, 4) for k, v in totals.seconds.items()},
+        "rule_share": {k: round(v / work, 4) for k, v in totals.seconds.items()},
+        "settings": s.model_dump(),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings | None = None, workers: int | None = None,
+                 log=None) -> dict:
+    """Cleans every `in_dir/part-*.jsonl` into `out_dir` (same shard names) with `_rejected.jsonl` and
+    `_stats.json`; returns the stats. See the package docstring for the rules and their order."""
+    t0 = time.perf_counter()
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    if not in_dir.is_dir():
+        raise StaleUpstreamError(f"cleaned_jsonl: input folder does not exist: {in_dir} "
+                                 "(materialize raw_records first)")
+    # the plain class, also for the asset's config: workers never import the asset module (dagster)
+    s = CleanSettings(**settings.model_dump()) if settings is not None else CleanSettings()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [ShardPaths.of(p, out_dir) for p in record_shards(in_dir)]
+    totals = Totals()
+    try:
+        parts = run_pass1(paths, s, totals, workers, log)
+        t_merge = time.perf_counter()
+        totals.pass_seconds["pass1"] = round(t_merge - t0, 3)
+        merged = find_boilerplate(parts, s, totals)
+        docs_seen = sum(p.docs for p in parts)
+        del parts
+        t_pass2 = time.perf_counter()
+        totals.pass_seconds["merge"] = round(t_pass2 - t_merge, 3)
+        run_pass2(paths, out_dir, s, merged, docs_seen, totals, workers, log)
+        totals.pass_seconds["pass2"] = round(time.perf_counter() - t_pass2, 3)
+    finally:
+        for p in paths:
+            p.stage.unlink(missing_ok=True)
+            p.rejected.unlink(missing_ok=True)
+    stats = build_stats(s, merged, totals, len(paths), workers, t0)
+    if stats["docs_in"] != stats["docs_out"] + stats["rejected"]:  # a bug, never expected: say so loudly
+        raise RuntimeError(f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + "
+                           f"{stats['rejected']} rejected")
+    atomic_write_json(out_dir / STATS_FILE, stats)
+    return stats

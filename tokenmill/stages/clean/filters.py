@@ -1,0 +1,171 @@
+"""Rule 0 and rule 8 of cleaning, the garbage filters: each returns None (keep) or (reason, detail)."""
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+try:
+    from _collections import _count_elements
+except ImportError:  # another Python implementation: the pure-Python helper has the same signature
+    from collections import _count_elements
+
+from tokenmill.stages.clean.settings import CleanSettings
+
+PLACEHOLDER_RE = re.compile(r"[\ufffd\u25a1\u25a0\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff"
+                            r"\U000f0000-\U0010ffff]|\?{2,}|(?<=\w)\?(?=\w)|囗{2,}")
+PRIVATE_OR_BOX_RE = re.compile(r"[\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff\U000f0000-\U0010ffff]")
+CJK_CHARS_PER_WORD = 1.6  # n-gram checks start at min_tokens words, i.e. about 80 CJK characters for 50 words
+
+
+def count_chars(text: str) -> int:
+    """Characters that are not whitespace."""
+    return len(text) - sum(map(text.count, (" ", "\n", "\t", "\u3000")))
+
+
+def check_empty(text: str):
+    if not text.strip():
+        return "empty", "no text left after cleaning"
+    return None
+
+
+def check_too_short(text: str, min_chars: int):
+    n = count_chars(text)
+    if n < min_chars:
+        return "too_short", f"{n} chars < min_chars {min_chars}"
+    return None
+
+
+def check_too_long(text: str, max_chars: int):
+    if max_chars and len(text) > max_chars:
+        return "too_long", f"{len(text)} chars > max_chars {max_chars}"
+    return None
+
+
+def placeholder_ratio(text: str) -> float:
+    """Share of non-space characters that are placeholders or garbage: U+FFFD, □ ■ and kin, private-use
+    characters, runs of '?' and a '?' stuck inside a word ("wh?t", "明?光": a character lost in transcoding)."""
+    bad = 0
+    for m in PLACEHOLDER_RE.finditer(text):
+        bad += len(m.group())
+    return bad / max(1, count_chars(text))
+
+
+def _maybe_placeholders(text: str) -> bool:
+    """Cheap test that there may be placeholder glyphs at all (`in` and max() run at C speed)."""
+    return ("\ufffd" in text or "?" in text or "\u25a1" in text or "\u25a0" in text or "囗囗" in text
+            or PRIVATE_OR_BOX_RE.search(text) is not None)
+
+
+def check_placeholder_glyphs(text: str, max_ratio: float):
+    if not text or not _maybe_placeholders(text) or PLACEHOLDER_RE.search(text) is None:
+        return None
+    r = placeholder_ratio(text)
+    if r > max_ratio:
+        return "placeholder_glyphs", f"placeholder ratio {r:.3f} > {max_ratio}"
+    return None
+
+
+def tokens_of(text: str) -> list[str] | str:
+    """Tokens for the repetition statistics: lower-cased whitespace-separated words, or, for text written mostly
+    without spaces (CJK: over 2 UTF-8 bytes a character), its characters without whitespace, returned as one
+    string. Punctuation stays in both (dropping it costs a regex pass over every text for little change)."""
+    if not text.isascii() and len(text.encode("utf-8")) > 2 * len(text):
+        return "".join(text.split())
+    return text.lower().split()
+
+
+def repetition_stats(text: str, ngram_ns=(2, 3, 4), thresholds=None, min_tokens: int = 0) -> dict:
+    """Gopher-style repetition figures: duplicate-line fraction (by lines and by characters) and, for each n,
+    the share of tokens covered by the most frequent n-gram (texts of `min_tokens` tokens or more).
+    With `thresholds` (n -> limit) the n-gram counts are skipped where a cheap bound proves they stay under it."""
+    raw_lines = text.split("\n")
+    if len(set(raw_lines)) == len(raw_lines):  # no line repeats (the common case): skip the per-line work
+        lines = raw_lines if all(raw_lines) else [ln for ln in raw_lines if ln.strip()]
+        out = {"lines": len(lines), "dup_line_frac": 0.0, "dup_line_char_frac": 0.0}
+        return _ngram_stats(text, out, ngram_ns, thresholds, min_tokens)
+    lines = [s for s in (ln.strip() for ln in raw_lines) if s]
+    seen, dup_lines, dup_chars = set(), 0, 0
+    for s in lines:
+        if s in seen:
+            dup_lines += 1
+            dup_chars += len(s)
+        else:
+            seen.add(s)
+    total_line_chars = sum(map(len, lines)) or 1
+    out = {"lines": len(lines), "dup_line_frac": dup_lines / max(1, len(lines)),
+           "dup_line_char_frac": dup_chars / total_line_chars}
+    return _ngram_stats(text, out, ngram_ns, thresholds, min_tokens)
+
+
+def _ngram_stats(text: str, out: dict, ngram_ns, thresholds, min_tokens: int) -> dict:
+    """Adds top_<n>gram_frac: the share of tokens covered by the most frequent n-gram (k occurrences cover
+    k * n tokens; capped at 1). Gopher measures characters; tokens make the bound below exact and cheap."""
+    if len(text) < min_tokens or (text.isascii() and text.count(" ") + text.count("\n") + 1 < min_tokens):
+        return out  # cannot hold min_tokens tokens: skip the tokenizer
+    toks = tokens_of(text)
+    if isinstance(toks, str) and len(toks) < CJK_CHARS_PER_WORD * min_tokens:
+        return out
+    total = len(toks)
+    if total < max(min_tokens, 2):
+        return out
+    counts: dict = {}
+    _count_elements(counts, toks)  # Counter's C core without its Python wrapper: ~2 us less per text
+    top1 = max(counts.values())
+    for n in ngram_ns:
+        if total < n + 1:
+            continue
+        # an n-gram occurs at most as often as the commonest token: k*n/N <= top1*n/N (C-speed Counter above)
+        if thresholds is not None and top1 * n / total <= thresholds.get(n, 1.0):
+            continue
+        if isinstance(toks, str):
+            grams = Counter(map(toks.__getitem__, map(slice, range(total - n + 1), range(n, total + 1))))
+        else:
+            grams = Counter(zip(*[toks[i:] for i in range(n)]))
+        k = max(grams.values())
+        if k > 1:
+            out[f"top_{n}gram_frac"] = min(1.0, k * n / total)
+    return out
+
+
+def check_repetition(text: str, max_dup_line_frac: float, max_dup_line_char_frac: float,
+                     top_ngram_fracs: dict, min_lines: int = 4, min_tokens: int = 50):
+    """Rejects spam-like repetition; duplicate-line limits apply from `min_lines` lines on (a 2-line text with
+    a repeated line is a refrain, not spam), n-gram limits from `min_tokens` tokens on (Gopher's 50 words: in
+    a short poem, repeated characters are style, not spam). The same figures as repetition_stats, with the
+    common cases (no repeated line, too few tokens) decided before any per-line or per-token work."""
+    raw_lines = text.split("\n")
+    if len(raw_lines) >= min_lines and len(set(raw_lines)) < len(raw_lines):
+        st = repetition_stats(text, (), None, 0)
+        if st["lines"] >= min_lines:
+            if st["dup_line_frac"] > max_dup_line_frac:
+                return "repetition", f"duplicate-line fraction {st['dup_line_frac']:.2f} > {max_dup_line_frac}"
+            if st["dup_line_char_frac"] > max_dup_line_char_frac:
+                return "repetition", (f"duplicate-line char fraction {st['dup_line_char_frac']:.2f} > "
+                                      f"{max_dup_line_char_frac}")
+    if len(text) < min_tokens:
+        return None
+    st = _ngram_stats(text, {}, tuple(top_ngram_fracs), top_ngram_fracs, min_tokens)
+    for n, limit in top_ngram_fracs.items():
+        v = st.get(f"top_{n}gram_frac", 0.0)
+        if v > limit:
+            return "repetition", f"top {n}-gram token fraction {v:.2f} > {limit}"
+    return None
+
+
+def record_filters(settings: CleanSettings) -> tuple:
+    """Rule 8, in order: (timer name, check)."""
+    s, limits = settings, settings.ngram_limits()
+    return (("filter_empty", check_empty),
+            ("filter_too_short", lambda t: check_too_short(t, s.min_chars)),
+            ("filter_placeholder_glyphs", lambda t: check_placeholder_glyphs(t, s.max_placeholder_ratio)),
+            ("filter_repetition", lambda t: check_repetition(t, s.max_dup_line_frac, s.max_dup_line_char_frac,
+                                                             limits)))
+
+
+def first_failure(text: str, filters) -> tuple | None:
+    """(reason, detail) of the first filter `text` fails, or None."""
+    for _, check in filters:
+        bad = check(text)
+        if bad:
+            return bad
+    return None

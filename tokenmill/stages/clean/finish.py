@@ -1,0 +1,131 @@
+"""Pass 2 on one shard: rule 7 on the records that hold a candidate boilerplate line (found by one vectorized
+lookup per batch), rule 8 again on those only, then the shard and its rejected side file are written.
+
+A record no line was stripped from keeps its pass-1 verdict: same text, same answer, so the filters effectively
+run after rule 7.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from tokenmill.common.io import JsonlWriter, dumps
+from tokenmill.stages.clean.boilerplate import BoilerplateTable
+from tokenmill.stages.clean.filters import first_failure, record_filters
+from tokenmill.stages.clean.line_stats import LineTable
+from tokenmill.stages.clean.report import Examples, Timer, length_hist
+from tokenmill.stages.clean.settings import CleanSettings
+from tokenmill.stages.clean.staging import StagedBatch, rejected_line
+
+
+@dataclass(frozen=True)
+class FinishTask:
+    stage: str
+    """The shard's StagedBatch stream from pass 1 (removed once read)."""
+    out: str
+    """The cleaned shard."""
+    rejected: str
+    """Its rejected side file, concatenated in shard order into _rejected.jsonl."""
+    settings: CleanSettings
+    boilerplate: LineTable | None
+    """The strippable candidate lines; None when boilerplate detection is off or found nothing."""
+
+
+@dataclass
+class FinishResult:
+    docs_in: int
+    docs_out: int
+    reasons: dict
+    chars_out: int
+    hist_out: list[int]
+    examples: dict
+    stripped: dict
+    """line hash -> [times stripped, the line, its score info]."""
+    strip_hist: dict
+    """Records by lines stripped from them (capped at 5)."""
+    seconds: dict
+
+
+class _Stripper:
+    """Rule 7 and rule 8 again on the records of a staged batch that hold a candidate line."""
+
+    def __init__(self, table: LineTable | None, s: CleanSettings):
+        self.table = BoilerplateTable(table, s.bp_threshold) if table is not None else None
+        self.wanted = table.hash if table is not None else None
+        self.filters = record_filters(s)
+        self.stripped: dict[int, list] = {}
+
+    def _hit_docs(self, b: StagedBatch) -> tuple[list[int], np.ndarray, list[int]]:
+        """Records holding a candidate line, all line hashes, and where each record's hashes end."""
+        if self.wanted is None or not b.hashes:
+            return [], np.zeros(0, np.uint64), []
+        all_hashes = np.frombuffer(b.hashes, np.uint64)
+        hits = np.isin(all_hashes, self.wanted)
+        if not hits.any():
+            return [], all_hashes, []
+        owner = np.repeat(np.arange(len(b.out_lines)), b.n_lines)
+        return np.unique(owner[hits]).tolist(), all_hashes, np.cumsum(b.n_lines).tolist()
+
+    def strip(self, b: StagedBatch, examples: Examples) -> dict[int, int]:
+        """Strips boilerplate lines in place in the batch; returns record index -> lines stripped."""
+        hit_docs, all_hashes, ends = self._hit_docs(b)
+        n_stripped = {}
+        for i in hit_docs:
+            rec = json.loads(b.out_lines[i])
+            text, gone = self.table.strip(rec["text"], all_hashes[ends[i] - b.n_lines[i]:ends[i]].tolist())
+            if not gone:
+                continue
+            n_stripped[i] = len(gone)
+            for h, line, info in gone:
+                entry = self.stripped.get(h)
+                if entry is None:
+                    self.stripped[h] = [1, line, info]
+                else:
+                    entry[0] += 1
+            before, rec["text"] = rec["text"], text
+            reject = first_failure(text, self.filters)
+            b.out_lines[i] = dumps(rec).encode("utf-8")
+            b.len_out[i] = len(text)
+            extra = f" (after stripping {len(gone)} boilerplate lines)"
+            b.rej_lines[i] = None if reject is None else rejected_line(rec, reject, extra)
+            if reject is None:
+                examples.add("boilerplate", rec, before, text)
+        return n_stripped
+
+
+def finish_task(task: FinishTask) -> FinishResult:
+    """Pass 2 on one shard (see the module docstring)."""
+    timer = Timer()
+    stripper = _Stripper(task.boilerplate, task.settings)
+    examples = Examples(task.settings.examples)
+    reasons, strip_hist, len_all = Counter(), Counter(), []
+    docs_in = docs_out = chars_out = 0
+    with JsonlWriter(task.out) as out, JsonlWriter(task.rejected) as rej, open(task.stage, "rb") as stage:
+        out_b, rej_b = out.buffer, rej.buffer  # the staged lines are bytes already
+        for b in StagedBatch.load_all(stage):
+            timer.lap("stage_io")
+            docs_in += len(b.out_lines)
+            n_stripped = stripper.strip(b, examples)
+            timer.lap("strip_boilerplate")
+            for i, r in enumerate(b.rej_lines):
+                if r is not None:
+                    reasons[json.loads(r)["reason"]] += 1
+                    rej_b.write(r)
+                    rej_b.write(b"\n")
+                    rej.count += 1
+                    continue
+                out_b.write(b.out_lines[i])
+                out_b.write(b"\n")
+                out.count += 1
+                docs_out += 1
+                chars_out += b.len_out[i]
+                len_all.append(b.len_out[i])
+                strip_hist[min(n_stripped.get(i, 0), 5)] += 1
+            timer.lap("write_json")
+    os.unlink(task.stage)
+    return FinishResult(docs_in, docs_out, dict(reasons), chars_out, length_hist(len_all), examples.by_kind,
+                        stripper.stripped, dict(strip_hist), timer.sec)

@@ -1,0 +1,270 @@
+"""Pass 1 on one shard: read each record once, rules 0-6, rule 8 on the text as it stands, line statistics.
+
+It stages per batch (`StagedBatch`) what pass 2 needs, so pass 2 touches only the records that hold a
+boilerplate line: each record's output line as bytes (the input line itself when nothing changed), its rejected
+line if a filter failed, and the 64-bit hashes of its lines.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import dumps
+from tokenmill.errors import CorruptOutputError
+from tokenmill.stages.clean import repair as R
+from tokenmill.stages.clean.filters import check_too_long, record_filters
+from tokenmill.stages.clean.line_stats import LineStats, LineTable
+from tokenmill.stages.clean.metadata import extract_metadata
+from tokenmill.stages.clean.report import Examples, Timer, length_hist
+from tokenmill.stages.clean.settings import CleanSettings
+from tokenmill.stages.clean.staging import StagedBatch, rejected_line
+
+BATCH = 2048  # records per column-wise batch: bounded memory, per-rule timing without per-record clock calls
+SPECIAL_TEXT_KEYS = ("messages", "prompt", "chosen", "rejected", "responses")
+_raw_decode = json.JSONDecoder().raw_decode  # json.loads minus its wrapper: ~15% less per record
+
+
+@dataclass(frozen=True)
+class PrepareTask:
+    shard: str
+    """A raw_records shard."""
+    stage: str
+    """Where its StagedBatch stream goes (removed by pass 2)."""
+    settings: CleanSettings
+
+
+@dataclass
+class PrepareResult:
+    counts: dict
+    """Repairs: mojibake_repaired, surrogates_removed, control_chars_removed, meta_lines_extracted, ..."""
+    chars_in: int
+    hist_in: list[int]
+    seconds: dict
+    lines: LineTable
+    examples: dict
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One record after rules 0-6 (and 8, once the filters ran)."""
+
+    new: dict | None
+    """The record as it is written, None when unchanged (the input line is the output line)."""
+    text: str
+    reject: tuple | None
+    """(reason, detail) of the rule that rejected it."""
+    chars_in: int
+    before: str | None
+    """The input text, when the record changed."""
+    kind: str | None
+    """Kind of change for the examples: "metadata" or "repair"."""
+
+
+@dataclass
+class _Batch:
+    """Rules 0-6 work column-wise over a batch: texts and metas by position, the live (not rejected) ones."""
+
+    texts: list[str]
+    metas: list[dict]
+    live: list[int]
+    rejects: dict[int, tuple] = field(default_factory=dict)
+    meta_moved: set[int] = field(default_factory=set)
+
+
+def read_batches(path: Path) -> Iterator[list[tuple[bytes, dict]]]:
+    """Batches of (raw line as bytes without newline, parsed record) from one raw_records shard."""
+    batch = []
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip(b"\r\n")
+            if not line.strip():
+                continue
+            try:
+                rec = _raw_decode(line.decode("utf-8"))[0]
+            except (ValueError, UnicodeDecodeError):
+                try:
+                    rec = json.loads(line)  # leading whitespace and the like; a real error names the line
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise CorruptOutputError(f"{path}:{n}: not a JSON record ({e}); rematerialize raw_records") from e
+            batch.append((line, rec if isinstance(rec, dict) else {"text": rec}))
+            if len(batch) >= BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def _coerce_text(value) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return ""
+    return str(value)
+
+
+def repair_batch(b: _Batch, s: CleanSettings, timer: Timer, counts: Counter) -> None:
+    """Rules 0-6 on the live records of a batch, in place."""
+    texts, live = b.texts, b.live
+    if s.max_chars:
+        for i in live:
+            bad = check_too_long(texts[i], s.max_chars)
+            if bad:
+                b.rejects[i] = bad
+        live[:] = [i for i in live if i not in b.rejects]
+    timer.lap("too_long")
+    flagged = [i for i in live if R.needs_repair(texts[i])]
+    for i in flagged:
+        texts[i], n = R.repair_surrogates(texts[i])
+        if n:
+            counts["surrogates_removed"] += n
+            counts["docs_with_surrogates"] += 1
+    timer.lap("repair_surrogates")
+    if s.fix_mojibake:
+        for i in flagged:
+            texts[i], n = R.repair_mojibake(texts[i])
+            counts["mojibake_repaired"] += n
+    timer.lap("repair_mojibake")
+    if s.normalization != "none":
+        for i in live:
+            texts[i] = R.normalize_unicode(texts[i], s.normalization)
+    timer.lap("normalize_unicode")
+    for i in flagged:
+        texts[i], n = R.strip_control_chars(texts[i])
+        counts["control_chars_removed"] += n
+    timer.lap("strip_control_chars")
+    for i in flagged:
+        texts[i] = R.normalize_whitespace(texts[i])
+    timer.lap("normalize_whitespace")
+    if s.extract_metadata:
+        for i in live:
+            texts[i], b.metas[i], n = extract_metadata(texts[i], b.metas[i], s.max_header_lines)
+            if n:
+                counts["meta_lines_extracted"] += n
+                counts["docs_meta_extracted"] += 1
+                b.meta_moved.add(i)
+    timer.lap("extract_metadata")
+
+
+def _clean_meta(meta, form: str) -> dict:
+    if not isinstance(meta, dict):
+        return {}
+    return {k: R.clean_meta_value(v, form) for k, v in meta.items()}
+
+
+def _clean_special(rec: dict, s: CleanSettings) -> None:
+    """sft/dpo/grpo string fields get the repair rules (no filters: the record's text stands for them)."""
+    def fix(v):
+        if not isinstance(v, str) or not R.needs_repair(v):
+            return v
+        v, _ = R.repair_surrogates(v)
+        if s.fix_mojibake:
+            v, _ = R.repair_mojibake(v)
+        v = R.normalize_unicode(v, s.normalization)
+        v, _ = R.strip_control_chars(v)
+        return v
+    for k in SPECIAL_TEXT_KEYS:
+        if k not in rec:
+            continue
+        v = rec[k]
+        if isinstance(v, str):
+            rec[k] = fix(v)
+        elif isinstance(v, list):
+            rec[k] = [{**t, "content": fix(t.get("content"))} if isinstance(t, dict) else fix(t) for t in v]
+
+
+def _assemble(rec: dict, text: str, original: str, meta: dict, moved: bool, s: CleanSettings) -> Prepared:
+    """The record after rules 1-6: rebuilt (id, text, meta, source, then its other fields) only when it changed."""
+    if meta and R.meta_value_needs_cleaning("\n".join(v for v in meta.values() if isinstance(v, str)) + "\n.",
+                                            s.normalization):
+        meta = _clean_meta(meta, s.normalization)
+    changed = text is not original and text != original
+    changed = changed or (meta is not rec.get("meta") and meta != rec.get("meta"))
+    special = [k for k in SPECIAL_TEXT_KEYS if k in rec] if len(rec) > 4 else ()
+    new = None
+    if changed or special:
+        new = {"id": rec.get("id"), "text": text, "meta": meta, "source": rec.get("source")}
+        for k, v in rec.items():
+            if k not in new:
+                new[k] = v
+        if special:
+            before = {k: rec[k] for k in special}
+            _clean_special(new, s)
+            changed = changed or any(new[k] != v for k, v in before.items())
+    return Prepared(new if changed else None, text, None, len(original), original if changed else None,
+                    "metadata" if moved else "repair")
+
+
+def prepare_batch(batch: list[tuple[bytes, dict]], s: CleanSettings, timer: Timer, counts: Counter) -> list[Prepared]:
+    """Rules 0-6 on a batch of (raw line, record)."""
+    texts = [_coerce_text(rec.get("text")) for _, rec in batch]
+    originals = list(texts)
+    b = _Batch(texts, [rec.get("meta") if isinstance(rec.get("meta"), dict) else {} for _, rec in batch],
+               list(range(len(batch))))
+    repair_batch(b, s, timer, counts)
+    entries = []
+    for i, (_, rec) in enumerate(batch):
+        reject = b.rejects.get(i)
+        if reject is not None:
+            entries.append(Prepared({"id": rec.get("id"), "source": rec.get("source")}, "", reject,
+                                    len(originals[i]), None, None))
+        else:
+            entries.append(_assemble(rec, texts[i], originals[i], b.metas[i], i in b.meta_moved, s))
+    timer.lap("assemble_records")
+    return entries
+
+
+def _filter(entries: list[Prepared], filters, timer: Timer) -> None:
+    """Rule 8 on the entries not yet rejected, filter by filter (each timed)."""
+    live = [e for e in entries if e.reject is None]
+    for name, check in filters:
+        keep = []
+        for e in live:
+            bad = check(e.text)
+            if bad:
+                e.reject = bad
+            else:
+                keep.append(e)
+        live = keep
+        timer.lap(name)
+
+
+def prepare_task(task: PrepareTask) -> PrepareResult:
+    """Pass 1 on one shard (see the module docstring)."""
+    s = task.settings
+    timer, counts = Timer(), Counter()
+    stats = LineStats(s.bp_edge_frac)
+    filters = record_filters(s)
+    examples = Examples(s.examples)
+    len_in, chars_in = [], 0
+    with open(task.stage, "wb") as stage:
+        for batch in read_batches(Path(task.shard)):
+            timer.lap("read_json")
+            entries = prepare_batch(batch, s, timer, counts)
+            _filter(entries, filters, timer)
+            hashes, n_lines = [], []
+            for e in entries:
+                hs = stats.add_document(e.text) if (s.boilerplate and e.text) else ()
+                hashes += hs
+                n_lines.append(len(hs))
+            timer.lap("line_stats")
+            staged = StagedBatch([], [], [], n_lines, np.array(hashes, np.uint64).tobytes())
+            for (line, rec), e in zip(batch, entries):
+                len_in.append(e.chars_in)
+                chars_in += e.chars_in
+                if e.new is not None and e.text:
+                    staged.out_lines.append(dumps(e.new).encode("utf-8"))
+                    if e.reject is None:
+                        examples.add(e.kind, e.new, e.before, e.text)
+                else:
+                    staged.out_lines.append(line)
+                staged.rej_lines.append(None if e.reject is None else rejected_line(e.new or rec, e.reject))
+                staged.len_out.append(len(e.text))
+            timer.lap("write_json")
+            staged.dump(stage)
+            timer.lap("stage_io")
+    return PrepareResult(dict(counts), chars_in, length_hist(len_in), timer.sec, stats.table(), examples.by_kind)

@@ -1,0 +1,81 @@
+"""What the cleaning stage reports besides counts: seconds per rule, length histograms, before/after examples."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from tokenmill.stages.clean.repair import SURROGATE_RE
+
+RULES = ("read_json", "too_long", "repair_surrogates", "repair_mojibake", "normalize_unicode", "strip_control_chars",
+         "normalize_whitespace", "extract_metadata", "assemble_records", "line_stats", "stage_io", "merge_line_stats",
+         "strip_boilerplate", "filter_empty", "filter_too_short", "filter_placeholder_glyphs", "filter_repetition",
+         "write_json")
+# length histogram buckets (characters): [0,10), [10,20), ... [10000, inf)
+LENGTH_BUCKETS = (0, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
+EXAMPLE_CHARS = 160
+EXAMPLE_KINDS = ("boilerplate", "metadata", "repair")
+
+
+class Timer:
+    """Seconds per rule, summed over a worker's batches (reported as each rule's share of the stage)."""
+
+    def __init__(self):
+        self.sec = dict.fromkeys(RULES, 0.0)
+        self._t = time.perf_counter()
+
+    def lap(self, rule: str) -> None:
+        now = time.perf_counter()
+        self.sec[rule] += now - self._t
+        self._t = now
+
+
+def length_hist(lengths: list[int]) -> list[int]:
+    """Records per LENGTH_BUCKETS bucket."""
+    if not lengths:
+        return [0] * len(LENGTH_BUCKETS)
+    idx = np.searchsorted(np.array(LENGTH_BUCKETS[1:]), np.array(lengths), side="right")
+    return np.bincount(idx, minlength=len(LENGTH_BUCKETS)).tolist()
+
+
+def bucket_labels() -> list[str]:
+    edges = list(LENGTH_BUCKETS) + [None]
+    return [f"{a}-{b - 1}" if b is not None else f"{a}+" for a, b in zip(edges, edges[1:])]
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + "…"
+
+
+def _diff_window(before: str, after: str) -> tuple[str, str]:
+    """Short excerpts of before/after around their first difference (a repair deep in a long text shows)."""
+    i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
+    start = max(0, i - EXAMPLE_CHARS // 4)
+    pre = "…" if start else ""
+    # lone surrogates of the input cannot go into _stats.json: shown as U+FFFD
+    before = SURROGATE_RE.sub("\ufffd", before[start:start + EXAMPLE_CHARS + 1])
+    return pre + _short(before), pre + _short(after[start:])
+
+
+class Examples:
+    """A few before/after examples per kind of change (boilerplate, metadata, repair)."""
+
+    def __init__(self, n: int):
+        self.n, self.by_kind = n, {}
+
+    def add(self, kind: str, rec: dict, before: str, after: str) -> None:
+        shelf = self.by_kind.setdefault(kind, [])
+        if len(shelf) < self.n:
+            b, a = _diff_window(before, after)
+            shelf.append({"id": rec.get("id"), "kind": kind, "before": b, "after": a,
+                          "meta": {k: _short(str(v)) for k, v in list((rec.get("meta") or {}).items())[:4]}})
+
+
+def pick_examples(by_kind: dict, n: int) -> list:
+    """Up to n examples, taken in turn from each kind of change (boilerplate, metadata, repair)."""
+    order = [k for k in EXAMPLE_KINDS if k in by_kind]
+    out, i = [], 0
+    while len(out) < n and any(i < len(by_kind[k]) for k in order):
+        out += [by_kind[k][i] for k in order if i < len(by_kind[k])]
+        i += 1
+    return out[:n]

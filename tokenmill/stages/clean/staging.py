@@ -1,0 +1,41 @@
+"""What pass 1 stages for pass 2, per batch of records: output lines as bytes, rejected lines, line hashes."""
+from __future__ import annotations
+
+import marshal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from tokenmill.common.io import dumps
+
+
+@dataclass
+class StagedBatch:
+    out_lines: list[bytes]
+    """Each record's output line (the input line itself when nothing changed)."""
+    rej_lines: list[bytes | None]
+    """Each record's rejected line, None when it passed the filters."""
+    len_out: list[int]
+    """Characters of each record's text as it stands."""
+    n_lines: list[int]
+    """How many line hashes each record has in `hashes` (0 when boilerplate detection is off)."""
+    hashes: bytes
+    """uint64 hashes of every record's non-blank lines, record after record."""
+
+    def dump(self, f: BinaryIO) -> None:
+        marshal.dump((self.out_lines, self.rej_lines, self.len_out, self.n_lines, self.hashes), f)
+
+    @classmethod
+    def load_all(cls, f: BinaryIO) -> Iterator[StagedBatch]:
+        while True:
+            try:
+                yield cls(*marshal.load(f))
+            except EOFError:
+                return
+
+
+def rejected_line(rec: dict, reject: tuple, extra: str = "") -> bytes:
+    """The _rejected.jsonl line of a record failing a filter: id, source, reason, detail."""
+    reason, detail = reject
+    return dumps({"id": rec.get("id"), "source": rec.get("source"), "reason": reason,
+                  "detail": detail + extra}).encode("utf-8")

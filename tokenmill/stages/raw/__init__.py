@@ -1,0 +1,20 @@
+"""raw_records: read a file or folder of .jsonl/.json/.txt/.csv (and .gz of these) into record JSONL shards.
+
+Every input record becomes `{"id", "text", "meta", "source": {"path", "line"|"index"}}` (docs/format.md).
+Bad input never stops the run and is never dropped silently: each bad line, record or file goes to
+`_rejected.jsonl` with a reason and is counted, so docs_in = docs_out + sum(rejected).
+
+Steps, one module each:
+  discover     the source's files in sorted order (hidden ones and the data root left out), grouped into tasks
+               of whole files (bounded input bytes, fixed: the same layout for any worker count)
+  stream       opening (plain or gzip) and what every reader yields: Found values or Bad input with a reason
+  read_jsonl, read_json, read_txt, read_csv
+               one reader per format
+  records      one input object -> text, meta and the sft/dpo/grpo fields (presets for common layouts)
+  ingest       each task writes its own shards into a private folder; the parent renames them into one global
+               sequence in task order, so the output is byte-identical for any worker count
+"""
+from tokenmill.stages.raw.ingest import REASONS, ingest
+from tokenmill.stages.raw.settings import RawSettings
+
+__all__ = ["REASONS", "RawSettings", "ingest"]

@@ -1,0 +1,235 @@
+"""Ingest orchestration: tasks of whole files read into private shard folders, then renamed into one sequence."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import zlib
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tokenmill.common.io import (
+    REJECTED_FILE,
+    STATS_FILE,
+    JsonlWriter,
+    atomic_write_json,
+    concat_files,
+    dumps,
+    record_id,
+    shard_name,
+)
+from tokenmill.common.parallel import map_ordered
+from tokenmill.common.progress import Progress
+from tokenmill.errors import SourceError
+from tokenmill.stages.raw.discover import SourceFile, list_source, plan_tasks, reader_kind
+from tokenmill.stages.raw.read_csv import read_csv
+from tokenmill.stages.raw.read_json import read_json
+from tokenmill.stages.raw.read_jsonl import read_jsonl
+from tokenmill.stages.raw.read_txt import read_txt
+from tokenmill.stages.raw.records import Mapped, map_record
+from tokenmill.stages.raw.settings import RawSettings
+from tokenmill.stages.raw.stream import Bad, Found, Rejected, snip
+
+REASONS = ("malformed_json", "no_text_field", "not_an_object", "undecodable_bytes", "unreadable_file",
+           "malformed_csv_row", "bad_fields")
+READER_FUNCS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv}
+
+
+@dataclass(frozen=True)
+class IngestTask:
+    files: list[SourceFile]
+    folder: str
+    """Private folder of the task: its shards and rejected.jsonl, renamed into place by the parent."""
+    settings: RawSettings
+
+
+@dataclass
+class FileReport:
+    path: str
+    records: int = 0
+    rejected: int = 0
+    bytes: int = 0
+    rejected_by_reason: dict = field(default_factory=dict)
+
+
+@dataclass
+class TaskResult:
+    folder: str
+    shards: list[int]
+    """Records per shard written by the task, in order."""
+    files: list[FileReport]
+
+
+class _ShardSink:
+    """Writes records of one task into numbered shards, rolling over every `per_shard` records."""
+
+    def __init__(self, folder: Path, per_shard: int):
+        self.folder, self.per_shard = folder, per_shard
+        self.counts: list[int] = []
+        self._w: JsonlWriter | None = None
+
+    def write(self, rec: dict) -> None:
+        if self._w is None or self._w.count >= self.per_shard:
+            self.close()
+            self._w = JsonlWriter(self.folder / shard_name(len(self.counts)))
+        self._w.write(rec)
+
+    def close(self) -> None:
+        if self._w is not None:
+            self._w.close()
+            self.counts.append(self._w.count)
+            self._w = None
+
+
+class _FileIngest:
+    """One source file of a task: its values become records in the sink, its bad input rejected entries."""
+
+    def __init__(self, src: SourceFile, sink: _ShardSink, rejected, settings: RawSettings):
+        self.src, self.sink, self.rejected, self.settings = src, sink, rejected, settings
+        self.report = FileReport(src.rel, bytes=src.size)
+        self.reasons: Counter = Counter()
+
+    def reject(self, bad: Bad) -> None:
+        entry = {"path": self.src.rel, bad.key: bad.at, "reason": bad.reason, "detail": bad.detail,
+                 "snippet": bad.snippet}
+        self.rejected.write(dumps(entry) + "\n")
+        self.reasons[bad.reason] += 1
+        self.report.rejected += 1
+
+    def mapped(self, kind: str, item: Found) -> Mapped | None:
+        """The record fields of one value, or None when it is rejected."""
+        if kind == "txt":  # the txt reader yields the text itself
+            return Mapped(item.value)
+        if not isinstance(item.value, dict):
+            self.reject(Bad(item.key, item.at, "not_an_object", f"JSON value is {type(item.value).__name__}, "
+                            "not an object", snip(json.dumps(item.value, ensure_ascii=False))))
+            return None
+        try:
+            return map_record(item.value, self.settings)
+        except Rejected as e:
+            self.reject(Bad(item.key, item.at, e.reason, e.detail, snip(json.dumps(item.value, ensure_ascii=False))))
+            return None
+
+    def write(self, item: Found, m: Mapped) -> None:
+        rel = self.src.rel
+        rec = {"id": record_id(rel, **{item.key: item.at}), "text": m.text, "meta": m.meta,
+               "source": {"path": rel, item.key: item.at}}
+        rec.update(m.special)
+        try:
+            self.sink.write(rec)
+        except UnicodeEncodeError as e:  # a JSON "\\ud800" escape: a lone surrogate is not text
+            self.reject(Bad(item.key, item.at, "undecodable_bytes", f"lone surrogate in the record: {e.reason}",
+                            snip(json.dumps(item.value, ensure_ascii=False))))
+            return
+        self.report.records += 1
+
+    def run(self) -> FileReport:
+        kind, gz = reader_kind(self.src.rel)
+        items, last = READER_FUNCS[kind](self.src.path, gz, self.settings), None
+        while True:
+            try:  # only reading fails a file: a failed write of ours (disk full) must stop the run
+                item = next(items, None)
+            except (OSError, EOFError, zlib.error) as e:  # unreadable, truncated or corrupt gzip
+                after = last is not None and last.key == "line" and last.at is not None
+                self.reject(Bad("line", last.at + 1 if after else None, "unreadable_file",
+                                f"{type(e).__name__}: {e}", ""))
+                break
+            if item is None:
+                break
+            last = item
+            if isinstance(item, Bad):
+                self.reject(item)
+                continue
+            m = self.mapped(kind, item)
+            if m is not None:
+                self.write(item, m)
+        self.report.rejected_by_reason = dict(sorted(self.reasons.items()))
+        return self.report
+
+
+def ingest_task(task: IngestTask) -> TaskResult:
+    """Reads the files of one task into its folder (shards + rejected.jsonl); returns per-file counts."""
+    folder = Path(task.folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sink = _ShardSink(folder, task.settings.records_per_shard)
+    with open(folder / REJECTED_FILE, "w", encoding="utf-8") as rejected:
+        reports = [_FileIngest(src, sink, rejected, task.settings).run() for src in task.files]
+    sink.close()
+    return TaskResult(str(folder), sink.counts, reports)
+
+
+def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[FileReport]]:
+    """Renames each task's shards into one global sequence, in task order; concatenates the rejected parts."""
+    n_shard, rejected_parts, reports = 0, [], []
+    for res in results:
+        folder = Path(res.folder)
+        for i, _ in enumerate(res.shards):
+            os.replace(folder / shard_name(i), out_dir / shard_name(n_shard))
+            n_shard += 1
+        rejected_parts.append(folder / REJECTED_FILE)
+        reports += res.files
+        progress.advance(len(res.files))
+    concat_files(rejected_parts, out_dir / REJECTED_FILE)
+    progress.finish()
+    return n_shard, reports
+
+
+def _stats(reports: list[FileReport], skipped: list[str], shards: int, tasks: int, source: Path,
+           settings: RawSettings, t0: float) -> dict:
+    by_reason = Counter()
+    for f in reports:
+        by_reason.update(f.rejected_by_reason)
+    docs_out = sum(f.records for f in reports)
+    n_rejected = sum(by_reason.values())
+    return {
+        "docs_in": docs_out + n_rejected,
+        "docs_out": docs_out,
+        **{f"dropped_{r}": by_reason.get(r, 0) for r in sorted(set(REASONS) | set(by_reason))},
+        "rejected": n_rejected,
+        "rejected_by_reason": dict(sorted(by_reason.items())),
+        "files_read": len(reports),
+        "files": [asdict(f) for f in reports],
+        "skipped_files": skipped,
+        "bytes_read": sum(f.bytes for f in reports),
+        "shards": shards,
+        "tasks": tasks,
+        "source": str(source),
+        "settings": settings.model_dump(),
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, workers: int | None = None,
+           log=None, exclude: Path | None = None) -> dict:
+    """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`.
+
+    Writes part-XXXXX.jsonl, _rejected.jsonl (every bad line/record/file with a reason) and _stats.json;
+    returns the stats. Raises SourceError before any work when `source` does not exist.
+    """
+    t0 = time.perf_counter()
+    source, out_dir = Path(source), Path(out_dir)
+    if not source.exists():
+        raise SourceError(f"corpus source does not exist: {source} (set TOKENMILL_SOURCE to a file or folder)")
+    # the plain class, also for the asset's config: workers never import the asset module (dagster)
+    settings = RawSettings(**settings.model_dump()) if settings is not None else RawSettings()
+    listing = list_source(source, Path(exclude).resolve() if exclude else None)
+    if not listing.files:
+        raise SourceError(f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "
+                          f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if listing.skipped and log is not None:
+        log.warning(f"raw_records: skipped {len(listing.skipped)} files (unknown extension or a file name that is "
+                    f"not UTF-8), e.g. {listing.skipped[:5]}")
+    tasks = [IngestTask(files, str(out_dir / f".task-{i:05d}"), settings)
+             for i, files in enumerate(plan_tasks(listing.files, max(1, int(settings.task_mb * 1024 * 1024))))]
+    progress = Progress("raw_records", total=len(listing.files), unit="files", log=log)
+    try:
+        shards, reports = _collect(map_ordered(ingest_task, tasks, workers), out_dir, progress)
+    finally:
+        for t in tasks:
+            shutil.rmtree(t.folder, ignore_errors=True)
+    stats = _stats(reports, listing.skipped, shards, len(tasks), source, settings, t0)
+    atomic_write_json(out_dir / STATS_FILE, stats)
+    return stats

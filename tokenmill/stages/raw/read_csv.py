@@ -1,0 +1,71 @@
+"""Reader of .csv (and .gz): the first row is the header, each later row a record keyed by it."""
+from __future__ import annotations
+
+import csv
+import sys
+from collections.abc import Iterator
+
+from tokenmill.stages.raw.settings import RawSettings
+from tokenmill.stages.raw.stream import Bad, Found, open_source, snip, strip_bom
+
+
+class _LineFeed:
+    """Decoded lines for csv.reader, remembering which physical lines the current row used."""
+
+    def __init__(self, f):
+        self.f, self.n, self.used, self.bad = f, 0, [], []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        while True:
+            raw = next(self.f)
+            self.n += 1
+            raw = strip_bom(raw, self.n)
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                self.bad.append(Bad("line", self.n, "undecodable_bytes",
+                                    f"not UTF-8 at byte {e.start} of the line: {e.reason}", snip(raw)))
+                continue
+            self.used.append(self.n)
+            return line
+
+
+def read_csv(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
+    csv.field_size_limit(min(sys.maxsize, 1 << 30))
+    with open_source(path, gz) as f:
+        feed = _LineFeed(f)
+        reader = csv.reader(feed, delimiter=settings.csv_delimiter)
+        header = None
+        while True:
+            feed.used = []
+            before = feed.n
+            try:
+                row = next(reader)
+                err = None
+            except StopIteration:
+                row, err = None, None
+            except csv.Error as e:
+                row, err = [], str(e)
+            yield from feed.bad
+            feed.bad = []
+            if row is None:
+                return
+            at = feed.used[0] if feed.used else feed.n
+            if err is not None:
+                yield Bad("line", at, "malformed_csv_row", err, "")
+                if feed.n == before:  # the reader consumed nothing: stop rather than loop
+                    return
+                continue
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue  # blank line
+            if header is None:
+                header = row
+                continue
+            if len(row) != len(header):
+                yield Bad("line", at, "malformed_csv_row", f"{len(row)} fields, header has {len(header)}",
+                          snip(settings.csv_delimiter.join(row)))
+                continue
+            yield Found("line", at, dict(zip(header, row)))
