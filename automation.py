@@ -10,21 +10,32 @@ import dagster as dg
 
 from resources import CorpusSource
 
-# In-process: each stage already fans out over worker processes, so a process per step would only add
-# start-up time and SQLite contention on the embedded instance.
-all_assets_job = dg.define_asset_job(
-    "tokenmill_all",
-    selection=dg.AssetSelection.all(),
-    description="Materialize every tokenmill asset, raw records to funnel telemetry.",
-    executor_def=dg.in_process_executor,
-)
+WHOLE_GRAPH_JOB = "tokenmill_all"
+# Runs carry their data root, so the production instance's run queue admits one run per data root
+# (deploy/dagster.yaml: tag_concurrency_limits with applyLimitPerUniqueValue).
+DATA_ROOT_TAG = "tokenmill/data_root"
+DAILY_CRON = os.environ.get("TOKENMILL_SCHEDULE_CRON", "0 3 * * *")
+
+
+def whole_graph_job(data_root: str) -> dg.UnresolvedAssetJobDefinition:
+    """Every asset in one run, tagged with the data root it writes."""
+    # In-process: each stage already fans out over worker processes, so a process per step would only add
+    # start-up time and SQLite contention on the embedded instance.
+    return dg.define_asset_job(
+        WHOLE_GRAPH_JOB,
+        selection=dg.AssetSelection.all(),
+        description="Materialize every tokenmill asset, raw records to funnel telemetry.",
+        executor_def=dg.in_process_executor,
+        tags={DATA_ROOT_TAG: data_root},
+    )
+
 
 daily_refresh = dg.ScheduleDefinition(
     name="tokenmill_daily",
-    job=all_assets_job,
-    cron_schedule="0 3 * * *",
+    job_name=WHOLE_GRAPH_JOB,
+    cron_schedule=DAILY_CRON,
     default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="Rebuild the whole graph every day at 03:00.",
+    description=f"Rebuild the whole graph on cron '{DAILY_CRON}' (env TOKENMILL_SCHEDULE_CRON; default 03:00 daily).",
 )
 
 
@@ -45,7 +56,7 @@ def source_state(source: Path) -> dict[str, list[int]]:
     return state
 
 
-@dg.sensor(job=all_assets_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
+@dg.sensor(job_name=WHOLE_GRAPH_JOB, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.STOPPED,
            description="Requests a run of the whole graph when files under TOKENMILL_SOURCE are added, changed or removed.")
 def source_files_sensor(context: dg.SensorEvaluationContext, source: CorpusSource):
     path = Path(source.path).expanduser()

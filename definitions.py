@@ -8,7 +8,7 @@ from assets.dedup import dedup_report, deduped_jsonl
 from assets.raw import raw_records
 from assets.telemetry import funnel_telemetry
 from assets.tokenize import tokenized_bins, tokenizer
-from automation import all_assets_job, daily_refresh, source_files_sensor
+from automation import daily_refresh, source_files_sensor, whole_graph_job
 from resources import CorpusSource, DataRoot, data_root_from_env, source_from_env
 
 ASSETS = [raw_records, cleaned_jsonl, dedup_report, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry]
@@ -21,7 +21,7 @@ def build_defs(source: CorpusSource, data_root: DataRoot) -> dg.Definitions:
     return dg.Definitions(
         assets=ASSETS,
         asset_checks=CHECKS,
-        jobs=[all_assets_job],
+        jobs=[whole_graph_job(str(data_root.path('')))],
         schedules=[daily_refresh],
         sensors=[source_files_sensor],
         resources={"source": source, "data_root": data_root},

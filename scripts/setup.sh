@@ -12,5 +12,5 @@ pip_install() {
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 pip_install torch==2.13.0
-pip_install -e ".[test]" -e ./loaders
+pip_install -e ".[test,postgres]" -e ./loaders
 mkdir -p dagster_home

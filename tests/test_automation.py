@@ -3,7 +3,7 @@ import os
 
 import dagster as dg
 
-from automation import all_assets_job, daily_refresh, source_files_sensor
+from automation import WHOLE_GRAPH_JOB, daily_refresh, source_files_sensor
 from resources import CorpusSource
 
 
@@ -49,7 +49,7 @@ def test_sensor_skips_missing_source(tmp_path):
 
 def test_daily_schedule_targets_the_whole_graph_and_is_stopped_by_default():
     assert daily_refresh.default_status == dg.DefaultScheduleStatus.STOPPED
-    assert daily_refresh.job_name == all_assets_job.name
+    assert daily_refresh.job_name == WHOLE_GRAPH_JOB
     context = dg.build_schedule_context(scheduled_execution_time=None)
     requests = list(daily_refresh.evaluate_tick(context).run_requests)
     assert len(requests) == 1

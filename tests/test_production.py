@@ -1,0 +1,104 @@
+"""The production instance (deploy/dagster.yaml) against the real PostgreSQL server: the whole job, a schedule tick
+and a sensor tick recorded there, and runs launched together on one data root executed one after the other."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from automation import DATA_ROOT_TAG, WHOLE_GRAPH_JOB
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+PG_SERVER = os.environ.get("TOKENMILL_TEST_PG", "postgresql://postgres@127.0.0.1:5432")
+WAIT_SECONDS = 300
+
+
+def connect(database: str):
+    psycopg2 = pytest.importorskip("psycopg2")
+    try:
+        conn = psycopg2.connect(f"{PG_SERVER}/{database}", connect_timeout=3)
+    except psycopg2.OperationalError as e:
+        pytest.skip(f"no PostgreSQL server at {PG_SERVER}: {e}")
+    conn.autocommit = True
+    return conn
+
+
+@pytest.fixture
+def production_env(tmp_path, demo_source, monkeypatch):
+    """A fresh database, DAGSTER_HOME holding deploy/dagster.yaml, and the environment a deployment sets."""
+    database = f"tokenmill_test_{uuid.uuid4().hex[:8]}"
+    admin = connect("postgres")
+    admin.cursor().execute(f"CREATE DATABASE {database}")
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
+    env = {"DAGSTER_HOME": str(home), "TOKENMILL_PG_URL": f"{PG_SERVER.replace('postgresql://', 'postgresql+psycopg2://')}/{database}",
+           "TOKENMILL_SOURCE": str(demo_source), "TOKENMILL_DATA": str(tmp_path / "data"),
+           "TOKENMILL_SCHEDULE_CRON": "* * * * *", "TOKENMILL_WORKERS": "1"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    yield {**os.environ, **env}
+    admin.cursor().execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+    admin.close()
+
+
+def dagster(*args, env):
+    return subprocess.run([str(BIN / "dagster"), *args, "-m", "definitions"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(production_env):
+    env = production_env
+    executed = dagster("job", "execute", "-j", WHOLE_GRAPH_JOB, env=env)
+    assert executed.returncode == 0, executed.stderr[-3000:]
+
+    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-m", "definitions"], env=env, cwd=REPO,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for args in (("schedule", "start", "tokenmill_daily"), ("sensor", "start", "source_files_sensor"),
+                     ("job", "launch", "-j", WHOLE_GRAPH_JOB), ("job", "launch", "-j", WHOLE_GRAPH_JOB)):
+            done = dagster(*args, env=env)
+            assert done.returncode == 0, (args, done.stderr[-3000:])
+
+        with dg.DagsterInstance.get() as instance:  # DAGSTER_HOME and TOKENMILL_PG_URL: the PostgreSQL instance
+            assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+            deadline = time.monotonic() + WAIT_SECONDS
+            while time.monotonic() < deadline:
+                ticks = {kind: instance.get_ticks(origin_id, selector_id)
+                         for kind, origin_id, selector_id in instigators(instance)}
+                records = instance.get_run_records()
+                finished = all(r.dagster_run.is_finished for r in records)
+                if finished and len(records) >= 5 and all(ticks.values()):
+                    break
+                time.sleep(3)
+            else:
+                pytest.fail(f"timed out: {len(records)} runs, ticks { {k: len(v) for k, v in ticks.items()} }")
+
+            assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records), \
+                [(r.dagster_run.run_id, r.dagster_run.status) for r in records]
+            assert {r.dagster_run.tags.get(DATA_ROOT_TAG) for r in records} == {env["TOKENMILL_DATA"]}
+            windows = sorted((r.start_time, r.end_time) for r in records)
+            for (_, end), (next_start, _) in zip(windows, windows[1:]):
+                assert next_start >= end, f"runs on one data root overlapped: {windows}"
+    finally:
+        os.killpg(daemon.pid, signal.SIGINT)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)
+
+
+def instigators(instance):
+    """(kind, origin id, selector id) of the schedule and the sensor, from the states `start` stored."""
+    states = instance.all_instigator_state()
+    found = [(s.instigator_type.value, s.instigator_origin_id, s.selector_id) for s in states
+             if s.instigator_name in ("tokenmill_daily", "source_files_sensor")]
+    assert len(found) == 2, states
+    return found
