@@ -4,7 +4,7 @@ import dagster as dg
 
 from resources import DataRoot
 from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
-from tokenmill.minhash import dedup_keys, key_digest
+from tokenmill.stages.dedup.keys import dedup_keys, key_digest
 from tokenmill.stages.telemetry import build_funnel
 from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_dataset
 

@@ -158,3 +158,97 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
         "chars_in": stats["chars_in"],
         "chars_out": stats["chars_out"],
     }
+
+
+DEDUP_SOURCE_ROWS = 20  # per-source rows shown in the UI; the full list is in report.json
+DEDUP_TEXT_CHARS = 80  # characters of each text in the side-by-side samples
+
+
+def _dedup_samples_md(samples: list[dict]) -> str:
+    out = []
+    for i, s in enumerate(samples):
+        shown = f", {len(s['members'])} shown" if len(s["members"]) < s["size"] else ""
+        members = pd.DataFrame([{"role": m["role"], "level": m["level"], "similarity": f"{m['similarity']:.3f}",
+                                 "source": cell(m["source"]["path"], DEDUP_TEXT_CHARS) + ":"
+                                 + str(m["source"].get("line", m["source"].get("index", ""))),
+                                 "text": cell(m["text"], DEDUP_TEXT_CHARS)} for m in s["members"]])
+        out.append(f"**cluster {i + 1}** ({s['size']} records{shown})\n\n{markdown_table(members).value}\n")
+    return "\n".join(out) or "no duplicates"
+
+
+def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file: str, report_file: str) -> dict:
+    """dedup_report: counts, parameters, per-source table, cluster-size histogram and sample clusters."""
+    c, p = report["counts"], report["parameters"]
+    params = [("threshold", p["threshold"]), ("bands x rows", f"{p['bands']} x {p['rows']} of {p['num_perm']} "
+                                                              "permutations"),
+              ("shingles", f"{p['ngram_rule']} (sketched: {p['shingle_sizes']})"), ("key", p["key"]),
+              ("keep rule", p["keep"]), ("MinHash", p["minhash"])]
+    params += [(f"P(candidate) at Jaccard {s}", v) for s, v in p["catch_probability"].items()]
+    sources = pd.DataFrame(sorted(report["per_source"], key=lambda r: -(r["exact_removed"] + r["near_removed"]))
+                           [:DEDUP_SOURCE_ROWS],
+                           columns=["path", "records_in", "kept", "exact_removed", "near_removed", "cross_file"])
+    return {
+        **stage_counts(stats, folder / report_file),
+        **{k: c[k] for k in ("candidate_pairs", "verified_pairs", "rejected_candidates", "clusters", "largest_cluster",
+                             "components", "components_with_several_kept", "cross_file_duplicates",
+                             "oversized_buckets", "pairs_not_emitted")},
+        "bands_x_rows": f"{p['bands']} x {p['rows']}",
+        "parameters": markdown_table(pd.DataFrame(params, columns=["parameter", "value"])),
+        "per_source": dagster_table(sources),
+        "cluster_sizes": dagster_table(pd.DataFrame(report["cluster_sizes"], columns=["size", "clusters", "records"])),
+        "sample_clusters": dg.MetadataValue.md(_dedup_samples_md(report["samples"])),
+        "clusters_path": dg.MetadataValue.path(str(folder / clusters_file)),
+    }
+
+
+def deduped_jsonl_metadata(stats: dict, folder: Path, removed_file: str) -> dict:
+    """deduped_jsonl: the counts, and where the removed records are listed."""
+    return {**stage_counts(stats, folder), "removed_path": dg.MetadataValue.path(str(folder / removed_file))}
+
+
+TOKENIZER_EXAMPLE_PIECES = 16  # tokens shown per example text in the tokenizer UI table
+HISTOGRAM_BAR = 30  # characters of the longest bar in the tokens-per-document histogram
+
+
+def tokenizer_metadata(stats: dict, folder: Path) -> dict:
+    """tokenizer: vocabulary, sample, held-out chars per token and a few texts split into tokens."""
+    examples = pd.DataFrame([{"text": cell(e["text"], 40), "tokens": e["tokens"],
+                              "first tokens": cell(" · ".join(e["pieces"][:TOKENIZER_EXAMPLE_PIECES]))}
+                             for e in stats["examples"]], columns=["text", "tokens", "first tokens"])
+    return {
+        **stage_counts(stats, folder / "tokenizer.json"),
+        "mode": stats["mode"],
+        "vocab_size": stats["vocab_size"],
+        "sample_records": stats["sample_records"], "sample_chars": stats["sample_chars"],
+        "chars_per_token_held_out": stats["chars_per_token"] or 0.0,
+        "examples": markdown_table(examples),
+        "special_tokens": dg.MetadataValue.json(stats["special_tokens"]),
+        "tokenizer_sha256": stats["tokenizer_sha256"],
+        "train_seconds": stats["train_seconds"],
+    }
+
+
+def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
+    """tokenized_bins: tokens (supervised/masked), splits, tokens per document, bytes per file, a decoded sample."""
+    tpd = stats["tokens_per_doc"]
+    hist = pd.DataFrame(tpd["histogram"], columns=["tokens", "docs"])
+    top = max(int(hist["docs"].max()) if len(hist) else 0, 1)
+    hist["bar"] = hist["docs"].map(lambda n: "█" * round(HISTOGRAM_BAR * n / top))
+    hist["docs"] = hist["docs"].map("{:,}".format)
+    sizes = pd.DataFrame(sorted(stats["bytes_on_disk"].items()), columns=["file", "bytes"])
+    sample = ("Masked tokens in [~~brackets~~]:\n\n" + stats["sample"]["markdown"]) if "sample" in stats \
+        else "no records"
+    return {
+        **stage_counts(stats, folder),
+        "training_type": stats["training_type"],
+        "tokens": dg.MetadataValue.int(stats["tokens"]),
+        **{k: stats[k] for k in ("supervised_tokens", "masked_tokens", "supervised_share", "masked_share", "records",
+                                 "metadata_dropout", "metadata_dropout_share", "train_tokens", "val_tokens",
+                                 "train_records", "val_records", "isolated_punctuation_share", "token_dtype",
+                                 "vocab_size", "tokens_per_second")},
+        "chars_per_token": stats["chars_per_token"] or 0.0,
+        "tokens_per_doc_mean": tpd["mean"], "tokens_per_doc_p99": tpd["p99"],
+        "tokens_per_doc": markdown_table(hist.rename(columns={"tokens": "tokens/doc", "bar": ""})),
+        "bytes_on_disk": dagster_table(sizes),
+        "sample": dg.MetadataValue.md(sample),
+    }

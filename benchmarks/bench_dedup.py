@@ -2,7 +2,7 @@
 
 usage: python benchmarks/bench_dedup.py [--poetry-sample 20000] [--docs 100000] [--skip-demo] [--workers 2]
 
-1. Accuracy. On the demo corpus (demo_corpus/source, when present, read with tokenmill.stages.raw.ingest) and on a
+1. Accuracy. On the demo corpus (demo_corpus/source if present, read with tokenmill.stages.raw.ingest) and on a
    sample of ../shared/corpora/chinese-poetry (Tang poems and ci sharing a title or (author, tune), all of
    宋词三百首: enriched with real cross-file duplicates), the ground truth is every pair of distinct keys with
    exact Jaccard >= threshold, computed brute force (sparse shingle-incidence products, all pairs). Reported:
@@ -34,10 +34,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tokenmill import minhash as mh  # noqa: E402
-from tokenmill.dedup import CLUSTERS_FILE, DedupSettings, build_dedup_report  # noqa: E402
 from tokenmill.common.io import iter_jsonl, record_id, record_shards  # noqa: E402
 from tokenmill.common.parallel import map_ordered  # noqa: E402
+from tokenmill.stages.dedup import CLUSTERS_FILE, DedupSettings, build_dedup_report  # noqa: E402
+from tokenmill.stages.dedup import minhash as mh  # noqa: E402
+from tokenmill.stages.dedup.keys import dedup_keys  # noqa: E402
 
 POETRY = REPO.parent / "shared" / "corpora" / "chinese-poetry"
 DEMO = REPO / "demo_corpus"
@@ -265,7 +266,7 @@ def accuracy(name: str, recs: list[dict], tmp: Path, settings: DedupSettings, wo
     t0 = time.perf_counter()
     stats = build_dedup_report(folder, tmp / f"{name}_rep", settings, workers=workers)
     stage_s = time.perf_counter() - t0
-    keys_all = mh.dedup_keys([r["text"] for r in recs])
+    keys_all = dedup_keys([r["text"] for r in recs])
     first = {}
     for i, k in enumerate(keys_all):
         if k:
@@ -288,7 +289,8 @@ def accuracy(name: str, recs: list[dict], tmp: Path, settings: DedupSettings, wo
         "set": name, "records": len(recs), "distinct_keys": len(keys), "true_pairs": len(truth),
         "tokenmill": {"found": len(found), "precision": tp / len(found) if found else 1.0,
                       "recall": tp / len(truth) if truth else 1.0, "candidates": stats["candidate_pairs"],
-                      "rejected_candidates": stats["rejected_candidates"], "exact_removed": stats["dropped_exact_duplicate"],
+                      "rejected_candidates": stats["rejected_candidates"],
+                      "exact_removed": stats["dropped_exact_duplicate"],
                       "near_removed": stats["dropped_near_duplicate"], "seconds": round(stage_s, 2)},
         "datasketch": {"bands_rows": ds_params, "candidates": len(ds_pairs),
                        "precision": ds_tp / len(ds_pairs) if ds_pairs else 1.0,
@@ -322,7 +324,7 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
         write_records(folder / "in", [{"id": f"{i:016x}", "text": t, "meta": {}, "source": {"path": "synthetic.jsonl",
                                                                                           "line": i + 1}}
                                       for i, t in enumerate(texts)])
-        keys = mh.dedup_keys(texts)
+        keys = dedup_keys(texts)
         uniq = list(dict.fromkeys(k for k in keys if k))  # exact level first, as the stage does
         (folder / "keys.txt").write_text("\n".join(uniq) + "\n", encoding="utf-8")
         return {"mode": mode, "docs": n_docs, "distinct": len(uniq)}
@@ -339,7 +341,8 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
             stats = build_dedup_report(folder / "in", folder / f"rep-{time.time_ns()}", settings, workers=workers)
         total = time.perf_counter() - t0
         tm = stats["timings"]
-        return {"mode": mode, "docs": n_docs, "seconds": tm["signatures"] + tm["candidates"], "total_seconds": total,
+        return {"mode": mode, "docs": n_docs, "seconds": tm["signatures"] + tm["exact"] + tm["buckets"],
+                "total_seconds": total,
                 "cpu_seconds_total": cpu_seconds() - c0,
                 "candidates": stats["candidate_pairs"], "rss_start_mib": rss0, "peak_mib": peak_mib(),
                 "tree_peak_mib": tree.peak}
@@ -365,7 +368,8 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
         n_pairs = len(pairs)
     seconds = time.perf_counter() - t0
     tree.__exit__()
-    return {"mode": mode, "docs": len(uniq), "seconds": seconds, "cpu_seconds": cpu_seconds() - c0, "candidates": n_pairs,
+    return {"mode": mode, "docs": len(uniq), "seconds": seconds, "cpu_seconds": cpu_seconds() - c0,
+            "candidates": n_pairs,
             "rss_start_mib": rss0, "peak_mib": peak_mib(), "tree_peak_mib": tree.peak}
 
 
@@ -432,9 +436,11 @@ def main() -> None:
     per_m = 1e6 / args.docs
     for r, label in ((ds, "datasketch (MinHash.bulk + MinHashLSH insertion_session + query), 1 process"),
                      (en, f"tokenmill engine from keys, {args.workers} workers"),
-                     (st, f"tokenmill stage from JSONL (parse + key + signatures + candidates), {args.workers} workers")):
+                     (st, f"tokenmill stage from JSONL (parse + key + signatures + candidates), "
+                          f"{args.workers} workers")):
         grown = r["peak_mib"] - r["rss_start_mib"]
-        print(f"{label}:\n  {r['seconds']:.2f} s, {r['docs'] / r['seconds']:,.0f} docs/s, {r['candidates']:,} candidate "
+        print(f"{label}:\n  {r['seconds']:.2f} s, {r['docs'] / r['seconds']:,.0f} docs/s, {r['candidates']:,} "
+              f"candidate "
               f"pairs; main process peak RSS {r['peak_mib']:.0f} MiB (+{grown:.0f} MiB over its start: "
               f"~{grown * per_m / 1024:.2f} GiB per million docs); main + workers peak {r['tree_peak_mib']:.0f} MiB")
     print(f"stage main process, live allocations (tracemalloc) peak: {sm['traced_peak_mib']:.0f} MiB "

@@ -12,8 +12,15 @@ import pytest
 from tokenmill.common.io import REMOVED_FILE, STATS_FILE, iter_jsonl, record_id, record_shards
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.settings import load_settings
-from tokenmill.stages.dedup import (CLUSTERS_FILE, DECISION_DIR, REPORT_FILE, DedupSettings, Partitions,
-                                    build_dedup_report, write_deduped)
+from tokenmill.stages.dedup import (
+    CLUSTERS_FILE,
+    DECISION_DIR,
+    REPORT_FILE,
+    DedupSettings,
+    Partitions,
+    build_dedup_report,
+    write_deduped,
+)
 from tokenmill.stages.dedup import keys as K
 from tokenmill.stages.dedup import minhash as mh
 
@@ -79,7 +86,8 @@ def test_dedup_key_normalization():
 
 def test_batch_keys_equal_per_text_keys():
     rng = random.Random(0)
-    tricky = ["Ｈｅｌｌｏ，　ＷＯＲＬＤ！", "Straße ™ ① ﬁ", "e\u0301 cafe\u0301", "!!!", "", "  ", "\u1100\u1161", "가나",
+    tricky = ["Ｈｅｌｌｏ，　ＷＯＲＬＤ！", "Straße ™ ① ﬁ", "e\u0301 cafe\u0301", "!!!", "", "  ", "\u1100\u1161",
+              "가나",
               "İstanbul", "ΣΑΣ", "x\U00020000y", "😀 hi", "a\u200bb", "床前明月光，疑是地上霜。"]
     pools = [(0x20, 0x2FF), (0x300, 0x36F), (0x1100, 0x11FF), (0x2000, 0x33FF), (0xAC00, 0xAC20), (0xFF00, 0xFFEF),
              (0x4E00, 0x4E40), (0x1F300, 0x1F320)]
@@ -149,7 +157,8 @@ def test_signatures_identical_to_datasketch(hash_name, n):
 def test_signatures_usable_in_datasketch_lsh():
     from datasketch import MinHash, MinHashLSH
 
-    keys = ["床前明月光疑是地上霜举头望明月低头思故乡", "床前明月光疑是地上霜举头望山月低头思故乡", "白日依山尽黄河入海流"]
+    keys = ["床前明月光疑是地上霜举头望明月低头思故乡", "床前明月光疑是地上霜举头望山月低头思故乡",
+            "白日依山尽黄河入海流"]
     hashes, offsets = mh.shingle_hashes(keys, 2)
     sig = mh.signatures(hashes, offsets)
     lsh = MinHashLSH(threshold=0.6, num_perm=128)

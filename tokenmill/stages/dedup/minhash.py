@@ -1,4 +1,4 @@
-"""Dedup primitives, all numpy: the dedup key, shingle hashes, MinHash signatures, LSH banding, union-find.
+"""Near-dedup primitives, all numpy: shingle hashes, MinHash signatures, LSH banding, exact Jaccard, union-find.
 
 Signatures are bit-identical to `datasketch.MinHash` (2.x, default scheme "affine32") built with the same
 `num_perm`, `seed` and `hashfunc=shingle_hash32` and updated with the same shingles (`shingles()`), so a
@@ -16,17 +16,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import re
 import struct
-import unicodedata
-from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 M64 = (1 << 64) - 1
-_TABLES_VERSION = 1  # bump when the key rules change (invalidates cached tables)
 # Polynomial shingle hash over code points: h = ((SEED * P + c0) * P + c1) ... mod 2^64, then the
 # MurmurHash3 64-bit finalizer, then the high 32 bits (datasketch's affine32 scheme takes 32-bit input).
 _POLY_SEED = 0x9E3779B97F4A7C15
@@ -34,170 +30,6 @@ _POLY_P = 0x100000001B3  # FNV-1 64-bit prime: odd, so the step is a bijection m
 _FMIX64 = (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)
 _FMIX32 = (16, 0x85EBCA6B, 13, 0xC2B2AE35, 16)
 MAX_HASH32 = np.uint32(0xFFFFFFFF)
-
-# ------------------------------------------------------------------------------------------------
-# Level 1: the dedup key
-# ------------------------------------------------------------------------------------------------
-
-
-def _cache_file(name: str) -> Path | None:
-    """A file in the tables cache (TOKENMILL_CACHE, else ~/.cache/tokenmill), keyed by the Unicode version;
-    None when no cache folder can be made (the tables are then rebuilt in memory, ~1 s)."""
-    root = Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return root / f"{name}-unicode{unicodedata.unidata_version}-v{_TABLES_VERSION}.npy"
-
-
-def _cached(name: str, build: Callable[[], np.ndarray]) -> np.ndarray:
-    path = _cache_file(name)
-    if path is not None and path.exists():
-        try:
-            return np.load(path)
-        except (OSError, ValueError):
-            pass
-    arr = build()
-    if path is not None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                np.save(f, arr)
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-    return arr
-
-
-def _build_drop(strip_symbols: bool) -> np.ndarray:
-    planes = list(range(0x0, 0x40000)) + list(range(0xE0000, 0xE1000))  # assigned planes only (fast)
-    return np.asarray([cp for cp in planes if (lambda c: c[0] in "PZ" or c in ("Cc", "Cf")
-                                               or (strip_symbols and c[0] == "S"))(unicodedata.category(chr(cp)))],
-                      dtype=np.int64)
-
-
-@functools.lru_cache(maxsize=2)
-def _drop_table(strip_symbols: bool) -> dict:
-    """str.translate table deleting punctuation (P*), separators/whitespace (Z*), controls and
-    format characters (Cc, Cf: zero-width spaces, BOM), and with strip_symbols also symbols (S*)."""
-    cps = _cached(f"drop-{int(strip_symbols)}", lambda: _build_drop(strip_symbols))
-    return dict.fromkeys(cps.tolist())
-
-
-@functools.lru_cache(maxsize=1)
-def _t2s_converter() -> Callable[[str], str]:
-    """Traditional-to-simplified folding for the key; uses OpenCC when installed (pluggable, off by default)."""
-    try:
-        import opencc  # type: ignore
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("fold_chinese=True needs the 'opencc' package (pip install opencc); "
-                           "it is optional and only used to build dedup keys") from e
-    for cfg in ("t2s", "t2s.json"):
-        try:
-            return opencc.OpenCC(cfg).convert
-        except Exception:  # noqa: BLE001 - the config name differs between opencc builds
-            continue
-    raise RuntimeError("opencc is installed but has no t2s configuration")
-
-
-def dedup_key(text: str, strip_symbols: bool = True, fold_chinese: bool = False) -> str:
-    """The string that exact dedup hashes and near dedup shingles (never written to the output).
-
-    NFKC (full-width -> ASCII, compatibility forms), case-fold, then punctuation, whitespace, control
-    and format characters (and symbols, by default) removed; optionally traditional -> simplified
-    Chinese. A text made only of removed characters keys on its whitespace-free NFKC form instead,
-    so two different all-punctuation texts are not called duplicates.
-    """
-    folded = unicodedata.normalize("NFKC", text).casefold()
-    key = folded.translate(_drop_table(strip_symbols))
-    if not key:
-        key = "".join(folded.split())
-    if fold_chinese and key:
-        key = _t2s_converter()(key)
-    return key
-
-
-_MAP_LIMIT = 0x40000  # code points above (planes 4+: rare) take the per-text path
-_DROP, _UNSAFE = -1, -2
-
-
-@functools.lru_cache(maxsize=2)
-def _key_map(strip_symbols: bool) -> np.ndarray:
-    return _cached(f"keymap-{int(strip_symbols)}", lambda: _build_key_map(strip_symbols))
-
-
-def _build_key_map(strip_symbols: bool) -> np.ndarray:
-    """Per code point: what dedup_key turns it into when it stands among inert characters.
-
-    >= 0: the single code point casefold(NFKC(c)); -1: dropped (c and everything NFKC/casefold make of it
-    are dropped characters); -2: unsafe (expands to several characters, composes with a neighbour, or
-    reorders as a combining mark), so a text holding one takes the exact per-text path.
-    """
-    drop = _drop_table(strip_symbols)
-    table = np.full(_MAP_LIMIT, _UNSAFE, dtype=np.int32)
-    trailing = set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))  # Hangul V/T jamo compose
-    for cp in range(_MAP_LIMIT):
-        dec = unicodedata.decomposition(chr(cp))
-        if dec and not dec.startswith("<"):
-            parts = dec.split()
-            if len(parts) == 2:
-                trailing.add(int(parts[1], 16))
-    for cp in range(_MAP_LIMIT):
-        ch = chr(cp)
-        if cp in trailing or unicodedata.combining(ch):
-            continue
-        out = unicodedata.normalize("NFKC", ch).casefold()
-        if all(ord(o) in drop for o in out):
-            if cp in drop:
-                table[cp] = _DROP
-        elif len(out) == 1 and cp not in drop and ord(out) not in trailing and not unicodedata.combining(out):
-            table[cp] = ord(out)
-    return table
-
-
-def _fold_batch(keys: list[str]) -> list[str]:
-    """Traditional -> simplified for many keys in one OpenCC call (keys hold no newline)."""
-    if not keys:
-        return keys
-    out = _t2s_converter()("\n".join(keys)).split("\n")
-    return out if len(out) == len(keys) else [_t2s_converter()(k) if k else k for k in keys]
-
-
-def dedup_keys(texts: Sequence[str], strip_symbols: bool = True, fold_chinese: bool = False) -> list[str]:
-    """dedup_key for a batch, vectorized: one code-point array, one table lookup; a text with an unsafe
-    character (see _key_map) or nothing left takes dedup_key itself, so the result always equals
-    [dedup_key(t, strip_symbols, fold_chinese) for t in texts]."""
-    if fold_chinese:
-        return _fold_batch(dedup_keys(texts, strip_symbols))
-    if not texts:
-        return []
-    table = _key_map(strip_symbols)
-    cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
-    lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    mapped = np.full(len(cps), _UNSAFE, dtype=np.int32)
-    inside = cps < _MAP_LIMIT
-    mapped[inside] = table[cps[inside]]
-    doc = np.repeat(np.arange(len(texts)), lengths)
-    unsafe = np.bincount(doc[mapped == _UNSAFE], minlength=len(texts)) > 0
-    keep = mapped >= 0
-    kept_len = np.bincount(doc[keep], minlength=len(texts))
-    fast = ~unsafe & (kept_len > 0)
-    kept_chars = mapped[keep & fast[doc]].astype("<u4").tobytes().decode("utf-32-le")
-    out, pos = [], 0
-    for i, (f, n) in enumerate(zip(fast.tolist(), kept_len.tolist())):
-        if f:
-            out.append(kept_chars[pos:pos + n])
-            pos += n
-        else:
-            out.append(dedup_key(texts[i], strip_symbols))
-    return out
-
-
-def key_digest(key: str) -> bytes:
-    """SHA-256 of the key (32 bytes): the level-1 identity."""
-    return hashlib.sha256(key.encode("utf-8")).digest()
-
 
 # ------------------------------------------------------------------------------------------------
 # Shingles and their hashes

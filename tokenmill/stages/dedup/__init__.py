@@ -1,0 +1,21 @@
+"""dedup_report and deduped_jsonl: two-level deduplication, exact (SHA-256 of a normalized key) and near (MinHash +
+LSH + exact Jaccard), following datatrove's MinHash steps. One module per step, each a plain function over a small
+task dataclass that reads and writes files in the stage folder (layout.py), so any step can run as tasks in
+another process or machine:
+
+  keys         the dedup key and its SHA-256; exact groups, one task per digest range
+  signatures   per input chunk: document table, keys, MinHash signatures, band hashes
+  buckets      LSH band buckets -> candidate pairs, one task per band and band-hash range
+  verify       exact Jaccard of the candidates -> verified pairs, one task per range of first documents
+  clusters     union-find over the pairs, keep rule -> clusters.jsonl and the decisions per chunk
+  report       report.json: parameters, counts, per-source counts, histogram, sample clusters
+  apply        write_deduped: survivors and removed.jsonl, one task per chunk
+  stage        build_dedup_report: the steps in order
+"""
+from tokenmill.stages.dedup.apply import write_deduped
+from tokenmill.stages.dedup.layout import CLUSTERS_FILE, DECISION_DIR, REPORT_FILE
+from tokenmill.stages.dedup.settings import DedupSettings
+from tokenmill.stages.dedup.stage import Partitions, build_dedup_report
+
+__all__ = ["CLUSTERS_FILE", "DECISION_DIR", "REPORT_FILE", "DedupSettings", "Partitions", "build_dedup_report",
+           "write_deduped"]

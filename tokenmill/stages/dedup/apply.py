@@ -1,0 +1,130 @@
+"""Step 8: apply the decisions: survivors to `part-*.jsonl` (same shard names as the input, lines copied byte for
+byte), every removed record to `removed.jsonl` with the id it duplicates, the level and the measured similarity,
+and `_stats.json`. One task per input chunk, reading only that chunk's decisions. Records in = kept + removed."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import (
+    REMOVED_FILE,
+    STATS_FILE,
+    JsonlWriter,
+    atomic_write_json,
+    concat_files,
+    read_json,
+    record_shards,
+)
+from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.progress import Progress
+from tokenmill.errors import StaleUpstreamError
+from tokenmill.stages.dedup.layout import DECISION_DIR, LEVEL_NAMES, REPORT_FILE, Chunk, chunk_lines, parse
+
+IO_POOL_MIN_TASKS = 16  # see io_workers
+
+
+def io_workers(workers: int, tasks: int) -> int:
+    """Workers for a read-mostly pass: a process pool costs ~0.5-1 s to start, reading a chunk ~0.05 s, so a
+    pass over fewer than IO_POOL_MIN_TASKS chunks runs in this process (measured: 6 chunks of chinese-poetry,
+    write_deduped 0.6 s in-process vs 1.6 s with 2 workers)."""
+    return workers if tasks >= IO_POOL_MIN_TASKS else 1
+
+
+@dataclass(frozen=True)
+class ApplyTask:
+    chunk: Chunk
+    decisions: Path  # decisions/<stem>.npz (absent: nothing removed from the chunk)
+    tmp_dir: Path
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    kept: int
+    removed: int
+    levels: tuple[int, int]  # removed as exact, as near
+    kept_path: str
+    removed_path: str
+
+
+def apply_chunk(task: ApplyTask) -> ApplyResult:
+    chunk = task.chunk
+    removed = {}
+    if task.decisions.exists():
+        dec = np.load(task.decisions)
+        removed = {o: (i.decode("utf-8"), k.decode("utf-8"), lv, float(s))
+                   for o, i, k, lv, s in zip(dec["ordinal"].tolist(), dec["id"].tolist(), dec["kept_id"].tolist(),
+                                             dec["level"].tolist(), dec["similarity"].tolist())}
+    kept_path, removed_path = task.tmp_dir / f"{chunk.stem}.kept", task.tmp_dir / f"{chunk.stem}.removed"
+    kept = dropped = 0
+    levels = [0, 0]
+    with open(kept_path, "wb") as fk, JsonlWriter(removed_path) as fr:
+        for ordinal, line in chunk_lines(chunk):
+            hit = removed.get(ordinal)
+            if hit is None:
+                fk.write(line.rstrip(b"\r"))
+                fk.write(b"\n")
+                kept += 1
+                continue
+            rec = parse(chunk, ordinal, line)
+            rid, kept_id, lv, sim = hit
+            if str(rec.get("id")) != rid:
+                raise StaleUpstreamError(f"{chunk.path}: record {ordinal + 1} of chunk {chunk.chunk} has id "
+                                         f"{rec.get('id')!r}, the dedup report expected {rid!r}: cleaned_jsonl "
+                                         "changed since dedup_report was built; rematerialize dedup_report")
+            fr.write({"id": rid, "duplicate_of": kept_id, "level": LEVEL_NAMES[lv],
+                      "similarity": round(sim, 4), "reason": f"{LEVEL_NAMES[lv]}_duplicate",
+                      "source": rec.get("source")})
+            dropped += 1
+            levels[lv] += 1
+    if dropped != len(removed):
+        raise StaleUpstreamError(f"{chunk.path}: the dedup report removes {len(removed)} records of chunk "
+                                 f"{chunk.chunk}, {dropped} were found: rematerialize dedup_report")
+    return ApplyResult(kept, dropped, (levels[0], levels[1]), str(kept_path), str(removed_path))
+
+
+def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | None = None, log=None) -> dict:
+    """Writes the survivors of `in_dir` to `out_dir` (same shard names) and removed.jsonl, per the report."""
+    t_start = time.perf_counter()
+    in_dir, report_dir, out_dir = Path(in_dir), Path(report_dir), Path(out_dir)
+    workers = default_workers() if workers is None else workers
+    report = read_json(report_dir / REPORT_FILE)
+    shards = {p.name: p for p in record_shards(in_dir)}
+    expected = {s["name"]: s["bytes"] for s in report["input"]["shards"]}
+    actual = {name: p.stat().st_size for name, p in shards.items()}
+    if expected != actual:
+        raise StaleUpstreamError(f"cleaned_jsonl shards {sorted(actual)} differ from those dedup_report read "
+                                 f"({sorted(expected)}, or sizes changed): rematerialize dedup_report")
+    chunks = [Chunk(0, c["name"], str(shards[c["name"]]), c["start"], c["end"], c["chunk"], records=c["records"])
+              for c in report["input"]["chunks"]]
+    tmp_dir = out_dir / ".chunks"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tasks = [ApplyTask(c, report_dir / DECISION_DIR / f"{c.stem}.npz", tmp_dir) for c in chunks]
+    progress = Progress("dedup: writing survivors", unit="records", log=log)
+    results = []
+    for r in map_ordered(apply_chunk, tasks, io_workers(workers, len(tasks))):
+        results.append(r)
+        progress.advance(r.kept + r.removed)
+    progress.finish()
+    by_shard: dict[str, list] = {}
+    for c, r in zip(chunks, results):
+        by_shard.setdefault(c.name, []).append(r.kept_path)
+    for name, parts in by_shard.items():
+        concat_files(parts, out_dir / name)
+    for name in shards:  # an empty input shard stays an (empty) output shard
+        if name not in by_shard:
+            (out_dir / name).touch()
+    concat_files([r.removed_path for r in results], out_dir / REMOVED_FILE)
+    tmp_dir.rmdir()
+    kept, dropped = sum(r.kept for r in results), sum(r.removed for r in results)
+    if dropped != report["counts"]["records_removed"]:
+        raise StaleUpstreamError(f"removed {dropped} records but the report lists "
+                                 f"{report['counts']['records_removed']}: rematerialize dedup_report")
+    stats = {"docs_in": kept + dropped, "docs_out": kept,
+             "dropped_exact_duplicate": sum(r.levels[0] for r in results),
+             "dropped_near_duplicate": sum(r.levels[1] for r in results),
+             "seconds": round(time.perf_counter() - t_start, 3), "shards": len(shards)}
+    atomic_write_json(out_dir / STATS_FILE, stats)
+    return stats

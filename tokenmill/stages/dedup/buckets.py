@@ -1,0 +1,137 @@
+"""Steps 3-4: LSH band buckets -> candidate pairs, partitioned by band and by band-hash range.
+
+lsh_inputs (one task per chunk): the items of the chunk's group representatives with a non-empty key, each band
+sorted by (hash, doc), so a bucket task reads only its hash range of every chunk.
+bucket_pairs (one task per band and hash range): candidate pairs of every bucket, written in sorted batches of at
+most PAIR_BATCH pairs, with a histogram of their first documents (the parent cuts verification ranges with it).
+A bucket never spans two hash ranges, so partitioned buckets are exactly the unpartitioned ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.stages.dedup import minhash as mh
+from tokenmill.stages.dedup.keys import EXACT_DTYPE
+from tokenmill.stages.dedup.layout import CANDIDATE_DIR, DOCS_DIR, LSH_DIR, SIGNATURE_DIR, folder
+
+PAIR_BATCH = 1 << 21  # candidate pairs a bucket task holds before it writes a sorted batch (~32 MB)
+DOC_BINS = 1024  # histogram bins of first documents (verification ranges are cut on bin edges)
+
+
+@dataclass(frozen=True)
+class LshInputTask:
+    out_dir: Path
+    stem: str
+    first: int
+    records: int
+    exact_files: tuple[Path, ...]
+
+
+def lsh_inputs(task: LshInputTask) -> int:
+    """Writes lsh/<stem>.hash.npy and .doc.npy: (bands, items) of the chunk's representatives; returns items."""
+    non_rep = np.zeros(task.records, dtype=bool)
+    for path in task.exact_files:
+        rows = np.load(path, mmap_mode="r")
+        doc = rows["doc"]
+        sl = slice(int(np.searchsorted(doc, task.first)), int(np.searchsorted(doc, task.first + task.records)))
+        part = np.asarray(rows[sl], dtype=EXACT_DTYPE)
+        non_rep[part["doc"][part["doc"] != part["rep"]] - task.first] = True
+    key_len = np.load(task.out_dir / DOCS_DIR / f"{task.stem}.npy", mmap_mode="r")["key_len"]
+    items = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.items.npz")
+    item_doc = items["item_doc"]
+    keep = ~non_rep[item_doc] & (np.asarray(key_len)[item_doc] > 0)
+    bands = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.bands.npy", mmap_mode="r")
+    hashes = np.empty((bands.shape[0], int(keep.sum())), dtype=np.uint64)
+    docs = np.empty(hashes.shape, dtype=np.int64)
+    d = item_doc[keep] + task.first
+    for b in range(bands.shape[0]):
+        h = np.asarray(bands[b])[keep]
+        order = np.lexsort((d, h))
+        hashes[b], docs[b] = h[order], d[order]
+    lsh_dir = folder(task.out_dir, LSH_DIR)
+    np.save(lsh_dir / f"{task.stem}.hash.npy", hashes)
+    np.save(lsh_dir / f"{task.stem}.doc.npy", docs)
+    return hashes.shape[1]
+
+
+def hash_ranges(parts: int) -> list[tuple[int, int]]:
+    bounds = [i * (1 << 64) // parts for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+@dataclass(frozen=True)
+class BucketTask:
+    out_dir: Path
+    stems: tuple[str, ...]
+    band: int
+    part: int
+    lo: int
+    hi: int
+    max_bucket: int
+    bin_width: int
+    pair_batch: int = PAIR_BATCH
+
+
+@dataclass(frozen=True)
+class BucketResult:
+    files: tuple[str, ...]
+    band_collisions: int
+    oversized_buckets: int
+    pairs_not_emitted: int
+    first_doc_histogram: np.ndarray  # candidate pairs per DOC_BINS bin of their first document
+
+
+def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray]:
+    hs, ds = [], []
+    for stem in task.stems:
+        h = np.load(task.out_dir / LSH_DIR / f"{stem}.hash.npy", mmap_mode="r")[task.band]
+        a = int(np.searchsorted(h, np.uint64(task.lo)))
+        b = len(h) if task.hi >= 1 << 64 else int(np.searchsorted(h, np.uint64(task.hi)))
+        hs.append(np.asarray(h[a:b]))
+        ds.append(np.asarray(np.load(task.out_dir / LSH_DIR / f"{stem}.doc.npy", mmap_mode="r")[task.band][a:b]))
+    h = np.concatenate(hs) if hs else np.empty(0, dtype=np.uint64)
+    d = np.concatenate(ds) if ds else np.empty(0, dtype=np.int64)
+    order = np.lexsort((d, h))
+    return h[order], d[order]
+
+
+def bucket_pairs(task: BucketTask) -> BucketResult:
+    h, d = _range_items(task)
+    starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1]))) if len(h) else np.empty(0, dtype=np.int64)
+    lens = np.diff(np.append(starts, len(h)))
+    # pairs each bucket emits (all pairs, or 2m - 3 when oversized): cut the runs into groups of about
+    # pair_batch pairs, so one call of mh.bucket_pairs never holds more
+    emitted = np.where(lens <= task.max_bucket, lens * (lens - 1) // 2, 2 * lens - 3)
+    cuts = np.searchsorted(np.cumsum(emitted), np.arange(task.pair_batch, int(emitted.sum()) + task.pair_batch,
+                                                          task.pair_batch), side="right")
+    cuts = np.unique(np.concatenate(([0], np.minimum(cuts, len(starts)), [len(starts)])))
+    stats = {"oversized_buckets": 0, "pairs_not_emitted": 0}
+    collisions, held, files = 0, [], []
+    hist = np.zeros(DOC_BINS, dtype=np.int64)
+    cand_dir = folder(task.out_dir, CANDIDATE_DIR)
+
+    def flush():
+        pairs = mh.unique_pairs(np.concatenate(held))
+        held.clear()
+        path = cand_dir / f"b{task.band:03d}-h{task.part:04d}-{len(files):04d}.npy"
+        np.save(path, np.ascontiguousarray(pairs.T))
+        hist[:] += np.bincount(pairs[:, 0] // task.bin_width, minlength=DOC_BINS)[:DOC_BINS]
+        files.append(path.name)
+
+    for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        a = int(starts[lo])
+        b = int(starts[hi]) if hi < len(starts) else len(h)
+        p, st = mh.bucket_pairs(h[a:b], d[a:b], task.max_bucket)
+        for k in stats:
+            stats[k] += st[k]
+        collisions += len(p)
+        if len(p):
+            held.append(p)
+        if sum(len(x) for x in held) >= task.pair_batch:
+            flush()
+    if held:
+        flush()
+    return BucketResult(tuple(files), collisions, stats["oversized_buckets"], stats["pairs_not_emitted"], hist)

@@ -1,0 +1,170 @@
+"""The stage folder: file names, input chunks, and read access to what the per-chunk step wrote.
+
+Every step reads and writes files here, so any step can run as tasks in another process or machine; the task
+inputs are small dataclasses naming files. A document is known everywhere by its global index: the index of its
+chunk's first record (`Chunk.first`) plus its ordinal (0-based non-blank line) within the chunk.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import record_shards
+from tokenmill.errors import CorruptOutputError
+
+REPORT_FILE = "report.json"
+CLUSTERS_FILE = "clusters.jsonl"
+SIGNATURE_DIR = "signatures"  # per chunk: <stem>.npy signatures, <stem>.bands.npy band hashes, <stem>.items.npz
+DOCS_DIR = "docs"  # per chunk: <stem>.npy document table, <stem>.paths.json its source paths
+KEYS_DIR = "keys"  # per chunk: the keys (<stem>.key.bin + offsets) and the digest index sorted by digest
+EXACT_DIR = "exact"  # per digest range: members of exact groups (doc, rep), sorted by doc
+LSH_DIR = "lsh"  # per chunk: (bands, items) band hashes of group representatives, each band sorted
+CANDIDATE_DIR = "candidates"  # per band, hash range and batch: (2, pairs) candidate pairs sorted by first doc
+VERIFIED_DIR = "verified"  # per first-doc range: verified pairs (a, b, similarity)
+DECISION_DIR = "decisions"  # per chunk with removals: ordinal, id, kept id, level, similarity
+LEVEL_NAMES = ("exact", "near")
+LOC_KIND = ("line", "index", None)
+VERIFIED_DTYPE = np.dtype([("a", "<i8"), ("b", "<i8"), ("sim", "<f8")])
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A line-aligned byte range of one input shard; `first` is the global index of its first record."""
+
+    shard: int
+    name: str
+    path: str
+    start: int
+    end: int
+    chunk: int
+    first: int = 0
+    records: int = 0
+
+    @property
+    def stem(self) -> str:
+        return f"{Path(self.name).stem}-c{self.chunk:04d}"
+
+
+def plan_chunks(in_dir: Path, chunk_bytes: int) -> list[Chunk]:
+    chunks = []
+    for s, path in enumerate(record_shards(in_dir)):
+        size = path.stat().st_size
+        bounds = [0]
+        with open(path, "rb") as f:
+            while bounds[-1] + chunk_bytes < size:
+                f.seek(bounds[-1] + chunk_bytes)
+                f.readline()
+                pos = f.tell()
+                if pos >= size:
+                    break
+                bounds.append(pos)
+        bounds.append(size)
+        chunks.extend(Chunk(s, path.name, str(path), bounds[c], bounds[c + 1], c) for c in range(len(bounds) - 1))
+    return chunks
+
+
+def _raw_lines(chunk: Chunk) -> list[bytes]:
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.start)
+        return f.read(chunk.end - chunk.start).split(b"\n")
+
+
+def chunk_lines(chunk: Chunk) -> Iterator[tuple[int, bytes]]:
+    """Non-blank lines of a chunk with their 0-based record ordinal within the chunk."""
+    ordinal = 0
+    for line in _raw_lines(chunk):
+        if line.strip():
+            yield ordinal, line
+            ordinal += 1
+
+
+def parse(chunk: Chunk, ordinal: int, line: bytes) -> dict:
+    """One record of cleaned_jsonl (a stage's own output: a line that does not parse is corruption)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        with open(chunk.path, "rb") as f:
+            before = f.read(chunk.start).count(b"\n")
+        raw = [i for i, x in enumerate(_raw_lines(chunk)) if x.strip()][ordinal]
+        raise CorruptOutputError(f"{chunk.path}:{before + raw + 1}: not a JSON record ({e.msg}); rematerialize "
+                                 "cleaned_jsonl") from e
+
+
+def folder(out_dir: Path, name: str) -> Path:
+    path = Path(out_dir) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+class Corpus:
+    """Read access by global document index to the per-chunk files (memory-mapped, opened on first use), so a
+    task holds only the documents it asks for."""
+
+    def __init__(self, out_dir: Path, chunks: list[Chunk]):
+        self.out_dir = Path(out_dir)
+        self.chunks = chunks
+        self.firsts = np.asarray([c.first for c in chunks], dtype=np.int64)
+        self._tables: dict[int, np.ndarray] = {}
+        self._paths: dict[int, list[str]] = {}
+        self._keys: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def locate(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(chunk index, ordinal) of each global document index."""
+        c = np.searchsorted(self.firsts, docs, side="right") - 1
+        return c, docs - self.firsts[c]
+
+    def table(self, c: int) -> np.ndarray:
+        if c not in self._tables:
+            self._tables[c] = np.load(self.out_dir / DOCS_DIR / f"{self.chunks[c].stem}.npy", mmap_mode="r")
+        return self._tables[c]
+
+    def paths(self, c: int) -> list[str]:
+        if c not in self._paths:
+            self._paths[c] = json.loads((self.out_dir / DOCS_DIR / f"{self.chunks[c].stem}.paths.json").read_text(
+                encoding="utf-8"))
+        return self._paths[c]
+
+    def rows(self, docs: np.ndarray) -> tuple[dict, list[str]]:
+        """The document-table fields of `docs` (ascending global indices) as arrays, with `path` as an index into
+        the returned list of paths (sorted in natural order, so comparing indices compares paths)."""
+        from tokenmill.stages.dedup.minhash import natural_key
+
+        c, o = self.locate(docs)
+        parts, paths = [], []
+        for ci in np.unique(c).tolist():
+            sel = c == ci
+            part = np.asarray(self.table(ci)[o[sel]])
+            parts.append((sel, part, self.paths(ci)))
+        fields = {k: np.empty(len(docs), dtype=np.int64) for k in ("meta_count", "text_len", "key_len", "loc",
+                                                                    "loc_kind", "path")}
+        width = max([p.dtype["id"].itemsize for _, p, _ in parts] + [1])
+        fields["ids"] = np.empty(len(docs), dtype=f"S{width}")
+        path_names = []
+        for sel, part, names in parts:
+            for k in ("meta_count", "text_len", "key_len", "loc", "loc_kind"):
+                fields[k][sel] = part[k]
+            fields["ids"][sel] = part["id"]
+            fields["path"][sel] = part["path"] + len(path_names)
+            path_names.extend(names)
+        paths = sorted(set(path_names), key=lambda p: (natural_key(p), p))
+        rank = {p: i for i, p in enumerate(paths)}
+        remap = np.asarray([rank[p] for p in path_names] + [0], dtype=np.int64)
+        fields["path"] = remap[fields["path"]]
+        fields["chunk"], fields["ordinal"] = c, o
+        return fields, paths
+
+    def key(self, doc: int) -> str:
+        c = int(np.searchsorted(self.firsts, doc, side="right")) - 1
+        o = doc - int(self.firsts[c])
+        if c not in self._keys:
+            stem = self.chunks[c].stem
+            self._keys[c] = (np.load(self.out_dir / KEYS_DIR / f"{stem}.key_offsets.npy", mmap_mode="r"),
+                             np.memmap(self.out_dir / KEYS_DIR / f"{stem}.key.bin", dtype=np.uint8, mode="r")
+                             if (self.out_dir / KEYS_DIR / f"{stem}.key.bin").stat().st_size else
+                             np.empty(0, dtype=np.uint8))
+        offsets, data = self._keys[c]
+        return bytes(data[int(offsets[o]):int(offsets[o + 1])]).decode("utf-8")

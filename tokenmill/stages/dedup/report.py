@@ -1,0 +1,211 @@
+"""Step 7: report.json: parameters, counts, per-source counts, cluster-size histogram, sample clusters with texts."""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import STATS_FILE, atomic_write_json
+from tokenmill.stages.dedup import minhash as mh
+from tokenmill.stages.dedup.clusters import Clusters, _id, _source
+from tokenmill.stages.dedup.layout import (
+    CLUSTERS_FILE,
+    DECISION_DIR,
+    LEVEL_NAMES,
+    REPORT_FILE,
+    SIGNATURE_DIR,
+    Chunk,
+    chunk_lines,
+    parse,
+)
+from tokenmill.stages.dedup.settings import DedupSettings
+
+SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clusters.jsonl lists them all
+
+
+def _texts(chunks: list[Chunk], docs: dict, wanted: list[int]) -> dict:
+    """{local index: text} of the wanted documents, re-read from their chunks."""
+    by_chunk: dict[int, dict[int, int]] = {}
+    for d in wanted:
+        by_chunk.setdefault(int(docs["chunk"][d]), {})[int(docs["ordinal"][d])] = d
+    out = {}
+    for c, ordinals in sorted(by_chunk.items()):
+        for ordinal, line in chunk_lines(chunks[c]):
+            if ordinal in ordinals:
+                text = parse(chunks[c], ordinal, line).get("text")
+                out[ordinals[ordinal]] = text if isinstance(text, str) else ""
+    return out
+
+
+def per_source(c: Clusters, records_per_path: Counter) -> list[dict]:
+    """Per source path (natural order): records in, kept, exact and near removed, removed across files."""
+    path = c.docs["path"]
+    kept_path = path[c.kept_doc[c.removed]]
+    names = c.docs["paths"]
+    ex = Counter(names[p] for p in path[c.removed[c.level == 0]].tolist())
+    ne = Counter(names[p] for p in path[c.removed[c.level == 1]].tolist())
+    cross = Counter(names[p] for p in path[c.removed][path[c.removed] != kept_path].tolist())
+    return [{"path": p, "records_in": n, "kept": n - ex[p] - ne[p], "exact_removed": ex[p], "near_removed": ne[p],
+             "cross_file": cross[p]}
+            for p, n in sorted(records_per_path.items(), key=lambda kv: (mh.natural_key(kv[0]), kv[0]))]
+
+
+def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
+    """A few clusters with their texts: the largest, the lowest similarity (borderline), cross-file ones,
+    and near and exact ones spread over the input (deterministic)."""
+    docs, star, kept_doc, removed, level, similarity = c.docs, c.star, c.kept_doc, c.removed, c.level, c.similarity
+    cluster_roots, sizes = c.cluster_roots, c.sizes
+    if len(cluster_roots) == 0 or k <= 0:
+        return []
+    near_removed = removed[level == 1]
+    chosen: list[int] = []
+
+    def add(roots):
+        for r in roots:
+            r = int(r)
+            if r not in chosen and len(chosen) < k:
+                chosen.append(r)
+
+    add(cluster_roots[np.argsort(-sizes, kind="stable")][: max(1, k // 4)])
+    if len(near_removed):
+        by_sim = near_removed[np.argsort(similarity[level == 1], kind="stable")]
+        add(star[by_sim][: max(1, k // 4)])
+        cross = near_removed[docs["path"][near_removed] != docs["path"][kept_doc[near_removed]]]
+        add(star[cross][:: max(1, len(cross) // max(1, k // 4))][: max(1, k // 4)])
+        spread = np.unique(star[near_removed])
+        add(spread[:: max(1, len(spread) // max(1, k // 4))])
+    exact_roots = np.unique(star[removed[level == 0]])
+    add(exact_roots[:: max(1, len(exact_roots) // max(1, k))])
+    in_sample = np.flatnonzero(np.isin(star, chosen))
+    shown = {}
+    sim_of = dict(zip(removed.tolist(), similarity.tolist()))
+    for r in chosen:  # the kept record and up to SAMPLE_MEMBERS - 1 removed ones, lowest similarity first
+        members = in_sample[star[in_sample] == r]
+        kept = int(kept_doc[members[0]])
+        others = members[members != kept]
+        others = sorted(others.tolist(), key=lambda d: (sim_of[d], d))[:SAMPLE_MEMBERS - 1]
+        shown[r] = (len(members), [kept] + others)
+    texts = _texts(chunks, docs, [d for _, ds in shown.values() for d in ds])
+    lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
+    out = []
+    for r in chosen:
+        size, (kept, *others) = shown[r]
+        rows = [{"id": _id(docs, kept), "role": "kept", "level": "", "similarity": 1.0,
+                 "source": _source(docs, kept), "text": texts[kept]}]
+        for d in others:
+            lv, sim = lvl[d]
+            rows.append({"id": _id(docs, d), "role": "removed", "level": LEVEL_NAMES[lv],
+                         "similarity": round(float(sim), 4), "source": _source(docs, d), "text": texts[d]})
+        out.append({"size": size, "kept": rows[0]["id"], "members_shown": len(rows), "members": rows})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Applying the decision
+# ------------------------------------------------------------------------------------------------
+
+
+def histogram(sizes: np.ndarray) -> list[dict]:
+    bins = [(2, 2), (3, 3), (4, 4), (5, 5), (6, 10), (11, 100), (101, None)]
+    out = []
+    for lo, hi in bins:
+        m = (sizes >= lo) if hi is None else ((sizes >= lo) & (sizes <= hi))
+        label = f"{lo}" if lo == hi else (f"{lo}-{hi}" if hi else f">{lo - 1}")
+        out.append({"size": label, "clusters": int(m.sum()), "records": int(sizes[m].sum())})
+    return out
+
+
+@dataclass
+class RunSummary:
+    """Counts the steps returned (no per-document data), for the report."""
+
+    settings: DedupSettings
+    bands: int
+    rows: int
+    chunks: list[Chunk]
+    sketches: list  # ChunkSketch per chunk
+    exact_groups: int
+    candidate_pairs: int
+    verified_pairs: int
+    bucket_stats: dict  # band_collisions, oversized_buckets, pairs_not_emitted
+    partitions: dict  # tasks per partitioned step
+    started: float  # time.perf_counter() when the stage started
+    timings: dict = field(default_factory=dict)
+
+
+def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) -> dict:
+    catch = {f"{x:g}": round(mh.catch_probability(x, bands, rows), 4)
+             for x in sorted({0.5, 0.7, 0.8, 0.85, 0.9, s.threshold})}
+    ngram_rule = (f"{s.ngram}-grams" if s.ngram > 0 else
+                  f"by key length: 2-grams below {s.ngram_bounds[0]} chars, 3-grams below {s.ngram_bounds[1]}, "
+                  f"else 5-grams; documents within the threshold's length ratio of a bound are sketched at both "
+                  f"sizes; a pair is compared at its longer key's size")
+    return {
+        "threshold": s.threshold, "num_perm": s.num_perm, "seed": s.seed, "bands": bands, "rows": rows,
+        "bands_chosen": s.bands == 0, "ngram": s.ngram, "ngram_bounds": list(s.ngram_bounds), "ngram_rule": ngram_rule,
+        "shingle_sizes": dict(sorted(shingle_sizes.items())), "catch_probability": catch,
+        "shingle_hash": s.shingle_hash,
+        "minhash": "datasketch affine32 scheme: datasketch.MinHash(num_perm, seed, hashfunc="
+                   + ("tokenmill.stages.dedup.minhash.shingle_hash32" if s.shingle_hash == "poly"
+                      else "datasketch.hashfunc.sha1_hash32 (bytes)") + ")",
+        "key": "NFKC, casefold, remove punctuation/separators/controls" + (" /symbols" if s.strip_symbols else "")
+               + (", traditional->simplified" if s.fold_chinese else "") + "; SHA-256",
+        "keep": s.keep, "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.model_dump().items()},
+    }
+
+
+def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: int) -> dict:
+    """Writes report.json and _stats.json; returns the stats."""
+    t0 = time.perf_counter()
+    n_docs = sum(sk.records for sk in run.sketches)
+    n_exact, n_near = int((c.level == 0).sum()), int((c.level == 1).sum())
+    sources = per_source(c, sum((Counter(sk.records_per_path) for sk in run.sketches), Counter()))
+    counts = {
+        "records_in": n_docs, "records_kept": n_docs - len(c.removed), "records_removed": int(len(c.removed)),
+        "exact_duplicates_removed": n_exact, "near_duplicates_removed": n_near, "exact_groups": run.exact_groups,
+        "lsh_items": int(sum(sk.items for sk in run.sketches)),
+        "candidate_pairs": run.candidate_pairs, "verified_pairs": run.verified_pairs,
+        "rejected_candidates": run.candidate_pairs - run.verified_pairs, **run.bucket_stats,
+        "clusters": int(len(c.cluster_roots)), "largest_cluster": int(c.sizes.max()) if len(c.sizes) else 0,
+        "components": c.components, "components_with_several_kept": c.components_with_several_kept,
+        "cross_file_duplicates": int(sum(p["cross_file"] for p in sources)),
+        "empty_keys": int(sum(sk.empty_keys for sk in run.sketches)),
+    }
+    shingle_sizes = sum((Counter({int(k): v for k, v in sk.shingle_sizes.items()}) for sk in run.sketches), Counter())
+    shards = {}
+    for ch in run.chunks:
+        sh = shards.setdefault(ch.name, {"name": ch.name, "bytes": Path(ch.path).stat().st_size, "records": 0})
+        sh["records"] += ch.records
+    s = run.settings
+    shown = samples(run.chunks, c, s.sample_clusters)
+    run.timings["outputs"] = run.timings.get("outputs", 0.0) + time.perf_counter() - t0
+    seconds = time.perf_counter() - run.started
+    report = {
+        "parameters": _parameters(s, run.bands, run.rows, dict(shingle_sizes)), "counts": counts,
+        "per_source": sources, "cluster_sizes": histogram(c.sizes), "samples": shown,
+        "input": {"shards": list(shards.values()),
+                  "chunks": [{"name": ch.name, "chunk": ch.chunk, "start": ch.start, "end": ch.end,
+                              "records": ch.records, "stem": ch.stem} for ch in run.chunks]},
+        "files": {"clusters": CLUSTERS_FILE, "decisions": DECISION_DIR, "signatures": SIGNATURE_DIR,
+                  "clusters_written": clusters_written,
+                  "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
+                                      "is document item_doc[i] (0-based record of the chunk) sketched with "
+                                      "item_n[i]-grams (both in <chunk>.items.npz); <chunk>.bands.npy: uint64 "
+                                      "(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc="
+                                      + ("tokenmill.stages.dedup.minhash.shingle_hash32" if s.shingle_hash == "poly"
+                                         else "datasketch.hashfunc.sha1_hash32")
+                                      + ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
+                                      "MinHash."},
+        "partitions": run.partitions,
+        "seconds": round(seconds, 3), "timings": {k: round(v, 3) for k, v in run.timings.items()},
+    }
+    atomic_write_json(out_dir / REPORT_FILE, report)
+    stats = {"docs_in": n_docs, "docs_out": n_docs - len(c.removed), "dropped_exact_duplicate": n_exact,
+             "dropped_near_duplicate": n_near, "seconds": round(seconds, 3),
+             **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
+             "bands": run.bands, "rows": run.rows, "timings": report["timings"]}
+    atomic_write_json(out_dir / STATS_FILE, stats)
+    return stats

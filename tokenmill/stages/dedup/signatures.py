@@ -1,0 +1,112 @@
+"""Step 1, one task per input chunk: parse, dedup key and digest, shingles, MinHash signatures, band hashes.
+
+Writes, for the chunk: its document table (docs/), its keys and digest index (keys/), its signatures, band hashes
+and sketched items (signatures/). Memory: one chunk, and shingle hashes in batches of SHINGLE_BATCH.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.stages.dedup import keys as K
+from tokenmill.stages.dedup import minhash as mh
+from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chunk, chunk_lines, folder, parse
+from tokenmill.stages.dedup.settings import DedupSettings
+
+SHINGLE_BATCH = 1 << 20  # shingles hashed at once in a worker (~40 MB of temporaries)
+
+
+@dataclass(frozen=True)
+class SketchTask:
+    chunk: Chunk
+    out_dir: Path
+    settings: DedupSettings
+    bands: int
+    rows: int
+    shingle_batch: int | None = None  # None: SHINGLE_BATCH
+
+
+@dataclass(frozen=True)
+class ChunkSketch:
+    """What the parent keeps of a chunk: counts only."""
+
+    stem: str
+    records: int
+    items: int
+    shingle_sizes: dict
+    records_per_path: dict
+    empty_keys: int
+
+
+def _meta_count(meta) -> int:
+    if not isinstance(meta, dict):
+        return 0
+    return sum(1 for v in meta.values() if v not in (None, "", [], {}))
+
+
+def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
+    """(table, texts, source paths): id, meta_count, text_len, path (index into the paths), loc, loc_kind."""
+    ids, meta_counts, text_lens, paths, locs, kinds, texts = [], [], [], [], [], [], []
+    path_index: dict[str, int] = {}
+    for ordinal, line in chunk_lines(chunk):
+        rec = parse(chunk, ordinal, line)
+        text = rec.get("text")
+        text = text if isinstance(text, str) else ""
+        texts.append(text)
+        ids.append(str(rec.get("id", "")).encode("utf-8"))
+        meta_counts.append(_meta_count(rec.get("meta")))
+        text_lens.append(len(text))
+        src = rec.get("source") if isinstance(rec.get("source"), dict) else {}
+        paths.append(path_index.setdefault(str(src.get("path", "")), len(path_index)))
+        kind = 0 if isinstance(src.get("line"), int) else 1 if isinstance(src.get("index"), int) else 2
+        locs.append(src["line"] if kind == 0 else src["index"] if kind == 1 else -1)
+        kinds.append(kind)
+    dtype = [("id", f"S{max([len(i) for i in ids] + [1])}"), ("meta_count", "<i4"), ("text_len", "<i8"),
+             ("key_len", "<i8"), ("path", "<i4"), ("loc", "<i8"), ("loc_kind", "i1")]
+    table = np.zeros(len(ids), dtype=dtype)
+    table["id"], table["meta_count"], table["text_len"] = ids, meta_counts, text_lens
+    table["path"], table["loc"], table["loc_kind"] = paths, locs, kinds
+    return table, texts, list(path_index)
+
+
+def _signatures(keys: list[str], key_lens: np.ndarray, settings: DedupSettings, batch: int):
+    """(item_doc, item_n, signatures): one row per (document, shingle size) to sketch."""
+    item_doc, item_n = settings.items(key_lens)
+    sig = np.empty((len(item_doc), settings.num_perm), dtype=np.uint32)
+    for n in np.unique(item_n).tolist():
+        sel_all = np.flatnonzero(item_n == n)
+        # batches of about `batch` shingles bound the worker's memory whatever the chunk holds
+        cut = np.searchsorted(np.cumsum(key_lens[item_doc[sel_all]]),
+                              np.arange(batch, int(key_lens.sum()) + batch, batch))
+        for sel in np.split(sel_all, np.unique(cut[cut < len(sel_all)])):
+            if len(sel) == 0:
+                continue
+            hashes, offsets = mh.shingle_hashes([keys[d] for d in item_doc[sel].tolist()], n, settings.shingle_hash)
+            sig[sel] = mh.signatures(hashes, offsets, settings.num_perm, settings.seed)
+    return item_doc, item_n, sig
+
+
+def sketch_chunk(task: SketchTask) -> ChunkSketch:
+    chunk, s = task.chunk, task.settings
+    table, texts, paths = _document_table(chunk)
+    keys = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese)
+    del texts
+    key_lens = np.asarray([len(k) for k in keys], dtype=np.int64)
+    table["key_len"] = key_lens
+    stem = chunk.stem
+    np.save(folder(task.out_dir, DOCS_DIR) / f"{stem}.npy", table)
+    (task.out_dir / DOCS_DIR / f"{stem}.paths.json").write_text(json.dumps(paths, ensure_ascii=False),
+                                                                 encoding="utf-8")
+    K.write_keys(folder(task.out_dir, KEYS_DIR), stem, keys)
+    item_doc, item_n, sig = _signatures(keys, key_lens, s, task.shingle_batch or SHINGLE_BATCH)
+    sig_dir = folder(task.out_dir, SIGNATURE_DIR)
+    np.save(sig_dir / f"{stem}.npy", sig)
+    np.save(sig_dir / f"{stem}.bands.npy", mh.band_hashes(sig, task.bands, task.rows, salt=item_n.astype(np.uint64)))
+    np.savez(sig_dir / f"{stem}.items.npz", item_doc=item_doc, item_n=item_n)
+    per_path = Counter(table["path"].tolist())
+    return ChunkSketch(stem, len(keys), int(len(item_doc)), dict(Counter(item_n.tolist())),
+                       {paths[p]: n for p, n in per_path.items()}, int((key_lens == 0).sum()))

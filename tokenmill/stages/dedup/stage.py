@@ -1,0 +1,148 @@
+"""Orchestration of the dedup stage: the steps in order, each a map over small task dataclasses naming files.
+
+`build_dedup_report(in_dir, out_dir, settings)` runs steps 1-7 and leaves in `out_dir`: report.json, clusters.jsonl,
+decisions/ (the removed records per chunk), signatures/ (per chunk MinHash signatures, band hashes and items) and
+_stats.json; the other step files are removed at the end. `write_deduped` (apply.py) is step 8.
+
+Memory: every task holds one chunk, or one partition (a digest range, a band and hash range, a range of first
+documents) sized by `Partitions`, or (clusters) only the documents that are in some exact group or verified pair.
+This process holds counts and file names, never per-document arrays of the corpus.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.progress import Progress
+from tokenmill.stages.dedup.apply import io_workers
+from tokenmill.stages.dedup.buckets import DOC_BINS, BucketTask, LshInputTask, bucket_pairs, hash_ranges, lsh_inputs
+from tokenmill.stages.dedup.clusters import ClusterTask, build_clusters, write_clusters, write_decisions
+from tokenmill.stages.dedup.keys import ExactTask, digest_ranges, exact_groups
+from tokenmill.stages.dedup.layout import (
+    CANDIDATE_DIR,
+    DOCS_DIR,
+    EXACT_DIR,
+    KEYS_DIR,
+    LSH_DIR,
+    VERIFIED_DIR,
+    folder,
+    plan_chunks,
+)
+from tokenmill.stages.dedup.report import RunSummary, write_report
+from tokenmill.stages.dedup.settings import DedupSettings
+from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
+from tokenmill.stages.dedup.verify import VerifyTask, verify_range
+
+POOL_MIN_ITEMS = 1 << 22  # band items below which the bucket step runs in this process
+
+
+@dataclass(frozen=True)
+class Partitions:
+    """Size of one task of each partitioned step (the decisions do not depend on them, only memory per task)."""
+
+    exact_docs: int = 1 << 21  # documents per digest range (~50 bytes each)
+    bucket_items: int = 1 << 21  # LSH items per band and hash range (16 bytes each)
+    verify_pairs: int = 1 << 20  # candidate pairs per range of first documents (16 bytes each)
+
+
+def _verify_ranges(hist: np.ndarray, bin_width: int, n_docs: int, per_task: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of first documents holding about `per_task` candidate pairs each (cut on bin edges)."""
+    ranges, lo, held = [], 0, 0
+    for b, n in enumerate(hist.tolist()):
+        if held and held + n > per_task:
+            ranges.append((lo, b * bin_width))
+            lo, held = b * bin_width, 0
+        held += n
+    if held:
+        ranges.append((lo, n_docs))
+    return ranges
+
+
+def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | None = None,
+                       workers: int | None = None, log=None, partitions: Partitions | None = None) -> dict:
+    """Finds exact and near duplicates in `in_dir` (record JSONL) and writes the decision to `out_dir`."""
+    # a plain DedupSettings (not the asset's Dagster config subclass) travels to the workers
+    settings = DedupSettings.model_validate(settings.model_dump()) if settings else DedupSettings()
+    partitions = partitions or Partitions()
+    t_start = time.perf_counter()
+    in_dir, out_dir = Path(in_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    workers = default_workers() if workers is None else workers
+    bands, rows = settings.band_shape()
+    timings = {}
+
+    def step(name: str, fn, tasks: list, pool: int):
+        t0 = time.perf_counter()
+        progress = Progress(f"dedup: {name}", total=len(tasks), unit="tasks", log=log)
+        results = []
+        for r in map_ordered(fn, tasks, pool):
+            results.append(r)
+            progress.advance()
+        progress.finish()
+        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
+        return results
+
+    # 1. keys, digests, signatures and band hashes, per chunk
+    chunks = plan_chunks(in_dir, settings.chunk_bytes)
+    sketches = step("signatures", sketch_chunk, [SketchTask(c, out_dir, settings, bands, rows) for c in chunks],
+                    workers)
+    firsts = np.concatenate(([0], np.cumsum([sk.records for sk in sketches]))).tolist()
+    chunks = [replace(c, first=f, records=sk.records) for c, f, sk in zip(chunks, firsts, sketches)]
+    n_docs, stems = firsts[-1], tuple(c.stem for c in chunks)
+
+    # 2. exact groups, per digest range
+    digest_parts = digest_ranges(max(1, math.ceil(n_docs / partitions.exact_docs)))
+    exact_files = tuple(folder(out_dir, EXACT_DIR) / f"p{k:04d}.npy" for k in range(len(digest_parts)))
+    exact = step("exact", exact_groups, [ExactTask(out_dir / KEYS_DIR, stems, tuple(firsts[:-1]), lo, hi, path)
+                                         for (lo, hi), path in zip(digest_parts, exact_files)],
+                 io_workers(workers, len(digest_parts)))
+
+    # 3-4. LSH buckets over one representative per exact group, per band and hash range
+    rep_items = sum(step("buckets", lsh_inputs, [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files)
+                                                 for c in chunks], io_workers(workers, len(chunks))))
+    hash_parts = hash_ranges(max(1, math.ceil(rep_items / partitions.bucket_items)))
+    bin_width = max(1, math.ceil(n_docs / DOC_BINS))
+    tasks = [BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, bin_width)
+             for b in range(bands) for k, (lo, hi) in enumerate(hash_parts)]
+    # a pool costs ~1 s to start: small corpora bucket in this process
+    buckets = step("buckets", bucket_pairs, tasks, workers if rep_items * bands >= POOL_MIN_ITEMS else 1)
+
+    # 5. exact Jaccard of the candidates, per range of first documents
+    hist = np.sum([r.first_doc_histogram for r in buckets], axis=0) if buckets else np.zeros(DOC_BINS, np.int64)
+    doc_parts = _verify_ranges(hist, bin_width, n_docs, partitions.verify_pairs)
+    files = tuple(f for r in buckets for f in r.files)
+    verified_files = tuple(folder(out_dir, VERIFIED_DIR) / f"v{k:04d}.npy" for k in range(len(doc_parts)))
+    verified = step("verification", verify_range, [VerifyTask(out_dir, tuple(chunks), files, lo, hi, settings, path)
+                                                   for (lo, hi), path in zip(doc_parts, verified_files)],
+                    io_workers(workers, len(doc_parts)))
+
+    # 6. clusters and keep decisions over the pairs
+    t0 = time.perf_counter()
+    clusters = build_clusters(ClusterTask(out_dir, tuple(chunks), exact_files, verified_files, settings.keep))
+    write_decisions(out_dir, chunks, clusters)
+    timings["clusters"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    clusters_written = write_clusters(out_dir, clusters)
+    timings["outputs"] = time.perf_counter() - t0
+
+    # 7. report
+    run = RunSummary(settings, bands, rows, chunks, sketches,
+                     exact_groups=sum(r.groups for r in exact),
+                     candidate_pairs=sum(r.candidates for r in verified),
+                     verified_pairs=sum(r.verified for r in verified),
+                     bucket_stats={"band_collisions": sum(r.band_collisions for r in buckets),
+                                   "oversized_buckets": sum(r.oversized_buckets for r in buckets),
+                                   "pairs_not_emitted": sum(r.pairs_not_emitted for r in buckets)},
+                     partitions={"chunks": len(chunks), "digest_ranges": len(digest_parts),
+                                 "band_hash_ranges": len(hash_parts), "verify_ranges": len(doc_parts)},
+                     started=t_start, timings=timings)
+    stats = write_report(out_dir, run, clusters, clusters_written)
+    for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR):
+        shutil.rmtree(out_dir / name, ignore_errors=True)
+    return stats
