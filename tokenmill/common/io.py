@@ -10,7 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from tokenmill.common.failpoints import failpoint
+
 STATS_FILE = "_stats.json"
+TIMINGS_FILE = "_timings.json"  # wall-clock figures: kept apart so every other file is identical across reruns
 REJECTED_FILE = "_rejected.jsonl"
 REMOVED_FILE = "removed.jsonl"
 
@@ -53,6 +56,18 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
+
+
+def is_timing(key: str) -> bool:
+    """Stats keys that measure time rather than data (seconds, rates, time shares)."""
+    return key == "timings" or "second" in key or key.endswith("time_share")
+
+
+def write_stats(out_dir: str | os.PathLike, stats: dict) -> None:
+    """A stage's `_stats.json` (counts, identical across identical runs) and `_timings.json` (the rest)."""
+    out_dir = Path(out_dir)
+    atomic_write_json(out_dir / STATS_FILE, {k: v for k, v in stats.items() if not is_timing(k)})
+    atomic_write_json(out_dir / TIMINGS_FILE, {k: v for k, v in stats.items() if is_timing(k)})
 
 
 def read_json(path: str | os.PathLike):
@@ -146,11 +161,14 @@ def staged_output(final_dir: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    failpoint(f"{final_dir.name}:staged")
     version = final_dir.with_name(f".{final_dir.name}{VERSION_MARK}{token}")
     os.replace(staging, version)
+    failpoint(f"{final_dir.name}:versioned")
     if final_dir.exists() and not final_dir.is_symlink():  # a plain folder from an earlier release
         os.replace(final_dir, final_dir.with_name(f".{final_dir.name}{VERSION_MARK}0-legacy-{token}"))
     _point(final_dir, version)
+    failpoint(f"{final_dir.name}:pointed")
     recover_stage(final_dir)
 
 

@@ -10,6 +10,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Iterable, Iterator, TypeVar
 
+from tokenmill.common.failpoints import failpoint
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -73,4 +75,5 @@ def map_ordered(fn: Callable[[T], R], tasks: Iterable[T], workers: int | None = 
                              initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
         with _main_module_hidden(fn):
             results = pool.map(fn, tasks)  # submits every task, so every worker is spawned here
+        failpoint(f"tasks:{getattr(fn, '__name__', fn)}")
         yield from results
