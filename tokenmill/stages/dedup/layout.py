@@ -7,6 +7,7 @@ chunk's first record (`Chunk.first`) plus its ordinal (0-based non-blank line) w
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 
 from tokenmill.common.io import record_shards
 from tokenmill.errors import CorruptOutputError
+from tokenmill.stages.dedup.minhash import natural_key
 
 REPORT_FILE = "report.json"
 CLUSTERS_FILE = "clusters.jsonl"
@@ -101,44 +103,34 @@ def folder(out_dir: Path, name: str) -> Path:
 
 
 class Corpus:
-    """Read access by global document index to the per-chunk files (memory-mapped, opened on first use), so a
-    task holds only the documents it asks for."""
+    """Read access by global document index to the per-chunk document tables and keys, so a task holds only the
+    documents it asks for."""
 
     def __init__(self, out_dir: Path, chunks: list[Chunk]):
         self.out_dir = Path(out_dir)
         self.chunks = chunks
         self.firsts = np.asarray([c.first for c in chunks], dtype=np.int64)
-        self._tables: dict[int, np.ndarray] = {}
-        self._paths: dict[int, list[str]] = {}
-        self._keys: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._key_files: dict[int, tuple[int, int, int]] = {}  # chunk: offsets fd, header bytes, keys fd
 
     def locate(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(chunk index, ordinal) of each global document index."""
         c = np.searchsorted(self.firsts, docs, side="right") - 1
         return c, docs - self.firsts[c]
 
-    def table(self, c: int) -> np.ndarray:
-        if c not in self._tables:
-            self._tables[c] = np.load(self.out_dir / DOCS_DIR / f"{self.chunks[c].stem}.npy", mmap_mode="r")
-        return self._tables[c]
-
-    def paths(self, c: int) -> list[str]:
-        if c not in self._paths:
-            self._paths[c] = json.loads((self.out_dir / DOCS_DIR / f"{self.chunks[c].stem}.paths.json").read_text(
-                encoding="utf-8"))
-        return self._paths[c]
+    def _paths(self, c: int) -> list[str]:
+        return json.loads((self.out_dir / DOCS_DIR / f"{self.chunks[c].stem}.paths.json").read_text(encoding="utf-8"))
 
     def rows(self, docs: np.ndarray) -> tuple[dict, list[str]]:
         """The document-table fields of `docs` (ascending global indices) as arrays, with `path` as an index into
         the returned list of paths (sorted in natural order, so comparing indices compares paths)."""
-        from tokenmill.stages.dedup.minhash import natural_key
-
         c, o = self.locate(docs)
-        parts, paths = [], []
+        parts = []
         for ci in np.unique(c).tolist():
             sel = c == ci
-            part = np.asarray(self.table(ci)[o[sel]])
-            parts.append((sel, part, self.paths(ci)))
+            # read whole (one chunk's table, ~40 bytes a record) rather than mapped: mapped pages a task touched
+            # would count in its resident memory, and the involved documents are spread over every page
+            part = np.load(self.out_dir / DOCS_DIR / f"{self.chunks[ci].stem}.npy")[o[sel]]
+            parts.append((sel, part, self._paths(ci)))
         fields = {k: np.empty(len(docs), dtype=np.int64) for k in ("meta_count", "text_len", "key_len", "loc",
                                                                     "loc_kind", "path")}
         width = max([p.dtype["id"].itemsize for _, p, _ in parts] + [1])
@@ -158,13 +150,22 @@ class Corpus:
         return fields, paths
 
     def key(self, doc: int) -> str:
+        """The dedup key of one document, read with two positioned reads (not mapped, so a task's resident memory
+        holds the keys it uses, not the pages of the key files it touched)."""
         c = int(np.searchsorted(self.firsts, doc, side="right")) - 1
         o = doc - int(self.firsts[c])
-        if c not in self._keys:
+        if c not in self._key_files:
             stem = self.chunks[c].stem
-            self._keys[c] = (np.load(self.out_dir / KEYS_DIR / f"{stem}.key_offsets.npy", mmap_mode="r"),
-                             np.memmap(self.out_dir / KEYS_DIR / f"{stem}.key.bin", dtype=np.uint8, mode="r")
-                             if (self.out_dir / KEYS_DIR / f"{stem}.key.bin").stat().st_size else
-                             np.empty(0, dtype=np.uint8))
-        offsets, data = self._keys[c]
-        return bytes(data[int(offsets[o]):int(offsets[o + 1])]).decode("utf-8")
+            offsets = np.load(self.out_dir / KEYS_DIR / f"{stem}.key_offsets.npy", mmap_mode="r")
+            self._key_files[c] = (os.open(offsets.filename, os.O_RDONLY), offsets.offset,
+                                  os.open(self.out_dir / KEYS_DIR / f"{stem}.key.bin", os.O_RDONLY))
+            del offsets
+        fd_offsets, header, fd_keys = self._key_files[c]
+        start, end = np.frombuffer(os.pread(fd_offsets, 16, header + 8 * o), dtype="<i8").tolist()
+        return os.pread(fd_keys, end - start, start).decode("utf-8")
+
+    def close(self) -> None:
+        for fd_offsets, _, fd_keys in self._key_files.values():
+            os.close(fd_offsets)
+            os.close(fd_keys)
+        self._key_files.clear()

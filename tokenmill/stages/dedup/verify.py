@@ -60,6 +60,7 @@ def verify_range(task: VerifyTask) -> VerifyResult:
         if held is None or held[1] != n:
             held = (a, n, mh.shingle_set(key_a, n))
         sims[i] = mh.jaccard(held[2], mh.shingle_set(key_b, n))
+    corpus.close()
     ok = sims >= task.settings.threshold - 1e-12
     rows = np.empty(int(ok.sum()), dtype=VERIFIED_DTYPE)
     rows["a"], rows["b"], rows["sim"] = pairs[ok, 0], pairs[ok, 1], sims[ok]
