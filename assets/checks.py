@@ -6,7 +6,7 @@ from resources import DataRoot
 from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
 from tokenmill.stages.dedup.keys import dedup_keys, key_digest
 from tokenmill.stages.telemetry import build_funnel
-from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_dataset
+from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_shards
 
 MAX_REJECTED_SHARE = 0.2  # above this the source or the reader settings are wrong, not the records
 
@@ -62,19 +62,17 @@ def deduped_no_exact_duplicates(data_root: DataRoot) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(asset="tokenized_bins", blocking=True,
-                description="Token ids < vocabulary, dataset.json consistent with shard files and SHA-256, masks aligned with tokens.")
+                description="dataset.json consistent with every shard file (sizes, SHA-256, offsets), token ids < "
+                            "vocabulary, masks aligned, the upstream tokenizer recorded, and a sample of records "
+                            "re-encoded with it equal to the shards.")
 def token_shards_consistent(data_root: DataRoot) -> dg.AssetCheckResult:
-    problems, tokens, max_id, vocab = [], 0, -1, None
-    for split in ("train", "val"):
-        result = validate_token_dataset(data_root.path("tokenized_bins") / split)
-        problems += result["problems"]
-        tokens += result["tokens"]
-        max_id = max(max_id, result["max_token_id"] if result["max_token_id"] is not None else -1)
-        vocab = result.get("vocab_size", vocab)
+    result = validate_token_shards(data_root.path("tokenized_bins"), data_root.path("deduped_jsonl"),
+                                   data_root.path("tokenizer"))
     return dg.AssetCheckResult(
-        passed=not problems,
-        metadata={"tokens_checked": tokens, "max_token_id": max_id, "vocab_size": vocab or 0,
-                  "problems": _problems_md(problems)},
+        passed=not result["problems"],
+        metadata={"tokens_checked": result["tokens"], "max_token_id": result["max_token_id"],
+                  "vocab_size": result["vocab_size"] or 0, "records_reencoded": result["reencoded_records"],
+                  "problems": _problems_md(result["problems"])},
     )
 
 

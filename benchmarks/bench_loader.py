@@ -27,15 +27,42 @@ import numpy as np
 import torch
 
 from tokenmill_loader import DataLoader, PackingLoader, RecordDataset, TokenDataset
+from tokenmill_loader.format import (
+    DATASET_FILE,
+    SHARD_META_FILE,
+    data_file,
+    dataset_manifest,
+    dumps_compact,
+    key_meta,
+    shard_name,
+)
 
 SEQ_LEN, BATCH = 2048, 32
 
 
 # ---------------------------------------------------------------------------- data
+def _write_shard(folder: Path, arrays: dict[str, np.ndarray], offsets: np.ndarray) -> dict:
+    """One shard folder (format module names and builders); returns its dataset.json files entry."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, arr in arrays.items():
+        arr.tofile(folder / data_file(key))
+    (folder / SHARD_META_FILE).write_bytes(dumps_compact({k: key_meta(a.dtype, offsets) for k, a in arrays.items()}))
+    return {f: {"bytes": (folder / f).stat().st_size, "sha256": hashlib.sha256((folder / f).read_bytes()).hexdigest()}
+            for f in [data_file(k) for k in arrays] + [SHARD_META_FILE]}
+
+
+def _write_manifest(ds: Path, training_type: str, vocab: int, entries: list[dict]) -> None:
+    info = dataset_manifest(training_type=training_type, split="train", vocab_size=vocab, token_dtype="uint16",
+                            special_tokens={"<s>": 0, "</s>": 1, "<pad>": 2}, shards=entries,
+                            totals={"tokens": sum(e["tokens"] for e in entries),
+                                    "records": sum(e["records"] for e in entries)})
+    (ds / DATASET_FILE).write_bytes(dumps_compact(info))
+
+
 def make_dataset(root: Path, tokens: int, shards: int = 4, seed: int = 0, vocab: int = 50000) -> Path:
     """A seq dataset of about `tokens` uint16 tokens (lognormal doc lengths) + train.bin (nanoGPT)."""
     ds = root / f"ds-{tokens}"
-    if (ds / "dataset.json").exists():
+    if (ds / DATASET_FILE).exists():
         return ds
     ds.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -52,49 +79,25 @@ def make_dataset(root: Path, tokens: int, shards: int = 4, seed: int = 0, vocab:
             offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
             toks = rng.integers(3, vocab, size=int(offs[-1]), dtype=np.uint16)
             toks[offs[:-1]] = 0  # <s> at every document start
-            folder = ds / f"shard-{s:05d}"
-            folder.mkdir(exist_ok=True)
-            toks.tofile(folder / "sequence.bin")
             toks.tofile(nano)
-            meta = {"sequence": {"shape": [int(offs[-1])], "dtype": "uint16", "offsets": offs.tolist()}}
-            (folder / "meta.json").write_text(json.dumps(meta))
-            files = {}
-            for f in ("sequence.bin", "meta.json"):
-                h = hashlib.sha256((folder / f).read_bytes()).hexdigest()
-                files[f] = {"bytes": (folder / f).stat().st_size, "sha256": h}
-            entries.append({"name": folder.name, "tokens": int(offs[-1]), "records": len(lens), "files": files})
-    info = {"format": "tokenmill-shards", "format_version": 1, "training_type": "seq", "split": "train",
-            "vocab_size": vocab, "token_dtype": "uint16",
-            "keys": {"sequence": {"dtype": "uint16", "kind": "tokens"}}, "shards": entries,
-            "totals": {"tokens": sum(e["tokens"] for e in entries), "records": sum(e["records"] for e in entries)}}
-    (ds / "dataset.json").write_text(json.dumps(info))
+            files = _write_shard(ds / shard_name(s), {"sequence": toks}, offs)
+            entries.append({"name": shard_name(s), "tokens": int(offs[-1]), "records": len(lens), "files": files})
+    _write_manifest(ds, "seq", vocab, entries)
     return ds
 
 
 def make_sft(root: Path, n: int = 20000, seed: int = 1) -> Path:
     """An sft dataset with lognormal record lengths (for packing efficiency)."""
     ds = root / f"sft-{n}"
-    if (ds / "dataset.json").exists():
+    if (ds / DATASET_FILE).exists():
         return ds
-    folder = ds / "shard-00000"
-    folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     lens = np.clip(rng.lognormal(5.3, 0.9, size=n).astype(np.int64), 8, 8192)
     offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     toks = rng.integers(3, 4096, size=int(offs[-1]), dtype=np.uint16)
     mask = np.ones(int(offs[-1]), dtype=np.uint8)
-    toks.tofile(folder / "sequence.bin")
-    mask.tofile(folder / "loss_mask.bin")
-    meta = {k: {"shape": [int(offs[-1])], "dtype": dt, "offsets": offs.tolist()}
-            for k, dt in (("sequence", "uint16"), ("loss_mask", "uint8"))}
-    (folder / "meta.json").write_text(json.dumps(meta))
-    files = {f: {"bytes": (folder / f).stat().st_size} for f in ("sequence.bin", "loss_mask.bin", "meta.json")}
-    info = {"format": "tokenmill-shards", "format_version": 1, "training_type": "sft", "split": "train",
-            "vocab_size": 4096, "token_dtype": "uint16",
-            "keys": {"sequence": {"dtype": "uint16", "kind": "tokens"}, "loss_mask": {"dtype": "uint8", "kind": "mask"}},
-            "shards": [{"name": "shard-00000", "tokens": int(offs[-1]), "records": n, "files": files}],
-            "totals": {"tokens": int(offs[-1]), "records": n}}
-    (ds / "dataset.json").write_text(json.dumps(info))
+    files = _write_shard(ds / shard_name(0), {"sequence": toks, "loss_mask": mask}, offs)
+    _write_manifest(ds, "sft", 4096, [{"name": shard_name(0), "tokens": int(offs[-1]), "records": n, "files": files}])
     return ds
 
 
@@ -170,7 +173,7 @@ def bench_throughput(ds: Path, n: int):
 
 def bench_startup(ds: Path):
     print("\n== start-up, state_dict, resume (10 million windows) ==")
-    total = json.loads((ds / "dataset.json").read_text())["totals"]["tokens"]
+    total = json.loads((ds / DATASET_FILE).read_text())["totals"]["tokens"]
     stride = max(1, (total - SEQ_LEN) // 10_000_000)
     t0 = time.perf_counter()
     dset = TokenDataset(ds, SEQ_LEN, stride=stride)

@@ -43,8 +43,8 @@ def copy_rates(dev):
         pinned = pageable.pin_memory()
         nbytes = pageable.numel() * 4
         reps = 200 if nbytes < 1 << 24 else 10
-        t_page = cuda_time(lambda: pageable.to(dev), reps)
-        t_pin = cuda_time(lambda: pinned.to(dev, non_blocking=True), reps)
+        t_page = cuda_time(lambda src=pageable: src.to(dev), reps)
+        t_pin = cuda_time(lambda src=pinned: src.to(dev, non_blocking=True), reps)
         print(f"  {label:40s} pageable {nbytes / t_page / 1e9:6.1f} GB/s   pinned {nbytes / t_pin / 1e9:6.1f} GB/s"
               f"   ({t_page / t_pin:.1f}x)")
 
@@ -121,6 +121,7 @@ def overlap(dev):
 def real_path(dev, root: Path):
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_loader import make_dataset
+
     from tokenmill_loader import DataLoader, DevicePrefetcher, TokenDataset
     print("\n== DataLoader(TokenDataset) -> DevicePrefetcher (20M tokens) ==")
     ds_path = make_dataset(root, 20_000_000)

@@ -25,9 +25,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tokenmill.common.io import iter_jsonl, record_shards  # noqa: E402
-from tokenmill.shards import ShardSettings, _dropped, tokenize_corpus  # noqa: E402
-from tokenmill.tokenization import (HELD_OUT_MODULUS, TokenizerSettings, build_trainer_tokenizer,  # noqa: E402
-                                    hash64, load_tokenizer, train_tokenizer, training_text)
+from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer  # noqa: E402
+from tokenmill.stages.tokenize.render import metadata_dropped  # noqa: E402
+from tokenmill.stages.tokenize.tokenizer import hash64, load_tokenizer  # noqa: E402
+from tokenmill.stages.tokenize.train import HELD_OUT_MODULUS, build_trainer_tokenizer, training_text  # noqa: E402
 
 
 def prepare_input(source: Path, out: Path) -> int:
@@ -68,7 +69,7 @@ def rendered_texts(in_dir: Path, s: ShardSettings) -> list[str]:
                 continue  # rejected by tokenize_corpus (empty_text)
             meta = r.get("meta") or {}
             title, author = meta.get("title") or "", meta.get("author") or ""
-            if (not title and not author) or _dropped(r["id"], s.seed, s.metadata_dropout):
+            if (not title and not author) or metadata_dropped(r["id"], s.seed, s.metadata_dropout):
                 texts.append(f"<|content|>{r['text']}</s>")
             else:
                 texts.append(f"<|title|>{title}<|author|>{author}<|content|>{r['text']}</s>")

@@ -1,21 +1,28 @@
-"""tokenized_bins stage: renderings and masks per training type, splits, shards, atomicity, determinism."""
+"""tokenized_bins stage: renderings and masks per training type, splits, shards, atomicity, determinism; the
+round trip through tokenmill_loader; the pinned tokenizer and the re-encoding check."""
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
-import tokenmill.shards as shards_mod
+import tokenmill.stages.tokenize.shards as shards_mod
+import tokenmill.stages.tokenize.stage as stage_mod
 from tokenmill.common.io import STATS_FILE, read_json
-from tokenmill.shards import (REJECTED_JSON, ShardSettings, ShardWriter, SplitChunk, check_ids, token_dtype_for,
-                              tokenize_corpus)
-from tokenmill.tokenization import SPECIAL_TOKENS, TokenizerSettings, load_tokenizer, train_tokenizer
+from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
+from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer
+from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
+from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
+from tokenmill.stages.tokenize.tokenizer import load_tokenizer
+from tokenmill.validate import validate_token_shards
+from tokenmill_loader import RecordDataset, TokenDataset, open_store
+from tokenmill_loader.format import SPECIAL_TOKENS, TRAINING_TYPES
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = (REPO.parent / "shared").resolve()
 SP = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
 
 LINES = ["床前明月光，疑是地上霜。", "举头望明月，低头思故乡。", "白日依山尽，黄河入海流。", "欲穷千里目，更上一层楼。",
@@ -233,7 +240,8 @@ def test_literal_special_token_text_stays_text(tmp_path, tok_dir):
     d = read_split(out / "train")
     tok = load_tokenizer(tok_dir)
     for rid, seq in zip(d["ids"], d["items"]["sequence"]):
-        assert (seq == SP["</s>"]).sum() == 1 and (seq == SP["<|content|>"]).sum() == 1 and (seq == SP["<s>"]).sum() == 0
+        assert (seq == SP["</s>"]).sum() == 1 and (seq == SP["<|content|>"]).sum() == 1
+        assert (seq == SP["<s>"]).sum() == 0
         k = int(np.flatnonzero(seq == SP["<|content|>"])[0])
         assert tok.decode(seq[k + 1:-1].tolist()) == by_id(recs)[rid]["text"]
 
@@ -247,7 +255,8 @@ def test_shards_roll_over_and_records_never_straddle(tmp_path, tok_dir):
         meta = read_json(out / "train" / sh["name"] / "meta.json")
         n = meta["sequence"]["shape"][0]
         assert n == sh["tokens"] and (n <= 500 or sh["records"] == 1)
-        assert len(meta["sequence"]["offsets"]) == sh["records"] + 1 == len(read_json(out / "train" / sh["name"] / "record_ids.json")) + 1
+        record_ids = read_json(out / "train" / sh["name"] / "record_ids.json")
+        assert len(meta["sequence"]["offsets"]) == sh["records"] + 1 == len(record_ids) + 1
         assert meta["loss_mask"]["offsets"] == meta["sequence"]["offsets"]
         for fname, info in sh["files"].items():
             data = (out / "train" / sh["name"] / fname).read_bytes()
@@ -265,16 +274,27 @@ def tree_bytes(folder: Path) -> dict:
 
 def test_identical_bytes_for_any_worker_count_and_task_cut(tmp_path, tok_dir):
     recs = [poem(i) for i in range(400)]
-    write_parts(tmp_path / "in", recs, per_part=150, bad_line=True)
+    write_parts(tmp_path / "in", recs, per_part=150)
     outs = []
     for name, workers, task_bytes in (("w1", 1, 0), ("w2", 2, 3000), ("w1b", 1, 5000)):
         s = tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / name,
                             ShardSettings(shard_tokens=2000, task_bytes=task_bytes), workers=workers)
         outs.append(tree_bytes(tmp_path / name))
-        assert s["dropped_bad_json"] == 3 and s["docs_in"] == 403
+        assert s["docs_in"] == s["docs_out"] == 400
         assert s["workers"] == workers and (s["tasks"] > 3 or task_bytes == 0)
     assert outs[0] == outs[1] == outs[2]
     assert any(k.startswith("train/shard-00002") for k in outs[0])
+
+
+def test_malformed_line_is_corruption_naming_file_and_line(tmp_path, tok_dir):
+    """deduped_jsonl is tokenmill's own output: a line that does not parse fails the stage (never a counted drop)."""
+    write_parts(tmp_path / "in", [poem(i) for i in range(20)], per_part=8, bad_line=True)
+    with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:5: not a JSON record"):
+        tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "out", ShardSettings(), workers=1)
+    assert not list((tmp_path / "out").rglob("dataset.json"))
+    (tmp_path / "in" / "part-00000.jsonl").write_text('[1, 2]\n', encoding="utf-8")
+    with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:1: not a JSON object"):
+        tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "out", ShardSettings(), workers=1)
 
 
 def test_split_by_id_is_stable_when_documents_are_added(tmp_path, tok_dir):
@@ -289,18 +309,19 @@ def test_split_by_id_is_stable_when_documents_are_added(tmp_path, tok_dir):
 
 
 def test_vocabulary_overflow_is_refused_at_write_time(tmp_path, tok_dir):
-    with pytest.raises(ValueError, match="overflows uint16"):
+    with pytest.raises(ConfigError, match="tokenized_bins.token_dtype: .*overflows uint16"):
         token_dtype_for(70_000, "uint16")
     assert token_dtype_for(65_536) == np.uint16 and token_dtype_for(65_537) == np.uint32
-    with pytest.raises(ValueError, match="overflows"):
+    with pytest.raises(CapacityError, match="overflows"):
         ShardWriter(tmp_path / "w", "seq", 70_000, "uint16", 100)
+    assert not (tmp_path / "w").exists()
     w = ShardWriter(tmp_path / "w2", "seq", 100, "uint16", 1000)
     bad = SplitChunk(ids=["a"], data={"sequence": np.array([0, 150, 1], np.uint16)},
                      item_lens={"sequence": np.array([3])}, rec_items={"sequence": np.array([1])},
                      rec_tokens=np.array([3]))
-    with pytest.raises(ValueError, match="token id 150 >= vocabulary size 100"):
+    with pytest.raises(CapacityError, match="token id 150 >= vocabulary size 100"):
         w.add(bad)
-    with pytest.raises(ValueError):
+    with pytest.raises(CapacityError):
         check_ids(np.array([5, 99, 100]), 100)
     # whole stage: a tokenizer of 66k tokens forced into uint16 writes nothing
     tok = load_tokenizer(tok_dir)
@@ -309,7 +330,7 @@ def test_vocabulary_overflow_is_refused_at_write_time(tmp_path, tok_dir):
     big.mkdir()
     tok.save(str(big / "tokenizer.json"))
     write_parts(tmp_path / "in", [poem(i) for i in range(5)])
-    with pytest.raises(ValueError, match="overflows uint16"):
+    with pytest.raises(ConfigError, match="overflows uint16"):
         tokenize_corpus(tmp_path / "in", big, tmp_path / "out", ShardSettings(token_dtype="uint16"), workers=1)
     assert not list((tmp_path / "out").rglob("dataset.json")) if (tmp_path / "out").exists() else True
     s = tokenize_corpus(tmp_path / "in", big, tmp_path / "out32", ShardSettings(val_fraction=0.0), workers=1)
@@ -340,30 +361,39 @@ def test_interrupted_write_leaves_nothing_a_reader_accepts(tmp_path, tok_dir, mo
     assert not list(out.glob(".tmp-*"))           # staging cleaned up
 
 
-def test_check_contracts_accepts_the_output(tmp_path, tok_dir):
-    tool = SHARED / "tools" / "check_contracts.py"
-    if not tool.exists():
-        pytest.skip(f"{tool} not present")
-    root = tmp_path / "data"
-    for tt in ("conditional",):
-        write_parts(tmp_path / "in", [poem(i) for i in range(100)] + [chat(i) for i in range(20)])
-        tokenize_corpus(tmp_path / "in", tok_dir, root / "tokenized_bins", ShardSettings(training_type=tt,
-                                                                                          shard_tokens=1000), workers=1)
-        r = subprocess.run([sys.executable, str(tool), str(root)], capture_output=True, text=True)
-        assert r.returncode == 0, r.stdout + r.stderr
-        assert "0 violations" in r.stdout
+def complete_data_root(root: Path, tok_dir: Path, recs: list[dict]) -> Path:
+    """A data root with every stage up to tokenizer, as the stages leave them: 5 records rejected by cleaning,
+    3 removed by dedup (in = out + dropped at each step), then the tokenizer."""
+    write_parts(root / "raw_records", recs)
+    cleaned, rejected = recs[5:], [dict(r, reason="too_short") for r in recs[:5]]
+    write_parts(root / "cleaned_jsonl", cleaned)
+    (root / "cleaned_jsonl" / "_rejected.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected), encoding="utf-8")
+    (root / "dedup_report").mkdir()
+    (root / "dedup_report" / "report.json").write_text("{}", encoding="utf-8")
+    write_parts(root / "deduped_jsonl", cleaned[3:])
+    (root / "deduped_jsonl" / "removed.jsonl").write_text(
+        "".join(json.dumps({"id": r["id"], "reason": "exact_duplicate"}) + "\n" for r in cleaned[:3]),
+        encoding="utf-8")
+    shutil.copytree(tok_dir, root / "tokenizer")
+    return root
 
 
-@pytest.mark.parametrize("tt", ["sft", "dpo", "grpo"])
-def test_record_types_pass_the_contract_check(tmp_path, tok_dir, tt):
-    tool = SHARED / "tools" / "check_contracts.py"
+@pytest.mark.parametrize("tt", TRAINING_TYPES)
+def test_a_complete_data_root_passes_the_contract_check(tmp_path, tok_dir, shared_dir, tt):
+    tool = shared_dir / "tools" / "check_contracts.py"
     if not tool.exists():
         pytest.skip(f"{tool} not present")
-    write_parts(tmp_path / "in", [chat(i) for i in range(60)])
-    tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "data" / "tokenized_bins",
-                    ShardSettings(training_type=tt, shard_tokens=400, val_fraction=0.2), workers=1)
-    r = subprocess.run([sys.executable, str(tool), str(tmp_path / "data")], capture_output=True, text=True)
+    root = complete_data_root(tmp_path / "data", tok_dir, [poem(i) for i in range(100)] + [chat(i) for i in range(60)])
+    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins",
+                    ShardSettings(training_type=tt, shard_tokens=1000, val_fraction=0.2), workers=1)
+    r = subprocess.run([sys.executable, str(tool), str(root)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "- 0 violations" in r.stdout and "tokenized_bins/train:" in r.stdout
+    # the tool still sees a stage missing below tokenized_bins
+    shutil.rmtree(root / "tokenizer")
+    r = subprocess.run([sys.executable, str(tool), str(root)], capture_output=True, text=True)
+    assert r.returncode == 1 and "tokenizer: missing" in r.stdout
 
 
 def test_assets_materialize(tmp_path, tok_dir):

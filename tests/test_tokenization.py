@@ -3,10 +3,14 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from tokenmill.common.io import STATS_FILE, read_json
-from tokenmill.tokenization import (SPECIAL_TOKENS, TokenizerSettings, build_trainer_tokenizer, load_tokenizer,
-                                    train_tokenizer)
+from tokenmill.errors import ConfigError, CorruptOutputError
+from tokenmill.stages.tokenize import TokenizerSettings, train_tokenizer
+from tokenmill.stages.tokenize.tokenizer import load_tokenizer
+from tokenmill.stages.tokenize.train import build_trainer_tokenizer
+from tokenmill_loader.format import SPECIAL_TOKENS
 
 POEMS = ["床前明月光，疑是地上霜。\n举头望明月，低头思故乡。",
          "白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。",
@@ -66,8 +70,8 @@ def test_pretokenizers_round_trip_and_punctuation_attachment(tmp_path):
         ids = [i for t in POEMS for i in tok.encode(t, add_special_tokens=False).ids]
         isolated[pt] = sum(1 for i in ids if len(s := tok.decode([i])) == 1 and unicodedata.category(s)[0] == "P")
     assert isolated["punct_attach"] < isolated["bytelevel"]
-    with pytest.raises(ValueError, match="pretokenizer"):
-        train_tokenizer(tmp_path / "in", tmp_path / "bad", TokenizerSettings(pretokenizer="nope"))
+    with pytest.raises(ValidationError, match="pretokenizer"):
+        TokenizerSettings(pretokenizer="nope")
 
 
 def test_stats_held_out_and_examples(trained):
@@ -116,7 +120,8 @@ def test_existing_tokenizer_without_our_specials_gets_them(tmp_path):
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tok.save(str(tmp_path / "foreign.json"))
     n0 = tok.get_vocab_size()
-    s = train_tokenizer(tmp_path / "in", tmp_path / "out", TokenizerSettings(tokenizer_path=str(tmp_path / "foreign.json")))
+    s = train_tokenizer(tmp_path / "in", tmp_path / "out",
+                        TokenizerSettings(tokenizer_path=str(tmp_path / "foreign.json")))
     assert s["special_tokens_added"] == list(SPECIAL_TOKENS)
     assert s["vocab_size"] == n0 + len(SPECIAL_TOKENS)
     out = load_tokenizer(tmp_path / "out" / "tokenizer.json")
@@ -125,11 +130,12 @@ def test_existing_tokenizer_without_our_specials_gets_them(tmp_path):
 
 def test_bad_tokenizer_path_is_a_clear_error(tmp_path):
     write_records(tmp_path / "in", n=10)
-    with pytest.raises(FileNotFoundError, match="not found"):
+    with pytest.raises(ConfigError, match="not found"):
         train_tokenizer(tmp_path / "in", tmp_path / "o1", TokenizerSettings(tokenizer_path=str(tmp_path / "nope.json")))
     (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
-    with pytest.raises(ValueError, match="not a loadable"):
-        train_tokenizer(tmp_path / "in", tmp_path / "o2", TokenizerSettings(tokenizer_path=str(tmp_path / "broken.json")))
+    with pytest.raises(ConfigError, match="not a loadable"):
+        train_tokenizer(tmp_path / "in", tmp_path / "o2",
+                        TokenizerSettings(tokenizer_path=str(tmp_path / "broken.json")))
 
 
 def test_trainer_thread_count_does_not_change_bytes(tmp_path):
@@ -139,7 +145,7 @@ def test_trainer_thread_count_does_not_change_bytes(tmp_path):
     import sys
 
     write_records(tmp_path / "in", n=120)
-    code = ("import sys; from pathlib import Path; from tokenmill.tokenization import *; "
+    code = ("import sys; from pathlib import Path; from tokenmill.stages.tokenize.train import *; "
             "tok, tr = build_trainer_tokenizer(350, 2); "
             "from tokenmill.common.io import iter_jsonl; texts=[r['text'] for r in iter_jsonl(sys.argv[1])]; "
             "tok.train_from_iterator(texts, trainer=tr); Path(sys.argv[2]).write_text(tok.to_str())")
@@ -167,3 +173,27 @@ def test_sample_does_not_depend_on_file_order_or_cut(tmp_path):
     assert (a["sample_records"], a["sample_chars"], a["held_out_chars"]) == \
         (b["sample_records"], b["sample_chars"], b["held_out_chars"])
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+
+
+def test_settings_refuse_bad_values_naming_the_field():
+    from tokenmill.settings import validate_run_settings
+
+    with pytest.raises(ValidationError, match="vocab_size 200 is below the 10 special tokens"):
+        TokenizerSettings(vocab_size=200)
+    assert TokenizerSettings(vocab_size=200, tokenizer_path="x.json").vocab_size == 200  # not trained: unused
+    with pytest.raises(ConfigError, match=r"tokenizer\.min_frequency: .*greater than or equal to 0"):
+        validate_run_settings({"ops": {"tokenizer": {"config": {"min_frequency": -1}}}})
+    with pytest.raises(ConfigError, match=r"tokenized_bins\.val_fraction: .*less than 1"):
+        validate_run_settings({"ops": {"tokenized_bins": {"config": {"val_fraction": 1.0}}}})
+    with pytest.raises(ConfigError, match=r"tokenized_bins\.training_type"):
+        validate_run_settings({"ops": {"tokenized_bins": {"config": {"training_type": "rlhf"}}}})
+    with pytest.raises(ConfigError, match=r"tokenized_bins\.token_dtype"):
+        validate_run_settings({"ops": {"tokenized_bins": {"config": {"token_dtype": "int8"}}}})
+
+
+def test_malformed_line_is_corruption_naming_file_and_line(tmp_path):
+    write_records(tmp_path / "in", n=10)
+    with open(tmp_path / "in" / "part-00000.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": 12, oops\n')
+    with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:11: not a JSON record"):
+        train_tokenizer(tmp_path / "in", tmp_path / "out", TokenizerSettings(vocab_size=300))

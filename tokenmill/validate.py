@@ -1,23 +1,15 @@
 """Independent verifiers behind the asset checks: they re-read outputs and report a figure and the problems."""
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
-import numpy as np
-
-from tokenmill.common.io import record_shards, read_json
+from tokenmill.common.io import STATS_FILE, read_json, record_shards
+from tokenmill.stages.tokenize.settings import ShardSettings
+from tokenmill.stages.tokenize.verify import reencode_problems
+from tokenmill_loader.format import DATASET_FILE, SPLITS, TOKENIZER_FILE, DatasetError, sha256_file, validate_dataset
 
 MAX_PROBLEMS = 20  # problems listed in a check's metadata; the count is always complete
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def validate_records(stage_dir: Path) -> dict:
@@ -47,62 +39,35 @@ def validate_records(stage_dir: Path) -> dict:
     return {"records": records, "problems": problems}
 
 
-def validate_token_dataset(folder: Path, verify_checksums: bool = True) -> dict:
-    """dataset.json against the shard files: sizes, checksums, offsets, token ids < vocabulary, masks aligned."""
-    folder = Path(folder)
+def validate_token_shards(stage_dir: Path, records_dir: Path, tokenizer_dir: Path) -> dict:
+    """tokenized_bins, each split: dataset.json against every shard file (sizes, SHA-256, offsets, masks aligned and
+    0/1, token ids < vocabulary: tokenmill_loader.format.validate_dataset), the tokenizer it names is the upstream
+    one, and a sample of records re-encoded with it gives the shards' tokens."""
     problems: list[str] = []
-    manifest_path = folder / "dataset.json"
-    if not manifest_path.exists():
-        return {"tokens": 0, "max_token_id": None, "problems": [f"{manifest_path}: missing"]}
-    manifest = read_json(manifest_path)
-    vocab = int(manifest["vocab_size"])
-    tokens, max_id = 0, -1
-    for shard in manifest["shards"]:
-        shard_dir = folder / shard["name"]
-        for name, spec in shard["files"].items():
-            path = shard_dir / name
-            if not path.exists():
-                problems.append(f"{path}: listed in dataset.json but missing")
-            elif path.stat().st_size != spec["bytes"]:
-                problems.append(f"{path}: {path.stat().st_size} bytes, dataset.json says {spec['bytes']}")
-            elif verify_checksums and _sha256(path) != spec["sha256"]:
-                problems.append(f"{path}: SHA-256 differs from dataset.json")
-        meta_path = shard_dir / "meta.json"
-        if not meta_path.exists():
+    tokens, max_id, vocab, reencoded = 0, -1, None, 0
+    stats_path = Path(stage_dir) / STATS_FILE
+    settings = ShardSettings(**read_json(stats_path)["settings"]) if stats_path.exists() else None
+    if settings is None:
+        problems.append(f"{stats_path}: missing (the settings the shards were built with)")
+    upstream = Path(tokenizer_dir) / TOKENIZER_FILE
+    upstream_sha = sha256_file(upstream) if upstream.exists() else None
+    for split in SPLITS:
+        try:
+            dataset = validate_dataset(Path(stage_dir) / split, checksums=True, scan=True, collect=True)
+        except DatasetError as e:
+            problems.append(str(e))
             continue
-        meta = read_json(meta_path)
-        arrays = {}
-        for key, spec in meta.items():
-            path = shard_dir / f"{key}.bin"
-            want = int(np.prod(spec["shape"])) * np.dtype(spec["dtype"]).itemsize
-            if not path.exists() or path.stat().st_size != want:
-                problems.append(f"{path}: size does not match meta.json ({want} bytes)")
-                continue
-            offsets = np.asarray(spec.get("offsets", []), dtype=np.int64)
-            if len(offsets) == 0 or offsets[0] != 0 or np.any(np.diff(offsets) < 0) or offsets[-1] != spec["shape"][0]:
-                problems.append(f"{meta_path}: '{key}' offsets are not 0..{spec['shape'][0]} and sorted")
-            arrays[key] = (np.memmap(path, dtype=spec["dtype"], mode="r") if want else np.zeros(0, spec["dtype"]), offsets)
-        for key, (arr, _) in arrays.items():
-            if manifest["keys"].get(key, {}).get("kind") == "tokens" and arr.size:
-                tokens += arr.size
-                top = int(arr.max())
-                max_id = max(max_id, top)
-                if top >= vocab:
-                    problems.append(f"{shard_dir / (key + '.bin')}: token id {top} >= vocabulary {vocab}")
-        for key, (arr, offsets) in arrays.items():
-            token_key = _mask_partner(key)
-            if token_key and token_key in arrays:
-                t_arr, t_off = arrays[token_key]
-                if arr.shape != t_arr.shape or not np.array_equal(offsets, t_off):
-                    problems.append(f"{shard_dir}: '{key}' is not aligned with '{token_key}' (shape or offsets differ)")
-                elif arr.size and int(arr.max()) > 1:
-                    problems.append(f"{shard_dir / (key + '.bin')}: mask values other than 0/1")
-    if tokens != manifest.get("totals", {}).get("tokens", tokens):
-        problems.append(f"{manifest_path}: totals.tokens {manifest['totals']['tokens']} != {tokens} in shards")
-    return {"tokens": tokens, "max_token_id": max_id, "vocab_size": vocab, "problems": problems}
-
-
-def _mask_partner(key: str) -> str | None:
-    """The token key a mask key labels: loss_mask->sequence, chosen_mask->chosen, masks->responses."""
-    return {"loss_mask": "sequence", "chosen_mask": "chosen", "rejected_mask": "rejected",
-            "masks": "responses"}.get(key)
+        problems += dataset.problems
+        tokens += dataset.tokens
+        max_id = max(max_id, dataset.max_token_id)
+        vocab = dataset.manifest.get("vocab_size", vocab)
+        recorded = (dataset.manifest.get("tokenizer") or {}).get("sha256")
+        if recorded != upstream_sha:
+            problems.append(f"{dataset.folder / DATASET_FILE}: tokenizer sha256 {str(recorded)[:12]}… is not the "
+                            f"upstream {upstream} ({str(upstream_sha)[:12]}…): the shards are stale")
+        if settings is not None and not dataset.problems:
+            checked, found = reencode_problems(dataset, records_dir, settings)
+            reencoded += checked
+            problems += found
+    return {"tokens": tokens, "max_token_id": max_id, "vocab_size": vocab, "reencoded_records": reencoded,
+            "problems": problems}

@@ -1,0 +1,151 @@
+"""Rendering: one record -> the segments of each key of its training type (docs/format.md, "Keys by training type").
+
+A segment is a special token (by id) or a text piece, with a mask bit (1 = trained). Text pieces are encoded later,
+a batch at a time (encode.py); special tokens are inserted by id, so a literal "</s>" in a poem stays text. Each
+renderer checks every field it needs before it appends anything, and returns the reason a record cannot be rendered
+(None when it was).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from tokenmill.stages.tokenize.settings import ShardSettings
+from tokenmill.stages.tokenize.tokenizer import hash64
+from tokenmill_loader.format import GROUP_KEY, ROLE_TOKENS
+
+Part = tuple[int | str, int]  # (special-token id, or text piece; mask bit)
+
+
+class Segments:
+    """The segments of a batch of records, per key, with the record ids and the conditional-rendering counts."""
+
+    def __init__(self, keys: Iterable[str]):
+        keys = list(keys)
+        self.texts: list[str] = []
+        self.src: dict[str, list[int]] = {k: [] for k in keys}     # >= 0: text piece index; < 0: -(special id) - 1
+        self.mask: dict[str, list[int]] = {k: [] for k in keys}
+        self.nseg: dict[str, list[int]] = {k: [] for k in keys}    # segments per item (values: values per item)
+        self.nitems: dict[str, list[int]] = {k: [] for k in keys}  # items per record
+        self.rewards: list[float] = []
+        self.ids: list[str] = []
+        self.dropout = 0       # conditional: records rendered without their title/author
+        self.no_metadata = 0   # conditional: records that have neither
+
+    def record(self, key: str, items: list[list[Part]]) -> None:
+        """Appends one record's items of `key`."""
+        src, mask = self.src[key], self.mask[key]
+        for parts in items:
+            for part, bit in parts:
+                if isinstance(part, str):
+                    src.append(len(self.texts))
+                    self.texts.append(part)
+                else:
+                    src.append(-part - 1)
+                mask.append(bit)
+            self.nseg[key].append(len(parts))
+        self.nitems[key].append(len(items))
+
+    def values(self, key: str, values: list[float]) -> None:
+        """Appends one record's values (grpo rewards): one item holding len(values) values."""
+        self.rewards.extend(float(x) for x in values)
+        self.nseg[key].append(len(values))
+        self.nitems[key].append(1)
+
+
+def split_of(rid: str, val_fraction: float) -> int:
+    """0 (train) or 1 (val), by a hash of the record id: stable when records are added."""
+    return 1 if hash64("tokenmill-split", rid) < val_fraction * 2.0 ** 64 else 0
+
+
+def metadata_dropped(rid: str, seed: int, rate: float) -> bool:
+    """conditional: this record is rendered without its title/author (per document, seeded)."""
+    return rate > 0 and hash64("tokenmill-dropout", str(seed), rid) < rate * 2.0 ** 64
+
+
+def _str(x) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def render_seq(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSettings) -> str | None:
+    """`<s> text </s>`, every token trained."""
+    text = _str(rec.get("text"))
+    if not text:
+        return "empty_text"
+    out.record("sequence", [[(sp["<s>"], 1), (text, 1), (sp["</s>"], 1)]])
+    return None
+
+
+def render_conditional(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSettings) -> str | None:
+    """`<|title|>T<|author|>A<|content|>body</s>` with the prefix masked; metadata dropout keeps
+    `<|content|>body</s>`."""
+    text = _str(rec.get("text"))
+    if not text:
+        return "empty_text"
+    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+    title, author = _str(meta.get("title")) or "", _str(meta.get("author")) or ""
+    prefix: list[Part] = []
+    if not title and not author:
+        out.no_metadata += 1
+    elif metadata_dropped(str(rec["id"]), settings.seed, settings.metadata_dropout):
+        out.dropout += 1
+    else:
+        prefix = [(sp["<|title|>"], 0), (title, 0), (sp["<|author|>"], 0), (author, 0)]
+    out.record("sequence", [prefix + [(sp["<|content|>"], 0), (text, 1), (sp["</s>"], 1)]])
+    return None
+
+
+def render_sft(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSettings) -> str | None:
+    """Chat template `<s><|role|>content<|end|>...</s>`; only assistant contents and their `<|end|>` trained."""
+    msgs = rec.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        return "missing_messages"
+    for m in msgs:
+        if not (isinstance(m, dict) and m.get("role") in ROLE_TOKENS and isinstance(m.get("content"), str)):
+            return "bad_message"
+    if not any(m["role"] == "assistant" for m in msgs):
+        return "no_assistant_turn"
+    parts: list[Part] = [(sp["<s>"], 0)]
+    for m in msgs:
+        trained = 1 if m["role"] == "assistant" else 0
+        parts += [(sp[ROLE_TOKENS[m["role"]]], 0), (m["content"], trained), (sp["<|end|>"], trained)]
+    out.record("sequence", [parts + [(sp["</s>"], 0)]])
+    return None
+
+
+def _prompt(sp: dict[str, int], prompt: str) -> list[Part]:
+    return [(sp["<s>"], 0), (sp["<|user|>"], 0), (prompt, 0), (sp["<|end|>"], 0), (sp["<|assistant|>"], 0)]
+
+
+def _response(sp: dict[str, int], response: str) -> list[Part]:
+    return [(response, 1), (sp["<|end|>"], 1), (sp["</s>"], 1)]
+
+
+def render_dpo(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSettings) -> str | None:
+    """`chosen` and `rejected`: prompt (masked) + response (trained), one item each."""
+    prompt, chosen, rejected = _str(rec.get("prompt")), _str(rec.get("chosen")), _str(rec.get("rejected"))
+    if prompt is None or chosen is None or rejected is None:
+        return "missing_dpo_fields"
+    for key, response in (("chosen", chosen), ("rejected", rejected)):
+        out.record(key, [_prompt(sp, prompt) + _response(sp, response)])
+    return None
+
+
+def render_grpo(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSettings) -> str | None:
+    """`prompts` (one item, masked), `responses` (one item per response, trained), rewards (one value each)."""
+    prompt, responses, rewards = _str(rec.get("prompt")), rec.get("responses"), rec.get("rewards")
+    if prompt is None or not isinstance(responses, list) or not responses or not isinstance(rewards, list):
+        return "missing_grpo_fields"
+    if not all(isinstance(x, str) for x in responses):
+        return "bad_responses"
+    if len(rewards) != len(responses) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                 for x in rewards):
+        return "rewards_mismatch"
+    out.record("prompts", [_prompt(sp, prompt)])
+    out.record("responses", [_response(sp, r) for r in responses])
+    out.values(GROUP_KEY, rewards)
+    return None
+
+
+Renderer = Callable[[dict, Segments, dict, ShardSettings], "str | None"]
+RENDERERS: dict[str, Renderer] = {"seq": render_seq, "conditional": render_conditional, "sft": render_sft,
+                                  "dpo": render_dpo, "grpo": render_grpo}
