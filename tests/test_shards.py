@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from pydantic import ValidationError
 
 import tokenmill.stages.tokenize.shards as shards_mod
 import tokenmill.stages.tokenize.stage as stage_mod
@@ -418,3 +417,136 @@ def test_assets_materialize(tmp_path, tok_dir):
     assert arr.size and int(arr.max()) < 400
     tmd = res.asset_materializations_for_node("tokenizer")[0].metadata
     assert tmd["vocab_size"].value <= 400
+
+
+# ------------------------------------------------------------------------------------------------ round trip
+def expected_rendering(tok, rec: dict, tt: str) -> dict | None:
+    """docs/format.md's rendering of one record, built from the spec alone: key -> list of (ids, mask) items, and
+    grpo rewards; None when the training type cannot render it."""
+    def enc(text):
+        return tok.encode(text, add_special_tokens=False).ids
+
+    def item(*parts):  # parts: (special token or text, mask bit)
+        ids, mask = [], []
+        for part, bit in parts:
+            piece = [SP[part]] if part in SP else enc(part)
+            ids += piece
+            mask += [bit] * len(piece)
+        return ids, mask
+
+    text = rec.get("text")
+    if tt == "seq":
+        return {"sequence": [item(("<s>", 1), (text, 1), ("</s>", 1))]} if text else None
+    if tt == "conditional":  # metadata_dropout 0
+        if not text:
+            return None
+        meta = rec["meta"]
+        prefix = [("<|title|>", 0), (meta.get("title", ""), 0), ("<|author|>", 0), (meta.get("author", ""), 0)] \
+            if meta.get("title") or meta.get("author") else []
+        return {"sequence": [item(*prefix, ("<|content|>", 0), (text, 1), ("</s>", 1))]}
+    if tt == "sft":
+        if "messages" not in rec:
+            return None
+        parts = [("<s>", 0)]
+        for m in rec["messages"]:
+            trained = int(m["role"] == "assistant")
+            parts += [(f"<|{m['role']}|>", 0), (m["content"], trained), ("<|end|>", trained)]
+        return {"sequence": [item(*parts, ("</s>", 0))]}
+    if "prompt" not in rec:
+        return None
+    prompt = [("<s>", 0), ("<|user|>", 0), (rec["prompt"], 0), ("<|end|>", 0), ("<|assistant|>", 0)]
+    if tt == "dpo":
+        return {k: [item(*prompt, (rec[k], 1), ("<|end|>", 1), ("</s>", 1))] for k in ("chosen", "rejected")}
+    return {"prompts": [item(*prompt)], "rewards": rec["rewards"],
+            "responses": [item((r, 1), ("<|end|>", 1), ("</s>", 1)) for r in rec["responses"]]}
+
+
+def labels_of(ids, mask):
+    return [i if m else -100 for i, m in zip(ids, mask)]
+
+
+@pytest.mark.parametrize("tt", TRAINING_TYPES)
+def test_round_trip_through_the_loader(tmp_path, tok_dir, tt):
+    """Every training type written by the real stage reads back through tokenmill_loader as the spec renders it."""
+    recs = [poem(i) for i in range(40)] + [chat(i) for i in range(40)]
+    recs.insert(7, dict(poem(99), text="他写下 </s> 与 <|content|>"))  # literal special-token text stays text
+    _, out = run(tmp_path, tok_dir, recs, training_type=tt, val_fraction=0.0, metadata_dropout=0.0,
+                 shard_tokens=300)
+    tok = load_tokenizer(tok_dir)
+    tok.encode_special_tokens = True
+    want = [w for w in (expected_rendering(tok, r, tt) for r in recs) if w is not None]
+    split = out / "train"
+    store = open_store(split, verify=True)
+    assert store.training_type == tt and len(store.parts) > 1 and store.num_records == len(want)
+    ds = RecordDataset(split)
+    for i, w in enumerate(want):
+        got = ds[i]
+        if tt in ("seq", "conditional", "sft"):
+            (ids, mask), = w["sequence"]
+            assert got["input_ids"].tolist() == ids and got["labels"].tolist() == labels_of(ids, mask)
+        elif tt == "dpo":
+            for side in ("chosen", "rejected"):
+                (ids, mask), = w[side]
+                assert got[f"{side}_input_ids"].tolist() == ids
+                assert got[f"{side}_labels"].tolist() == labels_of(ids, mask)
+        else:
+            assert got["prompt_ids"].tolist() == w["prompts"][0][0]
+            assert [r.tolist() for r in got["responses"]] == [ids for ids, _ in w["responses"]]
+            assert [m.tolist() for m in got["response_masks"]] == [mask for _, mask in w["responses"]]
+            assert got["rewards"].tolist() == w["rewards"]
+    if tt in ("seq", "conditional", "sft"):  # the token stream: windows over every record in order
+        stream = [t for w in want for t in w["sequence"][0][0]]
+        labels = [x for w in want for x in labels_of(*w["sequence"][0])]
+        windows = TokenDataset(split, seq_len=64)
+        assert len(windows) == (len(stream) - 64) // 64 + 1
+        batch = windows.get_batch(list(range(len(windows))))
+        assert batch["input_ids"].flatten().tolist() == stream[:64 * len(windows)]
+        assert batch["labels"].flatten().tolist() == labels[:64 * len(windows)]
+
+
+# ------------------------------------------------------------------------------------------------ pinned tokenizer
+def test_tokenizer_changed_mid_run_fails_and_publishes_nothing(tmp_path, tok_dir, monkeypatch):
+    tok_copy = tmp_path / "tok"
+    shutil.copytree(tok_dir, tok_copy)
+    write_parts(tmp_path / "in", [poem(i) for i in range(200)])
+    real, calls = stage_mod.encode_task, {"n": 0}
+
+    def swap_then_encode(task):
+        calls["n"] += 1
+        if calls["n"] == 3:  # the tokenizer asset is rematerialized while tokenized_bins runs
+            (tok_copy / "tokenizer.json").write_text((tok_copy / "tokenizer.json").read_text() + "\n")
+        return real(task)
+
+    monkeypatch.setattr(stage_mod, "encode_task", swap_then_encode)
+    with pytest.raises(StaleUpstreamError, match=r"tok/tokenizer\.json: changed during the run"):
+        tokenize_corpus(tmp_path / "in", tok_copy, tmp_path / "out", ShardSettings(task_bytes=2000), workers=1)
+    assert calls["n"] == 3
+    assert not list((tmp_path / "out").rglob("dataset.json")) and not (tmp_path / "out" / "train").exists()
+
+
+def test_check_re_encodes_and_catches_another_tokenizer(tmp_path, tok_dir):
+    recs = [poem(i) for i in range(100)] + [chat(i) for i in range(30)]
+    root = complete_data_root(tmp_path / "data", tok_dir, recs)
+    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins",
+                    ShardSettings(shard_tokens=800, val_fraction=0.2), workers=1)
+    manifest = read_json(root / "tokenized_bins" / "train" / "dataset.json")
+    assert manifest["tokenizer"]["sha256"] == hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()
+    ok = validate_token_shards(root / "tokenized_bins", root / "deduped_jsonl", root / "tokenizer")
+    assert ok["problems"] == [] and ok["reencoded_records"] >= 32 and ok["tokens"] > 0
+
+    # shards encoded by another tokenizer while dataset.json (and its copy) name the first one
+    other = tmp_path / "other"
+    train_tokenizer(root / "deduped_jsonl", other, TokenizerSettings(vocab_size=450))
+    mixed = tmp_path / "mixed"
+    tokenize_corpus(root / "deduped_jsonl", other, mixed, ShardSettings(shard_tokens=800, val_fraction=0.2), workers=1)
+    for split in ("train", "val"):
+        shutil.copy(tok_dir / "tokenizer.json", mixed / split / "tokenizer.json")
+        m = read_json(mixed / split / "dataset.json")
+        m["tokenizer"]["sha256"] = manifest["tokenizer"]["sha256"]
+        (mixed / split / "dataset.json").write_text(json.dumps(m), encoding="utf-8")
+    bad = validate_token_shards(mixed, root / "deduped_jsonl", root / "tokenizer")
+    assert bad["problems"] and all("differs from its record encoded with tokenizer.json" in p
+                                   for p in bad["problems"])
+    # and the upstream tokenizer changed after the shards were built: stale
+    stale = validate_token_shards(root / "tokenized_bins", root / "deduped_jsonl", other)
+    assert any("the shards are stale" in p for p in stale["problems"])

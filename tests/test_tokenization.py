@@ -189,6 +189,11 @@ def test_settings_refuse_bad_values_naming_the_field():
         validate_run_settings({"ops": {"tokenized_bins": {"config": {"training_type": "rlhf"}}}})
     with pytest.raises(ConfigError, match=r"tokenized_bins\.token_dtype"):
         validate_run_settings({"ops": {"tokenized_bins": {"config": {"token_dtype": "int8"}}}})
+    # across the two assets: uint16 chosen explicitly for a vocabulary it cannot hold
+    big = {"tokenizer": {"config": {"vocab_size": 70_000}}, "tokenized_bins": {"config": {"token_dtype": "uint16"}}}
+    with pytest.raises(ConfigError, match=r"tokenized_bins\.token_dtype: uint16 cannot hold the 70,000 ids"):
+        validate_run_settings({"ops": big})
+    validate_run_settings({"ops": {**big, "tokenized_bins": {"config": {"token_dtype": "auto"}}}})
 
 
 def test_malformed_line_is_corruption_naming_file_and_line(tmp_path):

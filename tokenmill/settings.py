@@ -28,6 +28,10 @@ class StageSettings(BaseModel):
         if cls.__dict__.get("asset_key"):  # the stage's own class, not the Dagster config that subclasses it
             _SETTINGS_BY_ASSET[cls.asset_key] = cls
 
+    def run_problems(self, run: dict[str, StageSettings]) -> list[str]:
+        """Rules across the stages of one run config (asset key -> its settings), as ``<asset>.<field>: ...``."""
+        return []
+
 
 def _describe(asset_key: str, error: ValidationError) -> list[str]:
     problems = []
@@ -50,14 +54,16 @@ def load_settings(cls: type[StageSettings], values: dict) -> StageSettings:
 def validate_run_settings(run_config: dict | None) -> None:
     """Checks the settings of every stage named in a Dagster run config (``ops.<asset>.config``), all at once,
     so a run with a bad value fails before its first asset reads any data."""
-    problems = []
+    problems, built = [], {}
     for asset_key, op in ((run_config or {}).get("ops") or {}).items():
         cls = _SETTINGS_BY_ASSET.get(asset_key)
         if cls is None or not isinstance(op, dict):
             continue
         try:
-            cls(**(op.get("config") or {}))
+            built[asset_key] = cls(**(op.get("config") or {}))
         except ValidationError as e:
             problems += _describe(asset_key, e)
+    for settings in built.values():
+        problems += settings.run_problems(built)
     if problems:
         raise ConfigError("invalid run config, nothing was run: " + "; ".join(problems))

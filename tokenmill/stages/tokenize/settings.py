@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from tokenmill.settings import StageSettings
-from tokenmill_loader.format import SPECIAL_TOKENS, TOKEN_DTYPES, TRAINING_TYPES
+from tokenmill_loader.format import SPECIAL_TOKENS, TOKEN_DTYPES, TRAINING_TYPES, dtype_fits
 
 BYTE_TOKENS = 256  # a byte-level BPE starts from every byte
 PRETOKENIZERS = ("punct_attach", "bytelevel")
@@ -64,3 +64,12 @@ class ShardSettings(StageSettings):
     task_bytes: int = Field(0, ge=0, description="Input bytes per task (0: about 8 tasks per worker, "
                                                  "256 KiB..16 MiB); never changes the output")
 
+
+    def run_problems(self, run: dict[str, StageSettings]) -> list[str]:
+        """An explicit token_dtype must hold the vocabulary the same run trains (checked again on the real file)."""
+        tokenizer = run.get(TokenizerSettings.asset_key)
+        if (self.token_dtype == "auto" or not isinstance(tokenizer, TokenizerSettings) or tokenizer.tokenizer_path
+                or dtype_fits(tokenizer.vocab_size, self.token_dtype)):
+            return []
+        return [f"{self.asset_key}.token_dtype: {self.token_dtype} cannot hold the {tokenizer.vocab_size:,} ids of "
+                f"tokenizer.vocab_size; use uint32 or auto"]
