@@ -339,3 +339,143 @@ def test_json_values_that_are_not_objects_are_rejected(tmp_path):
     texts = sorted(r["text"] for shard in sorted(out.glob("part-*.jsonl")) for r in iter_jsonl(shard))
     assert texts == ["a real record", "kept"]
     assert stats["dropped_not_an_object"] == 5 and stats["docs_in"] == stats["docs_out"] + stats["rejected"]
+
+
+# ------------------------------------------------------------------------------------------ hostile input
+# Each runs ingest in a child process that reports its own peak RSS, with a timeout: a hang or a blow-up fails.
+
+HOSTILE_RSS_MB = 400
+# the child's own peak: VmHWM, since Linux carries ru_maxrss across fork + exec (it would report pytest's size)
+_CHILD = """
+import json, re, resource, sys
+from pathlib import Path
+from tokenmill.stages.raw import RawSettings, ingest
+ingest(Path(sys.argv[1]), Path(sys.argv[2]), RawSettings(**json.loads(sys.argv[3])), workers=1)
+try:
+    print(int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024)
+except OSError:
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+"""
+
+
+def ingest_in_child(source: Path, out: Path, timeout: float = 60, **settings) -> tuple[dict, list[dict], float]:
+    """(stats, rejected entries, peak RSS in MiB) of ingest run in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    res = subprocess.run([sys.executable, "-c", _CHILD, str(source), str(out), json.dumps(settings)],
+                         capture_output=True, text=True, timeout=timeout, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stats = read_json(out / STATS_FILE)
+    assert stats["docs_in"] == stats["docs_out"] + stats["rejected"]
+    return stats, rejected(out), float(res.stdout.split()[-1])
+
+
+def write_gzip_bomb(path: Path, zeros: int) -> None:
+    """`zeros` zero bytes as a gzip file of concatenated members (each 1 MiB compressed once): ~1 KB per MiB."""
+    member = gzip.compress(bytes(1 << 20), compresslevel=9)
+    with open(path, "wb") as f:
+        for _ in range(zeros >> 20):
+            f.write(member)
+
+
+def test_fifo_and_socket_are_skipped_not_opened(tmp_path):
+    import socket
+
+    src = tmp_path / "src"
+    write(src / "good.jsonl", '{"text": "a real record"}\n')
+    os.mkfifo(src / "pipe.jsonl")  # opening it for reading would block until a writer comes: forever
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(src / "sock.txt"))
+    try:
+        stats, rej, rss = ingest_in_child(src, tmp_path / "out", timeout=60)
+    finally:
+        sock.close()
+    assert stats["docs_out"] == 1 and stats["rejected_by_reason"] == {"not_a_regular_file": 2}
+    by_path = {r["path"]: r for r in rej}
+    assert "a FIFO" in by_path["pipe.jsonl"]["detail"] and "a socket" in by_path["sock.txt"]["detail"]
+    assert by_path["pipe.jsonl"]["line"] is None  # the whole file
+    assert rss < HOSTILE_RSS_MB
+
+
+def test_deep_nesting_is_malformed_not_a_crash(tmp_path):
+    src = tmp_path / "src"
+    deep = "[" * 950 + "]" * 950
+    write(src / "a.jsonl", '{"text": "ok 1"}\n'
+                           f'{{"text": "deep meta", "tags": {deep}}}\n'
+                           f'{{"text": "just too deep", "tags": {"[" * 100 + "]" * 100}}}\n'
+                           f'{{"text": "deep enough", "tags": {"[" * 98 + "]" * 98}}}\n')
+    write(src / "b.json", f'[{{"text": "kept"}}, {{"text": "deep", "x": {deep}}}]')
+    write(src / "c.json", deep)
+    stats, rej, rss = ingest_in_child(src, tmp_path / "out")
+    assert sorted(r["text"] for r in records(tmp_path / "out")) == ["deep enough", "kept", "ok 1"]
+    assert sorted((r["path"], r.get("line", r.get("index")), r["reason"]) for r in rej) == [
+        ("a.jsonl", 2, "malformed_json"), ("a.jsonl", 3, "malformed_json"), ("b.json", 1, "malformed_json"),
+        ("c.json", 0, "malformed_json")]
+    assert all("nested deeper than 100 levels" in r["detail"] for r in rej)
+    assert rss < HOSTILE_RSS_MB
+
+
+def test_gzip_bomb_stops_at_the_limits(tmp_path):
+    src = tmp_path / "src"
+    write(src / "a_good.jsonl.gz", gzip.compress(b'{"text": "before the bomb"}\n'))
+    write_gzip_bomb(src / "bomb.jsonl.gz", 1 << 30)  # 1 GiB of zeros in ~1 MB: one endless line
+    write_gzip_bomb(src / "bomb.json.gz", 256 << 20)
+    assert (src / "bomb.jsonl.gz").stat().st_size < 2 << 20
+    # defaults: the endless line is skipped in chunks, never held (record_too_large)
+    stats, rej, rss = ingest_in_child(src, tmp_path / "out", timeout=120)
+    reasons = {r["path"]: r["reason"] for r in rej}
+    assert reasons == {"bomb.jsonl.gz": "record_too_large", "bomb.json.gz": "record_too_large"}
+    assert [r["text"] for r in records(tmp_path / "out")] == ["before the bomb"]
+    assert rss < HOSTILE_RSS_MB
+    # a per-file limit stops decompressing there (file_too_large), whatever the lines look like
+    stats, rej, rss = ingest_in_child(src, tmp_path / "out2", max_file_bytes=64 << 20, max_record_bytes=1 << 20)
+    reasons = {r["path"]: r["reason"] for r in rej}
+    assert reasons == {"bomb.jsonl.gz": "file_too_large", "bomb.json.gz": "record_too_large"}
+    assert "max_file_bytes (67108864)" in next(r["detail"] for r in rej if r["path"] == "bomb.jsonl.gz")
+    assert rss < HOSTILE_RSS_MB
+
+
+def test_a_200_mb_line_is_skipped_at_bounded_memory(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    with open(src / "big.jsonl", "wb") as f:
+        f.write(b'{"text": "')
+        block = b"x" * (1 << 20)
+        for _ in range(200):
+            f.write(block)
+        f.write(b'"}\n{"text": "the next line is read"}\n')
+    stats, rej, rss = ingest_in_child(src, tmp_path / "out")
+    assert [(r["line"], r["reason"]) for r in rej] == [(1, "record_too_large")]
+    assert rej[0]["snippet"].startswith('{"text": "xxx') and "max_record_bytes" in rej[0]["detail"]
+    assert [(r["text"], r["source"]["line"]) for r in records(tmp_path / "out")] == [("the next line is read", 2)]
+    assert rss < HOSTILE_RSS_MB
+
+
+def test_symlinks_leaving_the_source_are_refused(tmp_path):
+    outside = write(tmp_path / "outside" / "secret.txt", "root:x:0:0:root:/root:/bin/bash\n")
+    src = tmp_path / "src"
+    write(src / "real.txt", "a document\n")
+    os.symlink(outside, src / "passwd.txt")
+    os.symlink(src / "real.txt", src / "alias.txt")  # inside the source: read
+    stats, rej, rss = ingest_in_child(src, tmp_path / "out")
+    assert [(r["path"], r["reason"]) for r in rej] == [("passwd.txt", "outside_source")]
+    assert "follow_outside_symlinks" in rej[0]["detail"]
+    assert sorted(r["source"]["path"] for r in records(tmp_path / "out")) == ["alias.txt", "real.txt"]
+    assert rss < HOSTILE_RSS_MB
+    stats, rej, _ = ingest_in_child(src, tmp_path / "out2", follow_outside_symlinks=True)
+    assert not rej and "root:x:0:0:root:/root:/bin/bash" in [r["text"] for r in records(tmp_path / "out2")]
+
+
+def test_record_limit_in_every_reader(tmp_path):
+    src = tmp_path / "src"
+    long = "y" * 300
+    write(src / "a.jsonl", f'{{"text": "{long}"}}\n{{"text": "short"}}\n')
+    write(src / "b.csv", f"text\n{long}\nshort csv\n")
+    write(src / "c.txt", f"short block\n\n{long}\nmore of it\n\nlast block\n")
+    write(src / "d.json", f'[{{"text": "{long}"}}]')
+    stats, recs, rej = run(src, tmp_path, max_record_bytes=200)
+    assert [r["text"] for r in recs] == ["short", "short csv", "short block", "last block"]
+    assert [(r["path"], r["line"], r["reason"]) for r in rej] == [
+        ("a.jsonl", 1, "record_too_large"), ("b.csv", 2, "record_too_large"), ("c.txt", 3, "record_too_large"),
+        ("d.json", None, "record_too_large")]
+    with pytest.raises(ValueError, match="max_record_bytes"):
+        RawSettings(max_record_bytes=100, max_file_bytes=10)

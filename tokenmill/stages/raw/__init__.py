@@ -5,9 +5,12 @@ Bad input never stops the run and is never dropped silently: each bad line, reco
 `_rejected.jsonl` with a reason and is counted, so docs_in = docs_out + sum(rejected).
 
 Steps, one module each:
-  discover     the source's files in sorted order (hidden ones and the data root left out), grouped into tasks
-               of whole files (bounded input bytes, fixed: the same layout for any worker count)
-  stream       opening (plain or gzip) and what every reader yields: Found values or Bad input with a reason
+  discover     the source's files in sorted order (hidden ones and the data root left out), each checked with
+               stat before anything opens it (FIFOs, sockets, devices and symlinks leaving the source are
+               refused with a reason), grouped into tasks of whole files (bounded input bytes, fixed: the same
+               layout for any worker count)
+  stream       opening (plain or gzip) with bounded reads (max_record_bytes per record, max_file_bytes per file,
+               JSON nesting depth) and what every reader yields: Found values or Bad input with a reason
   read_jsonl, read_json, read_txt, read_csv
                one reader per format
   records      one input object -> text, meta and the sft/dpo/grpo fields (presets for common layouts)

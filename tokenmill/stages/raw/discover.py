@@ -5,6 +5,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenmill.stages.raw.stream import file_type
+
 READERS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt", ".csv": "csv"}
 
 
@@ -15,7 +17,10 @@ class SourceFile:
     path: str
     """Path to open."""
     size: int
-    """Bytes on disk (compressed size for .gz); 0 when it cannot be read."""
+    """Bytes on disk (compressed size for .gz); 0 when it cannot be read or is refused."""
+    refused: str | None = None
+    """Why the file is not opened at all ("not_a_regular_file", "outside_source"), None when it is read."""
+    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,16 +55,29 @@ def _walk(source: Path, exclude: Path | None) -> list[tuple[str, str]]:
     return sorted(items)
 
 
-def _size(path: str) -> int:
+def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool) -> SourceFile:
+    """The file as a task will read it, or refused with a reason: checked with stat before anything opens it
+    (opening a FIFO blocks forever). A path that cannot be stat-ed (a dangling link) is left to the reader,
+    which rejects it as unreadable."""
+    if root is not None and os.path.islink(full) and not follow_outside_symlinks:
+        target = os.path.realpath(full)
+        if os.path.commonpath([root, target]) != root:
+            return SourceFile(rel, full, 0, "outside_source", f"a symlink to {target}, outside the source (set "
+                                                              "follow_outside_symlinks to read it)")
     try:
-        return os.path.getsize(path)
+        st = os.stat(full)
     except OSError:
-        return 0
+        return SourceFile(rel, full, 0)
+    kind = file_type(st.st_mode)
+    if kind is not None:
+        return SourceFile(rel, full, 0, "not_a_regular_file", f"{kind}: only regular files are read")
+    return SourceFile(rel, full, st.st_size)
 
 
-def list_source(source: Path, exclude: Path | None = None) -> Listing:
+def list_source(source: Path, exclude: Path | None = None, follow_outside_symlinks: bool = False) -> Listing:
     """The files of `source` (a file, or a folder searched recursively) to read and to skip. `exclude` is the
     data root when it lies inside the source: never ingest our own outputs."""
+    root = os.path.realpath(source) if source.is_dir() else None
     files, skipped = [], []
     for rel, full in _walk(source, exclude):
         try:
@@ -68,7 +86,7 @@ def list_source(source: Path, exclude: Path | None = None) -> Listing:
             skipped.append(ascii(rel))
             continue
         if reader_kind(rel)[0]:
-            files.append(SourceFile(rel, full, _size(full)))
+            files.append(examine(rel, full, root, follow_outside_symlinks))
         else:
             skipped.append(rel)
     return Listing(files, skipped)

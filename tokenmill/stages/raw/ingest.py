@@ -30,10 +30,11 @@ from tokenmill.stages.raw.read_jsonl import read_jsonl
 from tokenmill.stages.raw.read_txt import read_txt
 from tokenmill.stages.raw.records import Mapped, map_record
 from tokenmill.stages.raw.settings import RawSettings
-from tokenmill.stages.raw.stream import Bad, Found, Rejected, snip
+from tokenmill.stages.raw.stream import TOO_DEEP, Bad, FileTooLarge, Found, Rejected, snip
 
 REASONS = ("malformed_json", "no_text_field", "not_an_object", "undecodable_bytes", "unreadable_file",
-           "malformed_csv_row", "bad_fields")
+           "malformed_csv_row", "bad_fields", "record_too_large", "file_too_large", "not_a_regular_file",
+           "outside_source")
 READER_FUNCS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv}
 
 
@@ -123,18 +124,30 @@ class _FileIngest:
             self.reject(Bad(item.key, item.at, "undecodable_bytes", f"lone surrogate in the record: {e.reason}",
                             snip(json.dumps(item.value, ensure_ascii=False))))
             return
+        except RecursionError:  # the readers refuse deep nesting; should any slip through, it is malformed input
+            self.reject(Bad(item.key, item.at, "malformed_json", TOO_DEEP, ""))
+            return
         self.report.records += 1
 
     def run(self) -> FileReport:
+        if self.src.refused is not None:
+            self.reject(Bad("line", None, self.src.refused, self.src.detail, ""))
+        else:
+            self._read()
+        self.report.rejected_by_reason = dict(sorted(self.reasons.items()))
+        return self.report
+
+    def _read(self) -> None:
         kind, gz = reader_kind(self.src.rel)
         items, last = READER_FUNCS[kind](self.src.path, gz, self.settings), None
         while True:
             try:  # only reading fails a file: a failed write of ours (disk full) must stop the run
                 item = next(items, None)
-            except (OSError, EOFError, zlib.error) as e:  # unreadable, truncated or corrupt gzip
+            except (OSError, EOFError, zlib.error, FileTooLarge) as e:  # unreadable, truncated, corrupt gzip, bomb
                 after = last is not None and last.key == "line" and last.at is not None
-                self.reject(Bad("line", last.at + 1 if after else None, "unreadable_file",
-                                f"{type(e).__name__}: {e}", ""))
+                reason = "file_too_large" if isinstance(e, FileTooLarge) else "unreadable_file"
+                detail = str(e) if isinstance(e, FileTooLarge) else f"{type(e).__name__}: {e}"
+                self.reject(Bad("line", last.at + 1 if after else None, reason, detail, ""))
                 break
             if item is None:
                 break
@@ -145,8 +158,6 @@ class _FileIngest:
             m = self.mapped(kind, item)
             if m is not None:
                 self.write(item, m)
-        self.report.rejected_by_reason = dict(sorted(self.reasons.items()))
-        return self.report
 
 
 def ingest_task(task: IngestTask) -> TaskResult:
@@ -214,7 +225,7 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, wor
         raise SourceError(f"corpus source does not exist: {source} (set TOKENMILL_SOURCE to a file or folder)")
     # the plain class, also for the asset's config: workers never import the asset module (dagster)
     settings = RawSettings(**settings.model_dump()) if settings is not None else RawSettings()
-    listing = list_source(source, Path(exclude).resolve() if exclude else None)
+    listing = list_source(source, Path(exclude).resolve() if exclude else None, settings.follow_outside_symlinks)
     if not listing.files:
         raise SourceError(f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "
                           f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)")

@@ -2,26 +2,30 @@
 from __future__ import annotations
 
 import csv
-import sys
 from collections.abc import Iterator
 
 from tokenmill.stages.raw.settings import RawSettings
-from tokenmill.stages.raw.stream import Bad, Found, open_source, snip, strip_bom
+from tokenmill.stages.raw.stream import Bad, Found, Oversized, open_source, snip, strip_bom
 
 
 class _LineFeed:
     """Decoded lines for csv.reader, remembering which physical lines the current row used."""
 
-    def __init__(self, f):
-        self.f, self.n, self.used, self.bad = f, 0, [], []
+    def __init__(self, lines: Iterator[bytes], max_record_bytes: int):
+        self.lines, self.max_record_bytes = lines, max_record_bytes
+        self.n, self.used, self.bad = 0, [], []
 
     def __iter__(self):
         return self
 
     def __next__(self) -> str:
         while True:
-            raw = next(self.f)
+            raw = next(self.lines)
             self.n += 1
+            if isinstance(raw, Oversized):
+                self.bad.append(Bad("line", self.n, "record_too_large", f"line longer than max_record_bytes "
+                                    f"({self.max_record_bytes}); skipped unread", snip(raw)))
+                continue
             raw = strip_bom(raw, self.n)
             try:
                 line = raw.decode("utf-8")
@@ -34,9 +38,10 @@ class _LineFeed:
 
 
 def read_csv(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    csv.field_size_limit(min(sys.maxsize, 1 << 30))
-    with open_source(path, gz) as f:
-        feed = _LineFeed(f)
+    # a quoted field spanning lines grows inside the csv module: bounded by the record limit too
+    csv.field_size_limit(settings.max_record_bytes)
+    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+        feed = _LineFeed(f.lines(), settings.max_record_bytes)
         reader = csv.reader(feed, delimiter=settings.csv_delimiter)
         header = None
         while True:

@@ -1,15 +1,33 @@
-"""Reader of .json (and .gz): one JSON document, an object (one record) or a list of them."""
+"""Reader of .json (and .gz): one JSON document, an object (one record) or a list of them. The document is
+parsed whole, so it is bounded by `max_record_bytes` like one record (bigger collections belong in .jsonl)."""
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 
 from tokenmill.stages.raw.settings import RawSettings
-from tokenmill.stages.raw.stream import Bad, Found, Rejected, decode_whole, read_all, snip
+from tokenmill.stages.raw.stream import (
+    MAX_JSON_DEPTH,
+    TOO_DEEP,
+    Bad,
+    Found,
+    Oversized,
+    Rejected,
+    decode_whole,
+    open_source,
+    snip,
+    too_deep,
+)
 
 
 def read_json(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    data = read_all(path, gz)
+    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+        data = f.read_record()
+    if isinstance(data, Oversized):
+        yield Bad("line", None, "record_too_large", f"JSON document longer than max_record_bytes "
+                                                    f"({settings.max_record_bytes}): .json is parsed whole; write "
+                                                    "big collections as .jsonl", snip(data))
+        return
     try:
         text = decode_whole(data)
     except Rejected as e:
@@ -23,14 +41,19 @@ def read_json(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Ba
         yield Bad("line", e.lineno, "malformed_json", f"{e.msg} at line {e.lineno} column {e.colno}", snip(at))
         return
     except RecursionError:
-        yield Bad("line", 1, "malformed_json", "nested too deeply", snip(text))
+        yield Bad("line", 1, "malformed_json", TOO_DEEP, snip(text))
         return
+    # records are walked one by one only when the whole document nests too deeply (+1: the top-level list)
+    deep = text.count("[") + text.count("{") > MAX_JSON_DEPTH and too_deep(value, MAX_JSON_DEPTH + 1)
     del data, text
     if isinstance(value, dict):
-        yield Found("index", 0, value)
-    elif isinstance(value, list):
-        for i, obj in enumerate(value):
-            yield Found("index", i, obj)
-    else:
+        value = [value]  # one object: the record at index 0
+    elif not isinstance(value, list):
         yield Bad("index", 0, "not_an_object", f"top-level JSON is {type(value).__name__}, not an object or a list",
                   snip(json.dumps(value, ensure_ascii=False)))
+        return
+    for i, obj in enumerate(value):
+        if deep and too_deep(obj):
+            yield Bad("index", i, "malformed_json", TOO_DEEP, "")
+        else:
+            yield Found("index", i, obj)

@@ -5,12 +5,35 @@ import json
 from collections.abc import Iterator
 
 from tokenmill.stages.raw.settings import RawSettings
-from tokenmill.stages.raw.stream import Bad, Found, open_source, snip, strip_bom
+from tokenmill.stages.raw.stream import (
+    MAX_JSON_DEPTH,
+    TOO_DEEP,
+    Bad,
+    Found,
+    Oversized,
+    open_source,
+    snip,
+    strip_bom,
+    too_deep,
+)
+
+
+def parse_json_line(line: str, raw: bytes):
+    """The JSON value of one line; raises JSONDecodeError, or RecursionError when it nests too deeply."""
+    obj = json.loads(line)
+    # a line with few brackets cannot nest deeply: only suspicious lines are walked
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(obj):
+        raise RecursionError
+    return obj
 
 
 def read_jsonl(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    with open_source(path, gz) as f:
-        for n, raw in enumerate(f, 1):
+    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+        for n, raw in enumerate(f.lines(), 1):
+            if isinstance(raw, Oversized):
+                yield Bad("line", n, "record_too_large", f"line longer than max_record_bytes "
+                                                         f"({settings.max_record_bytes}); skipped unread", snip(raw))
+                continue
             raw = strip_bom(raw, n).rstrip(b"\r\n")
             if not raw.strip():
                 continue
@@ -21,11 +44,11 @@ def read_jsonl(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | B
                           snip(raw))
                 continue
             try:
-                obj = json.loads(line)
+                obj = parse_json_line(line, raw)
             except json.JSONDecodeError as e:
                 yield Bad("line", n, "malformed_json", f"{e.msg} at column {e.colno}", snip(line))
                 continue
             except RecursionError:
-                yield Bad("line", n, "malformed_json", "nested too deeply", snip(line))
+                yield Bad("line", n, "malformed_json", TOO_DEEP, snip(line))
                 continue
             yield Found("line", n, obj)

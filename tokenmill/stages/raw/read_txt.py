@@ -5,16 +5,18 @@ import codecs
 from collections.abc import Iterator
 
 from tokenmill.stages.raw.settings import RawSettings
-from tokenmill.stages.raw.stream import Bad, Found, Rejected, decode_whole, open_source, read_all, snip
+from tokenmill.stages.raw.stream import Bad, Found, Oversized, Rejected, decode_whole, open_source, snip
+
+CHUNK = 1 << 20
 
 
-def check_utf8(path: str, gz: bool) -> None:
+def check_utf8(path: str, gz: bool, settings: RawSettings) -> None:
     """Raises Rejected when the file is not UTF-8 (streaming, so big files are never held in memory)."""
     dec = codecs.getincrementaldecoder("utf-8")()
     consumed, lines = 0, 1
-    with open_source(path, gz) as f:
+    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
         while True:
-            chunk = f.read(1 << 20)
+            chunk = f.read(CHUNK)
             try:
                 dec.decode(chunk, final=not chunk)
             except UnicodeDecodeError as e:
@@ -28,37 +30,59 @@ def check_utf8(path: str, gz: bool) -> None:
             lines += chunk.count(b"\n")
 
 
-def _read_whole(path: str, gz: bool) -> Iterator[Found | Bad]:
-    data = read_all(path, gz)
+def _too_large(settings: RawSettings, what: str) -> str:
+    return f"{what} longer than max_record_bytes ({settings.max_record_bytes}); skipped unread"
+
+
+def _read_whole(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
+    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+        data = f.read_record()
+    if isinstance(data, Oversized):
+        yield Bad("index", 0, "record_too_large", _too_large(settings, "file"), snip(data))
+        return
     try:
         yield Found("index", 0, decode_whole(data))
     except Rejected as e:
         yield Bad("index", 0, e.reason, e.detail, snip(data))
 
 
-def _read_blocks(path: str, gz: bool) -> Iterator[Found | Bad]:
+def _read_blocks(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
     try:
-        check_utf8(path, gz)  # a .txt that is not UTF-8 is rejected whole, before any of its blocks is emitted
+        check_utf8(path, gz, settings)  # a .txt that is not UTF-8 is rejected whole, before any of its blocks
     except Rejected as e:
         yield Bad("line", e.line, e.reason, e.detail, "")
         return
-    block, start = [], 0
-    with open_source(path, gz) as f:
-        for n, raw in enumerate(f, 1):
-            line = raw.decode("utf-8")
-            if n == 1 and line.startswith("\ufeff"):
-                line = line[1:]
-            line = line.rstrip("\r\n")
+    # a block over the limit is dropped as it grows (`oversized` keeps its first line for the snippet) and
+    # skipped up to its end
+    block, start, size, oversized = [], 0, 0, None
+    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+        for n, raw in enumerate(f.lines(), 1):
+            if isinstance(raw, Oversized):
+                line = raw.decode("utf-8", errors="replace")
+            else:
+                line = raw.decode("utf-8")
+                if n == 1 and line.startswith("\ufeff"):
+                    line = line[1:]
+                line = line.rstrip("\r\n")
             if line.strip():
-                if not block:
-                    start = n
-                block.append(line)
+                if not block and oversized is None:
+                    start, size = n, 0
+                size += len(raw)
+                if oversized is None and (isinstance(raw, Oversized) or size > settings.max_record_bytes):
+                    oversized, block = snip(block[0] if block else line), []
+                if oversized is None:
+                    block.append(line)
+            elif oversized is not None:
+                yield Bad("line", start, "record_too_large", _too_large(settings, "block"), oversized)
+                oversized = None
             elif block:
                 yield Found("line", start, "\n".join(block))
                 block = []
-    if block:
+    if oversized is not None:
+        yield Bad("line", start, "record_too_large", _too_large(settings, "block"), oversized)
+    elif block:
         yield Found("line", start, "\n".join(block))
 
 
 def read_txt(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    return _read_whole(path, gz) if settings.txt_mode == "file" else _read_blocks(path, gz)
+    return _read_whole(path, gz, settings) if settings.txt_mode == "file" else _read_blocks(path, gz, settings)

@@ -30,9 +30,23 @@ class RawSettings(StageSettings):
                                        "the same for any number of workers")
     csv_delimiter: str = Field(",", min_length=1, max_length=1,
                                description="Field delimiter of .csv files (the first row is the header)")
+    max_record_bytes: int = Field(32 << 20, ge=1,
+                                  description="Largest record read, in (decompressed) bytes: a .jsonl or .csv line, "
+                                              "a .txt block or file, a whole .json document (parsed at once). A "
+                                              "longer one is skipped without being held in memory and rejected "
+                                              "('record_too_large'). 32 MiB: 30x the clean stage's max_chars")
+    max_file_bytes: int = Field(8 << 30, ge=1,
+                                description="Most decompressed bytes read from one file: a .gz bomb stops here, "
+                                            "the records before are kept and the rest is rejected "
+                                            "('file_too_large')")
+    follow_outside_symlinks: bool = Field(False, description="Read symlinks that point outside the source folder "
+                                                             "(otherwise rejected as 'outside_source')")
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RawSettings:
         if self.csv_delimiter in ('"', "\r", "\n"):
             raise ValueError(f"csv_delimiter {self.csv_delimiter!r} is the CSV quote or a line break")
+        if self.max_record_bytes > self.max_file_bytes:
+            raise ValueError(f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes "
+                             f"({self.max_file_bytes})")
         return self

@@ -1,11 +1,27 @@
-"""Opening source files (plain or gzip) and what every reader yields: a value found, or a bad one with a reason."""
+"""Opening source files (plain or gzip) with bounded reads, and what every reader yields: a value found, or a bad
+one with a reason.
+
+Hostile input must not hang the run or exhaust memory: a file is opened only when it is a regular file (a FIFO
+would block), every read counts the decompressed bytes against `max_file_bytes` (a .gz bomb stops there), lines
+are read at most `max_record_bytes` at a time (a longer one is skipped in chunks, never held whole), and JSON
+nested deeper than MAX_JSON_DEPTH is refused before any stage recurses into it.
+"""
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
+import os
+import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 SNIPPET_CHARS = 200
+SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of an oversized line
+# deeper JSON is malformed for us: every later stage parses and writes records recursively (Python's limit is
+# 1000 frames, and a Dagster run already sits a few hundred deep), while real records nest a handful of levels
+MAX_JSON_DEPTH = 100
+TOO_DEEP = f"nested deeper than {MAX_JSON_DEPTH} levels"
 
 
 @dataclass(frozen=True)
@@ -36,9 +52,92 @@ class Rejected(Exception):
         self.reason, self.detail, self.line = reason, detail, line
 
 
-def open_source(path: str, gz: bool):
-    """The file as a binary stream, decompressed when gzipped."""
-    return gzip.open(path, "rb") if gz else open(path, "rb")
+class FileTooLarge(Exception):
+    """More than `max_file_bytes` decompressed bytes were read from one file."""
+
+
+class Oversized(bytes):
+    """The start of a line longer than the record limit (the rest was skipped unread into memory)."""
+
+
+class SourceStream:
+    """A source file's decompressed bytes, read in bounded pieces and counted against a per-file limit."""
+
+    def __init__(self, f, max_file_bytes: int, max_record_bytes: int):
+        self._f, self.max_file_bytes, self.max_record_bytes = f, max_file_bytes, max_record_bytes
+        self.bytes_read = 0
+
+    def _count(self, data: bytes) -> bytes:
+        self.bytes_read += len(data)
+        if self.bytes_read > self.max_file_bytes:
+            raise FileTooLarge(f"more than max_file_bytes ({self.max_file_bytes}) decompressed bytes; the rest "
+                               "of the file was not read")
+        return data
+
+    def read(self, n: int) -> bytes:
+        """Up to n bytes (fewer only at the end of the file)."""
+        return self._count(self._f.read(min(n, self.max_file_bytes - self.bytes_read + 1)))
+
+    def read_record(self) -> bytes | Oversized:
+        """The rest of the file as one record, or its start as Oversized when it exceeds `max_record_bytes`."""
+        data = self.read(self.max_record_bytes + 1)
+        return Oversized(data[:SNIPPET_CHARS]) if len(data) > self.max_record_bytes else data
+
+    def lines(self) -> Iterator[bytes | Oversized]:
+        """Each line with its line break; a line over `max_record_bytes` (break excluded) comes as Oversized."""
+        limit = self.max_record_bytes
+        readline = self._f.readline
+        while True:
+            raw = self._count(readline(limit + 1))
+            if not raw:
+                return
+            if len(raw) <= limit or (len(raw) == limit + 1 and raw.endswith(b"\n")):
+                yield raw
+                continue
+            head = Oversized(raw[:SNIPPET_CHARS])
+            del raw
+            while True:  # skip to the end of the line without holding it
+                chunk = self._count(readline(SKIP_CHUNK))
+                if not chunk or chunk.endswith(b"\n"):
+                    break
+            yield head
+
+
+def file_type(mode: int) -> str | None:
+    """What a stat mode is when it is not a regular file (None for a regular file)."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return None if stat.S_ISREG(mode) else "not a regular file"
+
+
+@contextlib.contextmanager
+def open_source(path: str, gz: bool, max_file_bytes: int, max_record_bytes: int) -> Iterator[SourceStream]:
+    """The file as a bounded stream, decompressed when gzipped. Opened non-blocking and checked again after
+    opening, so a file swapped for a FIFO after discovery fails (OSError) instead of blocking the run."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb") as raw:
+        kind = file_type(os.fstat(fd).st_mode)
+        if kind is not None:
+            raise OSError(f"{path} is {kind}, not a regular file")
+        if gz:
+            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+                yield SourceStream(f, max_file_bytes, max_record_bytes)
+        else:
+            yield SourceStream(raw, max_file_bytes, max_record_bytes)
+
+
+def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when a parsed JSON value nests containers deeper than `limit`: a walk level by level over the
+    containers only (no recursion of ours), each level one C-speed comprehension."""
+    level, depth = ([value] if isinstance(value, (dict, list)) else []), 1
+    while level:
+        if depth > limit:
+            return True
+        level = [c for v in level for c in (v.values() if type(v) is dict else v) if isinstance(c, (dict, list))]
+        depth += 1
+    return False
 
 
 def snip(raw) -> str:
@@ -46,11 +145,6 @@ def snip(raw) -> str:
     if isinstance(raw, bytes):
         raw = raw.decode("utf-8", errors="replace")
     return raw[:SNIPPET_CHARS].encode("utf-8", errors="replace").decode("utf-8")  # lone surrogates -> "?"
-
-
-def read_all(path: str, gz: bool) -> bytes:
-    with open_source(path, gz) as f:
-        return f.read()
 
 
 def decode_whole(data: bytes) -> str:
