@@ -330,3 +330,41 @@ def test_malformed_metadata_gives_dataset_errors_naming_the_file(tmp_path):
     (path / "dataset.json").write_text(json.dumps(info))
     with pytest.raises(DatasetError, match="dataset.json.*not an object"):
         open_store(path)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda info: [info], "expected a JSON object"),
+    (lambda info: {**info, "keys": ["sequence"]}, "'keys' must be an object"),
+    (lambda info: {**info, "totals": {"records": "many"}}, "totals.records must be an integer"),
+    (lambda info: {**info, "shards": [{**info["shards"][0], "files": ["sequence.bin"]}]}, "'files' of shard"),
+    (lambda info: {**info, "shards": [{**info["shards"][0], "name": "../elsewhere"}]}, "not a folder name inside"),
+    (lambda info: {**info, "vocab_size": "4096"}, "vocab_size must be an integer"),
+    (lambda info: {**info, "token_dtype": "float64"}, "token_dtype 'float64' is not one of"),
+])
+def test_malformed_manifests_raise_dataset_errors(tmp_path, edit, message):
+    path = write_dataset(tmp_path / "m", random_docs(5), "seq")
+    info = json.loads((path / "dataset.json").read_text())
+    (path / "dataset.json").write_text(json.dumps(edit(info)))
+    for verify in (False, True):
+        with pytest.raises(DatasetError, match=message):
+            open_store(path, verify=verify)
+
+
+def test_deeply_nested_manifest_is_a_dataset_error(tmp_path):
+    path = write_dataset(tmp_path / "deep", random_docs(5), "seq")
+    (path / "dataset.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DatasetError, match="dataset.json: not valid JSON"):
+        open_store(path)
+
+
+def test_format_module_needs_no_torch_and_the_test_writer_follows_it(tmp_path):
+    import subprocess
+    import sys
+
+    code = "import sys, tokenmill_loader.format; assert 'torch' not in sys.modules and 'tokenmill' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    from tokenmill_loader.format import KEYS
+
+    path = write_dataset(tmp_path / "g", _grpo(3), "grpo")
+    declared = json.loads((path / "dataset.json").read_text())["keys"]
+    assert {k: v["kind"] for k, v in declared.items()} == KEYS["grpo"]  # rewards: "values", as docs/format.md says
