@@ -13,7 +13,8 @@ MAX_PROBLEMS = 20  # problems listed in a check's metadata; the count is always 
 
 
 def validate_records(stage_dir: Path) -> dict:
-    """Every line of every shard is a record {"id": str, "text": str, "meta": dict, "source": {"path", "line"|"index"}}."""
+    """Every line of every shard is a record
+    {"id": str, "text": str, "meta": dict, "source": {"path", "line"|"index"}}."""
     problems, records, ids = [], 0, set()
     for shard in record_shards(stage_dir):
         with open(shard, encoding="utf-8") as f:
