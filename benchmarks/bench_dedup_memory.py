@@ -8,9 +8,10 @@ one or two words replaced) of two kinds, cached under --data:
 - zipf: words of 2-9 letters over a 26-letter alphabet, drawn Zipf-distributed from a 50,000-word vocabulary;
 - syllables: words of 1-4 syllables out of 16, so the text is low-entropy, the MinHash minima of unrelated
   documents collide and LSH buckets grow huge (logs, code, tables and templated pages look like that).
-Runs build_dedup_report + write_deduped on each in a fresh process and prints docs/s, the peak RSS of the run
-(parent) process (RUSAGE_SELF), of the largest worker (RUSAGE_CHILDREN: the largest child that ended) and the
-1.5M/300k ratio of the largest process per kind (target <= 1.3). With --base, the same runs with the code of
+Runs build_dedup_report + write_deduped on each in a fresh process and prints docs/s, the peak RSS (VmHWM) of
+the run (parent) process and of the largest worker (sampled from /proc every 0.1 s; ru_maxrss would not do:
+Linux carries it over fork and exec, so a child's figure starts at its parent's) and the 1.5M/300k ratio of the
+largest process per kind (target <= 1.3). With --base, the same runs with the code of
 another checkout (e.g. `git worktree add /tmp/base_dedup <commit>`) for comparison.
 """
 from __future__ import annotations
@@ -18,10 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +80,55 @@ def corpus(data: Path, kind: str, n_docs: int) -> Path:
     return folder
 
 
+def _hwm_mib(pid: int | str) -> float:
+    """Peak RSS of a process (VmHWM; unlike ru_maxrss it is not inherited across fork and exec, so a worker's
+    figure is its own and this process's does not include the benchmark's that started it)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class WorkerPeaks:
+    """Samples the VmHWM of every descendant process (the stage's workers) every 0.1 s; `peak` is the largest."""
+
+    def __init__(self):
+        self.peak = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _descendants(self) -> list[int]:
+        pids, todo = [], [os.getpid()]
+        while todo:
+            p = todo.pop()
+            try:
+                for tid in os.listdir(f"/proc/{p}/task"):
+                    with open(f"/proc/{p}/task/{tid}/children") as f:
+                        kids = [int(c) for c in f.read().split()]
+                        pids += kids
+                        todo += kids
+            except OSError:
+                pass
+        return pids
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max([self.peak] + [_hwm_mib(p) for p in self._descendants()])
+            self._stop.wait(0.1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
 def child(in_dir: str, out_dir: str, workers: int) -> dict:
     """One run of the stage in this (fresh) process: timings and peak RSS of this process and its workers."""
     from tokenmill.common.io import record_shards
@@ -90,15 +140,14 @@ def child(in_dir: str, out_dir: str, workers: int) -> dict:
     out = Path(out_dir)
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    stats = build_dedup_report(Path(in_dir), out / "report", DedupSettings(), workers=workers)
-    write_deduped(Path(in_dir), out / "report", out / "deduped", workers=workers)
+    with WorkerPeaks() as peaks:
+        stats = build_dedup_report(Path(in_dir), out / "report", DedupSettings(), workers=workers)
+        write_deduped(Path(in_dir), out / "report", out / "deduped", workers=workers)
     seconds = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    self_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    kids_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     return {"docs": stats["docs_in"], "removed": stats["docs_in"] - stats["docs_out"], "seconds": seconds,
             "candidates": stats["candidate_pairs"], "oversized_buckets": stats["oversized_buckets"],
-            "parent_mib": self_kib / 1024, "worker_mib": kids_kib / 1024,
+            "parent_mib": _hwm_mib("self"), "worker_mib": peaks.peak,
             "shards": len(record_shards(Path(in_dir)))}
 
 

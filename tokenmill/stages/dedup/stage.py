@@ -46,9 +46,9 @@ POOL_MIN_ITEMS = 1 << 22  # band items below which the bucket step runs in this 
 class Partitions:
     """Size of one task of each partitioned step (the decisions do not depend on them, only memory per task)."""
 
-    exact_docs: int = 1 << 21  # documents per digest range (~50 bytes each)
-    bucket_items: int = 1 << 21  # LSH items per band and hash range (16 bytes each)
-    verify_pairs: int = 1 << 20  # candidate pairs per range of first documents (16 bytes each)
+    exact_docs: int = 1 << 18  # documents per digest range (~50 bytes each, a few copies while sorting)
+    bucket_items: int = 1 << 19  # LSH items per band and hash range (16 bytes each)
+    verify_pairs: int = 1 << 18  # candidate pairs per range of first documents (16 bytes each)
 
 
 def _verify_ranges(hist: np.ndarray, bin_width: int, n_docs: int, per_task: int) -> list[tuple[int, int]]:
