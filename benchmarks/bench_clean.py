@@ -57,7 +57,7 @@ def report(name: str, stats: dict, seconds: float, mb: float, cpu_s: float) -> N
           f"boilerplate lines stripped {stats['boilerplate']['lines_stripped']:,} "
           f"({stats['boilerplate']['candidates']:,} candidates)")
     print(f"    wall per pass: {stats['pass_seconds']}")
-    shares = sorted(stats["rule_share"].items(), key=lambda kv: -kv[1])
+    shares = sorted(stats["rule_time_share"].items(), key=lambda kv: -kv[1])
     print("    time per rule: " + ", ".join(f"{k} {v:.0%}" for k, v in shares if v >= 0.005))
 
 

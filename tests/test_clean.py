@@ -6,7 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from tokenmill.common.io import REJECTED_FILE, STATS_FILE, dumps, iter_jsonl, read_json, record_id, record_shards
+from tokenmill.common.io import (
+    REJECTED_FILE,
+    STATS_FILE,
+    TIMINGS_FILE,
+    dumps,
+    iter_jsonl,
+    read_json,
+    read_stats,
+    record_id,
+    record_shards,
+)
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.settings import validate_run_settings
 from tokenmill.stages.clean import REASONS, CleanSettings, clean_corpus
@@ -43,7 +53,7 @@ def clean(tmp_path: Path, texts, metas=None, workers=1, name="out", per_shard=No
     recs = {r["id"]: r for shard in record_shards(out) for r in iter_jsonl(shard)}
     rej = {r["id"]: r for r in iter_jsonl(out / REJECTED_FILE)}
     assert stats["docs_in"] == len(texts) == len(recs) + len(rej)  # conservation, always
-    assert read_json(out / STATS_FILE) == json.loads(json.dumps(stats))
+    assert read_stats(out) == json.loads(json.dumps(stats))
     return ids, recs, rej, stats
 
 
@@ -336,11 +346,11 @@ def test_output_deterministic_for_any_worker_count(tmp_path, monkeypatch):
     _, _, _, s2 = clean(tmp_path, docs, workers=2, name="w2", per_shard=40)
     names = sorted(p.name for p in (tmp_path / "w1").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "w2").iterdir())
-    assert names == sorted([f"part-{k:05d}.jsonl" for k in range(6)] + [REJECTED_FILE, STATS_FILE])
+    assert names == sorted([f"part-{k:05d}.jsonl" for k in range(6)] + [REJECTED_FILE, STATS_FILE, TIMINGS_FILE])
     for name in names:
-        if name != STATS_FILE:
+        if name != TIMINGS_FILE:
             assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
-    volatile = ("seconds", "rule_seconds", "rule_share", "pass_seconds", "workers")
+    volatile = ("seconds", "rule_seconds", "rule_time_share", "pass_seconds", "workers")
     assert {k: v for k, v in s1.items() if k not in volatile} == {k: v for k, v in s2.items() if k not in volatile}
 
 
@@ -383,8 +393,8 @@ def test_stats_report(tmp_path):
     kinds = {e["kind"] for e in stats["examples"]}
     assert {"boilerplate", "metadata"} <= kinds
     assert all(len(e["before"]) <= 200 for e in stats["examples"])
-    assert set(stats["rule_share"]) >= {"repair_mojibake", "strip_boilerplate", "filter_repetition"}
-    assert abs(sum(stats["rule_share"].values()) - 1) < 0.01
+    assert set(stats["rule_time_share"]) >= {"repair_mojibake", "strip_boilerplate", "filter_repetition"}
+    assert abs(sum(stats["rule_time_share"].values()) - 1) < 0.01
 
 
 # ------------------------------------------------------------------------------------------ demo corpus accuracy
@@ -451,4 +461,4 @@ def test_cleaned_jsonl_asset(demo_source, tmp_path):
         assert key in meta
     # no stray .jsonl besides the shards and _rejected.jsonl (check_contracts globs **/*.jsonl)
     names = {p.name for p in (tmp_path / "data" / "cleaned_jsonl").iterdir()}
-    assert all(n.startswith("part-") or n in (REJECTED_FILE, STATS_FILE) for n in names), names
+    assert all(n.startswith("part-") or n in (REJECTED_FILE, STATS_FILE, TIMINGS_FILE) for n in names), names

@@ -11,7 +11,16 @@ import pytest
 
 from assets.raw import raw_records
 from resources import CorpusSource, DataRoot
-from tokenmill.common.io import REJECTED_FILE, STATS_FILE, iter_jsonl, read_json, record_id, record_shards
+from tokenmill.common.io import (
+    REJECTED_FILE,
+    STATS_FILE,
+    TIMINGS_FILE,
+    iter_jsonl,
+    read_json,
+    read_stats,
+    record_id,
+    record_shards,
+)
 from tokenmill.errors import SourceError
 from tokenmill.stages.raw import RawSettings, ingest
 
@@ -28,7 +37,7 @@ def rejected(folder) -> list[dict]:
 def run(source, tmp_path, workers=1, **settings) -> tuple[dict, list[dict], list[dict]]:
     out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
     stats = ingest(Path(source), out, RawSettings(**settings), workers=workers)
-    assert read_json(out / STATS_FILE) == stats
+    assert read_stats(out) == stats
     assert stats["docs_in"] == stats["docs_out"] + sum(stats["rejected_by_reason"].values())
     return stats, records(out), rejected(out)
 
@@ -129,7 +138,7 @@ def test_byte_identical_for_any_worker_count_and_shard_rollover(demo_source, tmp
     files1 = sorted(p.name for p in (tmp_path / "w1").iterdir())
     assert files1 == sorted(p.name for p in (tmp_path / "w2").iterdir())
     for name in files1:
-        if name != STATS_FILE:
+        if name != TIMINGS_FILE:
             assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes(), name
     assert not [p for p in (tmp_path / "w2").iterdir() if p.name.startswith(".")]  # no task folders left
     assert all(len(list(iter_jsonl(p))) <= 300 for p in record_shards(tmp_path / "w1"))

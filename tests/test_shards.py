@@ -12,7 +12,7 @@ import pytest
 
 import tokenmill.stages.tokenize.shards as shards_mod
 import tokenmill.stages.tokenize.stage as stage_mod
-from tokenmill.common.io import STATS_FILE, read_json
+from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json
 from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer
 from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
@@ -267,8 +267,11 @@ def test_shards_roll_over_and_records_never_straddle(tmp_path, tok_dir):
 
 
 def tree_bytes(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != STATS_FILE}
+    """Every file's bytes; `_stats.json` without its settings (task_bytes is among them and differs by design)."""
+    files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+             if p.is_file() and p.name != TIMINGS_FILE}
+    files[STATS_FILE] = {k: v for k, v in read_json(folder / STATS_FILE).items() if k != "settings"}
+    return files
 
 
 def test_identical_bytes_for_any_worker_count_and_task_cut(tmp_path, tok_dir):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tokenmill.common.io import STATS_FILE, read_json
+from tokenmill.common.io import read_stats
 from tokenmill.errors import ConfigError, CorruptOutputError
 from tokenmill.stages.tokenize import TokenizerSettings, train_tokenizer
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer
@@ -76,7 +76,7 @@ def test_pretokenizers_round_trip_and_punctuation_attachment(tmp_path):
 
 def test_stats_held_out_and_examples(trained):
     base, stats = trained
-    assert read_json(base / "out" / STATS_FILE) == json.loads(json.dumps(stats, ensure_ascii=False))
+    assert read_stats(base / "out") == json.loads(json.dumps(stats, ensure_ascii=False))
     assert stats["mode"] == "trained"
     assert stats["held_out_records"] > 0 and stats["sample_records"] > 0
     assert stats["sample_records"] + stats["held_out_records"] <= stats["docs_in"] == 300

@@ -13,7 +13,8 @@ from typing import Iterable, Iterator
 from tokenmill.common.failpoints import failpoint
 
 STATS_FILE = "_stats.json"
-TIMINGS_FILE = "_timings.json"  # wall-clock figures: kept apart so every other file is identical across reruns
+TIMINGS_FILE = "_timings.json"  # how the run went (seconds, workers): apart, so every data file is identical across reruns
+RUN_FACT_KEYS = frozenset({"timings", "workers", "tasks"})
 REJECTED_FILE = "_rejected.jsonl"
 REMOVED_FILE = "removed.jsonl"
 
@@ -59,8 +60,8 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
 
 
 def is_timing(key: str) -> bool:
-    """Stats keys that measure time rather than data (seconds, rates, time shares)."""
-    return key == "timings" or "second" in key or key.endswith("time_share")
+    """Stats keys that describe the run rather than the data (seconds, rates, time shares, workers, tasks)."""
+    return key in RUN_FACT_KEYS or "second" in key or key.endswith("time_share")
 
 
 def write_stats(out_dir: str | os.PathLike, stats: dict) -> None:
@@ -68,6 +69,13 @@ def write_stats(out_dir: str | os.PathLike, stats: dict) -> None:
     out_dir = Path(out_dir)
     atomic_write_json(out_dir / STATS_FILE, {k: v for k, v in stats.items() if not is_timing(k)})
     atomic_write_json(out_dir / TIMINGS_FILE, {k: v for k, v in stats.items() if is_timing(k)})
+
+
+def read_stats(out_dir: str | os.PathLike) -> dict:
+    """A stage's stats as it returned them: `_stats.json` and `_timings.json` together."""
+    out_dir = Path(out_dir)
+    timings = out_dir / TIMINGS_FILE
+    return {**read_json(out_dir / STATS_FILE), **(read_json(timings) if timings.exists() else {})}
 
 
 def read_json(path: str | os.PathLike):

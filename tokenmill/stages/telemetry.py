@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tokenmill.common.io import STATS_FILE, read_json
+from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json
 from tokenmill.errors import StaleUpstreamError
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
@@ -29,7 +29,8 @@ def dropped_counts(stats: dict) -> dict[str, int]:
 
 
 def folder_bytes(folder: Path) -> int:
-    return sum(f.stat().st_size for f in Path(folder).rglob("*") if f.is_file())
+    """Bytes of a stage's data files (its `_timings.json` varies from run to run, so the funnel would too)."""
+    return sum(f.stat().st_size for f in Path(folder).resolve().rglob("*") if f.is_file() and f.name != TIMINGS_FILE)
 
 
 def build_funnel(data_root: Path) -> dict:

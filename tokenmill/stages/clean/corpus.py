@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import REJECTED_FILE, STATS_FILE, atomic_write_json, concat_files, record_shards
+from tokenmill.common.io import REJECTED_FILE, concat_files, record_shards, write_stats
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import StaleUpstreamError
@@ -164,7 +164,7 @@ def build_stats(s: CleanSettings, merged: LineTable | None, totals: Totals, shar
         "pass_seconds": totals.pass_seconds,
         "workers": default_workers() if workers is None else workers,
         "rule_seconds": {k: round(v, 4) for k, v in totals.seconds.items()},
-        "rule_share": {k: round(v / work, 4) for k, v in totals.seconds.items()},
+        "rule_time_share": {k: round(v / work, 4) for k, v in totals.seconds.items()},
         "settings": s.model_dump(),
         "seconds": round(time.perf_counter() - t0, 3),
     }
@@ -203,5 +203,5 @@ def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings | None = N
     if stats["docs_in"] != stats["docs_out"] + stats["rejected"]:  # a bug, never expected: say so loudly
         raise RuntimeError(f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + "
                            f"{stats['rejected']} rejected")
-    atomic_write_json(out_dir / STATS_FILE, stats)
+    write_stats(out_dir, stats)
     return stats

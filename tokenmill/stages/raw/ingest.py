@@ -12,13 +12,12 @@ from pathlib import Path
 
 from tokenmill.common.io import (
     REJECTED_FILE,
-    STATS_FILE,
     JsonlWriter,
-    atomic_write_json,
     concat_files,
     dumps,
     record_id,
     shard_name,
+    write_stats,
 )
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
@@ -242,5 +241,5 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, wor
         for t in tasks:
             shutil.rmtree(t.folder, ignore_errors=True)
     stats = _stats(reports, listing.skipped, shards, len(tasks), source, settings, t0)
-    atomic_write_json(out_dir / STATS_FILE, stats)
+    write_stats(out_dir, stats)
     return stats

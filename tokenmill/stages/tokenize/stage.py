@@ -5,7 +5,7 @@ import hashlib
 import time
 from pathlib import Path
 
-from tokenmill.common.io import STATS_FILE, atomic_write_json
+from tokenmill.common.io import write_stats
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.stages.tokenize.encode import EncodeTask, encode_task, encoder, plan_ranges
@@ -45,7 +45,7 @@ def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, lo
         "train_seconds": round(t_train, 3),
         "seconds": round(time.perf_counter() - t0, 3),
     })
-    atomic_write_json(out_dir / STATS_FILE, stats)
+    write_stats(out_dir, stats)
     if log:
         log.info(f"tokenizer: vocab {stats['vocab_size']}, {stats['chars_per_token']} chars/token held out, "
                  f"trained in {t_train:.1f} s")
@@ -93,7 +93,7 @@ def tokenize_corpus(in_dir: Path, tokenizer_dir: Path, out_dir: Path, settings: 
     stats = stage_stats(settings, totals, manifests, enc=enc, token_dtype=dtype,
                         bytes_on_disk=writers.bytes_per_key(), seconds=time.perf_counter() - t0, workers=workers,
                         tasks=len(tasks))
-    atomic_write_json(out_dir / STATS_FILE, stats)
+    write_stats(out_dir, stats)
     if log:
         log.info(f"tokenized_bins: {stats['docs_out']:,} records, {stats['tokens']:,} tokens "
                  f"({stats['tokens_per_second']:,.0f}/s), dropped {rejected.count:,}")
