@@ -1,8 +1,6 @@
 """The tokenmill code location: one Definitions for `dagster dev`, `dagster ... -m definitions` and `dg`."""
 import dagster as dg
 
-from assets.checks import (cleaned_records_valid, deduped_no_exact_duplicates, funnel_conserved,
-                           raw_records_not_empty, token_shards_consistent)
 from assets.clean import cleaned_jsonl
 from assets.dedup import dedup_report, deduped_jsonl
 from assets.raw import raw_records
@@ -12,15 +10,12 @@ from automation import daily_refresh, source_files_sensor, whole_graph_job
 from resources import CorpusSource, DataRoot, data_root_from_env, source_from_env
 
 ASSETS = [raw_records, cleaned_jsonl, dedup_report, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry]
-CHECKS = [raw_records_not_empty, cleaned_records_valid, deduped_no_exact_duplicates, token_shards_consistent,
-          funnel_conserved]
 
 
 def build_defs(source: CorpusSource, data_root: DataRoot) -> dg.Definitions:
     """The code location for one source and data root (tests build their own)."""
     return dg.Definitions(
         assets=ASSETS,
-        asset_checks=CHECKS,
         jobs=[whole_graph_job(str(data_root.path('')))],
         schedules=[daily_refresh],
         sensors=[source_files_sensor],

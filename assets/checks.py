@@ -1,11 +1,16 @@
-"""Asset checks: each reports its figure; blocking ones stop a run before bad data flows downstream."""
+"""Asset checks, evaluated by each asset on its *staged* output, before it is published.
+
+A blocking check that fails records its evaluation (with the problems) and fails the step, so the previous good
+output stays published and nothing downstream runs on the bad one. The same functions audit any existing folder.
+"""
+from collections.abc import Iterator
+from pathlib import Path
 
 import dagster as dg
 
-from resources import DataRoot
 from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.errors import CheckFailedError
 from tokenmill.stages.dedup.keys import dedup_keys, key_digest
-from tokenmill.stages.telemetry import build_funnel
 from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_shards
 
 MAX_REJECTED_SHARE = 0.2  # above this the source or the reader settings are wrong, not the records
@@ -17,33 +22,56 @@ def _problems_md(problems: list[str]) -> dg.MetadataValue:
     return dg.MetadataValue.md(shown + more or "none")
 
 
-@dg.asset_check(asset="raw_records", blocking=True, description="At least one record, and rejected share under a bound.")
-def raw_records_not_empty(data_root: DataRoot) -> dg.AssetCheckResult:
-    stats = read_json(data_root.path("raw_records") / STATS_FILE)
+RAW_RECORDS_NOT_EMPTY = dg.AssetCheckSpec(
+    "raw_records_not_empty", asset="raw_records", blocking=True,
+    description="At least one record, and rejected share under a bound.")
+CLEANED_RECORDS_VALID = dg.AssetCheckSpec(
+    "cleaned_records_valid", asset="cleaned_jsonl", blocking=True,
+    description="At least one record survived cleaning, and every line is a valid record with a unique id.")
+DEDUPED_NO_EXACT_DUPLICATES = dg.AssetCheckSpec(
+    "deduped_no_exact_duplicates", asset="deduped_jsonl", blocking=True,
+    description="No two surviving records share an exact dedup key (the report's key settings).")
+TOKEN_SHARDS_CONSISTENT = dg.AssetCheckSpec(
+    "token_shards_consistent", asset="tokenized_bins", blocking=True,
+    description="dataset.json consistent with every shard file (sizes, SHA-256, offsets), token ids < vocabulary, "
+                "masks aligned, the upstream tokenizer recorded, and a sample of records re-encoded with it equal to "
+                "the shards.")
+FUNNEL_CONSERVED = dg.AssetCheckSpec(
+    "funnel_conserved", asset="funnel_telemetry",
+    description="Every stage: records in = records out + dropped, and stages link up.")
+
+
+def publish_only_if_passed(check: dg.AssetCheckResult) -> Iterator[dg.AssetCheckResult]:
+    """In an asset body, inside `staged_output`: a failed check is recorded, then the step fails before the
+    staged folder is published (`yield from publish_only_if_passed(check)`)."""
+    if not check.passed:
+        yield check
+        raise CheckFailedError(f"check {check.check_name} failed on the staged output, which was not published "
+                               f"(the previous output stays): {({k: getattr(v, 'value', v) for k, v in check.metadata.items()})}")
+
+
+def raw_records_not_empty(folder: Path) -> dg.AssetCheckResult:
+    stats = read_json(Path(folder) / STATS_FILE)
     seen = stats["docs_in"]
     share = (seen - stats["docs_out"]) / seen if seen else 1.0
     return dg.AssetCheckResult(
-        passed=stats["docs_out"] > 0 and share <= MAX_REJECTED_SHARE,
+        check_name=RAW_RECORDS_NOT_EMPTY.name, passed=stats["docs_out"] > 0 and share <= MAX_REJECTED_SHARE,
         metadata={"records": stats["docs_out"], "rejected_share": round(share, 4), "bound": MAX_REJECTED_SHARE},
     )
 
 
-@dg.asset_check(asset="cleaned_jsonl", blocking=True,
-                description="At least one record survived cleaning, and every line is a valid record with a unique id.")
-def cleaned_records_valid(data_root: DataRoot) -> dg.AssetCheckResult:
-    result = validate_records(data_root.path("cleaned_jsonl"))
+def cleaned_records_valid(folder: Path) -> dg.AssetCheckResult:
+    result = validate_records(folder)
     return dg.AssetCheckResult(
-        passed=result["records"] > 0 and not result["problems"],
+        check_name=CLEANED_RECORDS_VALID.name, passed=result["records"] > 0 and not result["problems"],
         metadata={"records": result["records"], "invalid": len(result["problems"]), "problems": _problems_md(result["problems"])},
     )
 
 
-@dg.asset_check(asset="deduped_jsonl", blocking=True,
-                description="No two surviving records share an exact dedup key (the report's key settings).")
-def deduped_no_exact_duplicates(data_root: DataRoot) -> dg.AssetCheckResult:
-    settings = read_json(data_root.path("dedup_report") / "report.json")["parameters"]["settings"]
+def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheckResult:
+    settings = read_json(Path(report_dir) / "report.json")["parameters"]["settings"]
     seen, problems, records = {}, [], 0
-    for shard in record_shards(data_root.path("deduped_jsonl")):
+    for shard in record_shards(folder):
         batch = list(iter_jsonl(shard))
         records += len(batch)
         keys = dedup_keys([r["text"] for r in batch], settings["strip_symbols"], settings["fold_chinese"])
@@ -56,31 +84,24 @@ def deduped_no_exact_duplicates(data_root: DataRoot) -> dg.AssetCheckResult:
             else:
                 seen[digest] = record["id"]
     return dg.AssetCheckResult(
-        passed=not problems,
+        check_name=DEDUPED_NO_EXACT_DUPLICATES.name, passed=not problems,
         metadata={"records": records, "duplicate_keys": len(problems), "problems": _problems_md(problems)},
     )
 
 
-@dg.asset_check(asset="tokenized_bins", blocking=True,
-                description="dataset.json consistent with every shard file (sizes, SHA-256, offsets), token ids < "
-                            "vocabulary, masks aligned, the upstream tokenizer recorded, and a sample of records "
-                            "re-encoded with it equal to the shards.")
-def token_shards_consistent(data_root: DataRoot) -> dg.AssetCheckResult:
-    result = validate_token_shards(data_root.path("tokenized_bins"), data_root.path("deduped_jsonl"),
-                                   data_root.path("tokenizer"))
+def token_shards_consistent(folder: Path, deduped_dir: Path, tokenizer_dir: Path) -> dg.AssetCheckResult:
+    result = validate_token_shards(folder, deduped_dir, tokenizer_dir)
     return dg.AssetCheckResult(
-        passed=not result["problems"],
+        check_name=TOKEN_SHARDS_CONSISTENT.name, passed=not result["problems"],
         metadata={"tokens_checked": result["tokens"], "max_token_id": result["max_token_id"],
                   "vocab_size": result["vocab_size"] or 0, "records_reencoded": result["reencoded_records"],
                   "problems": _problems_md(result["problems"])},
     )
 
 
-@dg.asset_check(asset="funnel_telemetry", description="Every stage: records in = records out + dropped, and stages link up.")
-def funnel_conserved(data_root: DataRoot) -> dg.AssetCheckResult:
-    funnel = build_funnel(data_root.path(""))
+def funnel_conserved(funnel: dict) -> dg.AssetCheckResult:
     broken = [s["stage"] for s in funnel["stages"] if not (s["conserved"] and s["linked"])]
     return dg.AssetCheckResult(
-        passed=not broken,
+        check_name=FUNNEL_CONSERVED.name, passed=not broken,
         metadata={"stages_checked": len(funnel["stages"]), "broken_stages": ", ".join(broken) or "none"},
     )

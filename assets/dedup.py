@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from assets.checks import DEDUPED_NO_EXACT_DUPLICATES, deduped_no_exact_duplicates, publish_only_if_passed
 from assets.metadata import dedup_report_metadata, deduped_jsonl_metadata
 from resources import DataRoot
 from tokenmill.common.io import REMOVED_FILE, read_json, staged_output
@@ -25,10 +26,14 @@ def dedup_report(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
                                                                CLUSTERS_FILE, REPORT_FILE))
 
 
-@dg.asset(group_name="dedup", kinds={"python", "jsonl"}, deps=["dedup_report", "cleaned_jsonl"], code_version="1")
-def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg.MaterializeResult:
+@dg.asset(group_name="dedup", kinds={"python", "jsonl"}, deps=["dedup_report", "cleaned_jsonl"], code_version="1",
+          check_specs=[DEDUPED_NO_EXACT_DUPLICATES])
+def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot):
     """The cleaned records minus the duplicates `dedup_report` found (lines copied unchanged, same shard names);
     `removed.jsonl` names, for every removed id, the id it duplicates, the level and the similarity."""
     with staged_output(data_root.path("deduped_jsonl")) as out:
         stats = write_deduped(data_root.path("cleaned_jsonl"), data_root.path("dedup_report"), out, log=context.log)
-    return dg.MaterializeResult(metadata=deduped_jsonl_metadata(stats, data_root.path("deduped_jsonl"), REMOVED_FILE))
+        check = deduped_no_exact_duplicates(out, data_root.path("dedup_report"))
+        yield from publish_only_if_passed(check)
+    yield dg.MaterializeResult(metadata=deduped_jsonl_metadata(stats, data_root.path("deduped_jsonl"), REMOVED_FILE),
+                               check_results=[check])

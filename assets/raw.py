@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from assets.checks import RAW_RECORDS_NOT_EMPTY, publish_only_if_passed, raw_records_not_empty
 from assets.metadata import raw_records_metadata
 from resources import CorpusSource, DataRoot
 from tokenmill.common.io import staged_output
@@ -12,13 +13,15 @@ class RawConfig(RawSettings, dg.Config):
     """How the source files are read into records (text field, layout presets, .txt mode, shard size)."""
 
 
-@dg.asset(group_name="ingest", kinds={"python", "jsonl"}, code_version="1")
+@dg.asset(group_name="ingest", kinds={"python", "jsonl"}, code_version="1", check_specs=[RAW_RECORDS_NOT_EMPTY])
 def raw_records(context: dg.AssetExecutionContext, config: RawConfig, source: CorpusSource,
-                data_root: DataRoot) -> dg.MaterializeResult:
+                data_root: DataRoot):
     """Every record of the source (TOKENMILL_SOURCE: a file or a folder of .jsonl/.json/.txt/.csv, .gz too) as
     `{"id", "text", "meta", "source"}` JSONL shards with stable ids. Malformed lines, records without text,
     undecodable bytes and unreadable files go to `_rejected.jsonl` with path, line and reason."""
     src = source.resolved()  # a missing source is a clear error before any work
     with staged_output(data_root.path("raw_records")) as out:
         stats = ingest(src, out, config, log=context.log, exclude=data_root.path(""))
-    return dg.MaterializeResult(metadata=raw_records_metadata(stats, data_root.path("raw_records")))
+        check = raw_records_not_empty(out)
+        yield from publish_only_if_passed(check)
+    yield dg.MaterializeResult(metadata=raw_records_metadata(stats, data_root.path("raw_records")), check_results=[check])

@@ -4,6 +4,7 @@ import time
 
 import dagster as dg
 
+from assets.checks import FUNNEL_CONSERVED, funnel_conserved
 from assets.metadata import funnel_metadata
 from resources import DataRoot
 from tokenmill.common.io import atomic_write_json, staged_output
@@ -28,6 +29,7 @@ def previous_history_rows(context: dg.AssetExecutionContext) -> list[dict]:
     kinds={"python", "json"},
     deps=["raw_records", "cleaned_jsonl", "dedup_report", "deduped_jsonl", "tokenizer", "tokenized_bins"],
     code_version="1",
+    check_specs=[FUNNEL_CONSERVED],
 )
 def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg.MaterializeResult:
     """The data funnel of the whole run: records kept and dropped per stage, tokens, split and bytes.
@@ -42,4 +44,5 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> 
         atomic_write_json(out / "funnel.json", funnel)
         chart = funnel_chart_png(funnel, previous_history_rows(context), out / "funnel.png").read_bytes()
     metadata = funnel_metadata(funnel, history, chart, data_root.path("funnel_telemetry"))
-    return dg.MaterializeResult(metadata={**metadata, "seconds": round(time.perf_counter() - start, 3)})
+    return dg.MaterializeResult(metadata={**metadata, "seconds": round(time.perf_counter() - start, 3)},
+                                check_results=[funnel_conserved(funnel)])

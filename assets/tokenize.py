@@ -2,6 +2,7 @@
 
 import dagster as dg
 
+from assets.checks import TOKEN_SHARDS_CONSISTENT, publish_only_if_passed, token_shards_consistent
 from assets.metadata import tokenized_bins_metadata, tokenizer_metadata
 from resources import DataRoot
 from tokenmill.common.io import staged_output
@@ -27,8 +28,9 @@ def tokenizer(context: dg.AssetExecutionContext, config: TokenizerConfig, data_r
     return dg.MaterializeResult(metadata=tokenizer_metadata(stats, data_root.path("tokenizer")))
 
 
-@dg.asset(group_name="tokenize", kinds={"python", "numpy"}, deps=["deduped_jsonl", "tokenizer"], code_version="1")
-def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_root: DataRoot) -> dg.MaterializeResult:
+@dg.asset(group_name="tokenize", kinds={"python", "numpy"}, deps=["deduped_jsonl", "tokenizer"], code_version="1",
+          check_specs=[TOKEN_SHARDS_CONSISTENT])
+def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_root: DataRoot):
     """deduped_jsonl as training-ready token shards in train/ and val/ (split by a hash of the record id): one
     headerless little-endian .bin per key plus meta.json with record offsets, dataset.json written last (it records
     the SHA-256 of the tokenizer the run started from), byte-identical for the same input and config. training_type
@@ -37,4 +39,7 @@ def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_
     with staged_output(data_root.path("tokenized_bins")) as out:
         stats = tokenize_corpus(data_root.path("deduped_jsonl"), data_root.path("tokenizer"), out, config,
                                 log=context.log)
-    return dg.MaterializeResult(metadata=tokenized_bins_metadata(stats, data_root.path("tokenized_bins")))
+        check = token_shards_consistent(out, data_root.path("deduped_jsonl"), data_root.path("tokenizer"))
+        yield from publish_only_if_passed(check)
+    yield dg.MaterializeResult(metadata=tokenized_bins_metadata(stats, data_root.path("tokenized_bins")),
+                               check_results=[check])

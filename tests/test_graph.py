@@ -25,12 +25,16 @@ def graph_run(tmp_path_factory, demo_source):
         yield defs, result, data
 
 
-def run_checks(defs, data):
-    job = dg.define_asset_job("checks_only", selection=dg.AssetSelection.all_asset_checks())
-    checks_defs = dg.Definitions.merge(defs, dg.Definitions(jobs=[job]))
-    with dg.instance_for_test() as instance:
-        result = checks_defs.resolve_job_def("checks_only").execute_in_process(instance=instance, raise_on_error=False)
-    return {e.check_name: e for e in result.get_asset_check_evaluations()}
+def audit(data: Path) -> dict:
+    """Every blocking check's evaluation of an existing data root (the functions the assets run on staged output)."""
+    from assets import checks
+
+    return {e.check_name: e for e in [
+        checks.raw_records_not_empty(data / "raw_records"),
+        checks.cleaned_records_valid(data / "cleaned_jsonl"),
+        checks.deduped_no_exact_duplicates(data / "deduped_jsonl", data / "dedup_report"),
+        checks.token_shards_consistent(data / "tokenized_bins", data / "deduped_jsonl", data / "tokenizer"),
+    ]}
 
 
 def test_every_check_passes_and_funnel_adds_up(graph_run, demo_manifest):
@@ -76,7 +80,7 @@ def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
     defs, _, data = graph_run
     import shutil
     broken = tmp_path / "broken"
-    shutil.copytree(data, broken)
+    shutil.copytree(data, broken, symlinks=True)
     # a duplicate key slipped into deduped_jsonl: an existing record under a new id
     shard = record_shards(broken / "deduped_jsonl")[0]
     record = json.loads(shard.read_text(encoding="utf-8").splitlines()[0])
@@ -90,8 +94,7 @@ def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
     tokens[3] = np.iinfo(tokens.dtype).max
     tokens.flush()
     del tokens
-    broken_defs = build_defs(CorpusSource(path="unused"), DataRoot(root=str(broken)))
-    evaluations = run_checks(broken_defs, broken)
+    evaluations = audit(broken)
     assert not evaluations["deduped_no_exact_duplicates"].passed
     assert not evaluations["token_shards_consistent"].passed
     assert evaluations["raw_records_not_empty"].passed and evaluations["cleaned_records_valid"].passed
@@ -120,10 +123,23 @@ def test_loader_reads_what_the_pipeline_wrote(graph_run):
     assert source["text"] in text
 
 
-def test_nothing_left_after_cleaning_blocks_the_run(tmp_path):
-    from assets.checks import cleaned_records_valid
+def test_a_failing_blocking_check_keeps_the_previous_output(graph_run, tmp_path):
+    """Cleaning that rejects every record fails cleaned_records_valid on the staged output: the evaluation is
+    recorded, the step fails, and the published cleaned_jsonl is still the previous good one."""
+    defs, _, data = graph_run
+    import shutil
 
-    (tmp_path / "cleaned_jsonl").mkdir()
-    (tmp_path / "cleaned_jsonl" / "part-00000.jsonl").write_text("", encoding="utf-8")
-    result = cleaned_records_valid(data_root=DataRoot(root=str(tmp_path)))
-    assert not result.passed and result.metadata["records"].value == 0
+    root = tmp_path / "data"
+    shutil.copytree(data, root, symlinks=True)
+    before = {p.name: p.read_bytes() for p in sorted((root / "cleaned_jsonl").iterdir())}
+    rerun = build_defs(CorpusSource(path="unused"), DataRoot(root=str(root)))
+    with dg.instance_for_test() as instance:
+        result = dg.materialize([rerun.get_assets_def("cleaned_jsonl")], instance=instance, raise_on_error=False,
+                                resources={"data_root": DataRoot(root=str(root))},
+                                run_config={"ops": {"cleaned_jsonl": {"config": {"min_chars": 10**6}}}})
+    assert not result.success
+    (evaluation,) = result.get_asset_check_evaluations()
+    assert evaluation.check_name == "cleaned_records_valid" and not evaluation.passed
+    assert not result.get_asset_materialization_events()
+    assert {p.name: p.read_bytes() for p in sorted((root / "cleaned_jsonl").iterdir())} == before
+    assert not [p for p in root.iterdir() if ".staging-" in p.name]

@@ -30,6 +30,10 @@ class StaleUpstreamError(TokenmillError):
     """An upstream stage's output is missing or was built for other inputs/settings: materialize it first."""
 
 
+class CheckFailedError(TokenmillError):
+    """A blocking check failed on a stage's staged output; it was not published and the previous output stays."""
+
+
 class DataRootBusyError(TokenmillError):
     """Another run holds the data root's lock; the message names the holder run."""
 
