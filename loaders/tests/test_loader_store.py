@@ -269,6 +269,11 @@ def test_pickle_keeps_only_paths(sft):
 def test_verify_token_ids_below_vocab(tmp_path):
     recs = [{"sequence": [0, 5, 999]}, {"sequence": [0, 1000, 3]}]
     path = write_dataset(tmp_path / "v", recs, "seq", vocab_size=1000)
+    with pytest.raises(DatasetError, match=r"dataset\.json: shard shard-00000 holds token id 1000 >= vocab_size"):
+        open_store(path)  # the shard's recorded max_token_id
+    info = json.loads((path / "dataset.json").read_text())
+    del info["shards"][0]["max_token_id"]  # a manifest from before the field: only reading the data tells
+    (path / "dataset.json").write_text(json.dumps(info))
     open_store(path)
     with pytest.raises(DatasetError, match=r"shard-00000/sequence\.bin: token id 1000 >= vocab_size 1000"):
         open_store(path, verify=True)
@@ -337,7 +342,7 @@ def test_malformed_metadata_gives_dataset_errors_naming_the_file(tmp_path):
     (lambda info: {**info, "keys": ["sequence"]}, "'keys' must be an object"),
     (lambda info: {**info, "totals": {"records": "many"}}, "totals.records must be an integer"),
     (lambda info: {**info, "shards": [{**info["shards"][0], "files": ["sequence.bin"]}]}, "'files' of shard"),
-    (lambda info: {**info, "shards": [{**info["shards"][0], "name": "../elsewhere"}]}, "not a folder name inside"),
+    (lambda info: {**info, "shards": [{**info["shards"][0], "name": "../elsewhere"}]}, "not a plain name inside"),
     (lambda info: {**info, "vocab_size": "4096"}, "vocab_size must be an integer"),
     (lambda info: {**info, "token_dtype": "float64"}, "token_dtype 'float64' is not one of"),
 ])

@@ -24,6 +24,7 @@ from tokenmill_loader.format import (
     dumps_compact,
     key_dtype,
     key_meta,
+    shard_entry,
     shard_name,
 )
 
@@ -34,7 +35,7 @@ def _file_entry(path: Path) -> dict:
 
 
 def write_shard(folder: Path, records: list[dict], training_type: str, token_dtype: str = "uint16") -> dict:
-    """Write one shard folder; returns its dataset.json entry (without name) and its keys."""
+    """Write one shard folder; returns its dataset.json entry and its keys."""
     folder.mkdir(parents=True, exist_ok=True)
     keys = list(records[0]) if records else list(TOKEN_KEYS[training_type])
     meta = {}
@@ -49,7 +50,9 @@ def write_shard(folder: Path, records: list[dict], training_type: str, token_dty
     (folder / RECORD_IDS_FILE).write_bytes(dumps_compact([f"{i:016x}" for i in range(len(records))]))
     files = {name: _file_entry(folder / name) for name in [data_file(k) for k in keys] + [SHARD_META_FILE]}
     tokens = sum(meta[k]["shape"][0] for k in TOKEN_KEYS[training_type] if k in meta)
-    return {"tokens": int(tokens), "records": len(records), "files": files}, keys
+    top = max((max(x, default=-1) for r in records for k in TOKEN_KEYS[training_type] if k in r
+               for x in (r[k] if k in RESPONSE_KEYS else [r[k]])), default=-1)
+    return shard_entry(folder.name, tokens=tokens, records=len(records), max_token_id=top, files=files), keys
 
 
 def write_dataset(root, records: list[dict], training_type: str = "seq", shard_records: int | None = None,
@@ -62,7 +65,7 @@ def write_dataset(root, records: list[dict], training_type: str = "seq", shard_r
     shards, keys = [], []
     for si, chunk in enumerate(chunks):
         entry, keys = write_shard(root / shard_name(si), chunk, training_type, token_dtype)
-        shards.append({"name": shard_name(si), **entry})
+        shards.append(entry)
     tokenizer = None
     if tokenizer_file:
         shutil.copy(tokenizer_file, root / TOKENIZER_FILE)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,10 @@ ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assis
 TOKENS, MASK, VALUES = "tokens", "mask", "values"
 KIND_DTYPES = {MASK: "uint8", VALUES: "float32"}
 TOKEN_DTYPES = ("uint16", "uint32")
+DATA_DTYPES = frozenset(TOKEN_DTYPES) | set(KIND_DTYPES.values())
+MAX_VOCAB_SIZE = 2 ** 32  # every id fits the widest token dtype
+# shard folders, keys and listed files are plain names inside their folder: no separators, no "..", no hidden files
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 
 # training type -> {key: kind}, in file order
 KEYS: dict[str, dict[str, str]] = {
@@ -112,11 +119,17 @@ def key_meta(dtype, offsets) -> dict:
     return {"shape": [offsets[-1]], "dtype": np.dtype(dtype).name, "offsets": offsets}
 
 
+def shard_entry(name: str, *, tokens: int, records: int, max_token_id: int, files: dict) -> dict:
+    """One shard of dataset.json `shards`: `max_token_id` is the largest id of its token keys (-1: no tokens), so
+    a reader checks it against vocab_size without reading the data; `files` maps file -> {bytes, sha256}."""
+    return {"name": name, "tokens": int(tokens), "records": int(records), "max_token_id": int(max_token_id),
+            "files": files}
+
+
 def dataset_manifest(*, training_type: str, split: str, vocab_size: int, token_dtype, special_tokens: dict,
                      shards: list[dict], totals: dict, tokenizer: dict | None = None,
                      keys: Iterable[str] | None = None) -> dict:
-    """dataset.json of a split: `shards` are {name, tokens, records, files: {file: {bytes, sha256}}}; `keys`
-    defaults to every key of the training type."""
+    """dataset.json of a split: `shards` are `shard_entry`s; `keys` defaults to every key of the training type."""
     token_dtype = np.dtype(token_dtype).name
     manifest = {
         "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
@@ -153,6 +166,8 @@ class Shard:
     folder: Path
     keys: dict[str, KeyData]
     records: int = 0
+    max_token_id: int | None = None  # as dataset.json records it (None: not recorded, an older manifest)
+    meta_sha256: str = ""  # of the meta.json bytes read (with read_shard(digest=True))
 
     def path(self, key: str) -> Path:
         return self.folder / data_file(key)
@@ -168,6 +183,7 @@ class Dataset:
     shards: list[Shard]
     tokens: int = 0
     max_token_id: int | None = None  # with scan=True
+    manifest_sha256: str = ""  # of the dataset.json bytes read: identifies the dataset (it lists every file's hash)
     problems: list[str] = field(default_factory=list)
 
 
@@ -179,20 +195,64 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def read_json(path: Path, what: str):
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 60, 60, 40
+
+
+def _show(value) -> str:
+    """A bounded repr for messages: a hostile value can be huge or deeply nested."""
+    return _SHORT.repr(value)
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def load_json(path: Path, what: str, digest: bool = True) -> tuple[object, str]:
+    """A JSON file and the SHA-256 of the bytes parsed ("" unless `digest`). Unreadable, invalid (NaN, numbers
+    over Python's 4300 digits, nesting past the recursion limit) or non-UTF-8 content raises DatasetError naming
+    the file."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise DatasetError(f"{path}: missing ({what})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise DatasetError(f"{path}: not valid JSON ({what}): {e}") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read ({what}): {e.strerror or e}") from None
+    try:
+        content = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DatasetError(f"{path}: not valid JSON ({what}): {str(e)[:200]}") from None
+    return content, hashlib.sha256(data).hexdigest() if digest else ""
 
 
-def _int(value, where: str, what: str) -> int:
+def read_json(path: Path, what: str):
+    return load_json(path, what, digest=False)[0]
+
+
+def _int(value, where, what: str, low: int | None = None, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise DatasetError(f"{where}: {what} must be an integer, not {value!r}")
+        raise DatasetError(f"{where}: {what} must be an integer, not {_show(value)}")
+    if low is not None and value < low:
+        raise DatasetError(f"{where}: {what} {_show(value)} is below {low}")
+    if high is not None and value > high:
+        raise DatasetError(f"{where}: {what} {_show(value)} is above {high}")
     return value
+
+
+def _plain_name(name, where, what: str) -> str:
+    """name, refused unless it is a plain file or folder name (no separator, no "..", not hidden)."""
+    if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name):
+        raise DatasetError(f"{where}: {what} {_show(name)} is not a plain name inside its folder")
+    return name
+
+
+def _confine(path: Path, inside: str, where) -> Path:
+    """path, refused when it resolves (through a symlink) outside the real folder `inside`."""
+    real = os.path.realpath(path)
+    if real != inside and not real.startswith(inside.rstrip(os.sep) + os.sep):
+        raise DatasetError(f"{path}: resolves to {real}, outside {inside} (named in {where})")
+    return path
 
 
 def _map(path: Path, dtype: np.dtype, length: int) -> np.ndarray:
@@ -227,53 +287,57 @@ def check_records(shard: Shard, training_type: str | None, where) -> int:
     return shard.records
 
 
+def _offsets(value, n: int, mpath: Path, key: str) -> np.ndarray:
+    """A key's item boundaries: a flat list of integers from 0 to n, non-decreasing."""
+    try:
+        raw = np.asarray(value) if isinstance(value, list) else None
+    except (ValueError, TypeError, OverflowError, RecursionError):  # ragged or absurdly nested lists
+        raw = None
+    if raw is None or raw.ndim != 1 or (raw.size and raw.dtype.kind not in "iu"):
+        raise DatasetError(f"{mpath}: key {key!r}: offsets must be integers (a flat JSON list)")
+    offs = raw.astype(np.int64)
+    if len(offs) < 1 or offs[0] != 0 or offs[-1] != n:
+        raise DatasetError(f"{mpath}: key {key!r}: offsets must start at 0 and end at shape[0]={n}")
+    if len(offs) > 1 and (np.diff(offs) < 0).any():
+        bad = int(np.argmax(np.diff(offs) < 0))
+        raise DatasetError(f"{mpath}: key {key!r}: offsets decrease at item {bad}")
+    return offs
+
+
 def read_shard(folder: Path, training_type: str | None = None, declared: dict | None = None,
-               manifest_path: Path | None = None) -> Shard:
-    """A shard folder's meta.json checked against its data files (and the dtypes dataset.json declares)."""
+               manifest_path: Path | None = None, digest: bool = False) -> Shard:
+    """A shard folder's meta.json checked against its data files (and the dtypes dataset.json declares); every
+    file read must resolve inside the shard folder. `digest` sets meta_sha256 (a shard opened alone)."""
     folder = Path(folder)
-    mpath = folder / SHARD_META_FILE
-    meta = read_json(mpath, "shard metadata")
+    inside = os.path.realpath(folder)
+    mpath = _confine(folder / SHARD_META_FILE, inside, folder)
+    meta, meta_sha256 = load_json(mpath, "shard metadata", digest)
     if not isinstance(meta, dict) or not meta:
         raise DatasetError(f"{mpath}: expected a mapping from key to {{shape, dtype, offsets}}")
-    shard = Shard(folder.name, folder, {})
+    shard = Shard(folder.name, folder, {}, meta_sha256=meta_sha256)
     for key, m in meta.items():
-        try:
-            shape = [int(x) for x in m["shape"]]
-            dt = np.dtype(m["dtype"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise DatasetError(f"{mpath}: key {key!r}: bad shape/dtype ({e})") from None
+        _plain_name(key, mpath, "key")
+        if not isinstance(m, dict):
+            raise DatasetError(f"{mpath}: key {key!r}: expected an object {{shape, dtype, offsets}}, not {_show(m)}")
+        shape, dtype_name = m.get("shape"), m.get("dtype")
+        if not isinstance(shape, list) or len(shape) != 1:
+            raise DatasetError(f"{mpath}: key {key!r}: shape {_show(shape)} is not one-dimensional [length]")
+        n = _int(shape[0], mpath, f"key {key!r} shape[0]", low=0)
+        if not isinstance(dtype_name, str) or dtype_name not in DATA_DTYPES:
+            raise DatasetError(f"{mpath}: key {key!r}: dtype {_show(dtype_name)} is not one of {sorted(DATA_DTYPES)}")
+        dt = np.dtype(dtype_name)
         spec = (declared or {}).get(key)
-        want = spec.get("dtype") if isinstance(spec, dict) else None
-        if want is not None:  # before the size check, so a wrong dtype is not reported as truncation
-            try:
-                want_dt = np.dtype(want)
-            except TypeError:
-                raise DatasetError(f"{manifest_path}: key {key!r} declares an unknown dtype {want!r}") from None
-            if want_dt != dt:
-                raise DatasetError(f"{mpath}: {key} has dtype {dt}, {manifest_path} declares {want}")
-        if len(shape) != 1:
-            raise DatasetError(f"{mpath}: key {key!r}: shape {shape} is not one-dimensional")
-        n = shape[0]
-        bpath = folder / data_file(key)
-        if not bpath.exists():
+        want = spec.get("dtype") if isinstance(spec, dict) else None  # _manifest checked it is a dtype name
+        if want is not None and want != dtype_name:  # before the size check: a wrong dtype is not truncation
+            raise DatasetError(f"{mpath}: {key} has dtype {dt}, {manifest_path} declares {want}")
+        bpath = _confine(folder / data_file(key), inside, mpath)
+        if not bpath.is_file():
             raise DatasetError(f"{bpath}: missing (listed in {mpath})")
         size = bpath.stat().st_size
         if size != n * dt.itemsize:
             raise DatasetError(f"{bpath}: {size} bytes, expected {n * dt.itemsize} = {n} x {dt} "
                                f"from {mpath} (truncated or corrupted)")
-        offs = m.get("offsets")
-        if offs is None:
-            raise DatasetError(f"{mpath}: key {key!r} has no offsets")
-        raw = np.asarray(offs)
-        if raw.size and raw.dtype.kind not in "iu":
-            raise DatasetError(f"{mpath}: key {key!r}: offsets must be integers (found {raw.dtype} values)")
-        offs = raw.astype(np.int64)
-        if offs.ndim != 1 or len(offs) < 1 or offs[0] != 0 or offs[-1] != n:
-            raise DatasetError(f"{mpath}: key {key!r}: offsets must start at 0 and end at shape[0]={n}")
-        if len(offs) > 1 and (np.diff(offs) < 0).any():
-            bad = int(np.argmax(np.diff(offs) < 0))
-            raise DatasetError(f"{mpath}: key {key!r}: offsets decrease at item {bad}")
-        shard.keys[key] = KeyData(dt, n, offs)
+        shard.keys[key] = KeyData(dt, n, _offsets(m.get("offsets"), n, mpath, key))
     check_records(shard, training_type, mpath)
     return shard
 
@@ -281,18 +345,22 @@ def read_shard(folder: Path, training_type: str | None = None, declared: dict | 
 def _check_listed_files(folder: Path, files, dpath: Path, checksums: bool) -> None:
     if not isinstance(files, dict):
         raise DatasetError(f"{dpath}: 'files' of shard {folder.name} must be an object")
+    inside = os.path.realpath(folder)
     for fname, fmeta in files.items():
-        fpath = folder / fname
-        if not isinstance(fmeta, dict) or Path(fname).name != fname:
-            raise DatasetError(f"{dpath}: file entry {fname!r} of {folder.name} must name a file of the shard "
-                               f"with an object {{bytes, sha256}}")
+        _plain_name(fname, dpath, f"file of shard {folder.name}")
+        if not isinstance(fmeta, dict):
+            raise DatasetError(f"{dpath}: file entry {fname!r} of {folder.name} must be an object {{bytes, sha256}}")
+        fpath = _confine(folder / fname, inside, dpath)
         if not fpath.is_file():
             raise DatasetError(f"{fpath}: listed in {dpath} but missing")
         size = fpath.stat().st_size
-        if "bytes" in fmeta and size != _int(fmeta["bytes"], str(dpath), f"{fname} bytes"):
+        if "bytes" in fmeta and size != _int(fmeta["bytes"], dpath, f"{fname} bytes"):
             raise DatasetError(f"{fpath}: {size} bytes, {dpath} lists {fmeta['bytes']} "
                                f"(truncated, corrupted or from another build)")
-        if checksums and fmeta.get("sha256") and sha256_file(fpath) != fmeta["sha256"]:
+        sha = fmeta.get("sha256")
+        if sha is not None and not isinstance(sha, str):
+            raise DatasetError(f"{dpath}: sha256 of {fname} in {folder.name} must be a string, not {_show(sha)}")
+        if checksums and sha and sha256_file(fpath) != sha:
             raise DatasetError(f"{fpath}: sha256 differs from {dpath} (corrupted)")
 
 
@@ -313,15 +381,18 @@ def _check_shard_data(shard: Shard, vocab: int | None, dpath: Path) -> int:
     return top_id
 
 
-def _manifest(folder: Path) -> tuple[Path, dict, str | None]:
-    dpath = folder / DATASET_FILE
-    info = read_json(dpath, "dataset description")
+def read_manifest(folder: Path) -> tuple[Path, dict, str]:
+    """(path, content, SHA-256 of its bytes) of a split's dataset.json, every field the loader uses checked for
+    its type and range (shard entries are checked by validate_dataset)."""
+    dpath = Path(folder) / DATASET_FILE
+    info, sha256 = load_json(dpath, "dataset description")
     if not isinstance(info, dict):
         raise DatasetError(f"{dpath}: expected a JSON object")
     if info.get("format") != FORMAT_NAME:
-        raise DatasetError(f"{dpath}: format is {info.get('format')!r}, expected {FORMAT_NAME!r}")
-    if info.get("format_version") != FORMAT_VERSION:
-        raise DatasetError(f"{dpath}: format_version {info.get('format_version')!r} is not supported "
+        raise DatasetError(f"{dpath}: format is {_show(info.get('format'))}, expected {FORMAT_NAME!r}")
+    version = info.get("format_version")
+    if type(version) is not int or version != FORMAT_VERSION:
+        raise DatasetError(f"{dpath}: format_version {_show(version)} is not supported "
                            f"(this loader reads {FORMAT_VERSION})")
     if not isinstance(info.get("shards"), list):
         raise DatasetError(f"{dpath}: 'shards' must be a list")
@@ -329,27 +400,50 @@ def _manifest(folder: Path) -> tuple[Path, dict, str | None]:
         if info.get(name) is not None and not isinstance(info[name], dict):
             raise DatasetError(f"{dpath}: '{name}' must be an object")
     tt = info.get("training_type")
-    if tt is not None and tt not in RECORD_KEY:
-        raise DatasetError(f"{dpath}: unknown training_type {tt!r}")
-    if info.get("vocab_size") is not None:
-        _int(info["vocab_size"], str(dpath), "vocab_size")
+    if tt is not None and (not isinstance(tt, str) or tt not in RECORD_KEY):
+        raise DatasetError(f"{dpath}: unknown training_type {_show(tt)}")
+    vocab = info.get("vocab_size")
+    if vocab is not None:
+        _int(vocab, dpath, "vocab_size", low=1, high=MAX_VOCAB_SIZE)
     tokdt = info.get("token_dtype")
-    if tokdt is not None and tokdt not in TOKEN_DTYPES:
-        raise DatasetError(f"{dpath}: token_dtype {tokdt!r} is not one of {TOKEN_DTYPES}")
-    return dpath, info, tt
+    if tokdt is not None and (not isinstance(tokdt, str) or tokdt not in TOKEN_DTYPES):
+        raise DatasetError(f"{dpath}: token_dtype {_show(tokdt)} is not one of {TOKEN_DTYPES}")
+    for key, spec in (info.get("keys") or {}).items():
+        _plain_name(key, dpath, "key")
+        if not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str) or spec["dtype"] not in DATA_DTYPES:
+            raise DatasetError(f"{dpath}: keys.{key} must be an object whose dtype is one of "
+                               f"{sorted(DATA_DTYPES)}, not {_show(spec)}")
+    for token, token_id in (info.get("special_tokens") or {}).items():
+        _int(token_id, dpath, f"special_tokens[{_show(token)}]", low=0, high=None if vocab is None else vocab - 1)
+    for name, value in (info.get("totals") or {}).items():
+        if name in ("records", "tokens"):
+            _int(value, dpath, f"totals.{name}", low=0)
+    tokenizer = info.get("tokenizer") or {}
+    if "file" in tokenizer:
+        _plain_name(tokenizer["file"], dpath, "tokenizer.file")
+    return dpath, info, sha256
+
+
+def _recorded_max_id(value, tokens: int, vocab: int | None, name: str, dpath: Path) -> int:
+    """A shard's max_token_id from dataset.json, refused when the vocabulary cannot hold it."""
+    top = _int(value, dpath, f"max_token_id of shard {name}", low=-1)
+    if vocab is not None and top >= vocab:
+        raise DatasetError(f"{dpath}: shard {name} holds token id {top} >= vocab_size {vocab} "
+                           f"(tokens from another vocabulary, or corrupted)")
+    if (top < 0) != (tokens == 0):
+        raise DatasetError(f"{dpath}: max_token_id {top} of shard {name} does not fit its {tokens} tokens")
+    return top
 
 
 def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, checksums: bool) -> Shard:
     if not isinstance(entry, dict):
-        raise DatasetError(f"{dpath}: shard entry {entry!r} is not an object")
-    name = entry.get("name")
-    # a shard is a folder of the dataset, never a path leaving it
-    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
-        raise DatasetError(f"{dpath}: shard name {name!r} is not a folder name inside the dataset")
-    folder = root / name
+        raise DatasetError(f"{dpath}: shard entry {_show(entry)} is not an object")
+    # a shard is a folder of the dataset, never a path or a symlink leaving it
+    name = _plain_name(entry.get("name"), dpath, "shard name")
+    folder = _confine(root / name, os.path.realpath(root), dpath)
     if not folder.is_dir():
         raise DatasetError(f"{folder}: shard listed in {dpath} is missing")
-    _check_listed_files(folder, entry.get("files") or {}, dpath, checksums)
+    _check_listed_files(folder, entry.get("files", {}), dpath, checksums)
     declared = info.get("keys") or {}
     shard = read_shard(folder, tt, declared, dpath)
     for k in shard.keys:
@@ -359,10 +453,12 @@ def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, c
         if k not in shard.keys:
             raise DatasetError(f"{folder / SHARD_META_FILE}: key {k!r} declared in {dpath} is missing")
     tokens = sum(shard.keys[k].length for k in TOKEN_KEYS[tt or infer_training_type(shard.keys)] if k in shard.keys)
-    if "records" in entry and _int(entry["records"], str(dpath), "records") != shard.records:
+    if "records" in entry and _int(entry["records"], dpath, "records") != shard.records:
         raise DatasetError(f"{folder / SHARD_META_FILE}: {shard.records} records, {dpath} lists {entry['records']}")
-    if "tokens" in entry and _int(entry["tokens"], str(dpath), "tokens") != tokens:
+    if "tokens" in entry and _int(entry["tokens"], dpath, "tokens") != tokens:
         raise DatasetError(f"{folder / SHARD_META_FILE}: {tokens} tokens, {dpath} lists {entry['tokens']}")
+    if "max_token_id" in entry:
+        shard.max_token_id = _recorded_max_id(entry["max_token_id"], tokens, info.get("vocab_size"), name, dpath)
     tokdt = info.get("token_dtype")
     for k in ALL_TOKEN_KEYS:
         if tokdt is not None and k in shard.keys and shard.keys[k].dtype != np.dtype(tokdt):
@@ -372,16 +468,18 @@ def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, c
 
 
 def validate_dataset(folder, *, checksums: bool = False, scan: bool = False, collect: bool = False) -> Dataset:
-    """A split folder checked against its dataset.json: shard list, file sizes, meta.json (dtypes, offsets,
-    alignment, record counts), totals; `checksums` adds the SHA-256 of every listed file, `scan` reads the
-    data (token ids < vocab_size, masks 0/1).
+    """A split folder checked against its dataset.json: shard list (plain names resolving inside the folder),
+    file sizes, meta.json (dtypes, offsets, alignment, record counts), totals, each shard's recorded
+    max_token_id < vocab_size; `checksums` adds the SHA-256 of every listed file, `scan` reads the data (token
+    ids < vocab_size and equal at most to the recorded max_token_id, masks 0/1).
 
     Raises DatasetError (naming the file) at the first problem; with `collect`, a shard's problem is listed
     in `problems` and the next shard is checked (a dataset.json that cannot be read still raises).
     """
     root = Path(folder)
-    dpath, info, tt = _manifest(root)
-    dataset = Dataset(root, info, tt or "seq", [])
+    dpath, info, manifest_sha256 = read_manifest(root)
+    tt = info.get("training_type")
+    dataset = Dataset(root, info, tt or "seq", [], manifest_sha256=manifest_sha256)
     vocab = info.get("vocab_size")
 
     def problem(e: DatasetError) -> None:
@@ -394,7 +492,11 @@ def validate_dataset(folder, *, checksums: bool = False, scan: bool = False, col
         try:
             shard = _dataset_shard(root, entry, info, tt, dpath, checksums)
             if scan:
-                top_id = max(top_id, _check_shard_data(shard, vocab, dpath))
+                top = _check_shard_data(shard, vocab, dpath)
+                if shard.max_token_id is not None and top != shard.max_token_id:
+                    raise DatasetError(f"{shard.folder}: largest token id in the data is {top}, {dpath} records "
+                                       f"{shard.max_token_id} (corrupted or from another build)")
+                top_id = max(top_id, top)
         except DatasetError as e:
             problem(e)
             continue
@@ -407,11 +509,10 @@ def validate_dataset(folder, *, checksums: bool = False, scan: bool = False, col
     if dataset.problems:
         return dataset  # totals cannot agree with a shard list that has holes
     totals = info.get("totals") or {}
-    if "records" in totals and _int(totals["records"], str(dpath), "totals.records") != \
-            sum(s.records for s in dataset.shards):
+    if "records" in totals and totals["records"] != sum(s.records for s in dataset.shards):
         problem(DatasetError(f"{dpath}: totals.records {totals['records']} != sum over shards "
                              f"{sum(s.records for s in dataset.shards)}"))
-    if "tokens" in totals and _int(totals["tokens"], str(dpath), "totals.tokens") != dataset.tokens:
+    if "tokens" in totals and totals["tokens"] != dataset.tokens:
         problem(DatasetError(f"{dpath}: totals.tokens {totals['tokens']} != {dataset.tokens} in the shards"))
     return dataset
 

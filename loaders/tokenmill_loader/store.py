@@ -5,11 +5,17 @@ A Store presents every key of a dataset as one concatenated stream across shards
 Sources: a dataset folder (`dataset.json`), a single shard folder (`meta.json`), a headerless
 nanoGPT-style `.bin` file (given its dtype) or token-id JSONL (a file or a folder of `*.jsonl`).
 
-Files are memory-mapped lazily, on first access, in each process; pickling a Store keeps only its
-path and options, so DataLoader workers re-open (and re-map) the files themselves.
+Files are memory-mapped lazily, on first access, in each process. A Store reads the real path it resolved at
+open (the data root publishes stage folders as symlinks swapped per run: a reader keeps the version it opened),
+and remembers a fingerprint of what it opened (the SHA-256 of dataset.json, which lists every file's hash).
+Pickling keeps only the real path, options and fingerprint: a DataLoader worker re-opens by that path and refuses
+a dataset that differs from its parent's; a forked worker checks the fingerprint before it maps its first file.
+Every read of a mapped file first compares the file's size with what was mapped (a truncated file would kill the
+process with SIGBUS), and token ids read are checked against the dataset's vocab_size.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import mmap
 import os
@@ -26,6 +32,7 @@ from .format import (
     KIND_DTYPES,
     MASK,
     MASK_OF,
+    PLAIN_NAME,
     RECORD_KEY,
     RESPONSE_KEYS,
     SHARD_META_FILE,
@@ -38,7 +45,9 @@ from .format import (
     check_records,
     data_file,
     infer_training_type,
+    read_manifest,
     read_shard,
+    sha256_file,
     validate_dataset,
 )
 
@@ -57,7 +66,7 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
 class _Part:
     """One shard (or the single in-memory part of a .bin / JSONL source)."""
 
-    __slots__ = ("name", "folder", "dtypes", "lengths", "offsets", "records", "arrays")
+    __slots__ = ("name", "folder", "dtypes", "lengths", "offsets", "records", "arrays", "maps")
 
     def __init__(self, name: str, folder: Path | None):
         self.name = name
@@ -67,6 +76,7 @@ class _Part:
         self.offsets: dict[str, np.ndarray] = {}
         self.records = 0
         self.arrays: dict[str, np.ndarray] = {}  # filled lazily (mmap) or eagerly (JSONL)
+        self.maps: dict[str, tuple[mmap.mmap, int, Path]] = {}  # key -> (its mmap, bytes mapped, file)
 
     @classmethod
     def of(cls, shard: Shard) -> _Part:
@@ -77,17 +87,27 @@ class _Part:
         return part
 
 
-def _map_file(path: Path, dtype: np.dtype, length: int) -> np.ndarray:
-    """Read-only mmap of a headerless little-endian file as a plain ndarray (cheap slicing)."""
+def _map_file(path: Path, dtype: np.dtype, length: int) -> tuple[np.ndarray, mmap.mmap | None]:
+    """Read-only mmap of a headerless little-endian file as a plain ndarray (cheap slicing), and the mmap (whose
+    size() is the file's current size: the guard against reading past a truncation)."""
     if length == 0:
-        return np.empty(0, dtype=dtype)
+        return np.empty(0, dtype=dtype), None
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size != length * dtype.itemsize:
             raise DatasetError(f"{path}: {size} bytes, expected {length * dtype.itemsize} "
                                f"({length} x {dtype}); the file changed or is truncated")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return np.frombuffer(mm, dtype=dtype.newbyteorder("<"), count=length)
+    return np.frombuffer(mm, dtype=dtype.newbyteorder("<"), count=length), mm
+
+
+def _stat_fingerprint(paths: list[Path]) -> str:
+    """Identity of files a Store reads without a manifest (.bin, JSONL): inode, size and mtime of each."""
+    h = hashlib.sha256()
+    for p in paths:
+        st = os.stat(p)
+        h.update(f"{p.name}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
 
 
 class Store:
@@ -95,18 +115,21 @@ class Store:
 
     def __init__(self, path: str | os.PathLike, dtype=None, verify: bool = False):
         self.path = str(path)
+        self.real_path = os.path.realpath(path)  # read from here on, whatever the symlinks on the way point to later
+        self.fingerprint: str | None = None  # set by the first open; a later open must find the same
         self._dtype_arg = None if dtype is None else np.dtype(dtype).str
         self.verify = bool(verify)
         self._loaded = False
         self._load()
 
-    # -- pickling: only the path and options travel; the receiving process re-opens lazily
+    # -- pickling: only the paths, options and fingerprint travel; the receiving process re-opens lazily
+    _STATE = ("path", "real_path", "fingerprint", "_dtype_arg")
+
     def __getstate__(self):
-        return {"path": self.path, "_dtype_arg": self._dtype_arg, "verify": False}
+        return {**{k: self.__dict__[k] for k in self._STATE}, "verify": False}  # the parent verified
 
     def __setstate__(self, state):
-        self.path = state["path"]
-        self._dtype_arg = state["_dtype_arg"]
+        self.__dict__.update({k: state[k] for k in self._STATE})
         self.verify = state["verify"]
         self._loaded = False
 
@@ -122,32 +145,73 @@ class Store:
 
     # ------------------------------------------------------------------ loading
     def _load(self):
-        p = Path(self.path)
+        if self.fingerprint is None:
+            self._open()
+        else:  # a re-open (a DataLoader worker): it must find what the parent opened
+            try:
+                try:
+                    self._open()
+                except DatasetError as e:
+                    raise DatasetError(f"{self.real_path}: the dataset changed under the reader since it was "
+                                       f"opened ({e})") from None
+                self._check_fingerprint(self._fingerprint_now)
+            except DatasetError:
+                # nothing half-loaded stays usable: the next use re-opens and checks again
+                kept = {k: self.__dict__[k] for k in (*self._STATE, "verify")}
+                self.__dict__.clear()
+                self.__dict__.update(kept, _loaded=False)
+                raise
+        self.fingerprint = self._fingerprint_now
+        self._pid = os.getpid()
+        self._loaded = True
+
+    def _check_fingerprint(self, found: str) -> None:
+        if found != self.fingerprint:
+            raise DatasetError(f"{self.real_path}: the dataset changed under the reader since it was opened "
+                               f"(opened with fingerprint {self.fingerprint[:16]}, this process finds {found[:16]}): "
+                               f"a published dataset must not be rewritten in place; open it again")
+
+    def _current_fingerprint(self) -> str:
+        """The fingerprint of what is at real_path now (its manifest's hash; stat of .bin and JSONL files)."""
+        p = Path(self.real_path)
+        try:
+            if self.kind == "dataset":
+                return sha256_file(p / DATASET_FILE)
+            if self.kind == "shard":
+                return sha256_file(p / SHARD_META_FILE)
+            return _stat_fingerprint(self._source_files(p))
+        except OSError as e:
+            raise DatasetError(f"{self.real_path}: the dataset changed under the reader since it was opened "
+                               f"({e.strerror or e}: {e.filename})") from None
+
+    def _source_files(self, p: Path) -> list[Path]:
+        return sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
+
+    def _open(self):
+        p = Path(self.real_path)
         self.info: dict = {}
         if p.is_dir() and (p / DATASET_FILE).exists():
             self.kind = "dataset"
             parts = self._load_dataset(p)
         elif p.is_dir() and (p / SHARD_META_FILE).exists():
             self.kind = "shard"
-            parts = [_Part.of(read_shard(p))]
-            parent = p.parent / DATASET_FILE
-            dataset_info = {}
-            if parent.exists():
-                try:
-                    dataset_info = json.loads(parent.read_text(encoding="utf-8"))
-                except (OSError, json.JSONDecodeError):
-                    dataset_info = {}
+            shard = read_shard(p, digest=True)
+            self._fingerprint_now = shard.meta_sha256
+            parts = [_Part.of(shard)]
             # a shard alone still knows its dataset's type, vocabulary and special tokens
+            dataset_info = read_manifest(p.parent)[1] if (p.parent / DATASET_FILE).exists() else {}
             self.info = {k: dataset_info[k] for k in ("vocab_size", "special_tokens") if k in dataset_info}
             self.info["training_type"] = dataset_info.get("training_type") or infer_training_type(parts[0].dtypes)
             if (p.parent / TOKENIZER_FILE).exists():
                 self.info["tokenizer"] = {"file": f"../{TOKENIZER_FILE}"}
         elif p.is_file() and p.suffix == ".bin":
             self.kind = "bin"
+            self._fingerprint_now = _stat_fingerprint([p])
             parts = [self._load_bin(p)]
             self.info = {"training_type": "seq"}
         elif (p.is_file() and p.suffix == ".jsonl") or (p.is_dir() and any(p.glob("*.jsonl"))):
             self.kind = "jsonl"
+            self._fingerprint_now = _stat_fingerprint(self._source_files(p))
             parts = [self._load_jsonl(p)]
             self.info = {"training_type": infer_training_type(parts[0].dtypes)}
         elif p.is_dir():
@@ -179,11 +243,14 @@ class Store:
                      for k in keys}
         self._rec_cum = np.concatenate([[0], np.cumsum([pt.records for pt in parts])]).astype(np.int64)
         self._doc_starts: dict[str, np.ndarray] = {}
-        self._loaded = True
+        # token ids at or above it never reach a batch (checked per read: a shard's recorded maximum, checked
+        # at open, cannot see bytes changed in place when verify is off)
+        self.vocab_size: int | None = self.info.get("vocab_size")
 
     def _load_dataset(self, root: Path) -> list[_Part]:
         dataset = validate_dataset(root, checksums=self.verify, scan=self.verify)
         self.info = dataset.manifest
+        self._fingerprint_now = dataset.manifest_sha256
         return [_Part.of(shard) for shard in dataset.shards]
 
     def _load_bin(self, p: Path) -> _Part:
@@ -214,8 +281,8 @@ class Store:
                         continue
                     try:
                         rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DatasetError(f"{fp}:{ln}: not JSON ({e.msg})") from None
+                    except (ValueError, RecursionError) as e:  # also numbers over 4300 digits, deep nesting
+                        raise DatasetError(f"{fp}:{ln}: not JSON ({str(e)[:200]})") from None
                     if not isinstance(rec, dict):
                         raise DatasetError(f"{fp}:{ln}: not a JSON object")
                     row = _jsonl_row(rec)
@@ -256,15 +323,35 @@ class Store:
 
     # ------------------------------------------------------------------ arrays
     def _array(self, i: int, key: str) -> np.ndarray:
+        """The array of `key` in part i, mapped on first use; a mapped file is checked to still have its size
+        (one fstat), as reading mapped pages past a truncation kills the process with SIGBUS."""
         part = self.parts[i]
         a = part.arrays.get(key)
         if a is None:
-            if self.kind == "bin":
-                a = _map_file(self._bin_file, part.dtypes[key], part.lengths[key])
-            else:
-                a = _map_file(part.folder / data_file(key), part.dtypes[key], part.lengths[key])
+            if self._pid != os.getpid():  # a forked worker maps its first file: is it still the parent's dataset?
+                self._check_fingerprint(self._current_fingerprint())
+                self._pid = os.getpid()
+            path = self._bin_file if self.kind == "bin" else part.folder / data_file(key)
+            a, mm = _map_file(path, part.dtypes[key], part.lengths[key])
             part.arrays[key] = a
+            if mm is not None:
+                part.maps[key] = (mm, a.nbytes, path)
+        guard = part.maps.get(key)
+        if guard is not None and guard[0].size() != guard[1]:
+            raise DatasetError(f"{guard[2]}: {guard[0].size()} bytes, {guard[1]} when it was mapped: the file was "
+                               f"truncated or rewritten in place under the reader")
         return a
+
+    def _check_ids(self, key: str, ids: np.ndarray, where) -> None:
+        """Refuses token ids >= vocab_size (one max over what was read)."""
+        if self.vocab_size is not None and key in ALL_TOKEN_KEYS and ids.size and int(ids.max()) >= self.vocab_size:
+            raise DatasetError(f"{where}: token id {int(ids.max())} >= vocab_size {self.vocab_size} of "
+                               f"{Path(self.real_path) / DATASET_FILE} (corrupted in place, or another vocabulary)")
+
+    def _file(self, key: str, stream_pos: int) -> Path:
+        """The file holding stream position `stream_pos` of `key` (for messages)."""
+        s = int(np.searchsorted(self._cum[key], stream_pos, "right")) - 1
+        return self._bin_file if self.kind == "bin" else self.parts[s].folder / data_file(key)
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -314,14 +401,17 @@ class Store:
         s1 = int(np.searchsorted(cum, end, "left")) - 1
         if s0 == s1:
             base = int(cum[s0])
-            return np.array(self._array(s0, key)[begin - base:end - base])
-        pieces = []
-        for s in range(s0, s1 + 1):
-            base = int(cum[s])
-            lo, hi = max(begin, base) - base, min(end, int(cum[s + 1])) - base
-            if hi > lo:
-                pieces.append(self._array(s, key)[lo:hi])
-        return np.concatenate(pieces)
+            out = np.array(self._array(s0, key)[begin - base:end - base])
+        else:
+            pieces = []
+            for s in range(s0, s1 + 1):
+                base = int(cum[s])
+                lo, hi = max(begin, base) - base, min(end, int(cum[s + 1])) - base
+                if hi > lo:
+                    pieces.append(self._array(s, key)[lo:hi])
+            out = np.concatenate(pieces)
+        self._check_ids(key, out, f"{self._file(key, begin)} (stream items {begin}..{end})")
+        return out
 
     def gather(self, key: str, starts, length: int, out: np.ndarray | None = None) -> np.ndarray:
         """Windows [s, s+length) of the stream of `key` for each s in `starts`, as one (B, length) array.
@@ -344,15 +434,21 @@ class Store:
             a = self._array(0, key)
             for i, s in enumerate(starts.tolist()):
                 out[i] = a[s:s + length]
-            return out
-        sh = np.searchsorted(cum, starts, "right") - 1
-        local = starts - cum[sh]
-        inside = (local + length <= cum[sh + 1] - cum[sh]).tolist()
-        for i, (s, lo, ok) in enumerate(zip(sh.tolist(), local.tolist(), inside)):
-            if ok:
-                out[i] = self._array(s, key)[lo:lo + length]
-            else:
-                out[i] = self.read(key, int(starts[i]), int(starts[i]) + length)
+        else:
+            sh = np.searchsorted(cum, starts, "right") - 1
+            local = starts - cum[sh]
+            inside = (local + length <= cum[sh + 1] - cum[sh]).tolist()
+            sh = sh.tolist()
+            arrays = {s: self._array(s, key) for s in set(sh)}  # each file's size checked once per batch
+            for i, (s, lo, ok) in enumerate(zip(sh, local.tolist(), inside)):
+                if ok:
+                    out[i] = arrays[s][lo:lo + length]
+                else:
+                    out[i] = self.read(key, int(starts[i]), int(starts[i]) + length)
+        if self.vocab_size is not None and key in ALL_TOKEN_KEYS and int(out.max()) >= self.vocab_size:
+            row = int(np.argmax(out.max(axis=1)))
+            self._check_ids(key, out[row], f"{self._file(key, int(starts[row]))} (window at stream item "
+                                           f"{int(starts[row])})")
         return out
 
     def fetch(self, begin: int, end: int, keys: str | Sequence[str] = "sequence"):
@@ -383,10 +479,16 @@ class Store:
             raise KeyError(f"{self.path}: no key {key!r} (keys: {self.keys})")
         a = self._array(s, key)
         offs = part.offsets[key]
+        where = f"{part.folder / data_file(key)} (record {j} of {part.name})"
         if key in RESPONSE_KEYS and GROUP_KEY in part.offsets:
             r0, r1 = part.offsets[GROUP_KEY][j], part.offsets[GROUP_KEY][j + 1]
-            return [np.array(a[offs[r]:offs[r + 1]]) for r in range(int(r0), int(r1))]
-        return np.array(a[offs[j]:offs[j + 1]])
+            items = [np.array(a[offs[r]:offs[r + 1]]) for r in range(int(r0), int(r1))]
+            for item in items:
+                self._check_ids(key, item, where)
+            return items
+        out = np.array(a[offs[j]:offs[j + 1]])
+        self._check_ids(key, out, where)
+        return out
 
     def fetch_record(self, index: int, keys: str | Sequence[str] | None = None):
         """Record mode: record `index` of each key via its offsets (one key: a tensor; several: a dict).
@@ -404,10 +506,13 @@ class Store:
 
     # ------------------------------------------------------------------ misc
     def tokenizer_path(self) -> Path | None:
-        tok = self.info.get("tokenizer") or {}
-        root = Path(self.path) if Path(self.path).is_dir() else Path(self.path).parent
-        cand = root / tok.get("file", TOKENIZER_FILE)
-        return cand if cand.exists() else None
+        """The dataset's tokenizer.json (a plain name next to dataset.json; a shard's is its dataset's)."""
+        root = Path(self.real_path) if Path(self.real_path).is_dir() else Path(self.real_path).parent
+        name = (self.info.get("tokenizer") or {}).get("file", TOKENIZER_FILE)
+        if self.kind == "shard":
+            root, name = root.parent, TOKENIZER_FILE
+        cand = root / name
+        return cand if PLAIN_NAME.fullmatch(name) and cand.is_file() else None
 
 
 def _jsonl_row(rec: dict) -> dict:

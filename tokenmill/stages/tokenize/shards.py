@@ -34,6 +34,7 @@ from tokenmill_loader.format import (
     dumps_compact,
     key_dtype,
     key_meta,
+    shard_entry,
     shard_name,
 )
 
@@ -90,7 +91,7 @@ class ShardWriter:
         tmp = self.dir / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        self._open = {"name": name, "tmp": tmp, "tokens": 0, "ids": [],
+        self._open = {"name": name, "tmp": tmp, "tokens": 0, "ids": [], "max_token_id": -1,
                       "files": {k: _HashingFile(tmp / data_file(k)) for k in self.keys},
                       "offsets": {k: [np.zeros(1, dtype=np.int64)] for k in self.keys},
                       "ends": {k: 0 for k in self.keys}}
@@ -106,8 +107,8 @@ class ShardWriter:
         for fname, info in files.items():
             self.bytes_per_key[fname] = self.bytes_per_key.get(fname, 0) + info["bytes"]
         os.replace(sh["tmp"], self.dir / sh["name"])
-        self.shards.append({"name": sh["name"], "tokens": int(sh["tokens"]), "records": len(sh["ids"]),
-                            "files": files})
+        self.shards.append(shard_entry(sh["name"], tokens=sh["tokens"], records=len(sh["ids"]),
+                                       max_token_id=sh["max_token_id"], files=files))
         self._open = None
 
     def add(self, ch: SplitChunk) -> None:
@@ -136,6 +137,8 @@ class ShardWriter:
                 arr = ch.data[k][ea:eb]
                 if self.keys[k] != arr.dtype:
                     arr = arr.astype(self.keys[k])
+                if k in ALL_TOKEN_KEYS and arr.size:
+                    sh["max_token_id"] = max(sh["max_token_id"], int(arr.max()))
                 sh["files"][k].write(arr)
                 sh["offsets"][k].append(sh["ends"][k] + cum_elems[k][a + 1:b + 1] - ea)
                 sh["ends"][k] += int(eb - ea)
