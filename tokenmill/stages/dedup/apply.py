@@ -11,12 +11,11 @@ import numpy as np
 
 from tokenmill.common.io import (
     REMOVED_FILE,
-    STATS_FILE,
     JsonlWriter,
-    atomic_write_json,
     concat_files,
     read_json,
     record_shards,
+    write_stats,
 )
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
@@ -126,5 +125,5 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
              "dropped_exact_duplicate": sum(r.levels[0] for r in results),
              "dropped_near_duplicate": sum(r.levels[1] for r in results),
              "seconds": round(time.perf_counter() - t_start, 3), "shards": len(shards)}
-    atomic_write_json(out_dir / STATS_FILE, stats)
+    write_stats(out_dir, stats)
     return stats

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import STATS_FILE, atomic_write_json
+from tokenmill.common.io import atomic_write_json, write_stats
 from tokenmill.stages.dedup import minhash as mh
 from tokenmill.stages.dedup.clusters import Clusters, _id, _source
 from tokenmill.stages.dedup.layout import (
@@ -200,12 +200,11 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
                                       + ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
                                       "MinHash."},
         "partitions": run.partitions,
-        "seconds": round(seconds, 3), "timings": {k: round(v, 3) for k, v in run.timings.items()},
     }
     atomic_write_json(out_dir / REPORT_FILE, report)
     stats = {"docs_in": n_docs, "docs_out": n_docs - len(c.removed), "dropped_exact_duplicate": n_exact,
              "dropped_near_duplicate": n_near, "seconds": round(seconds, 3),
              **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
-             "bands": run.bands, "rows": run.rows, "timings": report["timings"]}
-    atomic_write_json(out_dir / STATS_FILE, stats)
+             "bands": run.bands, "rows": run.rows, "timings": {k: round(v, 3) for k, v in run.timings.items()}}
+    write_stats(out_dir, stats)
     return stats
