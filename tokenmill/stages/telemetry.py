@@ -73,6 +73,9 @@ def build_funnel(data_root: Path) -> dict:
 def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
     """Bars of the funnel, and how the stage counts moved over past materializations (oldest first)."""
     os.environ.setdefault("MPLBACKEND", "Agg")
+    # matplotlib's font cache and config go to tokenmill's documented cache folder, not ~/.cache and ~/.config
+    cache = Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
+    os.environ.setdefault("MPLCONFIGDIR", str(cache / "matplotlib"))
     import matplotlib.pyplot as plt
 
     labels = ["input"] + [s["label"] for s in funnel["stages"]]
