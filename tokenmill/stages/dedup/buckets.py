@@ -1,7 +1,8 @@
 """Steps 3-4: LSH band buckets -> candidate pairs, partitioned by band and by band-hash range.
 
 lsh_inputs (one task per chunk): the items of the chunk's group representatives with a non-empty key, each band
-sorted by (hash, doc), so a bucket task reads only its hash range of every chunk.
+sorted by (hash, doc), so a bucket task reads only its hash range of every chunk; with each item its order words
+(signature values of the rows after the band: how the members of an oversized bucket are ordered).
 bucket_pairs (one task per band and hash range): candidate pairs of every bucket, written in sorted batches of at
 most PAIR_BATCH pairs, with a histogram of their first documents (the parent cuts verification ranges with it).
 A bucket never spans two hash ranges, so partitioned buckets are exactly the unpartitioned ones.
@@ -19,6 +20,7 @@ from tokenmill.stages.dedup.layout import CANDIDATE_DIR, DOCS_DIR, LSH_DIR, SIGN
 
 PAIR_BATCH = 1 << 18  # candidate pairs a bucket task holds before it writes a sorted batch (4 MB, ~10x that in
 # temporaries while sorting: measured 348 MiB per task with 1 << 20 at 1.5M documents, the largest process)
+ORDER_ROWS = 8  # signature rows an oversized bucket's members are ordered by (ample to separate thousands)
 DOC_BINS = 1024  # histogram bins of first documents (verification ranges are cut on bin edges)
 
 
@@ -29,10 +31,12 @@ class LshInputTask:
     first: int
     records: int
     exact_files: tuple[Path, ...]
+    rows: int
 
 
 def lsh_inputs(task: LshInputTask) -> int:
-    """Writes lsh/<stem>.hash.npy and .doc.npy: (bands, items) of the chunk's representatives; returns items."""
+    """Writes lsh/<stem>.hash.npy and .doc.npy: (bands, items) of the chunk's representatives, and .order.npy
+    (bands, items, words) their order words; returns items."""
     non_rep = np.zeros(task.records, dtype=bool)
     for path in task.exact_files:
         rows = np.load(path, mmap_mode="r")
@@ -45,16 +49,20 @@ def lsh_inputs(task: LshInputTask) -> int:
     item_doc = items["item_doc"]
     keep = ~non_rep[item_doc] & (np.asarray(key_len)[item_doc] > 0)
     bands = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.bands.npy", mmap_mode="r")
+    sig = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.npy")[keep]
     hashes = np.empty((bands.shape[0], int(keep.sum())), dtype=np.uint64)
     docs = np.empty(hashes.shape, dtype=np.int64)
+    words = np.empty((bands.shape[0], hashes.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
     d = item_doc[keep] + task.first
     for b in range(bands.shape[0]):
         h = np.asarray(bands[b])[keep]
         order = np.lexsort((d, h))
         hashes[b], docs[b] = h[order], d[order]
+        words[b] = mh.order_words(sig[order], (b + 1) * task.rows, ORDER_ROWS)
     lsh_dir = folder(task.out_dir, LSH_DIR)
     np.save(lsh_dir / f"{task.stem}.hash.npy", hashes)
     np.save(lsh_dir / f"{task.stem}.doc.npy", docs)
+    np.save(lsh_dir / f"{task.stem}.order.npy", words)
     return hashes.shape[1]
 
 
@@ -72,6 +80,7 @@ class BucketTask:
     lo: int
     hi: int
     max_bucket: int
+    neighbours: int
     bin_width: int
     pair_batch: int = PAIR_BATCH
 
@@ -85,27 +94,30 @@ class BucketResult:
     first_doc_histogram: np.ndarray  # candidate pairs per DOC_BINS bin of their first document
 
 
-def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray]:
-    hs, ds = [], []
+def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(hashes, docs, order words) of the band's items in the hash range, sorted by (hash, doc)."""
+    hs, ds, ws = [], [], []
     for stem in task.stems:
         h = np.load(task.out_dir / LSH_DIR / f"{stem}.hash.npy", mmap_mode="r")[task.band]
         a = int(np.searchsorted(h, np.uint64(task.lo)))
         b = len(h) if task.hi >= 1 << 64 else int(np.searchsorted(h, np.uint64(task.hi)))
         hs.append(np.asarray(h[a:b]))
         ds.append(np.asarray(np.load(task.out_dir / LSH_DIR / f"{stem}.doc.npy", mmap_mode="r")[task.band][a:b]))
+        ws.append(np.asarray(np.load(task.out_dir / LSH_DIR / f"{stem}.order.npy", mmap_mode="r")[task.band][a:b]))
     h = np.concatenate(hs) if hs else np.empty(0, dtype=np.uint64)
     d = np.concatenate(ds) if ds else np.empty(0, dtype=np.int64)
+    w = np.concatenate(ws) if ws else np.empty((0, -(-ORDER_ROWS // 4)), dtype=np.uint64)
     order = np.lexsort((d, h))
-    return h[order], d[order]
+    return h[order], d[order], w[order]
 
 
 def bucket_pairs(task: BucketTask) -> BucketResult:
-    h, d = _range_items(task)
+    h, d, words = _range_items(task)
     starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1]))) if len(h) else np.empty(0, dtype=np.int64)
     lens = np.diff(np.append(starts, len(h)))
-    # pairs each bucket emits (all pairs, or 2m - 3 when oversized): cut the runs into groups of about
+    # pairs each bucket emits (all pairs, or m * neighbours when oversized): cut the runs into groups of about
     # pair_batch pairs, so one call of mh.bucket_pairs never holds more
-    emitted = np.where(lens <= task.max_bucket, lens * (lens - 1) // 2, 2 * lens - 3)
+    emitted = mh.pairs_per_bucket(lens, task.max_bucket, task.neighbours)
     cuts = np.searchsorted(np.cumsum(emitted), np.arange(task.pair_batch, int(emitted.sum()) + task.pair_batch,
                                                           task.pair_batch), side="right")
     cuts = np.unique(np.concatenate(([0], np.minimum(cuts, len(starts)), [len(starts)])))
@@ -125,7 +137,7 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
     for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         a = int(starts[lo])
         b = int(starts[hi]) if hi < len(starts) else len(h)
-        p, st = mh.bucket_pairs(h[a:b], d[a:b], task.max_bucket)
+        p, st = mh.bucket_pairs(h[a:b], d[a:b], task.max_bucket, task.neighbours, words[a:b])
         for k in stats:
             stats[k] += st[k]
         collisions += len(p)

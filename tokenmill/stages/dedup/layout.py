@@ -24,7 +24,7 @@ SIGNATURE_DIR = "signatures"  # per chunk: <stem>.npy signatures, <stem>.bands.n
 DOCS_DIR = "docs"  # per chunk: <stem>.npy document table, <stem>.paths.json its source paths
 KEYS_DIR = "keys"  # per chunk: the keys (<stem>.key.bin + offsets) and the digest index sorted by digest
 EXACT_DIR = "exact"  # per digest range: members of exact groups (doc, rep), sorted by doc
-LSH_DIR = "lsh"  # per chunk: (bands, items) band hashes of group representatives, each band sorted
+LSH_DIR = "lsh"  # per chunk: (bands, items) band hashes, docs and order words of group representatives, by band
 CANDIDATE_DIR = "candidates"  # per band, hash range and batch: (2, pairs) candidate pairs sorted by first doc
 VERIFIED_DIR = "verified"  # per first-doc range: verified pairs (a, b, similarity)
 DECISION_DIR = "decisions"  # per chunk with removals: ordinal, id, kept id, level, similarity
@@ -117,6 +117,16 @@ class Corpus:
         c = np.searchsorted(self.firsts, docs, side="right") - 1
         return c, docs - self.firsts[c]
 
+    def per_chunk(self, docs: np.ndarray) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """(chunk index, positions in `docs`, ordinals) for each chunk holding some of `docs` (any order), so a
+        task maps one chunk's files at a time."""
+        c, o = self.locate(docs)
+        by_chunk = np.argsort(c, kind="stable")
+        bounds = np.searchsorted(c[by_chunk], np.arange(len(self.chunks) + 1))
+        for ci in np.flatnonzero(np.diff(bounds)).tolist():
+            pos = by_chunk[bounds[ci]:bounds[ci + 1]]
+            yield ci, pos, o[pos]
+
     def _paths(self, c: int) -> list[str]:
         return json.loads((self.out_dir / DOCS_DIR / f"{self.chunks[c].stem}.paths.json").read_text(encoding="utf-8"))
 
@@ -148,6 +158,37 @@ class Corpus:
         fields["path"] = remap[fields["path"]]
         fields["chunk"], fields["ordinal"] = c, o
         return fields, paths
+
+    def key_lens(self, docs: np.ndarray) -> np.ndarray:
+        """Key length (code points) of each document."""
+        out = np.empty(len(docs), dtype=np.int64)
+        for ci, pos, o in self.per_chunk(docs):
+            out[pos] = np.load(self.out_dir / DOCS_DIR / f"{self.chunks[ci].stem}.npy", mmap_mode="r")["key_len"][o]
+        return out
+
+    def signature_bytes(self, docs: np.ndarray, sizes: np.ndarray, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, found): each document's MinHash signature at its shingle size, a byte per position (the value
+        folded: two equal values give equal bytes, two different ones with probability 1/256), and whether the
+        document was sketched at that size. One chunk's signature file is mapped at a time."""
+        out = np.zeros((len(docs), num_perm), dtype=np.uint8)
+        found = np.zeros(len(docs), dtype=bool)
+        for ci, pos, o in self.per_chunk(docs):
+            stem = self.chunks[ci].stem
+            items = np.load(self.out_dir / SIGNATURE_DIR / f"{stem}.items.npz")
+            code = items["item_doc"].astype(np.int64) * 256 + items["item_n"]  # sorted by (doc, size)
+            if len(code) == 0:
+                continue
+            want = o * 256 + sizes[pos]
+            row = np.minimum(np.searchsorted(code, want), len(code) - 1)
+            hit = code[row] == want
+            sig = np.load(self.out_dir / SIGNATURE_DIR / f"{stem}.npy", mmap_mode="r")
+            v = np.asarray(sig[row[hit]])
+            del sig
+            v ^= v >> np.uint32(16)
+            v ^= v >> np.uint32(8)
+            out[pos[hit]] = v.astype(np.uint8)
+            found[pos[hit]] = True
+        return out, found
 
     def key(self, doc: int) -> str:
         """The dedup key of one document, read with two positioned reads (not mapped, so a task's resident memory

@@ -262,20 +262,43 @@ def band_hashes(sig: np.ndarray, bands: int, rows: int, salt: np.ndarray | int =
     return out
 
 
-def bucket_pairs(hashes: np.ndarray, members: np.ndarray, max_bucket: int) -> tuple[np.ndarray, dict]:
+def pairs_per_bucket(lens: np.ndarray, max_bucket: int, neighbours: int) -> np.ndarray:
+    """Candidate pairs a bucket of each size emits (see bucket_pairs; some may coincide): all of them up to
+    max_bucket members, else a star from the first member and each member with its next `neighbours`."""
+    lens = np.asarray(lens, dtype=np.int64)
+    w = np.minimum(neighbours, lens - 1)
+    return np.where(lens <= max_bucket, lens * (lens - 1) // 2, lens - 1 + w * lens - w * (w + 1) // 2)
+
+
+def order_words(sig: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:
+    """(items, ceil(rows / 4)) uint64: the signature values of `rows` rows from `first_row` on (wrapping), each
+    folded to 16 bits, four to a word, so sorting by the words in order sorts by those values lexicographically
+    (members that agree on them, as near duplicates mostly do, sort next to each other)."""
+    cols = [(first_row + j) % sig.shape[1] for j in range(rows)]
+    words = np.zeros((sig.shape[0], -(-rows // 4)), dtype=np.uint64)
+    for j, c in enumerate(cols):
+        v = sig[:, c].astype(np.uint64)
+        words[:, j // 4] |= ((v ^ (v >> np.uint64(16))) & np.uint64(0xFFFF)) << np.uint64(48 - 16 * (j % 4))
+    return words
+
+
+def bucket_pairs(hashes: np.ndarray, members: np.ndarray, max_bucket: int, neighbours: int = 4,
+                 order: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
     """Candidate pairs (k, 2) int64 of `members` whose band hashes are equal, for one band.
 
-    Sorts the hashes and walks equal runs: every pair in a run of at most max_bucket items; a larger
-    run (a template shared by thousands of documents) emits a star from its first item plus the chain
-    of neighbours (2m pairs instead of m^2/2) and is counted in the returned stats, never dropped
-    silently.
+    Sorts the hashes and walks equal runs: every pair in a run of at most max_bucket items. A larger run
+    (a template shared by thousands of documents, or low-entropy text whose minima collide) emits a star from
+    its first member (the earliest document: members come sorted by document) and, sorted by `order` (rows of
+    order_words per member, outside this band; by member when None), each member with its next `neighbours`:
+    m * (neighbours + 1) pairs instead of m^2/2, so a document's candidates stay bounded by the bands whatever
+    the corpus size; such runs are counted in the returned stats, never dropped silently.
     """
     stats = {"oversized_buckets": 0, "pairs_not_emitted": 0}
     if len(hashes) < 2:
         return np.empty((0, 2), dtype=np.int64), stats
-    order = np.argsort(hashes, kind="stable")
-    hs = hashes[order]
-    m = members[order]
+    order_by = np.argsort(hashes, kind="stable")
+    hs = hashes[order_by]
+    m = members[order_by]
     brk = np.flatnonzero(hs[1:] != hs[:-1]) + 1
     starts = np.concatenate(([0], brk))
     lens = np.diff(np.concatenate((starts, [len(hs)])))
@@ -288,12 +311,14 @@ def bucket_pairs(hashes: np.ndarray, members: np.ndarray, max_bucket: int) -> tu
         if L <= max_bucket:
             i, j = np.triu_indices(L, 1)
             out.append(np.stack([run[i], run[j]], axis=1))
-        else:
-            stats["oversized_buckets"] += 1
-            star = np.stack([np.full(L - 1, run[0]), run[1:]], axis=1)
-            chain = np.stack([run[1:-1], run[2:]], axis=1)
-            out.extend([star, chain])
-            stats["pairs_not_emitted"] += L * (L - 1) // 2 - (2 * L - 3)
+            continue
+        stats["oversized_buckets"] += 1
+        out.append(np.stack([np.full(L - 1, run[0]), run[1:]], axis=1))
+        words = order[order_by[s:s + L]] if order is not None else np.empty((L, 0), dtype=np.uint64)
+        run = run[np.lexsort((run, *words.T[::-1]))]
+        w = min(neighbours, L - 1)
+        out.extend(np.stack([run[:-k], run[k:]], axis=1) for k in range(1, w + 1))
+        stats["pairs_not_emitted"] += L * (L - 1) // 2 - int(pairs_per_bucket(np.array([L]), max_bucket, w)[0])
     if not out:
         return np.empty((0, 2), dtype=np.int64), stats
     return np.concatenate(out).astype(np.int64), stats

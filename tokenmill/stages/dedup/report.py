@@ -22,6 +22,7 @@ from tokenmill.stages.dedup.layout import (
     parse,
 )
 from tokenmill.stages.dedup.settings import DedupSettings
+from tokenmill.stages.dedup.verify import FILTER_MISS, min_agreement
 
 SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clusters.jsonl lists them all
 
@@ -129,6 +130,7 @@ class RunSummary:
     sketches: list  # ChunkSketch per chunk
     exact_groups: int
     candidate_pairs: int
+    signature_rejected: int
     verified_pairs: int
     bucket_stats: dict  # band_collisions, oversized_buckets, pairs_not_emitted
     partitions: dict  # tasks per partitioned step
@@ -147,6 +149,10 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         "threshold": s.threshold, "num_perm": s.num_perm, "seed": s.seed, "bands": bands, "rows": rows,
         "bands_chosen": s.bands == 0, "ngram": s.ngram, "ngram_bounds": list(s.ngram_bounds), "ngram_rule": ngram_rule,
         "shingle_sizes": dict(sorted(shingle_sizes.items())), "catch_probability": catch,
+        "signature_filter": {"min_agreement": min_agreement(s.threshold, s.num_perm), "of": s.num_perm,
+                             "miss_probability_at_threshold": FILTER_MISS},
+        "bucket_limit": f"buckets above {s.max_bucket} members pair each member with its next "
+                             f"{s.bucket_neighbours} in signature order",
         "shingle_hash": s.shingle_hash,
         "minhash": "datasketch affine32 scheme: datasketch.MinHash(num_perm, seed, hashfunc="
                    + ("tokenmill.stages.dedup.minhash.shingle_hash32" if s.shingle_hash == "poly"
@@ -168,7 +174,8 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
         "exact_duplicates_removed": n_exact, "near_duplicates_removed": n_near, "exact_groups": run.exact_groups,
         "lsh_items": int(sum(sk.items for sk in run.sketches)),
         "candidate_pairs": run.candidate_pairs, "verified_pairs": run.verified_pairs,
-        "rejected_candidates": run.candidate_pairs - run.verified_pairs, **run.bucket_stats,
+        "rejected_candidates": run.candidate_pairs - run.verified_pairs,
+        "signature_rejected": run.signature_rejected, **run.bucket_stats,
         "clusters": int(len(c.cluster_roots)), "largest_cluster": int(c.sizes.max()) if len(c.sizes) else 0,
         "components": c.components, "components_with_several_kept": c.components_with_several_kept,
         "cross_file_duplicates": int(sum(p["cross_file"] for p in sources)),

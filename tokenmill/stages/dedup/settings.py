@@ -46,9 +46,13 @@ class DedupSettings(StageSettings):
                                     "earliest source (path in natural order, then line/index), then smallest id), "
                                     "'first' (earliest in the input), 'longest' (longest text, then earliest "
                                     "source, then smallest id)")
-    max_bucket: int = Field(1000, ge=2, description="LSH buckets larger than this emit 2m candidate pairs (a star "
-                                                    "from the first member and the chain of neighbours) instead "
-                                                    "of m^2/2; counted in the report")
+    max_bucket: int = Field(64, ge=2, description="LSH buckets larger than this (natural text: a few members; "
+                                                  "low-entropy text: thousands, growing with the corpus) pair "
+                                                  "each member with its next bucket_neighbours members in "
+                                                  "signature order instead of all m^2/2 pairs; counted in the "
+                                                  "report")
+    bucket_neighbours: int = Field(4, ge=1, le=1024, description="Neighbours in signature order each member of a "
+                                                                 "bucket above max_bucket is paired with")
     chunk_bytes: int = Field(8 << 20, ge=1, description="Input is split into line-aligned byte ranges of about "
                                                         "this size: one parallel task each")
     sample_clusters: int = Field(12, ge=0, le=1000, description="Sample clusters (with texts) kept in report.json "
@@ -80,6 +84,17 @@ class DedupSettings(StageSettings):
         """Shingle size a pair is compared with: the size of its longer key."""
         return mh.ngram_size(max(len_a, len_b), self.ngram, self.ngram_bounds)
 
+    def _ngram_rule(self, lengths: np.ndarray) -> np.ndarray:
+        """mh.ngram_size by key length, vectorized."""
+        if self.ngram > 0:
+            return np.full(len(lengths), self.ngram, dtype=np.int64)
+        b0, b1 = self.ngram_bounds
+        return np.where(lengths < b0, 2, np.where(lengths < b1, 3, 5))
+
+    def pair_ngrams(self, len_a: np.ndarray, len_b: np.ndarray) -> np.ndarray:
+        """pair_ngram of many pairs."""
+        return self._ngram_rule(np.maximum(len_a, len_b))
+
     def doc_ngrams(self, length: int) -> list[int]:
         # slack below the threshold: shingle counts are not exactly key lengths
         return mh.ngram_sizes_for(length, self.ngram, self.ngram_bounds, self.threshold * 0.9)
@@ -94,9 +109,7 @@ class DedupSettings(StageSettings):
         slack = self.threshold * 0.9
         lo_len = (key_lens * slack).astype(np.int64)
         hi_len = np.ceil(key_lens / slack).astype(np.int64)
-        b0, b1 = self.ngram_bounds
-        rule = lambda L: np.where(L < b0, 2, np.where(L < b1, 3, 5))  # noqa: E731 - mh.ngram_size, vectorized
-        lo, hi = rule(lo_len), rule(hi_len)
+        lo, hi = self._ngram_rule(lo_len), self._ngram_rule(hi_len)
         for n in (2, 3, 5):
             d = np.flatnonzero((key_lens > 0) & (lo <= n) & (n <= hi))
             docs.append(d)

@@ -48,7 +48,8 @@ class Partitions:
 
     exact_docs: int = 1 << 18  # documents per digest range (~50 bytes each, a few copies while sorting)
     bucket_items: int = 1 << 19  # LSH items per band and hash range (16 bytes each)
-    verify_pairs: int = 1 << 18  # candidate pairs per range of first documents (16 bytes each)
+    verify_pairs: int = 1 << 17  # candidate pairs per range of first documents (16 bytes each, and a byte per
+    # signature position of each side's document in the pre-filter: ~300 bytes a pair)
 
 
 def _verify_ranges(hist: np.ndarray, bin_width: int, n_docs: int, per_task: int) -> list[tuple[int, int]]:
@@ -104,11 +105,11 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | No
                  io_workers(workers, len(digest_parts)))
 
     # 3-4. LSH buckets over one representative per exact group, per band and hash range
-    rep_items = sum(step("buckets", lsh_inputs, [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files)
+    rep_items = sum(step("buckets", lsh_inputs, [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files, rows)
                                                  for c in chunks], io_workers(workers, len(chunks))))
     hash_parts = hash_ranges(max(1, math.ceil(rep_items / partitions.bucket_items)))
     bin_width = max(1, math.ceil(n_docs / DOC_BINS))
-    tasks = [BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, bin_width)
+    tasks = [BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, settings.bucket_neighbours, bin_width)
              for b in range(bands) for k, (lo, hi) in enumerate(hash_parts)]
     # a pool costs ~1 s to start: small corpora bucket in this process
     buckets = step("buckets", bucket_pairs, tasks, workers if rep_items * bands >= POOL_MIN_ITEMS else 1)
@@ -135,6 +136,7 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | No
     run = RunSummary(settings, bands, rows, chunks, sketches,
                      exact_groups=sum(r.groups for r in exact),
                      candidate_pairs=sum(r.candidates for r in verified),
+                     signature_rejected=sum(r.signature_rejected for r in verified),
                      verified_pairs=sum(r.verified for r in verified),
                      bucket_stats={"band_collisions": sum(r.band_collisions for r in buckets),
                                    "oversized_buckets": sum(r.oversized_buckets for r in buckets),

@@ -1,12 +1,17 @@
-"""Step 5, one task per range of first documents: exact Jaccard of every candidate pair -> verified pairs.
+"""Step 5, one task per range of first documents: candidate pairs -> verified pairs.
 
-A task reads the slice of its range from every candidate batch (sorted by first document), drops the pairs seen
-in several bands, and compares each pair's exact shingle sets at the pair's shingle size (the size of its longer
-key). Keys are read by index from the per-chunk key files, so the task holds its pairs and one shingle set at a
-time per side, whatever the corpus size.
+A task reads the slice of its range from every candidate batch (sorted by first document) and drops the pairs seen
+in several bands. A signature pre-filter rejects the pairs whose MinHash signatures, at the pair's shingle size
+(the size of its longer key), agree on fewer positions than a pair at the threshold does except with probability
+FILTER_MISS (low-entropy text: nearly every LSH candidate; natural text: a few); the rest are compared exactly,
+by their shingle sets. Key lengths, signature rows and keys are read by index from the per-chunk files, one chunk
+mapped at a time, so the task holds its pairs, a byte per signature position of their documents, and one shingle
+set at a time per side, whatever the corpus size.
 """
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +20,9 @@ import numpy as np
 from tokenmill.stages.dedup import minhash as mh
 from tokenmill.stages.dedup.layout import CANDIDATE_DIR, VERIFIED_DTYPE, Chunk, Corpus
 from tokenmill.stages.dedup.settings import DedupSettings
+
+FILTER_MISS = 1e-9  # chance that the pre-filter rejects a pair at the threshold (above it: less)
+AGREEMENT_BATCH = 1 << 16  # pairs compared at once (two (batch, num_perm) byte arrays)
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,26 @@ class VerifyTask:
 @dataclass(frozen=True)
 class VerifyResult:
     candidates: int
+    signature_rejected: int
     verified: int
+
+
+@functools.lru_cache(maxsize=16)
+def min_agreement(threshold: float, num_perm: int, miss: float = FILTER_MISS) -> int:
+    """The largest k with P(Binomial(num_perm, threshold) < k) <= miss: the signatures of a pair at Jaccard
+    `threshold` agree on at least k of num_perm positions except with probability `miss` (folding values to a
+    byte only adds agreements)."""
+    if threshold >= 1.0:
+        return num_perm
+    log_p, log_q = math.log(threshold), math.log1p(-threshold)
+    below = 0.0  # P(X < k)
+    for k in range(num_perm + 1):
+        pmf = math.exp(math.lgamma(num_perm + 1) - math.lgamma(k + 1) - math.lgamma(num_perm - k + 1)
+                       + k * log_p + (num_perm - k) * log_q)
+        if below + pmf > miss:
+            return k
+        below += pmf
+    return num_perm
 
 
 def range_candidates(out_dir: Path, files: tuple[str, ...], lo: int, hi: int) -> np.ndarray:
@@ -45,24 +72,44 @@ def range_candidates(out_dir: Path, files: tuple[str, ...], lo: int, hi: int) ->
     return mh.unique_pairs(np.concatenate(parts)) if parts else np.empty((0, 2), dtype=np.int64)
 
 
+def signature_agreement(corpus: Corpus, pairs: np.ndarray, sizes: np.ndarray, num_perm: int) -> np.ndarray:
+    """Signature positions each pair agrees on at its shingle size (num_perm when a side was not sketched at that
+    size: such a pair is left to the exact comparison)."""
+    sides = []
+    for side in (0, 1):
+        docs, inverse = np.unique(pairs[:, side] * 256 + sizes, return_inverse=True)
+        rows, found = corpus.signature_bytes(docs // 256, docs % 256, num_perm)
+        sides.append((rows, found, inverse.ravel()))
+    (rows_a, found_a, inv_a), (rows_b, found_b, inv_b) = sides
+    agree = np.empty(len(pairs), dtype=np.int64)
+    for lo in range(0, len(pairs), AGREEMENT_BATCH):
+        sl = slice(lo, lo + AGREEMENT_BATCH)
+        agree[sl] = (rows_a[inv_a[sl]] == rows_b[inv_b[sl]]).sum(axis=1)
+    agree[~(found_a[inv_a] & found_b[inv_b])] = num_perm
+    return agree
+
+
 def verify_range(task: VerifyTask) -> VerifyResult:
+    s = task.settings
     pairs = range_candidates(task.out_dir, task.candidate_files, task.lo, task.hi)
     corpus = Corpus(task.out_dir, list(task.chunks))
+    lens = corpus.key_lens(pairs.ravel()).reshape(-1, 2)
+    sizes = s.pair_ngrams(lens[:, 0], lens[:, 1])
+    passed = signature_agreement(corpus, pairs, sizes, s.num_perm) >= min_agreement(s.threshold, s.num_perm)
+    pairs, sizes = pairs[passed], sizes[passed]
     sims = np.empty(len(pairs), dtype=np.float64)
     held: tuple[int, int, np.ndarray] | None = None  # (doc, size, shingle set): pairs come sorted by first doc
     key_a = ""
-    for i, (a, b) in enumerate(pairs.tolist()):
+    for i, ((a, b), n) in enumerate(zip(pairs.tolist(), sizes.tolist())):
         if held is None or held[0] != a:
             key_a = corpus.key(a)
             held = None
-        key_b = corpus.key(b)
-        n = task.settings.pair_ngram(len(key_a), len(key_b))
         if held is None or held[1] != n:
             held = (a, n, mh.shingle_set(key_a, n))
-        sims[i] = mh.jaccard(held[2], mh.shingle_set(key_b, n))
+        sims[i] = mh.jaccard(held[2], mh.shingle_set(corpus.key(b), n))
     corpus.close()
-    ok = sims >= task.settings.threshold - 1e-12
+    ok = sims >= s.threshold - 1e-12
     rows = np.empty(int(ok.sum()), dtype=VERIFIED_DTYPE)
     rows["a"], rows["b"], rows["sim"] = pairs[ok, 0], pairs[ok, 1], sims[ok]
     np.save(task.out, rows)
-    return VerifyResult(len(pairs), len(rows))
+    return VerifyResult(len(passed), int((~passed).sum()), len(rows))
