@@ -41,6 +41,13 @@ mutation Launch($params: ExecutionParams!) {
 }"""
 
 
+RUN_TIMES_QUERY = """
+query RunTimes($runId: ID!) {
+  runOrError(runId: $runId) { ... on Run { startTime endTime } }
+}
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,6 +142,11 @@ class DagsterDev:
                 return run_id
             time.sleep(1)
         raise TimeoutError(f"run {run_id} not finished after {timeout} s")
+
+    def run_seconds(self, run_id: str) -> float:
+        """Wall seconds of a finished run, start to end, as the instance recorded them."""
+        run = self.graphql(RUN_TIMES_QUERY, {"runId": run_id})["runOrError"]
+        return run["endTime"] - run["startTime"]
 
     def latest_metadata(self, asset_key: str) -> dict:
         data = self.graphql(ASSET_METADATA_QUERY, {"key": {"path": [asset_key]}})
