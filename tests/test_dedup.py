@@ -213,14 +213,13 @@ def test_bucket_pairs_and_oversized_buckets():
     pairs, st = mh.bucket_pairs(h, members, max_bucket=10)
     assert sorted(map(tuple, mh.unique_pairs(pairs).tolist())) == [(10, 12), (10, 14), (11, 15), (12, 14)]
     big = np.zeros(50, dtype=np.uint64)
-    # an oversized bucket: a star from the first member, and each member with its next 4 in signature order
-    # (5m - 11 pairs, some coinciding, not m^2 / 2)
+    # an oversized bucket: each member with its next 4 in signature order (4m - 10 pairs, not m^2 / 2)
     order = (np.arange(50, dtype=np.uint64) % 5).reshape(50, 1) << np.uint64(48)
     pairs, st = mh.bucket_pairs(big, np.arange(50), max_bucket=10, neighbours=4, order=order)
     emitted = mh.pairs_per_bucket(np.array([50]), 10, 4)[0]
-    assert emitted == 5 * 50 - 11 and st["oversized_buckets"] == 1 and st["pairs_not_emitted"] == 50 * 49 // 2 - emitted
+    assert emitted == 4 * 50 - 10 and st["oversized_buckets"] == 1 and st["pairs_not_emitted"] == 50 * 49 // 2 - emitted
     pairs = set(map(tuple, mh.unique_pairs(pairs).tolist()))
-    assert {(0, k) for k in range(1, 50)} <= pairs and len(pairs) <= emitted
+    assert len(pairs) == emitted and max(np.bincount(np.array(list(pairs)).ravel())) <= 2 * 4
     # members agreeing on the order rows sit together: 1, 6, 11, ... are neighbours, 1 and 2 are not
     assert {(1, 6), (1, 11), (1, 16), (1, 21), (1, 45)} <= pairs and (1, 2) not in pairs
 
@@ -463,9 +462,10 @@ def test_oversized_bucket_is_handled_and_counted(tmp_path):
     report = json.loads((tmp_path / "rep" / REPORT_FILE).read_text())
     assert stats["oversized_buckets"] > 0 and report["counts"]["oversized_buckets"] == stats["oversized_buckets"]
     assert stats["pairs_not_emitted"] > 0
-    # a star from the first member and neighbours in signature order: about 5m pairs per oversized bucket
+    # neighbours in signature order: at most 4m pairs per oversized bucket, not m^2 / 2; the family still
+    # collapses to a few survivors, each removal verified against the record it names
     assert stats["candidate_pairs"] < 40 * 39 // 2
-    assert stats["docs_out"] == 1 and stats["dropped_near_duplicate"] == 39
+    assert stats["docs_out"] <= 4 and stats["dropped_near_duplicate"] == 40 - stats["docs_out"]
 
 
 @pytest.mark.parametrize("values,field", [({"keep": "newest"}, "dedup_report.keep"),

@@ -16,7 +16,7 @@ import numpy as np
 
 from tokenmill.stages.dedup import minhash as mh
 from tokenmill.stages.dedup.keys import EXACT_DTYPE
-from tokenmill.stages.dedup.layout import CANDIDATE_DIR, DOCS_DIR, LSH_DIR, SIGNATURE_DIR, folder
+from tokenmill.stages.dedup.layout import CANDIDATE_DIR, DOCS_DIR, LSH_DIR, SIGNATURE_DIR, fix_mmap_threshold, folder
 
 PAIR_BATCH = 1 << 18  # candidate pairs a bucket task holds before it writes a sorted batch (4 MB, ~10x that in
 # temporaries while sorting: measured 348 MiB per task with 1 << 20 at 1.5M documents, the largest process)
@@ -37,6 +37,7 @@ class LshInputTask:
 def lsh_inputs(task: LshInputTask) -> int:
     """Writes lsh/<stem>.hash.npy and .doc.npy: (bands, items) of the chunk's representatives, and .order.npy
     (bands, items, words) their order words; returns items."""
+    fix_mmap_threshold()
     non_rep = np.zeros(task.records, dtype=bool)
     for path in task.exact_files:
         rows = np.load(path, mmap_mode="r")
@@ -112,6 +113,7 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def bucket_pairs(task: BucketTask) -> BucketResult:
+    fix_mmap_threshold()
     h, d, words = _range_items(task)
     starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1]))) if len(h) else np.empty(0, dtype=np.int64)
     lens = np.diff(np.append(starts, len(h)))

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.stages.dedup.layout import fix_mmap_threshold
+
 _TABLES_VERSION = 1  # bump when the key rules change (invalidates cached tables)
 
 
@@ -231,6 +233,7 @@ def _slice(prefix: np.ndarray, lo: int, hi: int) -> slice:
 def exact_groups(task: ExactTask) -> ExactResult:
     """Documents with equal digests in one digest range: every member of a group of two or more as (doc, rep),
     rep being the group's first document (its representative for LSH), sorted by doc."""
+    fix_mmap_threshold()
     digests, docs = [], []
     for stem, first in zip(task.stems, task.firsts):
         prefix = np.load(task.keys_dir / f"{stem}.digest_prefix.npy", mmap_mode="r")

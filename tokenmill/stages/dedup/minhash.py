@@ -263,11 +263,11 @@ def band_hashes(sig: np.ndarray, bands: int, rows: int, salt: np.ndarray | int =
 
 
 def pairs_per_bucket(lens: np.ndarray, max_bucket: int, neighbours: int) -> np.ndarray:
-    """Candidate pairs a bucket of each size emits (see bucket_pairs; some may coincide): all of them up to
-    max_bucket members, else a star from the first member and each member with its next `neighbours`."""
+    """Candidate pairs a bucket of each size emits (see bucket_pairs): all of them up to max_bucket members,
+    else each member with its next `neighbours`."""
     lens = np.asarray(lens, dtype=np.int64)
     w = np.minimum(neighbours, lens - 1)
-    return np.where(lens <= max_bucket, lens * (lens - 1) // 2, lens - 1 + w * lens - w * (w + 1) // 2)
+    return np.where(lens <= max_bucket, lens * (lens - 1) // 2, w * lens - w * (w + 1) // 2)
 
 
 def order_words(sig: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:
@@ -287,11 +287,11 @@ def bucket_pairs(hashes: np.ndarray, members: np.ndarray, max_bucket: int, neigh
     """Candidate pairs (k, 2) int64 of `members` whose band hashes are equal, for one band.
 
     Sorts the hashes and walks equal runs: every pair in a run of at most max_bucket items. A larger run
-    (a template shared by thousands of documents, or low-entropy text whose minima collide) emits a star from
-    its first member (the earliest document: members come sorted by document) and, sorted by `order` (rows of
-    order_words per member, outside this band; by member when None), each member with its next `neighbours`:
-    m * (neighbours + 1) pairs instead of m^2/2, so a document's candidates stay bounded by the bands whatever
-    the corpus size; such runs are counted in the returned stats, never dropped silently.
+    (a template shared by thousands of documents, or low-entropy text whose minima collide) is sorted by
+    `order` (rows of order_words per member, outside this band; by member when None) and pairs each member
+    with its next `neighbours`: m * neighbours pairs instead of m^2/2, and at most 2 * neighbours per member,
+    so a document's candidates stay bounded whatever the corpus size (no star: its center would gather
+    pairs in proportion to the corpus); such runs are counted in the returned stats, never dropped silently.
     """
     stats = {"oversized_buckets": 0, "pairs_not_emitted": 0}
     if len(hashes) < 2:
@@ -313,7 +313,6 @@ def bucket_pairs(hashes: np.ndarray, members: np.ndarray, max_bucket: int, neigh
             out.append(np.stack([run[i], run[j]], axis=1))
             continue
         stats["oversized_buckets"] += 1
-        out.append(np.stack([np.full(L - 1, run[0]), run[1:]], axis=1))
         words = order[order_by[s:s + L]] if order is not None else np.empty((L, 0), dtype=np.uint64)
         run = run[np.lexsort((run, *words.T[::-1]))]
         w = min(neighbours, L - 1)

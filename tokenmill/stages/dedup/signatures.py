@@ -14,7 +14,16 @@ import numpy as np
 
 from tokenmill.stages.dedup import keys as K
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chunk, chunk_lines, folder, parse
+from tokenmill.stages.dedup.layout import (
+    DOCS_DIR,
+    KEYS_DIR,
+    SIGNATURE_DIR,
+    Chunk,
+    chunk_lines,
+    fix_mmap_threshold,
+    folder,
+    parse,
+)
 from tokenmill.stages.dedup.settings import DedupSettings
 
 SHINGLE_BATCH = 1 << 20  # shingles hashed at once in a worker (~40 MB of temporaries)
@@ -91,6 +100,7 @@ def _signatures(keys: list[str], key_lens: np.ndarray, settings: DedupSettings, 
 
 
 def sketch_chunk(task: SketchTask) -> ChunkSketch:
+    fix_mmap_threshold()
     chunk, s = task.chunk, task.settings
     table, texts, paths = _document_table(chunk)
     keys = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese)
