@@ -1,0 +1,102 @@
+"""Kill harness: SIGKILL the run (the run process alone, or its whole process group) at named points in every
+stage, including between the steps of a folder swap; the rerun succeeds, its outputs are byte-identical to a
+clean run, nothing is left behind and no process of the killed run survives."""
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from tokenmill.common.failpoints import ENV as FAILPOINT_ENV
+from tokenmill.common.io import TIMINGS_FILE
+from tokenmill.common.lock import LOCK_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = ["raw_records", "cleaned_jsonl", "dedup_report", "deduped_jsonl", "tokenizer", "tokenized_bins",
+          "funnel_telemetry"]
+# one swap step per stage, rotating, then whole-process-group kills: 10 points across every stage
+POINTS = [f"{stage}:{step}" for stage, step in zip(STAGES, itertools.cycle(["staged", "versioned", "pointed"]))]
+POINTS += ["cleaned_jsonl:versioned@group", "dedup_report:pointed@group", "tokenized_bins:staged@group"]
+
+RUN_GRAPH = """
+import sys
+import dagster as dg
+from definitions import build_defs
+from resources import CorpusSource, DataRoot
+defs = build_defs(CorpusSource(path=sys.argv[1]), DataRoot(root=sys.argv[2]))
+with dg.instance_for_test() as instance:
+    result = defs.resolve_job_def("tokenmill_all").execute_in_process(instance=instance, raise_on_error=False)
+sys.exit(0 if result.success else 1)
+"""
+
+
+def run_graph(source, data, marker, failpoint=None) -> int:
+    env = {**os.environ, "TOKENMILL_WORKERS": "2", "TOKENMILL_HARNESS": marker}
+    env.pop(FAILPOINT_ENV, None)
+    if failpoint:
+        env[FAILPOINT_ENV] = failpoint
+    # its own session: a process-group kill must not reach pytest
+    proc = subprocess.run([sys.executable, "-c", RUN_GRAPH, str(source), str(data)], cwd=REPO, env=env,
+                          capture_output=True, text=True, start_new_session=True, timeout=600)
+    return proc.returncode if proc.returncode != 1 else proc.stderr[-3000:]
+
+
+def snapshot(data: Path) -> dict[str, bytes]:
+    """Every data file of every stage (through the stage links; not the run's `_timings.json`)."""
+    files = {}
+    for stage in STAGES:
+        for path in sorted((data / stage).resolve().rglob("*")):
+            if path.is_file() and path.name != TIMINGS_FILE:
+                files[f"{stage}/{path.relative_to((data / stage).resolve())}"] = path.read_bytes()
+    return files
+
+
+def survivors(marker: str, grace_seconds: float = 10.0) -> list[int]:
+    """Processes of the harness's runs still alive after `grace_seconds` (a worker notices its run's death within
+    a second; multiprocessing's resource tracker exits shortly after the run process)."""
+    deadline = time.monotonic() + grace_seconds
+    while (pids := _marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pids
+
+
+def _marked(marker: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                if f"TOKENMILL_HARNESS={marker}".encode() in (proc / "environ").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def test_rerun_after_a_kill_at_any_point_matches_a_clean_run(tmp_path, demo_source):
+    marker = uuid.uuid4().hex
+    assert run_graph(demo_source, tmp_path / "clean", marker) == 0
+    clean = snapshot(tmp_path / "clean")
+    data = tmp_path / "data"
+    assert run_graph(demo_source, data, marker) == 0  # the good output each killed run is replacing
+    problems = []
+    for point in POINTS:  # each rerun is the next kill's earlier good output
+        killed = run_graph(demo_source, data, marker, failpoint=point)
+        rerun = run_graph(demo_source, data, marker)
+        after = snapshot(data)
+        leftovers = sorted(p.name for p in data.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE)
+        orphans = survivors(marker)
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+        problems += [f"{point}: {problem}" for problem, failed in [
+            (f"not killed ({killed})", killed != -signal.SIGKILL),
+            (f"rerun failed ({rerun})", rerun != 0),
+            (f"differs from a clean run: {sorted(set(after) ^ set(clean) | {k for k in after if after.get(k) != clean.get(k)})}",
+             after != clean),
+            (f"left behind: {leftovers}", leftovers != sorted(os.readlink(data / stage) for stage in STAGES)),
+            (f"orphan processes: {orphans}", bool(orphans)),
+        ] if failed]
+    print(f"kill harness: {len(POINTS)} kills, {len(problems)} problems")
+    assert problems == []
