@@ -13,7 +13,7 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
-from tokenmill.common.io import iter_jsonl, record_shards
+from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
 
 CELL_CHARS = 100  # characters of free text shown in one table cell
 
@@ -42,9 +42,22 @@ def dagster_table(frame: pd.DataFrame) -> dg.MetadataValue:
     return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=columns))
 
 
+def source_metadata(path: Path) -> dict:
+    """Which corpus an output was built from (raw_records' source path and fingerprint of its ingestible files),
+    so the UI tells corpora apart when one instance has seen several."""
+    for root in Path(path).parents:
+        raw_stats = root / "raw_records" / STATS_FILE
+        if raw_stats.exists():
+            stats = read_json(raw_stats)
+            return {"source": dg.MetadataValue.path(stats["source"]),
+                    "source_fingerprint": dg.MetadataValue.text(stats.get("source_fingerprint", "unknown"))}
+    return {}
+
+
 def stage_counts(stats: dict, path: Path) -> dict:
-    """The keys every stage shows: docs_in, docs_out, dropped_<reason>, seconds, path."""
+    """The keys every stage shows: docs_in, docs_out, dropped_<reason>, seconds, path, and the source it came from."""
     return {
+        **source_metadata(path),
         "docs_in": dg.MetadataValue.int(stats["docs_in"]),
         "docs_out": dg.MetadataValue.int(stats["docs_out"]),
         **{k: dg.MetadataValue.int(v) for k, v in sorted(stats.items()) if k.startswith("dropped_")},
@@ -76,6 +89,7 @@ def funnel_metadata(funnel: dict, history: dict, chart_png: bytes, folder: Path)
                               markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value,
                               conservation])
     return {
+        **source_metadata(folder),
         "funnel": dg.MetadataValue.md(funnel_md),
         "chart": dg.MetadataValue.md(f"![funnel](data:image/png;base64,{base64.b64encode(chart_png).decode()})"),
         "history_row": dg.MetadataValue.json(history),
@@ -127,7 +141,6 @@ def raw_records_metadata(stats: dict, path: Path) -> dict:
         "files": dagster_table(_raw_files_frame(stats["files"])),
         "bytes_read": stats["bytes_read"],
         "shards": stats["shards"],
-        "source": stats["source"],
         "preview": markdown_table(_raw_preview_frame(path)),
     }
 
@@ -252,3 +265,9 @@ def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
         "bytes_on_disk": dagster_table(sizes),
         "sample": dg.MetadataValue.md(sample),
     }
+
+
+def compute_metadata(usage) -> dict:
+    """Where the asset's steps ran (a tokenmill.common.compute.Usage): engine, nodes, CPUs, seconds per step."""
+    return {"engine": usage.engine, "nodes": usage.nodes, "cpus": float(usage.cpus),
+            "step_seconds": dg.MetadataValue.json(usage.steps)}

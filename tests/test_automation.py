@@ -3,14 +3,17 @@ import os
 
 import dagster as dg
 
-from automation import WHOLE_GRAPH_JOB, daily_refresh, source_files_sensor
-from resources import CorpusSource
+from automation import WHOLE_GRAPH_JOB, daily_refresh, source_sensor
+from definitions import build_defs
+from resources import CorpusSource, DataRoot
 
 
-def evaluate(source_dir, instance, cursor):
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources={"source": CorpusSource(path=str(source_dir))})
-    result = source_files_sensor(context)
-    return result, context.cursor
+def evaluate(source_dir, instance, cursor, data_root=None):
+    resources = {"source": CorpusSource(path=str(source_dir)),
+                 "data_root": DataRoot(root=str(data_root or source_dir.parent / "data"))}
+    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
+        result = source_sensor(str(source_dir))(context)
+        return result, context.cursor
 
 
 def run_requests(result):
@@ -39,6 +42,35 @@ def test_sensor_requests_one_run_per_new_file_set(tmp_path):
         (tmp_path / "b.jsonl").unlink()
         removed, _ = evaluate(tmp_path, instance, cursor3)
         assert len(run_requests(removed)) == 1 and removed.tags["tokenmill/removed_files"] == "1"
+
+
+def test_sensor_ignores_files_the_readers_skip(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n')
+    with dg.instance_for_test() as instance:
+        _, cursor = evaluate(tmp_path, instance, None)
+        (tmp_path / "README.md").write_text("notes")
+        (tmp_path / ".hidden.jsonl").write_text('{"text": "x"}\n')
+        result, _ = evaluate(tmp_path, instance, cursor)
+        assert isinstance(result, dg.SkipReason)
+
+
+def test_sensor_switched_on_after_a_run_with_nothing_new_requests_nothing(tmp_path):
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    (source / "a.jsonl").write_text('{"text": "one two three four five six seven eight nine ten"}\n')
+    defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
+    with dg.instance_for_test() as instance:
+        dg.materialize([defs.get_assets_def("raw_records")], instance=instance,
+                       resources={"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data))})
+        result, cursor = evaluate(source, instance, None, data)
+        assert isinstance(result, dg.SkipReason) and "unchanged" in str(result.skip_message)
+        (source / "b.jsonl").write_text('{"text": "eleven"}\n')
+        request, _ = evaluate(source, instance, cursor, data)
+        assert run_requests(request) and request.tags["tokenmill/changed_files"] == "1"
+
+
+def test_sensor_description_names_the_watched_path(tmp_path):
+    assert str(tmp_path) in source_sensor(str(tmp_path)).description
 
 
 def test_sensor_skips_missing_source(tmp_path):

@@ -1,6 +1,8 @@
 """Discovery: the source files to read, in sorted order, grouped into tasks of whole files."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +92,25 @@ def list_source(source: Path, exclude: Path | None = None, follow_outside_symlin
         else:
             skipped.append(rel)
     return Listing(files, skipped)
+
+
+def source_state(source: Path, exclude: Path | None = None) -> dict[str, list[int]]:
+    """{relative path: [size, mtime_ns]} of the files the readers ingest: one stat each, nothing read. Files the
+    readers skip (a README, a hidden file) are not in it, so changing them changes nothing downstream."""
+    state = {}
+    for f in list_source(source, exclude).files:
+        if f.refused is None:
+            try:
+                st = os.stat(f.path)
+            except OSError:
+                continue
+            state[f.rel] = [st.st_size, st.st_mtime_ns]
+    return state
+
+
+def source_fingerprint(state: dict[str, list[int]]) -> str:
+    """16 hex of SHA-256 over a `source_state`: equal fingerprints, same ingestible files (names, sizes, mtimes)."""
+    return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def plan_tasks(files: list[SourceFile], task_bytes: int) -> list[list[SourceFile]]:

@@ -22,7 +22,14 @@ from tokenmill.common.io import (
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import SourceError
-from tokenmill.stages.raw.discover import SourceFile, list_source, plan_tasks, reader_kind
+from tokenmill.stages.raw.discover import (
+    SourceFile,
+    list_source,
+    plan_tasks,
+    reader_kind,
+    source_fingerprint,
+    source_state,
+)
 from tokenmill.stages.raw.read_csv import read_csv
 from tokenmill.stages.raw.read_json import read_json
 from tokenmill.stages.raw.read_jsonl import read_jsonl
@@ -224,7 +231,9 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, wor
         raise SourceError(f"corpus source does not exist: {source} (set TOKENMILL_SOURCE to a file or folder)")
     # the plain class, also for the asset's config: workers never import the asset module (dagster)
     settings = RawSettings(**settings.model_dump()) if settings is not None else RawSettings()
-    listing = list_source(source, Path(exclude).resolve() if exclude else None, settings.follow_outside_symlinks)
+    exclude = Path(exclude).resolve() if exclude else None
+    fingerprint = source_fingerprint(source_state(source, exclude))
+    listing = list_source(source, exclude, settings.follow_outside_symlinks)
     if not listing.files:
         raise SourceError(f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "
                           f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)")
@@ -240,6 +249,7 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, wor
     finally:
         for t in tasks:
             shutil.rmtree(t.folder, ignore_errors=True)
-    stats = _stats(reports, listing.skipped, shards, len(tasks), source, settings, t0)
+    stats = {**_stats(reports, listing.skipped, shards, len(tasks), source, settings, t0),
+             "source_fingerprint": fingerprint}
     write_stats(out_dir, stats)
     return stats
