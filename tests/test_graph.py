@@ -143,3 +143,20 @@ def test_a_failing_blocking_check_keeps_the_previous_output(graph_run, tmp_path)
     assert not result.get_asset_materialization_events()
     assert {p.name: p.read_bytes() for p in sorted((root / "cleaned_jsonl").iterdir())} == before
     assert not [p for p in root.iterdir() if ".staging-" in p.name]
+
+
+def test_update_reports_a_missing_source_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TOKENMILL_SOURCE", str(tmp_path / "nope"))
+    assert cli_main(["update"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "TOKENMILL_SOURCE" in err and "nope" in err
+
+
+def test_update_runs_the_graph_and_prints_a_summary(tmp_path, demo_source):
+    env = {**__import__("os").environ, "TOKENMILL_SOURCE": str(demo_source), "TOKENMILL_DATA": str(tmp_path / "data")}
+    env.pop("DAGSTER_HOME", None)
+    done = subprocess.run([sys.executable, "-m", "tokenmill.cli", "update"], env=env, capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tokenized_bins" in done.stdout and "tokens" in done.stdout
+    assert len(done.stdout.splitlines()) < 12 and "DEBUG" not in done.stdout + done.stderr

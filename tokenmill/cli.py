@@ -1,4 +1,5 @@
-"""`tokenmill` command line: lineage lookups and the demo corpus, without starting Dagster."""
+"""`tokenmill` command line: `update` (every asset up to date with the source, with a short summary) and
+`lineage` (token position -> source record)."""
 from __future__ import annotations
 
 import argparse
@@ -15,10 +16,17 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("position", type=int, help="token position in the split's token stream")
     lin.add_argument("--split", default="train")
     lin.add_argument("--key", default=None, help="token key (default: the dataset's first token key)")
-    lin.add_argument("--data", default=os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent.parent / "data")),
-                     help="data root (default: $TOKENMILL_DATA or ./data)")
+    default_data = os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent.parent / "data"))
+    lin.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
+    upd = sub.add_parser("update", help="materialize every asset from TOKENMILL_SOURCE into TOKENMILL_DATA (the "
+                                        "tokenmill_all job in this process; runs are kept when DAGSTER_HOME is set)")
+    upd.add_argument("-c", "--config", default=None, help="run config YAML (ops: <asset>: config: ...)")
     args = parser.parse_args(argv)
 
+    if args.command == "update":
+        from tokenmill.update import update
+
+        return update(args.config)
     if args.command == "lineage":
         from tokenmill.lineage import locate_token
 

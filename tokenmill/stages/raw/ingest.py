@@ -238,8 +238,8 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, wor
         raise SourceError(f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "
                           f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)")
     out_dir.mkdir(parents=True, exist_ok=True)
-    if listing.skipped and log is not None:
-        log.warning(f"raw_records: skipped {len(listing.skipped)} files (unknown extension or a file name that is "
+    if listing.skipped and log is not None:  # info: a README beside the data is normal; metadata lists them
+        log.info(f"raw_records: skipped {len(listing.skipped)} files (unknown extension or a file name that is "
                     f"not UTF-8), e.g. {listing.skipped[:5]}")
     tasks = [IngestTask(files, str(out_dir / f".task-{i:05d}"), settings)
              for i, files in enumerate(plan_tasks(listing.files, max(1, int(settings.task_mb * 1024 * 1024))))]
