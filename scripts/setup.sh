@@ -10,7 +10,14 @@ pip_install() {
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 
-[ -x .venv/bin/python ] || python3 -m venv .venv
+step() { echo "setup: $*" >&2; }
+
+[ -x .venv/bin/python ] || { step "creating .venv"; python3 -m venv .venv; }
+step "torch 2.13.0 (CPU build; first time about a minute)"
 pip_install torch==2.13.0
-pip_install -e ".[test,postgres]" -e ./loaders
+step "tokenmill, dagster, the loader and test tools (first time a few minutes)"
+pip_install -e ".[test,postgres,ray]" -e ./loaders
+step "Dagster instance in ./dagster_home"
 mkdir -p dagster_home
+# create the embedded instance's tables now: two first runs racing to create them fail with "table runs already exists"
+DAGSTER_HOME=$PWD/dagster_home .venv/bin/dagster instance migrate >/dev/null
