@@ -195,16 +195,18 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
     params = [("threshold", p["threshold"]), ("bands x rows", f"{p['bands']} x {p['rows']} of {p['num_perm']} "
                                                               "permutations"),
               ("shingles", f"{p['ngram_rule']} (sketched: {p['shingle_sizes']})"), ("key", p["key"]),
-              ("keep rule", p["keep"]), ("MinHash", p["minhash"])]
+              ("keep rule", p["keep"]), ("MinHash", p["minhash"]), ("oversized buckets", p["bucket_limit"]),
+              ("signature pre-filter", f"at least {p['signature_filter']['min_agreement']} of "
+                                       f"{p['signature_filter']['of']} positions agree")]
     params += [(f"P(candidate) at Jaccard {s}", v) for s, v in p["catch_probability"].items()]
     sources = pd.DataFrame(sorted(report["per_source"], key=lambda r: -(r["exact_removed"] + r["near_removed"]))
                            [:DEDUP_SOURCE_ROWS],
                            columns=["path", "records_in", "kept", "exact_removed", "near_removed", "cross_file"])
     return {
         **stage_counts(stats, folder / report_file),
-        **{k: c[k] for k in ("candidate_pairs", "verified_pairs", "rejected_candidates", "clusters", "largest_cluster",
-                             "components", "components_with_several_kept", "cross_file_duplicates",
-                             "oversized_buckets", "pairs_not_emitted")},
+        **{k: c[k] for k in ("candidate_pairs", "verified_pairs", "rejected_candidates", "signature_rejected",
+                             "clusters", "largest_cluster", "components", "components_with_several_kept",
+                             "cross_file_duplicates", "oversized_buckets", "pairs_not_emitted")},
         "bands_x_rows": f"{p['bands']} x {p['rows']}",
         "parameters": markdown_table(pd.DataFrame(params, columns=["parameter", "value"])),
         "per_source": dagster_table(sources),

@@ -376,13 +376,14 @@ def test_materialize_dedup_assets(tmp_path):
     import dagster as dg
 
     from assets.dedup import dedup_report, deduped_jsonl
-    from resources import CorpusSource, DataRoot
+    from resources import Compute, CorpusSource, DataRoot
 
     recs, truth = _corpus()
     _write(tmp_path / "cleaned_jsonl", recs, per_shard=100)
     result = dg.materialize(
         [dedup_report, deduped_jsonl],
-        resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(tmp_path))},
+        resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(tmp_path)),
+                   "compute": Compute()},
         run_config={"ops": {"dedup_report": {"config": {"sample_clusters": 4}}}},
     )
     assert result.success
@@ -466,6 +467,50 @@ def test_oversized_bucket_is_handled_and_counted(tmp_path):
     # collapses to a few survivors, each removal verified against the record it names
     assert stats["candidate_pairs"] < 40 * 39 // 2
     assert stats["docs_out"] <= 4 and stats["dropped_near_duplicate"] == 40 - stats["docs_out"]
+
+
+def _low_entropy(n: int, seed: int = 0) -> list[dict]:
+    """~200-character documents of words made of 16 syllables (their MinHash minima collide, so LSH buckets grow
+    with the corpus), one in 20 a near copy of an earlier one with a word replaced."""
+    rng = random.Random(seed)
+    syl = ["ka", "to", "ri", "ne", "su", "mo", "la", "pi", "do", "ve", "shi", "gu", "ba", "ze", "fo", "hu"]
+    vocab = ["".join(rng.choice(syl) for _ in range(rng.randint(1, 4))) for _ in range(2000)]
+    docs = []
+    for i in range(n):
+        if i > 10 and i % 20 == 0:
+            words = list(docs[rng.randrange(i)])
+            words[rng.randrange(len(words))] = rng.choice(vocab)
+        else:
+            words = [rng.choice(vocab) for _ in range(32)]
+        docs.append(words)
+    return [_rec("low.json", i, " ".join(w)) for i, w in enumerate(docs)]
+
+
+def test_low_entropy_candidates_bounded_per_document(tmp_path):
+    _write(tmp_path / "in", _low_entropy(1000))
+    # 32 bands of 2 rows: buckets of hundreds of documents already at this size (as 16 x 8 at millions)
+    bounded = DedupSettings(bands=32, rows=2, max_bucket=8, bucket_neighbours=2)
+    unbounded = DedupSettings(bands=32, rows=2, max_bucket=10**6)
+    runs = {}
+    for name, settings in (("bounded", bounded), ("unbounded", unbounded)):
+        runs[name] = build_dedup_report(tmp_path / "in", tmp_path / name, settings, workers=1)
+        write_deduped(tmp_path / "in", tmp_path / name, tmp_path / f"out-{name}", workers=1)
+    b, u = runs["bounded"], runs["unbounded"]
+    # a document has at most max_bucket - 1 candidates per band in a bucket within the limit, 2 * neighbours in an
+    # oversized one, so the pairs grow linearly with the corpus; every pair of every bucket is 4x that bound
+    bound = 1000 * 32 * max(bounded.max_bucket - 1, 2 * bounded.bucket_neighbours) // 2
+    assert b["candidate_pairs"] <= bound and u["candidate_pairs"] > 4 * bound
+    report = json.loads((tmp_path / "bounded" / REPORT_FILE).read_text())
+    assert report["counts"]["oversized_buckets"] == b["oversized_buckets"] > 0 and b["pairs_not_emitted"] > 0
+    assert u["oversized_buckets"] == 0
+    # the signature pre-filter leaves almost none of these false candidates to the exact comparison
+    assert report["counts"]["signature_rejected"] == b["signature_rejected"]
+    assert b["signature_rejected"] > 0.99 * (b["candidate_pairs"] - b["verified_pairs"])
+    assert report["parameters"]["signature_filter"]["min_agreement"] == 73  # of 128 at threshold 0.8
+    # the near copies are found as with every pair of every bucket
+    assert b["dropped_near_duplicate"] == u["dropped_near_duplicate"] > 40
+    removed = [(tmp_path / f"out-{name}" / REMOVED_FILE).read_bytes() for name in runs]
+    assert removed[0] == removed[1]
 
 
 @pytest.mark.parametrize("values,field", [({"keep": "newest"}, "dedup_report.keep"),

@@ -6,7 +6,8 @@ another process or machine:
   keys         the dedup key and its SHA-256; exact groups, one task per digest range
   signatures   per input chunk: document table, keys, MinHash signatures, band hashes
   buckets      LSH band buckets -> candidate pairs, one task per band and band-hash range
-  verify       exact Jaccard of the candidates -> verified pairs, one task per range of first documents
+  verify       signature pre-filter, then exact Jaccard of the candidates -> verified pairs, one task per range
+               of first documents
   clusters     union-find over the pairs, keep rule -> clusters.jsonl and the decisions per chunk
   report       report.json: parameters, counts, per-source counts, histogram, sample clusters
   apply        write_deduped: survivors and removed.jsonl, one task per chunk
