@@ -7,23 +7,23 @@ from assets.raw import raw_records
 from assets.telemetry import funnel_telemetry
 from assets.tokenize import tokenized_bins, tokenizer
 from automation import daily_refresh, source_sensor, whole_graph_job
-from resources import CorpusSource, DataRoot, data_root_from_env, source_from_env
+from resources import Compute, CorpusSource, DataRoot, compute_from_env, data_root_from_env, source_from_env
 
 ASSETS = [raw_records, cleaned_jsonl, dedup_report, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry]
 
 
-def build_defs(source: CorpusSource, data_root: DataRoot) -> dg.Definitions:
-    """The code location for one source and data root (tests build their own)."""
+def build_defs(source: CorpusSource, data_root: DataRoot, compute: Compute | None = None) -> dg.Definitions:
+    """The code location for one source, data root and compute engine (tests build their own)."""
     return dg.Definitions(
         assets=ASSETS,
         jobs=[whole_graph_job(str(data_root.path("")), source.path)],
         schedules=[daily_refresh],
         sensors=[source_sensor(source.path)],
-        resources={"source": source, "data_root": data_root},
+        resources={"source": source, "data_root": data_root, "compute": compute or Compute()},
         # one process per run, whatever launches it (job, UI "Materialize all", dg launch, schedule, sensor):
         # each stage fans out over its own workers, and the data root's lock is held by that one process
         executor=dg.in_process_executor,
     )
 
 
-defs = build_defs(source_from_env(), data_root_from_env())
+defs = build_defs(source_from_env(), data_root_from_env(), compute_from_env())

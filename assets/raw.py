@@ -3,8 +3,8 @@
 import dagster as dg
 
 from assets.checks import RAW_RECORDS_NOT_EMPTY, publish_only_if_passed, raw_records_not_empty
-from assets.metadata import raw_records_metadata
-from resources import CorpusSource, DataRoot
+from assets.metadata import compute_metadata, raw_records_metadata
+from resources import Compute, CorpusSource, DataRoot
 from tokenmill.common.io import staged_output
 from tokenmill.stages.raw import RawSettings, ingest
 
@@ -15,13 +15,14 @@ class RawConfig(RawSettings, dg.Config):
 
 @dg.asset(group_name="ingest", kinds={"python", "jsonl"}, code_version="1", check_specs=[RAW_RECORDS_NOT_EMPTY])
 def raw_records(context: dg.AssetExecutionContext, config: RawConfig, source: CorpusSource,
-                data_root: DataRoot):
+                data_root: DataRoot, compute: Compute):
     """Every record of the source (TOKENMILL_SOURCE: a file or a folder of .jsonl/.json/.txt/.csv, .gz too) as
     `{"id", "text", "meta", "source"}` JSONL shards with stable ids. Malformed lines, records without text,
     undecodable bytes and unreadable files go to `_rejected.jsonl` with path, line and reason."""
     src = source.resolved()  # a missing source is a clear error before any work
-    with staged_output(data_root.path("raw_records")) as out:
+    with compute.activated(context, data_root) as usage, staged_output(data_root.path("raw_records")) as out:
         stats = ingest(src, out, config, log=context.log, exclude=data_root.path(""))
         check = raw_records_not_empty(out)
         yield from publish_only_if_passed(check)
-    yield dg.MaterializeResult(metadata=raw_records_metadata(stats, data_root.path("raw_records")), check_results=[check])
+    yield dg.MaterializeResult(metadata={**raw_records_metadata(stats, data_root.path("raw_records")),
+                                         **compute_metadata(usage)}, check_results=[check])

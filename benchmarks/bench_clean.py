@@ -154,8 +154,8 @@ def contracts(tmp: Path) -> None:
     data = tmp / "data"
     code = ("import dagster as dg\n"
             "from assets.raw import raw_records\nfrom assets.clean import cleaned_jsonl\n"
-            "from resources import CorpusSource, DataRoot\n"
-            "r = dg.materialize([raw_records, cleaned_jsonl], resources={"
+            "from resources import Compute, CorpusSource, DataRoot\n"
+            "r = dg.materialize([raw_records, cleaned_jsonl], resources={'compute': Compute(), "
             f"'source': CorpusSource(path={str(POETRY)!r}), 'data_root': DataRoot(root={str(data)!r})}})\n"
             "print('materialize success:', r.success)\n")
     t0 = time.perf_counter()

@@ -1,15 +1,20 @@
-"""Resources: where the corpus comes from and where every asset writes (both settable from the environment)."""
+"""Resources: where the corpus comes from, where every asset writes and where the stages compute (all settable from
+the environment and, in the UI, from the launchpad)."""
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, activated
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
-from tokenmill.errors import SourceError
+from tokenmill.errors import ConfigError, SourceError
 from tokenmill.settings import validate_run_settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -60,6 +65,45 @@ class DataRoot(dg.ConfigurableResource):
             self._lock.release()
 
 
+class Compute(dg.ConfigurableResource):
+    """Where every stage runs its task lists: `local` (a process pool on the run's machine, the default) or `ray`
+    (Ray tasks on the cluster at `ray_address`, each declaring `task_cpus` and `task_memory_mb`). Either way the
+    outputs are byte-identical. Under Ray every node must mount the data root at the same path and run the same
+    environment (tokenmill installed)."""
+
+    engine: Literal["local", "ray"] = Field(default="local", description="local: process pool on this machine; "
+                                            "ray: the Ray cluster at ray_address (env TOKENMILL_RAY_ADDRESS sets both)")
+    workers: int = Field(default=0, ge=0, description="local engine: worker processes per stage; 0: env "
+                                                      "TOKENMILL_WORKERS, else the usable cores")
+    ray_address: str = Field(default="", description="ray engine: 'auto' (this machine is a node), 'host:port' (the "
+                                                     "head's GCS port) or 'ray://host:port' (Ray client)")
+    task_cpus: float = Field(default=1.0, gt=0, description="ray engine: CPUs each task declares")
+    task_memory_mb: int = Field(default=2048, ge=0, description="ray engine: memory each task declares (MiB)")
+    max_retries: int = Field(default=3, ge=0, description="ray engine: re-runs of a task whose worker process or "
+                                                          "node died; past them the step fails naming itself")
+
+    @contextlib.contextmanager
+    def activated(self, context: dg.AssetExecutionContext, data_root: DataRoot) -> Iterator[Usage]:
+        """Runs the stage's task lists on this engine for the block; yields the Usage for the asset's metadata."""
+        label, log = context.asset_key.to_user_string(), context.log
+        if self.engine == "local":
+            engine = LocalEngine(self.workers, label, log)
+        else:
+            if not self.ray_address:
+                raise ConfigError("compute.ray_address: the ray engine needs the cluster's address ('auto', "
+                                  "'host:port' or 'ray://host:port'; env TOKENMILL_RAY_ADDRESS)")
+            RayEngine.connect(self.ray_address)  # once per run: teardown_after_execution disconnects
+            engine = RayEngine(RayOptions(self.ray_address, self.task_cpus, self.task_memory_mb, self.max_retries),
+                               str(data_root.path("")), label, log)
+            log.info(f"ray engine: {engine.usage.nodes} nodes, {engine.usage.cpus:g} CPUs at {self.ray_address}")
+        with activated(engine) as usage:
+            yield usage
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if self.engine == "ray":
+            RayEngine.disconnect()
+
+
 def source_from_env() -> CorpusSource:
     return CorpusSource(path=os.environ.get("TOKENMILL_SOURCE", str(DEFAULT_SOURCE)))
 
@@ -67,3 +111,10 @@ def source_from_env() -> CorpusSource:
 def data_root_from_env() -> DataRoot:
     return DataRoot(root=os.environ.get("TOKENMILL_DATA", str(DEFAULT_DATA)),
                     lock_wait_seconds=float(os.environ.get("TOKENMILL_LOCK_WAIT", "0")))
+
+
+def compute_from_env() -> Compute:
+    """TOKENMILL_RAY_ADDRESS selects the ray engine; TOKENMILL_WORKERS sizes the local one."""
+    address = os.environ.get("TOKENMILL_RAY_ADDRESS", "")
+    return Compute(engine="ray" if address else "local", ray_address=address,
+                   workers=int(os.environ.get("TOKENMILL_WORKERS") or 0))

@@ -5,7 +5,7 @@ import dagster as dg
 
 from automation import WHOLE_GRAPH_JOB, daily_refresh, source_sensor
 from definitions import build_defs
-from resources import CorpusSource, DataRoot
+from resources import Compute, CorpusSource, DataRoot
 
 
 def evaluate(source_dir, instance, cursor, data_root=None):
@@ -61,7 +61,8 @@ def test_sensor_switched_on_after_a_run_with_nothing_new_requests_nothing(tmp_pa
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
     with dg.instance_for_test() as instance:
         dg.materialize([defs.get_assets_def("raw_records")], instance=instance,
-                       resources={"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data))})
+                       resources={"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data)),
+                                  "compute": Compute()})
         result, cursor = evaluate(source, instance, None, data)
         assert isinstance(result, dg.SkipReason) and "unchanged" in str(result.skip_message)
         (source / "b.jsonl").write_text('{"text": "eleven"}\n')

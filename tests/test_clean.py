@@ -444,11 +444,11 @@ def test_cleaned_jsonl_asset(demo_source, tmp_path):
 
     from assets.clean import cleaned_jsonl
     from assets.raw import raw_records
-    from resources import CorpusSource, DataRoot
+    from resources import Compute, CorpusSource, DataRoot
 
     result = dg.materialize([raw_records, cleaned_jsonl],
                             resources={"source": CorpusSource(path=str(demo_source)),
-                                       "data_root": DataRoot(root=str(tmp_path / "data"))})
+                                       "data_root": DataRoot(root=str(tmp_path / "data")), "compute": Compute()})
     assert result.success
     meta = result.asset_materializations_for_node("cleaned_jsonl")[0].metadata
     stats = read_json(tmp_path / "data" / "cleaned_jsonl" / STATS_FILE)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from definitions import build_defs
-from resources import CorpusSource, DataRoot
+from resources import Compute, CorpusSource, DataRoot
 from tokenmill.cli import main as cli_main
 from tokenmill.common.io import read_json, record_shards
 
@@ -135,7 +135,7 @@ def test_a_failing_blocking_check_keeps_the_previous_output(graph_run, tmp_path)
     rerun = build_defs(CorpusSource(path="unused"), DataRoot(root=str(root)))
     with dg.instance_for_test() as instance:
         result = dg.materialize([rerun.get_assets_def("cleaned_jsonl")], instance=instance, raise_on_error=False,
-                                resources={"data_root": DataRoot(root=str(root))},
+                                resources={"data_root": DataRoot(root=str(root)), "compute": Compute()},
                                 run_config={"ops": {"cleaned_jsonl": {"config": {"min_chars": 10**6}}}})
     assert not result.success
     (evaluation,) = result.get_asset_check_evaluations()

@@ -10,7 +10,7 @@ import dagster as dg
 import pytest
 
 from assets.raw import raw_records
-from resources import CorpusSource, DataRoot
+from resources import Compute, CorpusSource, DataRoot
 from tokenmill.common.io import (
     REJECTED_FILE,
     STATS_FILE,
@@ -58,7 +58,7 @@ def materialize_raw(source: Path, data: Path, **config):
     with dg.instance_for_test() as instance:
         return dg.materialize([raw_records], instance=instance, run_config=run_config,
                               resources={"source": CorpusSource(path=str(source)),
-                                         "data_root": DataRoot(root=str(data))})
+                                         "data_root": DataRoot(root=str(data)), "compute": Compute()})
 
 
 def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):

@@ -402,12 +402,13 @@ def test_assets_materialize(tmp_path, tok_dir):
     import dagster as dg
 
     from assets.tokenize import tokenized_bins, tokenizer
-    from resources import CorpusSource, DataRoot
+    from resources import Compute, CorpusSource, DataRoot
 
     root = tmp_path / "data"
     write_parts(root / "deduped_jsonl", [poem(i) for i in range(150)])
     res = dg.materialize([tokenizer, tokenized_bins],
-                         resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(root))},
+                         resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(root)),
+                                    "compute": Compute()},
                          run_config={"ops": {"tokenizer": {"config": {"vocab_size": 400}},
                                              "tokenized_bins": {"config": {"shard_tokens": 3000}}}})
     assert res.success

@@ -40,3 +40,8 @@ class DataRootBusyError(TokenmillError):
 
 class CapacityError(TokenmillError):
     """A value does not fit the on-disk format (token ids beyond the dtype, offsets beyond int64, ...)."""
+
+
+class ComputeError(TokenmillError):
+    """The compute engine failed a step: a Ray cluster unreachable, a node or worker lost past its retries, a node
+    that cannot see the data root (the step, node and address named)."""

@@ -1,4 +1,5 @@
-"""Process fan-out for shard-by-shard stages: the same task list runs in-process or over a pool."""
+"""Process fan-out for shard-by-shard stages: the same task list runs in-process, over a pool, or on the engine
+that `tokenmill.common.compute` made active for the current asset (a Ray cluster)."""
 from __future__ import annotations
 
 import contextlib
@@ -7,8 +8,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterable, Iterator, TypeVar
+from typing import Protocol, TypeVar
 
 from tokenmill.common.failpoints import failpoint
 
@@ -16,8 +18,39 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+class Engine(Protocol):
+    """Where map_ordered runs tasks while an asset has activated it (tokenmill.common.compute)."""
+
+    def workers(self) -> int:
+        """Tasks that can run at once: what stages plan their task lists for."""
+
+    def map(self, fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
+        """fn(task) for each task, in task order."""
+
+
+_engine: Engine | None = None  # process-wide: the Dagster run process executes one step at a time
+
+
+@contextlib.contextmanager
+def engine_in_use(engine: Engine) -> Iterator[Engine]:
+    """Routes every map_ordered and default_workers call of this process to `engine` for the block."""
+    global _engine
+    previous, _engine = _engine, engine
+    try:
+        yield engine
+    finally:
+        _engine = previous
+
+
 def default_workers() -> int:
-    """Worker processes for a stage: TOKENMILL_WORKERS, else the usable cores."""
+    """Worker processes for a stage: the active engine's, else TOKENMILL_WORKERS, else the usable cores."""
+    if _engine is not None:
+        return _engine.workers()
+    return local_workers()
+
+
+def local_workers() -> int:
+    """TOKENMILL_WORKERS, else the usable cores."""
     env = os.environ.get("TOKENMILL_WORKERS")
     if env:
         return max(1, int(env))
@@ -59,13 +92,21 @@ def _exit_with_parent(parent_pid: int) -> None:
 
 
 def map_ordered(fn: Callable[[T], R], tasks: Iterable[T], workers: int | None = None) -> Iterator[R]:
-    """Yields fn(task) for each task, in task order, using `workers` processes (1: in this process).
+    """Yields fn(task) for each task, in task order, on the active engine, else over `workers` local processes
+    (1: in this process).
 
-    Results come back in order so outputs are byte-identical whatever the worker count. `spawn` keeps
-    workers free of the parent's threads and locks (the Dagster run process has several).
+    Results come back in order so outputs are byte-identical whatever the worker count or engine.
     """
     tasks = list(tasks)
     workers = default_workers() if workers is None else workers
+    if _engine is not None:
+        return _engine.map(fn, tasks, workers)
+    return pool_map(fn, tasks, workers)
+
+
+def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
+    """The local engine: fn over `workers` spawned processes, results in task order (1: in this process).
+    `spawn` keeps workers free of the parent's threads and locks (the Dagster run process has several)."""
     if workers <= 1 or len(tasks) <= 1:
         for task in tasks:
             yield fn(task)

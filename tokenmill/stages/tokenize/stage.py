@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from pathlib import Path
 
 from tokenmill.common.io import write_stats
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
-from tokenmill.stages.tokenize.encode import EncodeTask, encode_task, encoder, plan_ranges
+from tokenmill.stages.tokenize.encode import EncodeTask, encode_task, encoder, load_splits, plan_ranges
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
 from tokenmill.stages.tokenize.shards import RejectedWriter, SplitWriters, token_dtype_for
 from tokenmill.stages.tokenize.summary import RunTotals, stage_stats
@@ -52,6 +53,9 @@ def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, lo
     return stats
 
 
+ENCODED_DIR = ".encoded"  # the encode tasks' arrays, each file removed once packed
+
+
 def tokenize_corpus(in_dir: Path, tokenizer_dir: Path, out_dir: Path, settings: ShardSettings,
                     workers: int | None = None, log=None) -> dict:
     """Writes out_dir/train/ and out_dir/val/ (docs/format.md), _rejected.json and _stats.json.
@@ -68,8 +72,10 @@ def tokenize_corpus(in_dir: Path, tokenizer_dir: Path, out_dir: Path, settings: 
     workers = default_workers() if workers is None else max(1, workers)
     ranges = plan_ranges(Path(in_dir), settings.task_bytes, workers)
     threads = workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
-    tasks = [EncodeTask(r, pin, settings, dtype.name, threads) for r in ranges]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    encoded = out_dir / ENCODED_DIR
+    encoded.mkdir(parents=True, exist_ok=True)
+    tasks = [EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}.pkl"))
+             for i, r in enumerate(ranges)]
     totals = RunTotals(settings.training_type)
     progress = Progress("tokenized_bins", total=sum(r.end - r.start for r in ranges), unit="bytes", log=log)
     writers = SplitWriters(out_dir, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
@@ -77,6 +83,7 @@ def tokenize_corpus(in_dir: Path, tokenizer_dir: Path, out_dir: Path, settings: 
     try:
         rejected = RejectedWriter(out_dir)
         for task, result in zip(tasks, map_ordered(encode_task, tasks, workers)):
+            load_splits(result)
             totals.add(result)
             rejected.extend(result.rejected)
             writers.add(result.splits)
@@ -89,6 +96,8 @@ def tokenize_corpus(in_dir: Path, tokenizer_dir: Path, out_dir: Path, settings: 
         if rejected is not None:
             rejected.abort()
         raise
+    finally:
+        shutil.rmtree(encoded, ignore_errors=True)
     progress.finish()
     stats = stage_stats(settings, totals, manifests, enc=enc, token_dtype=dtype,
                         bytes_on_disk=writers.bytes_per_key(), seconds=time.perf_counter() - t0, workers=workers,

@@ -1,0 +1,196 @@
+"""The Ray engine on a real local cluster started by these tests (ray.cluster_utils.Cluster: a head node and, from
+the second test on, a second node of one CPU each, on free ports): the whole graph writes the same files as the
+local engine, launched through the webserver's launchpad too; a worker killed mid-task is retried; a lost node fails
+the run naming the step and a rerun succeeds; a node that cannot see the data root is named."""
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from definitions import build_defs  # noqa: E402
+from devtools.dagster_server import DagsterDev  # noqa: E402
+from resources import Compute, CorpusSource, DataRoot  # noqa: E402
+from tokenmill.common.compute import RayEngine, RayOptions, activated  # noqa: E402
+from tokenmill.common.parallel import map_ordered  # noqa: E402
+from tokenmill.errors import ComputeError  # noqa: E402
+
+pytestmark = pytest.mark.timeout(900)
+SKIPPED = {"_timings.json"}  # seconds and worker counts; every other file must be byte-identical
+STEP = "tokenized_bins:encode_task"  # the demo corpus's step with the most tasks (6) and the longest ones
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def files(root: Path) -> dict[str, bytes]:
+    """Every published file under the data root (stage symlinks followed), but the timings."""
+    out = {}
+    for stage in sorted(p for p in root.iterdir() if p.is_symlink()):
+        for f in sorted(stage.rglob("*")):
+            if f.is_file() and f.name not in SKIPPED:
+                out[str(f.relative_to(root))] = f.read_bytes()
+    return out
+
+
+def same_files(expected: dict[str, bytes], root: Path) -> list[str]:
+    got = files(root)
+    return sorted(set(expected) ^ set(got)) + [k for k in expected if k in got and expected[k] != got[k]]
+
+
+def run_job(source: Path, root: Path, compute: Compute, raise_on_error: bool = True):
+    defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(root)), compute)
+    with dg.instance_for_test() as instance:
+        return defs.resolve_job_def("tokenmill_all").execute_in_process(instance=instance,
+                                                                         raise_on_error=raise_on_error)
+
+
+def step_usage(result, asset: str) -> dict:
+    event = next(e for e in result.get_asset_materialization_events() if e.asset_key.to_user_string() == asset)
+    md = event.materialization.metadata
+    return {"engine": md["engine"].value, "nodes": md["nodes"].value, "steps": md["step_seconds"].value}
+
+
+def error_text(error) -> str:
+    """A step's error with its causes, as Dagster recorded them."""
+    return "" if error is None else f"{error.cls_name}: {error.message}\n{error_text(error.cause)}"
+
+
+def task_processes(step: str, parent: int | None = None) -> list[int]:
+    """Ray workers running a task of `step` now (Ray titles a busy worker `ray::<task name>`), under `parent`."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            title = (proc / "cmdline").read_bytes().split(b"\0")[0].decode()
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if title.startswith(f"ray::{step}") and (parent is None or ppid == parent):
+            pids.append(int(proc.name))
+    return pids
+
+
+class WhenTaskRuns(threading.Thread):
+    """Calls `action(pid)` once, as soon as a worker runs a task of `step` (under `parent`)."""
+
+    def __init__(self, step: str, action, parent: int | None = None, timeout: float = 300):
+        super().__init__(daemon=True)
+        self.step, self.action, self.parent, self.timeout = step, action, parent, timeout
+        self.hit: int | None = None
+        self.stop = threading.Event()
+
+    def run(self):
+        deadline = time.monotonic() + self.timeout
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            pids = task_processes(self.step, self.parent)
+            if pids:
+                self.hit = pids[0]
+                self.action(pids[0])
+                return
+            time.sleep(0.002)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    c = Cluster(initialize_head=True, head_node_args={"gcs_server_port": free_port(), "num_cpus": 1,
+                                                       "include_dashboard": False})
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def second_node(cluster):
+    return cluster.add_node(num_cpus=1)
+
+
+@pytest.fixture(scope="module")
+def local_files(tmp_path_factory, demo_source):
+    root = tmp_path_factory.mktemp("local")
+    assert run_job(demo_source, root, Compute(engine="local", workers=2)).success
+    return files(root)
+
+
+def test_one_node_through_the_launchpad_same_files(cluster, local_files, tmp_path):
+    """The UI path: `dagster dev`, the job launched through GraphQL with the ray engine set in the run config
+    (what the launchpad sends), on the code location's default local Compute."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    data = tmp_path / "data"
+    with DagsterDev(tmp_path / "home", env={"TOKENMILL_DATA": str(data), "TOKENMILL_RAY_ADDRESS": ""}) as server:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
+        run_id = client.submit_job_execution("tokenmill_all", repository_location_name="tokenmill", run_config={
+            "resources": {"compute": {"config": {"engine": "ray", "ray_address": cluster.address}}}})
+        server.wait_for_run(run_id)
+        usage = server.latest_metadata("tokenized_bins")
+    assert usage["engine"] == "ray" and usage["nodes"] == 1
+    assert same_files(local_files, data) == []
+
+
+def test_two_nodes_same_files_and_tasks_on_both(cluster, second_node, local_files, demo_source, tmp_path):
+    result = run_job(demo_source, tmp_path, Compute(engine="ray", ray_address=cluster.address))
+    assert same_files(local_files, tmp_path) == []
+    usage = step_usage(result, "tokenized_bins")
+    assert usage["engine"] == "ray" and usage["nodes"] == 2
+    assert usage["steps"][STEP]["tasks"] == 6 and usage["steps"][STEP]["nodes"] == 2, usage
+    assert set(step_usage(result, "dedup_report")["steps"]) == {f"dedup_report:{s}" for s in (
+        "sketch_chunk", "exact_groups", "lsh_inputs", "bucket_pairs", "verify_range")}
+
+
+def test_worker_killed_mid_task_is_retried(cluster, second_node, local_files, demo_source, tmp_path):
+    killer = WhenTaskRuns(STEP, lambda pid: os.kill(pid, signal.SIGKILL))
+    killer.start()
+    try:
+        result = run_job(demo_source, tmp_path, Compute(engine="ray", ray_address=cluster.address, max_retries=2))
+    finally:
+        killer.stop.set()
+    assert killer.hit is not None, "no encode task was seen running"
+    assert result.success
+    assert same_files(local_files, tmp_path) == []
+
+
+def test_lost_node_fails_naming_the_step_and_a_rerun_succeeds(cluster, second_node, local_files, demo_source,
+                                                                tmp_path):
+    """Without retries left, a node lost mid-step fails the run with ComputeError naming the step; nothing half
+    done is published, and a rerun on the remaining node writes the same files."""
+    raylet = second_node.all_processes["raylet"][0].process.pid
+    loser = WhenTaskRuns(STEP, lambda pid: cluster.remove_node(second_node, allow_graceful=False), parent=raylet)
+    loser.start()
+    try:
+        result = run_job(demo_source, tmp_path, Compute(engine="ray", ray_address=cluster.address, max_retries=0),
+                         raise_on_error=False)
+    finally:
+        loser.stop.set()
+    assert loser.hit is not None, "no encode task was seen running on the second node"
+    assert not result.success
+    text = error_text(result.failure_data_for_node("tokenized_bins").error)
+    assert "ComputeError" in text and f"step {STEP}" in text, text
+    assert not (tmp_path / "tokenized_bins").exists()
+
+    rerun = run_job(demo_source, tmp_path, Compute(engine="ray", ray_address=cluster.address))
+    assert rerun.success
+    assert same_files(local_files, tmp_path) == []
+
+
+def test_node_without_the_data_root_is_named(cluster, tmp_path):
+    RayEngine.connect(cluster.address)
+    try:
+        missing = str(tmp_path / "not-mounted")
+        engine = RayEngine(RayOptions(cluster.address), missing)
+        with activated(engine), pytest.raises(ComputeError, match=rf"node .* cannot see the data root {missing}"):
+            list(map_ordered(abs, [-1, -2]))
+    finally:
+        RayEngine.disconnect()

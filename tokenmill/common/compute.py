@@ -1,0 +1,193 @@
+"""Compute engines behind `map_ordered`: the local process pool (the default) or a Ray cluster.
+
+An asset activates one engine around its stage call (`activated`); every `map_ordered` of the stage then runs its
+tasks there, unchanged. Under Ray each task is a Ray task with declared CPUs and memory, retried by Ray when its
+worker process or node dies (`max_retries`); the run process only schedules and merges the small results. Tasks
+read and write the data root themselves, so every node must mount it at the same path: a task on a node that
+cannot see it fails naming the node and the path. Results still come back in task order, so the outputs are
+byte-identical whatever the engine, the number of nodes or the order in which tasks finish.
+
+`Usage` records what an asset used (engine, nodes, CPUs, seconds and tasks per step) for its metadata, and each
+step logs tasks done / total with rate and ETA.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from tokenmill.common.parallel import engine_in_use, local_workers, pool_map
+from tokenmill.common.progress import Progress
+from tokenmill.errors import ComputeError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+PROGRESS_SECONDS = 10.0  # at most one progress line per step this often (and one when the step ends)
+
+
+@dataclass
+class Usage:
+    """What one asset's steps used: filled in by the engine, read back for the asset's metadata."""
+
+    engine: str
+    nodes: int
+    cpus: float
+    steps: dict[str, dict] = field(default_factory=dict)  # step -> seconds, tasks, nodes (the nodes its tasks ran on)
+
+    def add(self, step: str, tasks: int, seconds: float, nodes: set[str]) -> None:
+        entry = self.steps.setdefault(step, {"seconds": 0.0, "tasks": 0, "nodes": 0})
+        entry["seconds"] = round(entry["seconds"] + seconds, 3)
+        entry["tasks"] += tasks
+        entry["nodes"] = max(entry["nodes"], len(nodes))
+
+
+class LocalEngine:
+    """Today's behaviour: a spawned process pool on this machine (TOKENMILL_WORKERS, else the usable cores)."""
+
+    name = "local"
+
+    def __init__(self, workers: int = 0, label: str = "", log=None):
+        self._workers = workers or local_workers()
+        self.label, self.log = label, log
+        self.usage = Usage(self.name, nodes=1, cpus=self._workers)
+
+    def workers(self) -> int:
+        return self._workers
+
+    def map(self, fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
+        step = _Step(self.usage, _step_name(self.label, fn), len(tasks), self.log)
+        for result in pool_map(fn, tasks, workers):
+            step.task_done(socket.gethostname())
+            yield result
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """How each task is declared to Ray."""
+
+    address: str  # "auto", "host:port" (this machine joins as a driver) or "ray://host:port" (Ray client)
+    task_cpus: float = 1.0
+    task_memory_mb: int = 2048
+    max_retries: int = 3  # re-runs of a task whose worker process or node died (its exceptions are never retried)
+
+
+class RayEngine:
+    """Tasks as Ray tasks on the cluster at `options.address`; connected once per run (`connect`)."""
+
+    name = "ray"
+
+    def __init__(self, options: RayOptions, data_root: str, label: str = "", log=None):
+        import ray
+
+        self.ray, self.options, self.data_root = ray, options, data_root
+        self.label, self.log = label, log
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        self.usage = Usage(self.name, nodes=len(nodes), cpus=sum(n["Resources"].get("CPU", 0) for n in nodes))
+
+    @staticmethod
+    def connect(address: str) -> None:
+        """Joins the cluster (once per process and address); a wrong address is a clear error."""
+        import ray
+
+        if ray.is_initialized():
+            return
+        try:
+            ray.init(address=address, logging_level="WARNING", log_to_driver=False,
+                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        except (ConnectionError, RuntimeError) as e:
+            raise ComputeError(f"compute.ray_address {address!r}: no Ray cluster reachable ({e}); start one with "
+                               f"`ray start --head` or set TOKENMILL_RAY_ADDRESS") from e
+
+    @staticmethod
+    def disconnect() -> None:
+        import ray
+
+        ray.shutdown()
+
+    def workers(self) -> int:
+        return max(1, int(self.usage.cpus // self.options.task_cpus))
+
+    def map(self, fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
+        """Every task goes to the cluster (even where the local engine would run it in-process: the run process
+        only schedules); results are taken in task order, and unfinished tasks are cancelled if the step fails."""
+        ray, opt = self.ray, self.options
+        step = _step_name(self.label, fn)
+        remote = ray.remote(run_task).options(
+            name=step, num_cpus=opt.task_cpus, memory=opt.task_memory_mb << 20, max_retries=opt.max_retries,
+            retry_exceptions=False)
+        tracker = _Step(self.usage, step, len(tasks), self.log)
+        refs = [remote.remote(fn, task, self.data_root) for task in tasks]
+        try:
+            for i, ref in enumerate(refs):
+                result, node = self._result(ref, step, i, len(tasks))
+                tracker.task_done(node)
+                yield result
+        finally:
+            for ref in refs:
+                ray.cancel(ref, force=True)  # a no-op for finished tasks
+
+    def _result(self, ref, step: str, i: int, n: int):
+        from ray.exceptions import RayError, RayTaskError
+
+        try:
+            return self.ray.get(ref)
+        except RayTaskError as e:
+            raise e.as_instanceof_cause() from None  # the task's own error (CorruptOutputError, ...), unchanged
+        except RayError as e:
+            raise ComputeError(
+                f"step {step}: task {i + 1} of {n} failed on the Ray cluster at {self.options.address} after "
+                f"{self.options.max_retries} retries ({type(e).__name__}: {str(e).strip().splitlines()[0]}): a node "
+                f"or worker process was lost; rerun once the cluster is healthy") from e
+
+
+def run_task(fn: Callable[[T], R], task: T, data_root: str) -> tuple[R, str]:
+    """On a Ray worker: fn(task), after checking this node sees the data root; returns the result and node id."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id()
+    if data_root and not os.path.isdir(data_root):
+        raise ComputeError(f"node {socket.gethostname()} ({ray.util.get_node_ip_address()}, Ray node {node[:12]}) "
+                           f"cannot see the data root {data_root}: every node of the cluster must mount it at the "
+                           f"same path")
+    return fn(task), node
+
+
+def _step_name(label: str, fn: Callable) -> str:
+    name = getattr(fn, "__name__", str(fn))
+    return f"{label}:{name}" if label else name
+
+
+class _Step:
+    """One map over a task list: progress lines, and its seconds, tasks and nodes recorded in `usage` when the
+    last result arrives (consumers such as zip() may never ask the iterator for its end)."""
+
+    def __init__(self, usage: Usage, name: str, tasks: int, log):
+        self.usage, self.name, self.tasks, self.log = usage, name, tasks, log
+        self.nodes: set[str] = set()
+        self.progress = Progress(f"{usage.engine} {name}", total=tasks, unit="tasks", log=log,
+                                 interval=PROGRESS_SECONDS)
+        if not tasks:
+            self._end()
+
+    def task_done(self, node: str) -> None:
+        self.nodes.add(node)
+        self.progress.advance()
+        if self.progress.done == self.tasks:
+            self._end()
+
+    def _end(self) -> None:
+        self.usage.add(self.name, self.tasks, time.perf_counter() - self.progress.start, self.nodes)
+        if self.log is not None:
+            self.progress.finish()
+
+
+@contextlib.contextmanager
+def activated(engine: LocalEngine | RayEngine) -> Iterator[Usage]:
+    """Runs every map_ordered of the block on `engine`; yields its Usage."""
+    with engine_in_use(engine):
+        yield engine.usage
