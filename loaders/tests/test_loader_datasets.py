@@ -140,3 +140,36 @@ def test_record_dataset_sft_and_pad_collate(sft):
     assert b["attention_mask"].sum(1).tolist() == n
     for i in range(3):
         assert (b["input_ids"][i, n[i]:] == 2).all() and (b["labels"][i, n[i]:] == -100).all()
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_readme_loop_on_cpu_cross_entropy_straight_from_the_dataloader(sft, workers):
+    """F.cross_entropy takes int64 targets only: the loaders' labels are int64 (ids stay compact), for token
+    windows, padded records, packed and mixed batches; DevicePrefetcher asks for compact host labels and upcasts
+    them itself."""
+    import torch.nn.functional as F
+
+    from tokenmill_loader import DataLoader, DevicePrefetcher, MixedLoader, PackingLoader
+
+    path, _ = sft
+    vocab = 1000
+
+    def loaders():
+        windows = DataLoader(TokenDataset(path, 16), batch_size=4, seed=0, num_workers=workers)
+        packed = PackingLoader(RecordDataset(path), max_tokens=64, num_workers=workers)
+        return {"windows": windows, "padded": DataLoader(RecordDataset(path), batch_size=4, num_workers=workers),
+                "packed": packed, "mixed": MixedLoader({"w": windows, "p": packed}, {"w": 1, "p": 1},
+                                                       on_exhausted="stop")}
+
+    for name, loader in loaders().items():
+        for batch in loader:
+            logits = torch.zeros(*batch["input_ids"].shape, vocab)
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["labels"][:, 1:].flatten())  # shift once
+            assert torch.isfinite(loss), name
+            assert batch["labels"].dtype == torch.int64 and batch["input_ids"].dtype == torch.int32, name
+    for name, loader in loaders().items():
+        prefetched = iter(DevicePrefetcher(loader, "cpu"))
+        assert next(prefetched)["labels"].dtype == torch.int64
+        assert loader.compact_labels, name  # what crosses to the device: int32
+        prefetched.close()
+        assert not loader.compact_labels and next(iter(loader))["labels"].dtype == torch.int64, name

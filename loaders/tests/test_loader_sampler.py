@@ -56,14 +56,14 @@ def test_order_independent_of_number_of_epochs(fsm):
 
 
 @ORDERS
-@pytest.mark.parametrize("length,world,workers,drop_last", [(101, 3, 2, False), (100, 4, 3, False),
-                                                            (7, 2, 2, False), (101, 3, 2, True)])
-def test_rank_worker_shards_disjoint_and_cover(length, world, workers, drop_last, fsm):
+@pytest.mark.parametrize("length,world,workers,mode", [(101, 3, 2, "even"), (100, 4, 3, "even"), (7, 2, 2, "even"),
+                                                       (101, 3, 2, "drop_last"), (101, 3, 2, "uneven")])
+def test_rank_worker_shards_disjoint_and_cover(length, world, workers, mode, fsm):
     seen = []
     counts = []
     for rank in range(world):
-        s = ResumableSampler(length, batch_size=4, seed=1, rank=rank, world_size=world, drop_last=drop_last,
-                             full_shuffle_max=fsm)
+        s = ResumableSampler(length, batch_size=4, seed=1, rank=rank, world_size=world, drop_last=mode == "drop_last",
+                             even=mode != "uneven", full_shuffle_max=fsm)
         s.set_epoch(2)
         rank_share = set(s.rank_indices().tolist())
         parts = [s.shard(worker_id=w, num_workers=workers).tolist() for w in range(workers)]
@@ -72,9 +72,13 @@ def test_rank_worker_shards_disjoint_and_cover(length, world, workers, drop_last
             seen.extend(p)
         counts.append(len(rank_share))
     assert len(seen) == len(set(seen))  # disjoint across ranks and workers
-    if drop_last:
+    perm = s.permutation(2).tolist()
+    if mode == "drop_last":
         assert len(set(counts)) == 1 and counts[0] % 4 == 0  # equal whole batches per rank
         assert len(seen) == (length // world // 4) * 4 * world
+    elif mode == "even":  # equal shares; the order's last length % world items are left out
+        assert counts == [length // world] * world
+        assert sorted(seen) == sorted(perm[:length - length % world])
     else:
         assert sorted(seen) == list(range(length))  # together they cover the epoch
         assert max(counts) - min(counts) <= 1

@@ -18,7 +18,7 @@ _SOURCES = {
     "MixedLoader": ".mixing", "DevicePrefetcher": ".prefetch",
 }
 __all__ = ["DatasetError", *_SOURCES]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

@@ -6,8 +6,13 @@ import functools
 import torch
 from torch.utils.data import default_collate
 
-from .datasets import RecordDataset, batched_collate, pad_collate
+from .datasets import RecordDataset, batched_collate, long_labels, pad_collate
 from .sampler import ResumableSampler, iter_chunks
+
+
+def long_labels_collate(samples, collate_fn):
+    """`collate_fn`, then every `*labels` entry as int64."""
+    return long_labels(collate_fn(samples))
 
 
 class _ResumableBatchSampler:
@@ -38,12 +43,18 @@ class DataLoader(torch.utils.data.DataLoader):
     - Order: ResumableSampler(seed, shuffle, rank, world_size, drop_last); epoch e has its own order.
     - The loader is a cursor: each `iter()` continues where the trainer stopped; when an epoch has been
       fully yielded the next `iter()` starts the next epoch (or call `set_epoch`).
-    - `state_dict()` counts batches yielded to the caller (not what workers prefetched):
-      {epoch, position (samples of this rank consumed), ...}. `load_state_dict()` before iterating
-      resumes at the next batch exactly, in any process, with any num_workers.
+    - DDP (world_size > 1): every rank gets the same number of batches (the epoch's last
+      len % world_size samples are left out, see ResumableSampler), so a collective per batch never hangs.
+    - `state_dict()` counts batches yielded to the caller (not what workers prefetched), in samples:
+      {epoch, position (samples of the epoch's order consumed by all ranks together), ...}, the same on
+      every rank. `load_state_dict()` before iterating resumes at the next sample exactly, in any process,
+      with any num_workers, batch_size or world_size (each rank passes its own rank and world_size).
     - Datasets with `get_batch` (TokenDataset) are read one batch per vectorized call; their batches
       are already collated; RecordDataset batches are padded (pad_collate). pin_memory defaults
       to True only when CUDA is available.
+    - `labels` (and `chosen_labels`, ...) come as int64, which F.cross_entropy needs when the batch is used
+      as it is (CPU). `compact_labels=True` keeps them in the dataset's compact dtype (int32 for uint16
+      tokens); DevicePrefetcher sets it while it iterates, since it upcasts on the device after a half-size copy.
     - num_workers defaults to 0: with vectorized batch reads from the page cache the main process is
       fastest (see benchmarks/bench_loader.py: worker processes pay for copying every batch between
       processes).
@@ -51,7 +62,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
     def __init__(self, dataset, batch_size: int = 1, shuffle: bool = True, seed: int = 0, rank: int = 0,
                  world_size: int = 1, drop_last: bool = False, num_workers: int = 0, collate_fn=None,
-                 pin_memory: bool | None = None, full_shuffle_max: int = 1 << 22, **kwargs):
+                 pin_memory: bool | None = None, full_shuffle_max: int = 1 << 22, compact_labels: bool = False,
+                 **kwargs):
         sampler = ResumableSampler(len(dataset), batch_size=batch_size, seed=seed, shuffle=shuffle,
                                    rank=rank, world_size=world_size, drop_last=drop_last,
                                    full_shuffle_max=full_shuffle_max)
@@ -68,6 +80,15 @@ class DataLoader(torch.utils.data.DataLoader):
                          num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, **kwargs)
         self.resumable_sampler = sampler
         self._per_batch = batch_size
+        self._collate = collate_fn
+        self.set_compact_labels(compact_labels)
+
+    def set_compact_labels(self, compact: bool) -> None:
+        """Labels in the dataset's compact dtype (True) or int64 (False), from the next iter() on (persistent
+        workers keep the collate they started with)."""
+        self.compact_labels = bool(compact)
+        self.collate_fn = self._collate if compact else functools.partial(long_labels_collate,
+                                                                          collate_fn=self._collate)
 
     def __iter__(self):
         s = self.resumable_sampler

@@ -107,6 +107,16 @@ class MixedLoader:
         return {"step": self.step, "counts": self.counts.tolist(), "seed": self.seed, "names": list(self.names),
                 "inner": {n: ld.state_dict() for n, ld in zip(self.names, self.loaders)}}
 
+    @property
+    def compact_labels(self) -> bool:
+        return all(getattr(ld, "compact_labels", True) for ld in self.loaders)
+
+    def set_compact_labels(self, compact: bool) -> None:
+        """Passed on to the sources that have it (DevicePrefetcher asks for compact host labels)."""
+        for ld in self.loaders:
+            if hasattr(ld, "set_compact_labels"):
+                ld.set_compact_labels(compact)
+
     def load_state_dict(self, state: dict) -> None:
         if list(state["names"]) != self.names:
             raise ValueError(f"mixed state is for sources {state['names']}, this loader has {self.names}")

@@ -6,7 +6,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .datasets import IGNORE_INDEX
+from .datasets import IGNORE_INDEX, long_labels
 from .sampler import ResumableSampler, iter_chunks
 
 
@@ -48,7 +48,9 @@ def _num_tokens(sample) -> int:
 class PackingLoader:
     """Packs variable-length samples (e.g. RecordDataset sft records) into token-budget batches.
 
-    Source order: ResumableSampler(seed, shuffle, rank, world_size) over the dataset. The loader keeps
+    Source order: ResumableSampler(seed, shuffle, rank, world_size, even=False) over the dataset: the ranks
+    together read every sample, and get different numbers of batches (with DDP, stop every rank when the
+    first runs out, e.g. an all_reduce of a "done" flag each step). The loader keeps
     a pool of up to `pool_size` samples and forms each batch by greedy bin packing:
 
     - the oldest sample in the pool starts the batch (no sample waits forever);
@@ -69,6 +71,8 @@ class PackingLoader:
     (int32, num_samples + 1), `max_seqlen`, `indices` (dataset indices of the samples). Labels are
     -100 at the first token of each sample, so the model's single shift never predicts across samples.
     Output `padded`: (B, Lmax) tensors with `attention_mask`, labels -100 and `pad_id` on padding.
+    Labels are int64 (what F.cross_entropy takes) unless `compact_labels=True` (DevicePrefetcher sets it
+    while it iterates), as in DataLoader.
 
     Resumable, counting source samples: state = (epoch, source position of the next unread sample,
     source positions of the samples left in the pool); loading it re-reads exactly that pool.
@@ -78,7 +82,8 @@ class PackingLoader:
                  long_threshold: int | None = None, strategy: str = "prefer_closest", output: str = "flat",
                  pad_id: int = 0, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, num_tokens: Callable | None = None, collate_fn: Callable | None = None,
-                 pin_memory: bool | None = None, read_chunk: int = 32, full_shuffle_max: int = 1 << 22):
+                 pin_memory: bool | None = None, read_chunk: int = 32, full_shuffle_max: int = 1 << 22,
+                 compact_labels: bool = False):
         if strategy not in ("prefer_closest", "prefer_first"):
             raise ValueError(f"strategy must be prefer_closest or prefer_first, not {strategy!r}")
         if output not in ("flat", "padded"):
@@ -98,8 +103,9 @@ class PackingLoader:
         self.collate_fn = collate_fn
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.read_chunk = int(read_chunk)
+        self.compact_labels = bool(compact_labels)
         self.sampler = ResumableSampler(len(dataset), 1, seed, shuffle, rank, world_size, drop_last=False,
-                                        full_shuffle_max=full_shuffle_max)
+                                        full_shuffle_max=full_shuffle_max, even=False)
         self.epoch = 0
         self._src_pos = 0          # next source position (index into this rank's order) to read
         self._pool_pos: list[int] = []  # source positions of the samples in the pool, pool order
@@ -126,6 +132,10 @@ class PackingLoader:
         self.epoch = int(epoch)
         self._src_pos = 0
         self._pool_pos = []
+
+    def set_compact_labels(self, compact: bool) -> None:
+        """Labels in the dataset's compact dtype (True) or int64 (False)."""
+        self.compact_labels = bool(compact)
 
     # ------------------------------------------------------------------ source
     def _source(self, order: np.ndarray, start: int):
@@ -230,6 +240,8 @@ class PackingLoader:
         idx = torch.tensor([x[1] for x in chosen], dtype=torch.int64)
         batch = self._flat(samples) if self.output == "flat" else self._padded(samples)
         batch["indices"] = idx
+        if not self.compact_labels:
+            batch = long_labels(batch)
         if self.pin_memory:
             batch = {k: (v.pin_memory() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
         return batch

@@ -37,6 +37,9 @@ class DevicePrefetcher:
     stream waits for the side stream (wait_stream), and every tensor of the batch is marked with
     record_stream(current stream) so the caching allocator never reuses its memory while compute may
     still read it. On a CPU device the batches pass through (upcast too when `upcast=True`).
+    With `upcast=True` a loader that can (`set_compact_labels`: DataLoader, PackingLoader, MixedLoader) gives
+    compact host labels while this iterates, so they cross to the device at half size and become int64 there;
+    iterated on its own the loader gives int64 labels again.
     State calls (state_dict/load_state_dict/set_epoch) go to the wrapped loader; note the wrapped
     loader counts the one batch held in advance as consumed, so save state from the loader *before*
     prefetching further, or use `state_dict()` here, which reports the loader's state as of the batch
@@ -72,6 +75,16 @@ class DevicePrefetcher:
         return sd() if sd is not None else None
 
     def __iter__(self):
+        switch = self.upcast and getattr(self.loader, "compact_labels", True) is False
+        if switch:
+            self.loader.set_compact_labels(True)
+        try:
+            yield from self._batches()
+        finally:
+            if switch:
+                self.loader.set_compact_labels(False)
+
+    def _batches(self):
         if self.device.type != "cuda":
             for batch in self.loader:
                 self._state_for_current = self._snapshot()

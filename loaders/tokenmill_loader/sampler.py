@@ -101,18 +101,27 @@ class ResumableSampler(torch.utils.data.Sampler):
       Up to `full_shuffle_max` items (default 2^22) the permutation is numpy's (uniform); above it a
       keyed Feistel bijection (also from the SeedSequence) is evaluated lazily, so start-up and resume
       stay O(1) in time and memory for any length.
-    - Rank r of world_size W gets perm[r::W] (disjoint strided shares that together cover the epoch).
-      drop_last=True trims every rank to the same whole number of batches (what DDP needs); the
-      trimmed tail is skipped for this epoch only. drop_last=False: shares may differ by one item.
+    - Rank r of world_size W gets perm[r::W], and every rank gets the same number of items, so
+      ranks stepping together (DDP: a collective per batch) all reach the end of the epoch at the
+      same batch. drop_last=False (default): the epoch's last len % W items are left out (fewer than
+      W, a different few each epoch since the order changes); with W = 1 nothing is left out.
+      Left out rather than padded with repeats (torch's DistributedSampler pads by default): an epoch
+      then holds every sample at most once, which exact resume and sample accounting rely on.
+      drop_last=True: whole batches only, the same number on every rank. even=False: shares differ by
+      at most one and together cover the epoch (PackingLoader: its batch counts differ across ranks anyway).
     - Worker sharding (for iterable use): `shard(epoch, worker_id, num_workers)` is the rank share
       [worker_id::num_workers]; disjoint across workers, together the rank share.
-    - State is (epoch, position): `position` items of this rank's share were consumed. Resuming
-      regenerates the order from the seed and slices it: no replay, the cost does not depend on
-      the position.
+    - State is (epoch, position) in samples of the epoch's global order: ranks move in lockstep, so
+      after each rank consumed p items the first p * W items of the order are consumed, whatever
+      the rank: every rank saves the same state. Loading it under any world size (and rank,
+      batch size or worker count) deals the rest of the order, perm[position:], out as above:
+      no sample is seen twice or skipped. Resuming regenerates the order from the seed and slices
+      it: no replay, the cost does not depend on the position.
     """
 
     def __init__(self, length: int, batch_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False, full_shuffle_max: int = 1 << 22):
+                 rank: int = 0, world_size: int = 1, drop_last: bool = False, full_shuffle_max: int = 1 << 22,
+                 even: bool = True):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
         if seed < 0:
@@ -124,10 +133,12 @@ class ResumableSampler(torch.utils.data.Sampler):
         self.rank = int(rank)
         self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
+        self.even = bool(even)
         self.lazy = self.shuffle and self.length > full_shuffle_max
         self.epoch = 0
-        self.position = 0
-        self._cache: tuple[int, object] | None = None
+        self.start = 0  # items of the epoch's order consumed before this share (by any world size)
+        self.position = 0  # items of this rank's share consumed
+        self._cache: tuple[tuple[int, int], object] | None = None
 
     # -- orders
     def _seed_seq(self, epoch: int) -> np.random.SeedSequence:
@@ -142,23 +153,31 @@ class ResumableSampler(torch.utils.data.Sampler):
         rng = np.random.default_rng(self._seed_seq(epoch))
         return rng.permutation(self.length).astype(np.int64, copy=False)
 
+    def _share_len(self, start: int) -> int:
+        """Items per rank when the epoch's order is dealt out from `start` (the same on every rank when even)."""
+        if not self.even:
+            return len(range(start + self.rank, self.length, self.world_size))
+        per_rank = (self.length - start) // self.world_size
+        return per_rank // self.batch_size * self.batch_size if self.drop_last else per_rank
+
     def num_samples(self) -> int:
-        """Items of this rank per epoch."""
-        if self.drop_last:
-            return (self.length // self.world_size // self.batch_size) * self.batch_size
-        return len(range(self.rank, self.length, self.world_size))
+        """Items of this rank in the current epoch (after a resume: those left)."""
+        return self._share_len(self.start)
 
     def rank_indices(self, epoch: int | None = None):
-        """This rank's share of `epoch`: an int64 array, or LazyIndices for lazy orders (cached)."""
+        """This rank's share of `epoch`: an int64 array, or LazyIndices for lazy orders (cached).
+        The current epoch's share starts after the `start` items consumed before a resume; others at 0."""
         epoch = self.epoch if epoch is None else int(epoch)
-        if self._cache is not None and self._cache[0] == epoch:
+        start = self.start if epoch == self.epoch else 0
+        if self._cache is not None and self._cache[0] == (epoch, start):
             return self._cache[1]
+        count = self._share_len(start)
+        first = start + self.rank
         if self.lazy:
-            idx = LazyIndices(FeistelPermutation(self.length, self._seed_seq(epoch)), self.rank, self.world_size,
-                              self.num_samples())
+            idx = LazyIndices(FeistelPermutation(self.length, self._seed_seq(epoch)), first, self.world_size, count)
         else:
-            idx = self.permutation(epoch)[self.rank::self.world_size][:self.num_samples()]
-        self._cache = (epoch, idx)
+            idx = self.permutation(epoch)[first::self.world_size][:count]
+        self._cache = ((epoch, start), idx)
         return idx
 
     def shard(self, epoch: int | None = None, worker_id: int = 0, num_workers: int = 1):
@@ -178,7 +197,7 @@ class ResumableSampler(torch.utils.data.Sampler):
         `for e in range(start, E): loader.set_epoch(e)` loop after load_state_dict resumes mid-epoch."""
         if int(epoch) != self.epoch:
             self.epoch = int(epoch)
-            self.position = 0
+            self.start = self.position = 0
 
     def remaining(self):
         """Indices of this rank not yet consumed in the current epoch."""
@@ -188,17 +207,25 @@ class ResumableSampler(torch.utils.data.Sampler):
         """Mark n more items consumed; rolls into the next epoch at the end of this one."""
         self.position += int(n)
         if self.position >= self.num_samples():
-            self.epoch += 1
-            self.position = 0
+            self.set_epoch(self.epoch + 1)
 
     # -- state
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "shuffle": self.shuffle,
-                "length": self.length, "rank": self.rank, "world_size": self.world_size}
+        """{epoch, position: samples of the epoch's order consumed by all ranks together, seed, shuffle, length};
+        the same on every rank."""
+        return {"epoch": self.epoch, "position": self.start + self.position * self.world_size, "seed": self.seed,
+                "shuffle": self.shuffle, "length": self.length}
 
     def load_state_dict(self, state: dict) -> None:
-        for k in ("seed", "shuffle", "length", "world_size", "rank"):
+        """Resume from a state saved by any rank under any world size; this sampler keeps its own rank and
+        world_size."""
+        for k in ("seed", "shuffle", "length"):
             if k in state and state[k] != getattr(self, k):
                 raise ValueError(f"sampler state has {k}={state[k]!r}, this sampler {getattr(self, k)!r}")
+        position = int(state["position"])
+        if "rank" in state:  # saved by tokenmill_loader 0.1: a per-rank position, ranks in lockstep
+            position *= int(state.get("world_size", 1))
+        if not 0 <= position <= self.length:
+            raise ValueError(f"sampler state position {position} not in [0, {self.length}]")
         self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
+        self.start, self.position = position, 0
