@@ -194,3 +194,19 @@ def test_node_without_the_data_root_is_named(cluster, tmp_path):
             list(map_ordered(abs, [-1, -2]))
     finally:
         RayEngine.disconnect()
+
+
+def square(x: int) -> int:
+    return x * x
+
+
+def test_local_engine_is_the_pool_and_records_its_steps():
+    """No cluster: the default engine runs the same pool as before and records seconds, tasks and nodes per step."""
+    from tokenmill.common.compute import LocalEngine
+
+    engine = LocalEngine(workers=2, label="asset")
+    with activated(engine) as usage:
+        assert list(map_ordered(square, range(8))) == [x * x for x in range(8)]
+        assert list(map_ordered(square, [3], workers=1)) == [9]
+    assert usage.engine == "local" and usage.cpus == 2
+    assert {k: (v["tasks"], v["nodes"]) for k, v in usage.steps.items()} == {"asset:square": (9, 1)}

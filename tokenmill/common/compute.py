@@ -97,8 +97,7 @@ class RayEngine:
         if ray.is_initialized():
             return
         try:
-            ray.init(address=address, logging_level="WARNING", log_to_driver=False,
-                     runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
         except (ConnectionError, RuntimeError) as e:
             raise ComputeError(f"compute.ray_address {address!r}: no Ray cluster reachable ({e}); start one with "
                                f"`ray start --head` or set TOKENMILL_RAY_ADDRESS") from e
@@ -113,8 +112,9 @@ class RayEngine:
         return max(1, int(self.usage.cpus // self.options.task_cpus))
 
     def map(self, fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
-        """Every task goes to the cluster (even where the local engine would run it in-process: the run process
-        only schedules); results are taken in task order, and unfinished tasks are cancelled if the step fails."""
+        """Every task goes to the cluster, whatever `workers` says (a stage passes 1 where a local pool would not
+        pay off; here workers are warm and the run process only schedules): Ray runs as many at once as the declared
+        CPUs and memory allow. Results are taken in task order; unfinished tasks are cancelled if the step fails."""
         ray, opt = self.ray, self.options
         step = _step_name(self.label, fn)
         remote = ray.remote(run_task).options(
