@@ -210,3 +210,11 @@ def test_local_engine_is_the_pool_and_records_its_steps():
         assert list(map_ordered(square, [3], workers=1)) == [9]
     assert usage.engine == "local" and usage.cpus == 2
     assert {k: (v["tasks"], v["nodes"]) for k, v in usage.steps.items()} == {"asset:square": (9, 1)}
+
+
+def test_unreachable_cluster_fails_at_once_naming_the_address():
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(ComputeError, match=rf"compute.ray_address '{address}': nothing answers"):
+        RayEngine.connect(address)
+    assert time.monotonic() - start < 15

@@ -96,6 +96,7 @@ class RayEngine:
 
         if ray.is_initialized():
             return
+        _check_reachable(address)
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
         except (ConnectionError, RuntimeError) as e:
@@ -143,6 +144,21 @@ class RayEngine:
                 f"step {step}: task {i + 1} of {n} failed on the Ray cluster at {self.options.address} after "
                 f"{self.options.max_retries} retries ({type(e).__name__}: {str(e).strip().splitlines()[0]}): a node "
                 f"or worker process was lost; rerun once the cluster is healthy") from e
+
+
+CONNECT_SECONDS = 10.0  # ray.init retries an unreachable GCS for minutes: fail fast with the address instead
+
+
+def _check_reachable(address: str) -> None:
+    """A TCP connection to host:port (or ray://host:port) before ray.init; 'auto' is found by Ray itself."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as e:
+        raise ComputeError(f"compute.ray_address {address!r}: nothing answers at {host}:{port} ({e}); is the head "
+                           f"node up (`ray start --head --port={port}`)?") from e
 
 
 def run_task(fn: Callable[[T], R], task: T, data_root: str) -> tuple[R, str]:
