@@ -1,4 +1,5 @@
 """The whole-graph job, its daily schedule and the sensor that watches the corpus source for changes."""
+
 from __future__ import annotations
 
 import json
@@ -51,11 +52,15 @@ def last_ingested_fingerprint(instance: dg.DagsterInstance) -> str | None:
 def source_sensor(source_path: str) -> dg.SensorDefinition:
     """Requests a run of the whole graph when the files the readers ingest under `source_path` change."""
 
-    @dg.sensor(name="source_files_sensor", job_name=WHOLE_GRAPH_JOB, minimum_interval_seconds=60,
-               default_status=dg.DefaultSensorStatus.STOPPED,
-               description=f"Requests a run of the whole graph when files the readers ingest (.jsonl, .json, .txt, "
-                           f".csv, .gz of these) under {source_path} are added, changed or removed; other files "
-                           f"(a README) are ignored.")
+    @dg.sensor(
+        name="source_files_sensor",
+        job_name=WHOLE_GRAPH_JOB,
+        minimum_interval_seconds=60,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description=f"Requests a run of the whole graph when files the readers ingest (.jsonl, .json, .txt, "
+        f".csv, .gz of these) under {source_path} are added, changed or removed; other files "
+        f"(a README) are ignored.",
+    )
     def source_files_sensor(context: dg.SensorEvaluationContext, source: CorpusSource, data_root: DataRoot):
         path = Path(source.path).expanduser()
         if not path.exists():
@@ -74,8 +79,12 @@ def source_sensor(source_path: str) -> dg.SensorDefinition:
         context.update_cursor(json.dumps(state, sort_keys=True))
         return dg.RunRequest(
             run_key=fingerprint,  # one run per distinct file set
-            tags={"tokenmill/changed_files": str(len(changed)), "tokenmill/removed_files": str(len(removed)),
-                  SOURCE_TAG: str(path), FINGERPRINT_TAG: fingerprint},
+            tags={
+                "tokenmill/changed_files": str(len(changed)),
+                "tokenmill/removed_files": str(len(removed)),
+                SOURCE_TAG: str(path),
+                FINGERPRINT_TAG: fingerprint,
+            },
         )
 
     return source_files_sensor

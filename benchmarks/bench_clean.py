@@ -14,6 +14,7 @@ usage: python benchmarks/bench_clean.py [--records 300000] [--workers 1 2] [--sk
 3. --contracts: materializes raw_records + cleaned_jsonl on chinese-poetry with Dagster into a temporary data
    root and runs ../shared/tools/check_contracts.py on it (records in = out + rejected).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,13 @@ def shard_bytes(folder: Path) -> int:
 
 def report(name: str, stats: dict, seconds: float, mb: float, cpu_s: float) -> None:
     n = stats["docs_in"]
-    print(f"  {name}: {n:,} records in {seconds:.2f} s = {n / seconds:,.0f} records/s, {mb / seconds:.1f} MB/s "
-          f"(CPU {cpu_s:.2f} s = {cpu_s / n * 1e6:.0f} us/record); "
-          f"out {stats['docs_out']:,}, rejected {stats['rejected_by_reason']}, "
-          f"boilerplate lines stripped {stats['boilerplate']['lines_stripped']:,} "
-          f"({stats['boilerplate']['candidates']:,} candidates)")
+    print(
+        f"  {name}: {n:,} records in {seconds:.2f} s = {n / seconds:,.0f} records/s, {mb / seconds:.1f} MB/s "
+        f"(CPU {cpu_s:.2f} s = {cpu_s / n * 1e6:.0f} us/record); "
+        f"out {stats['docs_out']:,}, rejected {stats['rejected_by_reason']}, "
+        f"boilerplate lines stripped {stats['boilerplate']['lines_stripped']:,} "
+        f"({stats['boilerplate']['candidates']:,} candidates)"
+    )
     print(f"    wall per pass: {stats['pass_seconds']}")
     shares = sorted(stats["rule_time_share"].items(), key=lambda kv: -kv[1])
     print("    time per rule: " + ", ".join(f"{k} {v:.0%}" for k, v in shares if v >= 0.005))
@@ -87,20 +90,26 @@ def reference_clean(tmp: Path) -> float | None:
     t0, c0 = time.perf_counter(), cpu()
     s = mod.stage_clean(dirs, tmp / "ref_01_cleaned.jsonl")
     sec, cpu_s = time.perf_counter() - t0, cpu() - c0
-    print(f"  reference 01_clean: {s['raw']:,} records in {sec:.2f} s = {s['raw'] / sec:,.0f} records/s "
-          f"(CPU {cpu_s:.2f} s = {cpu_s / s['raw'] * 1e6:.0f} us/record) "
-          f"(kept {s['clean']:,}, dropped {s['clean_drop_reasons']})")
+    print(
+        f"  reference 01_clean: {s['raw']:,} records in {sec:.2f} s = {s['raw'] / sec:,.0f} records/s "
+        f"(CPU {cpu_s:.2f} s = {cpu_s / s['raw'] * 1e6:.0f} us/record) "
+        f"(kept {s['clean']:,}, dropped {s['clean_drop_reasons']})"
+    )
     return sec
 
 
 # ---------------------------------------------------------------------------------------------- generated corpus
 
-CJK = ("春花秋月何时了往事知多少小楼昨夜又东风故国不堪回首明中雕栏玉砌应犹在只是朱颜改问君能有几愁恰似一江水向流"
-       "山高云淡风轻雪落江南柳绿桃红夜雨孤灯长安古道西风瘦马夕阳天涯断肠人在行舟远帆归雁青松白鹤碧水寒烟")
-WORDS = ("the of and a to in is was he for it with as his on be at by had not are but from or have an they which one "
-         "you were her all she there would their we him been has when who will more no if out so said what up its "
-         "river moon spring wind mountain Transformer attention cloud lantern bridge willow harbor garden winter "
-         "model data training token window cluster village market letter morning evening silver quiet ancient").split()
+CJK = (
+    "春花秋月何时了往事知多少小楼昨夜又东风故国不堪回首明中雕栏玉砌应犹在只是朱颜改问君能有几愁恰似一江水向流"
+    "山高云淡风轻雪落江南柳绿桃红夜雨孤灯长安古道西风瘦马夕阳天涯断肠人在行舟远帆归雁青松白鹤碧水寒烟"
+)
+WORDS = (
+    "the of and a to in is was he for it with as his on be at by had not are but from or have an they which one "
+    "you were her all she there would their we him been has when who will more no if out so said what up its "
+    "river moon spring wind mountain Transformer attention cloud lantern bridge willow harbor garden winter "
+    "model data training token window cluster village market letter morning evening silver quiet ancient"
+).split()
 HEADERS = ["Copyright © 2024 Example Press | All rights reserved", "【本文来自网络 | 转载请注明出处】"]
 FOOTERS = ["Read more at https://example.com/poems", "更多精彩内容，请关注公众号「诗词日报」"]
 
@@ -141,8 +150,9 @@ def generate(raw: Path, records: int, seed: int = 1) -> None:
         elif r < 0.01:
             text = rng.choice(["", "\ufffd" * 40, "buy now " * 60, "ok"])
         rid = record_id("generated.jsonl", line=i + 1)
-        f.write(dumps({"id": rid, "text": text, "meta": {"n": i},
-                       "source": {"path": "generated.jsonl", "line": i + 1}}))
+        f.write(
+            dumps({"id": rid, "text": text, "meta": {"n": i}, "source": {"path": "generated.jsonl", "line": i + 1}})
+        )
         f.write("\n")
     if f:
         f.close()
@@ -150,14 +160,17 @@ def generate(raw: Path, records: int, seed: int = 1) -> None:
 
 # ---------------------------------------------------------------------------------------------- contracts
 
+
 def contracts(tmp: Path) -> None:
     data = tmp / "data"
-    code = ("import dagster as dg\n"
-            "from assets.raw import raw_records\nfrom assets.clean import cleaned_jsonl\n"
-            "from resources import Compute, CorpusSource, DataRoot\n"
-            "r = dg.materialize([raw_records, cleaned_jsonl], resources={'compute': Compute(), "
-            f"'source': CorpusSource(path={str(POETRY)!r}), 'data_root': DataRoot(root={str(data)!r})}})\n"
-            "print('materialize success:', r.success)\n")
+    code = (
+        "import dagster as dg\n"
+        "from assets.raw import raw_records\nfrom assets.clean import cleaned_jsonl\n"
+        "from resources import Compute, CorpusSource, DataRoot\n"
+        "r = dg.materialize([raw_records, cleaned_jsonl], resources={'compute': Compute(), "
+        f"'source': CorpusSource(path={str(POETRY)!r}), 'data_root': DataRoot(root={str(data)!r})}})\n"
+        "print('materialize success:', r.success)\n"
+    )
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
     print(f"  materialized raw_records + cleaned_jsonl in {time.perf_counter() - t0:.1f} s (incl. Dagster start)")
@@ -188,8 +201,10 @@ def main() -> None:
         if not args.skip_generated:
             t0 = time.perf_counter()
             generate(tmp / "gen_raw", args.records)
-            print(f"generated corpus: {args.records:,} records, {shard_bytes(tmp / 'gen_raw') / 1e6:.0f} MB "
-                  f"(written in {time.perf_counter() - t0:.1f} s)")
+            print(
+                f"generated corpus: {args.records:,} records, {shard_bytes(tmp / 'gen_raw') / 1e6:.0f} MB "
+                f"(written in {time.perf_counter() - t0:.1f} s)"
+            )
             run_clean(tmp / "gen_raw", tmp, args.workers, "generated")
         if args.contracts and POETRY.is_dir():
             print("contracts on chinese-poetry")
@@ -198,10 +213,14 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     import resource
 
-    print(f"peak RSS: this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
-          f"largest worker {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB")
-    print(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other work on the machine slows "
-          "every figure)")
+    print(
+        f"peak RSS: this process {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB, "
+        f"largest worker {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MiB"
+    )
+    print(
+        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: other work on the machine slows "
+        "every figure)"
+    )
 
 
 if __name__ == "__main__":

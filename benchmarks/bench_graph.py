@@ -6,6 +6,7 @@ Default source: ../shared/corpora/chinese-poetry. The reference is ../shared/ref
 (single process); tokenmill runs `dagster job execute` of the whole job with a throwaway instance.
 Memory is the peak of the summed RSS of the process and all its children, sampled every 0.1 s.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
@@ -89,8 +89,11 @@ def main() -> None:
     if "seed reference" in results:
         ref, tm = results["seed reference"], results["tokenmill"]
         print(f"speed-up {ref[0] / tm[0]:.2f}x   memory ratio {tm[1] / ref[1]:.2f}")
-    check = subprocess.run([sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(work / "data")],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(work / "data")],
+        capture_output=True,
+        text=True,
+    )
     print(check.stdout.strip().splitlines()[-1] if check.stdout else check.stderr)
 
 

@@ -12,6 +12,7 @@ Sections:
 The dataset (uint16, lognormal document lengths, 4 shards, docs/format.md layout) is generated once
 into --dir and reused; a nanoGPT-style train.bin holds the same tokens.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,15 +48,22 @@ def _write_shard(folder: Path, arrays: dict[str, np.ndarray], offsets: np.ndarra
     for key, arr in arrays.items():
         arr.tofile(folder / data_file(key))
     (folder / SHARD_META_FILE).write_bytes(dumps_compact({k: key_meta(a.dtype, offsets) for k, a in arrays.items()}))
-    return {f: {"bytes": (folder / f).stat().st_size, "sha256": hashlib.sha256((folder / f).read_bytes()).hexdigest()}
-            for f in [data_file(k) for k in arrays] + [SHARD_META_FILE]}
+    return {
+        f: {"bytes": (folder / f).stat().st_size, "sha256": hashlib.sha256((folder / f).read_bytes()).hexdigest()}
+        for f in [data_file(k) for k in arrays] + [SHARD_META_FILE]
+    }
 
 
 def _write_manifest(ds: Path, training_type: str, vocab: int, entries: list[dict]) -> None:
-    info = dataset_manifest(training_type=training_type, split="train", vocab_size=vocab, token_dtype="uint16",
-                            special_tokens={"<s>": 0, "</s>": 1, "<pad>": 2}, shards=entries,
-                            totals={"tokens": sum(e["tokens"] for e in entries),
-                                    "records": sum(e["records"] for e in entries)})
+    info = dataset_manifest(
+        training_type=training_type,
+        split="train",
+        vocab_size=vocab,
+        token_dtype="uint16",
+        special_tokens={"<s>": 0, "</s>": 1, "<pad>": 2},
+        shards=entries,
+        totals={"tokens": sum(e["tokens"] for e in entries), "records": sum(e["records"] for e in entries)},
+    )
     (ds / DATASET_FILE).write_bytes(dumps_compact(info))
 
 
@@ -73,7 +81,7 @@ def make_dataset(root: Path, tokens: int, shards: int = 4, seed: int = 0, vocab:
             lens = np.maximum(2, rng.lognormal(5.5, 1.0, size=per // 200 + 10).astype(np.int64))
             cum = np.cumsum(lens)
             k = int(np.searchsorted(cum, per))
-            lens = lens[:k + 1]
+            lens = lens[: k + 1]
             lens[-1] -= int(cum[k] - per) if cum[k] > per else 0
             lens = lens[lens > 0]
             offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
@@ -108,8 +116,8 @@ def nanogpt_batches(path: Path, n: int, seed: int = 0):
     for _ in range(n):
         data = np.memmap(path, dtype=np.uint16, mode="r")
         ix = torch.randint(len(data) - SEQ_LEN, (BATCH,))
-        x = torch.stack([torch.from_numpy((data[i:i + SEQ_LEN]).astype(np.int64)) for i in ix])
-        y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + SEQ_LEN]).astype(np.int64)) for i in ix])
+        x = torch.stack([torch.from_numpy((data[i : i + SEQ_LEN]).astype(np.int64)) for i in ix])
+        y = torch.stack([torch.from_numpy((data[i + 1 : i + 1 + SEQ_LEN]).astype(np.int64)) for i in ix])
         yield x, y
 
 
@@ -159,8 +167,9 @@ def bench_throughput(ds: Path, n: int):
             dl = DataLoader(d, batch_size=BATCH, shuffle=True, seed=rnd, num_workers=0, compact_labels=True)
             rec = " (recommended)" if not label else ""
             results.setdefault(f"loader, in process{label}{rec}", []).append(consume(dl, n))
-            dl = DataLoader(d, batch_size=BATCH, shuffle=True, seed=rnd, num_workers=2, prefetch_factor=4,
-                            compact_labels=True)
+            dl = DataLoader(
+                d, batch_size=BATCH, shuffle=True, seed=rnd, num_workers=2, prefetch_factor=4, compact_labels=True
+            )
             results.setdefault(f"loader, 2 workers{label}", []).append(consume(dl, n))
             del dl
             gc.collect()
@@ -168,8 +177,10 @@ def bench_throughput(ds: Path, n: int):
     for k, v in results.items():
         best = min(v)
         print(f"  {k:44s} {fmt_rate(best)}  {base / best:5.2f}x nanoGPT")
-    print("  (loader batches: input_ids, labels, position_ids, int32 on the host as on the GPU path (compact_labels);"
-          " nanoGPT: x, y int64)")
+    print(
+        "  (loader batches: input_ids, labels, position_ids, int32 on the host as on the GPU path (compact_labels);"
+        " nanoGPT: x, y int64)"
+    )
     return results
 
 
@@ -185,12 +196,16 @@ def bench_startup(ds: Path):
     next(it)
     t2 = time.perf_counter()
     print(f"  windows: {len(dset):,} (stride {stride}, {total:,} tokens, 4 shards)")
-    print(f"  start-up (open + validate + first batch): {(t2 - t0) * 1e3:.0f} ms (target < 1000 ms): "
-          f"open {(t1 - t0) * 1e3:.0f} ms, epoch permutation + first batch {(t2 - t1) * 1e3:.0f} ms")
+    print(
+        f"  start-up (open + validate + first batch): {(t2 - t0) * 1e3:.0f} ms (target < 1000 ms): "
+        f"open {(t1 - t0) * 1e3:.0f} ms, epoch permutation + first batch {(t2 - t1) * 1e3:.0f} ms"
+    )
     t = time.perf_counter()
     DataLoader(dset, batch_size=BATCH, shuffle=True, seed=0, full_shuffle_max=1 << 40).resumable_sampler.rank_indices()
-    print(f"  (for comparison, a materialized numpy permutation of the same epoch: "
-          f"{(time.perf_counter() - t) * 1e3:.0f} ms; used up to 2^22 items)")
+    print(
+        f"  (for comparison, a materialized numpy permutation of the same epoch: "
+        f"{(time.perf_counter() - t) * 1e3:.0f} ms; used up to 2^22 items)"
+    )
     t = time.perf_counter()
     reps = 10000
     for _ in range(reps):
@@ -229,11 +244,16 @@ def bench_memory(ds: Path, n: int):
                 break
     dt = time.perf_counter() - t
     for kk, v in marks.items():
-        print(f"  after {kk:>6,} batches: RssAnon per worker = " + ", ".join(f"{x / 2**20:.1f} MiB" for x in v)
-              + f"; main process {rss_anon(os.getpid()) / 2**20:.0f} MiB")
+        print(
+            f"  after {kk:>6,} batches: RssAnon per worker = "
+            + ", ".join(f"{x / 2**20:.1f} MiB" for x in v)
+            + f"; main process {rss_anon(os.getpid()) / 2**20:.0f} MiB"
+        )
     growth = max(b - a for a, b in zip(marks[100], marks[n]))
-    print(f"  growth from batch 100 to {n:,}: {growth / 2**20:+.2f} MiB per worker (flat = no leak); "
-          f"{len(dl)} batches/epoch, {dt:.0f} s")
+    print(
+        f"  growth from batch 100 to {n:,}: {growth / 2**20:+.2f} MiB per worker (flat = no leak); "
+        f"{len(dl)} batches/epoch, {dt:.0f} s"
+    )
 
 
 def bench_packing(root: Path):
@@ -247,8 +267,16 @@ def bench_packing(root: Path):
         for output in ("flat", "padded"):
             for pool in (16, 256):
                 for strategy in ("prefer_closest", "prefer_first"):
-                    pk = PackingLoader(rd, max_tokens=max_tokens, pool_size=pool, strategy=strategy, output=output,
-                                       long_threshold=max_tokens, shuffle=True, seed=0)
+                    pk = PackingLoader(
+                        rd,
+                        max_tokens=max_tokens,
+                        pool_size=pool,
+                        strategy=strategy,
+                        output=output,
+                        long_threshold=max_tokens,
+                        shuffle=True,
+                        seed=0,
+                    )
                     t = time.perf_counter()
                     nb, cap = 0, 0
                     for b in pk:
@@ -257,8 +285,10 @@ def bench_packing(root: Path):
                         cap += max(max_tokens, cost)  # an oversize singleton fills its own capacity
                     dt = time.perf_counter() - t
                     # nothing is dropped, so real tokens = all tokens
-                    print(f"  max_tokens {max_tokens:5d} {output:6s} pool {pool:>3}  {strategy:14s}: {nb:5d} batches, "
-                          f"efficiency {total / cap:6.1%}, {len(lens) / dt:,.0f} samples/s")
+                    print(
+                        f"  max_tokens {max_tokens:5d} {output:6s} pool {pool:>3}  {strategy:14s}: {nb:5d} batches, "
+                        f"efficiency {total / cap:6.1%}, {len(lens) / dt:,.0f} samples/s"
+                    )
 
 
 def main():
@@ -273,8 +303,10 @@ def main():
     root.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     ds = make_dataset(root, args.tokens)
-    print(f"dataset: {ds} ({args.tokens:,} tokens, uint16, 4 shards; ready in {time.perf_counter() - t:.1f} s); "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs")
+    print(
+        f"dataset: {ds} ({args.tokens:,} tokens, uint16, 4 shards; ready in {time.perf_counter() - t:.1f} s); "
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs"
+    )
     only = set(args.only.split(","))
     if "throughput" in only:
         bench_throughput(ds, args.batches)

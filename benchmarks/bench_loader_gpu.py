@@ -11,6 +11,7 @@
    Hidden fraction = ((b) - (c)) / ((b) - (a)); ~100% means the copy is fully overlapped.
 3. The real path: DataLoader(TokenDataset) -> DevicePrefetcher, batches checked equal on the device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,25 +38,33 @@ def cuda_time(fn, reps: int) -> float:
 
 def copy_rates(dev):
     print("== host-to-device copy rate ==")
-    for label, shape in (("loader batch 3x32x2048 int32 (768 KiB)", (3, 32, 2048)),
-                         ("large buffer 64M int32 (256 MiB)", (64, 1 << 20))):
+    for label, shape in (
+        ("loader batch 3x32x2048 int32 (768 KiB)", (3, 32, 2048)),
+        ("large buffer 64M int32 (256 MiB)", (64, 1 << 20)),
+    ):
         pageable = torch.randint(0, 50000, shape, dtype=torch.int32)
         pinned = pageable.pin_memory()
         nbytes = pageable.numel() * 4
         reps = 200 if nbytes < 1 << 24 else 10
         t_page = cuda_time(lambda src=pageable: src.to(dev), reps)
         t_pin = cuda_time(lambda src=pinned: src.to(dev, non_blocking=True), reps)
-        print(f"  {label:40s} pageable {nbytes / t_page / 1e9:6.1f} GB/s   pinned {nbytes / t_pin / 1e9:6.1f} GB/s"
-              f"   ({t_page / t_pin:.1f}x)")
+        print(
+            f"  {label:40s} pageable {nbytes / t_page / 1e9:6.1f} GB/s   pinned {nbytes / t_pin / 1e9:6.1f} GB/s"
+            f"   ({t_page / t_pin:.1f}x)"
+        )
 
 
 class HostBatches:
     """n pinned host batches (int32, like the loader's), replayed in order: isolates copy vs compute."""
 
     def __init__(self, n, shape):
-        self.batches = [{"input_ids": torch.randint(0, 50000, shape, dtype=torch.int32).pin_memory(),
-                         "labels": torch.randint(0, 50000, shape, dtype=torch.int32).pin_memory()}
-                        for _ in range(n)]
+        self.batches = [
+            {
+                "input_ids": torch.randint(0, 50000, shape, dtype=torch.int32).pin_memory(),
+                "labels": torch.randint(0, 50000, shape, dtype=torch.int32).pin_memory(),
+            }
+            for _ in range(n)
+        ]
 
     def __iter__(self):
         return iter(self.batches)
@@ -66,6 +75,7 @@ class HostBatches:
 
 def overlap(dev):
     from tokenmill_loader import DevicePrefetcher
+
     print("\n== DevicePrefetcher: copy hidden behind compute ==")
     shape = (256, 8192)  # 2 x 8 MiB int32 per batch: a copy long enough to measure
     host = HostBatches(8, shape)
@@ -76,6 +86,7 @@ def overlap(dev):
         for b in host:
             for t in b.values():
                 t.to(dev, non_blocking=True).long()
+
     t_copy = cuda_time(copy_only, 5) / len(host)
     t_mm = cuda_time(lambda: x @ w, 20)
     k = max(1, int(round(2.0 * t_copy / t_mm)))  # compute ~2x the copy
@@ -104,12 +115,15 @@ def overlap(dev):
         for _ in range(steps):
             for b in DevicePrefetcher(host, dev):
                 compute(b)
+
     n = steps * len(host)
     ta = cuda_time(run_a, 1) / n
     tb = cuda_time(run_b, 1) / n
     tc = cuda_time(run_c, 1) / n
-    print(f"  copy of one batch (2 x {shape[0]}x{shape[1]} int32 -> int64): {t_copy * 1e3:.2f} ms; "
-          f"compute per step: {k} bf16 4096^3 matmuls")
+    print(
+        f"  copy of one batch (2 x {shape[0]}x{shape[1]} int32 -> int64): {t_copy * 1e3:.2f} ms; "
+        f"compute per step: {k} bf16 4096^3 matmuls"
+    )
     print(f"  (a) compute only        {ta * 1e3:7.2f} ms/step")
     print(f"  (b) copy, then compute  {tb * 1e3:7.2f} ms/step")
     print(f"  (c) DevicePrefetcher    {tc * 1e3:7.2f} ms/step")
@@ -123,6 +137,7 @@ def real_path(dev, root: Path):
     from bench_loader import make_dataset
 
     from tokenmill_loader import DataLoader, DevicePrefetcher, TokenDataset
+
     print("\n== DataLoader(TokenDataset) -> DevicePrefetcher (20M tokens) ==")
     ds_path = make_dataset(root, 20_000_000)
     ds = TokenDataset(ds_path, 2048)
@@ -142,8 +157,10 @@ def real_path(dev, root: Path):
             break
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t) / n
-    print(f"  {n} batches on the device, checked equal: {32 * 2048 / dt / 1e6:.1f} M tokens/s "
-          f"({dt * 1e3:.2f} ms/batch incl. host read, pin, copy, upcast)")
+    print(
+        f"  {n} batches on the device, checked equal: {32 * 2048 / dt / 1e6:.1f} M tokens/s "
+        f"({dt * 1e3:.2f} ms/batch incl. host read, pin, copy, upcast)"
+    )
 
 
 def main():

@@ -10,6 +10,7 @@ Prints:
 
 usage: python benchmarks/bench_tokenize.py [SOURCE] [--repeat 3] [--workers N] [--skip-reference]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ def prepare_input(source: Path, out: Path) -> int:
     if ingest is not None:
         return ingest(source, out)["docs_out"]
     import hashlib
+
     recs = []
     for p in sorted(source.rglob("*.json")):
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -51,8 +53,14 @@ def prepare_input(source: Path, out: Path) -> int:
             text = "\n".join(x for x in ([body] if isinstance(body, str) else body) if isinstance(x, str))
             if text.strip():
                 rid = hashlib.blake2b(f"{rel}\0index:{i}".encode(), digest_size=8).hexdigest()
-                recs.append({"id": rid, "text": text, "meta": {"title": o.get("title") or o.get("rhythmic") or "",
-                             "author": o.get("author") or ""}, "source": {"path": rel, "index": i}})
+                recs.append(
+                    {
+                        "id": rid,
+                        "text": text,
+                        "meta": {"title": o.get("title") or o.get("rhythmic") or "", "author": o.get("author") or ""},
+                        "source": {"path": rel, "index": i},
+                    }
+                )
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "part-00000.jsonl", "w", encoding="utf-8") as f:
         for r in recs:
@@ -81,7 +89,7 @@ def ceiling(tok_path: Path, texts: list[str], batch: int = 8192) -> tuple[float,
     t0 = time.perf_counter()
     n = 0
     for i in range(0, len(texts), batch):
-        n += sum(len(e.ids) for e in tok.encode_batch(texts[i:i + batch], add_special_tokens=False))
+        n += sum(len(e.ids) for e in tok.encode_batch(texts[i : i + batch], add_special_tokens=False))
     return time.perf_counter() - t0, n
 
 
@@ -181,9 +189,11 @@ def main() -> None:
         tok_dir = work / "tokenizer"
         shutil.rmtree(tok_dir, ignore_errors=True)
         ts = train_tokenizer(raw, tok_dir, TokenizerSettings())
-        print(f"tokenizer (tokenmill, {ts['settings']['pretokenizer']}): {ts['train_seconds']:.2f} s training + "
-              f"{ts['sample_seconds']:.2f} s sampling on {ts['sample_records']:,} records / {ts['sample_chars']:,} "
-              f"chars; held-out chars/token {ts['chars_per_token']}")
+        print(
+            f"tokenizer (tokenmill, {ts['settings']['pretokenizer']}): {ts['train_seconds']:.2f} s training + "
+            f"{ts['sample_seconds']:.2f} s sampling on {ts['sample_records']:,} records / {ts['sample_chars']:,} "
+            f"chars; held-out chars/token {ts['chars_per_token']}"
+        )
 
         settings = ShardSettings(training_type=args.training_type)
         texts = rendered_texts(raw, settings) if args.training_type == "conditional" else None
@@ -210,25 +220,31 @@ def main() -> None:
                 line += f"; ceiling encode_batch {c:.2f} s ({ceil_tokens / c:,.0f} tokens/s, {dc:.1f} cpu-s)"
             print(line, flush=True)
         tokens = stats["tokens"]
-        print(f"tokens {tokens:,} (ceiling encoded {ceil_tokens if ceil_tokens is not None else '-'}), "
-              f"records {stats['records']:,}, supervised {stats['supervised_share']:.2%}, "
-              f"masked {stats['masked_share']:.2%}, dropout {stats['metadata_dropout_share']:.2%}, "
-              f"isolated punctuation {stats['isolated_punctuation_share']:.2%}, train/val shards "
-              f"{stats['train_shards']}/{stats['val_shards']}")
+        print(
+            f"tokens {tokens:,} (ceiling encoded {ceil_tokens if ceil_tokens is not None else '-'}), "
+            f"records {stats['records']:,}, supervised {stats['supervised_share']:.2%}, "
+            f"masked {stats['masked_share']:.2%}, dropout {stats['metadata_dropout_share']:.2%}, "
+            f"isolated punctuation {stats['isolated_punctuation_share']:.2%}, train/val shards "
+            f"{stats['train_shards']}/{stats['val_shards']}"
+        )
         print(f"tokens/s whole function (best of {args.repeat}): {tokens / best_ours:,.0f}")
         if best_ceiling is not None:
             print(f"tokens/s ceiling encode_batch (best of {args.repeat}): {ceil_tokens / best_ceiling:,.0f}")
-            print(f"ratio: {(tokens / best_ours) / (ceil_tokens / best_ceiling):.2f} (target >= 0.7); "
-                  f"cpu-time ratio (ceiling cpu-s / ours, robust to a busy machine): {cpu_ceiling / cpu_ours:.2f}")
+            print(
+                f"ratio: {(tokens / best_ours) / (ceil_tokens / best_ceiling):.2f} (target >= 0.7); "
+                f"cpu-time ratio (ceiling cpu-s / ours, robust to a busy machine): {cpu_ceiling / cpu_ours:.2f}"
+            )
         print(f"peak RSS of tokenize_corpus (parent + workers): {peak / 2**20:.0f} MiB")
 
         if not args.skip_reference:
             held = held_out(raw)
             ours_tok = load_tokenizer(tok_dir / "tokenizer.json")
             ref_s, ref_tok = reference_training(raw)
-            print(f"tokenizer (reference: bytelevel, every record, default threads): {ref_s:.2f} s training; "
-                  f"chars/token on our held-out records {cpt(ref_tok, held):.4f} (trained on them too) vs ours "
-                  f"{cpt(ours_tok, held):.4f}; speed-up {ref_s / max(ts['train_seconds'], 1e-9):.1f}x")
+            print(
+                f"tokenizer (reference: bytelevel, every record, default threads): {ref_s:.2f} s training; "
+                f"chars/token on our held-out records {cpt(ref_tok, held):.4f} (trained on them too) vs ours "
+                f"{cpt(ours_tok, held):.4f}; speed-up {ref_s / max(ts['train_seconds'], 1e-9):.1f}x"
+            )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

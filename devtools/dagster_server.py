@@ -3,6 +3,7 @@
 No Dagster import: the server runs in its own process group (see DAGSTER-NOTES: started from a
 non-interactive shell it ignores SIGTERM, so it is stopped with SIGINT, then its whole group is killed).
 """
+
 from __future__ import annotations
 
 import json
@@ -65,14 +66,19 @@ class DagsterDev:
         self.log_path = log_path or self.dagster_home / "dagster-dev.log"
         self.proc: subprocess.Popen | None = None
 
-    def __enter__(self) -> "DagsterDev":
+    def __enter__(self) -> DagsterDev:
         self.dagster_home.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO_ROOT / "dagster_home" / "dagster.yaml", self.dagster_home / "dagster.yaml")
         dagster = Path(sys.executable).with_name("dagster")
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
             [str(dagster), "dev", "-h", "127.0.0.1", "-p", str(self.port)],
-            cwd=REPO_ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=REPO_ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self.wait_ready()
         return self
 
@@ -121,9 +127,19 @@ class DagsterDev:
 
     def materialize(self, asset_keys: list[str], location: str = "tokenmill", timeout: float = 900) -> str:
         """Launches a materialization of just these assets (the implicit asset job) and waits for success."""
-        data = self.graphql(LAUNCH_ASSETS_MUTATION, {"params": {"selector": {
-            "repositoryLocationName": location, "repositoryName": "__repository__", "jobName": "__ASSET_JOB",
-            "assetSelection": [{"path": [k]} for k in asset_keys]}}})
+        data = self.graphql(
+            LAUNCH_ASSETS_MUTATION,
+            {
+                "params": {
+                    "selector": {
+                        "repositoryLocationName": location,
+                        "repositoryName": "__repository__",
+                        "jobName": "__ASSET_JOB",
+                        "assetSelection": [{"path": [k]} for k in asset_keys],
+                    }
+                }
+            },
+        )
         launched = data["launchRun"]
         if launched["__typename"] != "LaunchRunSuccess":
             raise RuntimeError(f"launchRun failed: {launched}")

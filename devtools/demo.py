@@ -20,8 +20,10 @@ Manifest keys (ids are raw record ids, `tokenmill.common.io.record_id`):
                           genuine_frequent_docs: [{"id", "line"}]
   mojibake                [{"id", "original"}]: ftfy.fix_encoding(text) == original
   garbled                 [{"id", "reason"}] reason in placeholder_glyphs, too_short (<= 8 chars), empty, repetition
-  header_metadata         [{"id", "title", "author"}] records whose text starts with Title:/Author: (标题：/作者：) lines
+  header_metadata         [{"id", "title", "author"}] records whose text starts with Title:/Author:
+                          (标题：/作者：) lines
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,35 +47,78 @@ GENERATOR = "devtools.demo/1"
 
 # ------------------------------------------------------------------------------------------ word lists (en)
 
-EN_NOUNS = ("river mountain meadow forest harbor valley orchard lantern sparrow willow tide ember bridge garden "
-            "field shore cloud storm hill creek moor village road window candle bell tower island lake pine "
-            "chapel ferry lighthouse barn kettle compass letter mirror pebble thistle heron fox owl swallow "
-            "chimney ladder quarry canal well cottage hedge gate staircase attic market wharf").split()
-EN_ADJS = ("quiet golden ancient restless silver hollow gentle bitter distant crimson pale wild narrow broken "
-           "tender weary bright frozen sunlit misty patient lonely secret careful drowsy amber empty crooked "
-           "faded humble salt-stained rusted windswept").split()
-EN_VERBS = ("sleeps wanders whispers trembles burns waits sings fades rises turns drifts glows breaks lingers "
-            "listens shivers settles gleams echoes dreams").split()
+EN_NOUNS = (
+    "river mountain meadow forest harbor valley orchard lantern sparrow willow tide ember bridge garden "
+    "field shore cloud storm hill creek moor village road window candle bell tower island lake pine "
+    "chapel ferry lighthouse barn kettle compass letter mirror pebble thistle heron fox owl swallow "
+    "chimney ladder quarry canal well cottage hedge gate staircase attic market wharf"
+).split()
+EN_ADJS = (
+    "quiet golden ancient restless silver hollow gentle bitter distant crimson pale wild narrow broken "
+    "tender weary bright frozen sunlit misty patient lonely secret careful drowsy amber empty crooked "
+    "faded humble salt-stained rusted windswept"
+).split()
+EN_VERBS = (
+    "sleeps wanders whispers trembles burns waits sings fades rises turns drifts glows breaks lingers "
+    "listens shivers settles gleams echoes dreams"
+).split()
 EN_TVERBS = "remember carry follow answer gather forgive count mend keep name".split()
 EN_PREPS = "beneath beyond along across above beside toward within behind under".split()
-EN_TIMES = ("at dawn", "in the evening", "before the rain", "after midnight", "in early spring",
-            "through the winter", "at the turn of the year", "when the bells ring", "by candlelight",
-            "in the long afternoon", "under the first frost", "as the tide goes out")
-EN_FIRST = ("Ada Ben Clara Daniel Eleanor Felix Grace Henry Iris James Katherine Leo Margaret Nathan Olive "
-            "Peter Rose Samuel Thea Victor Winifred").split()
-EN_LAST = ("Ashdown Bramble Carrow Denholm Ellery Fairweather Greaves Hollins Ingram Jessop Kettering Lowell "
-           "Marlowe Northcott Oakes Pennington Rowe Stanhope Thorne Underwood Vance Whitlock").split()
-EN_TOWNS = ("Eastwick Harrowby Linfield Marston Netherby Oldcastle Pellham Ravensworth Southmere Thornbury "
-            "Westbrook Yarrow").split()
+EN_TIMES = (
+    "at dawn",
+    "in the evening",
+    "before the rain",
+    "after midnight",
+    "in early spring",
+    "through the winter",
+    "at the turn of the year",
+    "when the bells ring",
+    "by candlelight",
+    "in the long afternoon",
+    "under the first frost",
+    "as the tide goes out",
+)
+EN_FIRST = (
+    "Ada Ben Clara Daniel Eleanor Felix Grace Henry Iris James Katherine Leo Margaret Nathan Olive "
+    "Peter Rose Samuel Thea Victor Winifred"
+).split()
+EN_LAST = (
+    "Ashdown Bramble Carrow Denholm Ellery Fairweather Greaves Hollins Ingram Jessop Kettering Lowell "
+    "Marlowe Northcott Oakes Pennington Rowe Stanhope Thorne Underwood Vance Whitlock"
+).split()
+EN_TOWNS = (
+    "Eastwick Harrowby Linfield Marston Netherby Oldcastle Pellham Ravensworth Southmere Thornbury Westbrook Yarrow"
+).split()
 EN_FOODS = "leeks carrots onions fennel mushrooms apples pears beetroot cabbage parsnips plums tomatoes".split()
 EN_LIQUIDS = ("cold water", "warm milk", "cider", "vinegar", "brine", "lemon juice", "olive oil", "stock")
-EN_DATASETS = ("a crawl of public web pages", "two million short stories", "a corpus of legal filings",
-               "a mix of code and prose", "transcribed radio programs", "a collection of classical poetry",
-               "scientific abstracts", "customer support chats")
-EN_HW = ("eight GPUs", "a single workstation", "a small cluster", "thirty-two accelerators", "one laptop",
-         "a borrowed server rack")
-EN_FEATURES = ("sentence boundaries", "rhyme and meter", "matching brackets", "the subject of a verb",
-               "repeated names", "numbers and dates", "quotation marks", "the end of a paragraph")
+EN_DATASETS = (
+    "a crawl of public web pages",
+    "two million short stories",
+    "a corpus of legal filings",
+    "a mix of code and prose",
+    "transcribed radio programs",
+    "a collection of classical poetry",
+    "scientific abstracts",
+    "customer support chats",
+)
+EN_HW = (
+    "eight GPUs",
+    "a single workstation",
+    "a small cluster",
+    "thirty-two accelerators",
+    "one laptop",
+    "a borrowed server rack",
+)
+EN_FEATURES = (
+    "sentence boundaries",
+    "rhyme and meter",
+    "matching brackets",
+    "the subject of a verb",
+    "repeated names",
+    "numbers and dates",
+    "quotation marks",
+    "the end of a paragraph",
+)
 
 EN_VERSE_TEMPLATES = (
     "The {adj} {noun} {verb} {prep} the {noun2}",
@@ -135,8 +180,16 @@ EN_PROSE = {
 }
 EN_SEASONS = "spring summer autumn winter".split()
 EN_TRADES = "carpenter miller weaver clerk schoolteacher blacksmith ferryman baker".split()
-EN_WORDS = ("unbelievably", "counterintuitive", "nevertheless", "lighthouse", "thistledown", "overshadowed",
-            "serendipity", "Whitlock")
+EN_WORDS = (
+    "unbelievably",
+    "counterintuitive",
+    "nevertheless",
+    "lighthouse",
+    "thistledown",
+    "overshadowed",
+    "serendipity",
+    "Whitlock",
+)
 EN_SIZES = ("small", "medium-sized", "tiny", "deep but narrow", "wide and shallow", "two-billion-parameter")
 
 EN_POST_TEMPLATES = (
@@ -146,20 +199,43 @@ EN_POST_TEMPLATES = (
     "I spent {n} hours on {thing} today. It {exp}, but I learned a lot.",
     "Tip for anyone using {thing}: {fix} before you start, it saves time.",
 )
-EN_THINGS = ("the new tokenizer", "sourdough starter", "the river trail near Linfield", "a mechanical keyboard",
-             "the night train to Oldcastle", "training a small Transformer", "pickling beetroot",
-             "the library's old map collection", "restoring a rusted bicycle", "the community garden")
-EN_EXPS = ("got stuck halfway", "ran out of memory twice", "worked on the second try", "made a terrible noise",
-           "was much slower than expected", "broke in a way nobody had seen")
-EN_FIXES = ("read the manual twice", "restart everything", "lower the batch size", "oil the chain",
-            "keep it somewhere warm", "ask at the front desk")
+EN_THINGS = (
+    "the new tokenizer",
+    "sourdough starter",
+    "the river trail near Linfield",
+    "a mechanical keyboard",
+    "the night train to Oldcastle",
+    "training a small Transformer",
+    "pickling beetroot",
+    "the library's old map collection",
+    "restoring a rusted bicycle",
+    "the community garden",
+)
+EN_EXPS = (
+    "got stuck halfway",
+    "ran out of memory twice",
+    "worked on the second try",
+    "made a terrible noise",
+    "was much slower than expected",
+    "broke in a way nobody had seen",
+)
+EN_FIXES = (
+    "read the manual twice",
+    "restart everything",
+    "lower the batch size",
+    "oil the chain",
+    "keep it somewhere warm",
+    "ask at the front desk",
+)
 
 # ------------------------------------------------------------------------------------------ word lists (zh)
 
-ZH_WORDS = ("春风 明月 青山 白云 流水 孤舟 落花 寒江 夕阳 归雁 长亭 古道 西风 细雨 江南 故园 柳絮 梧桐 秋霜 "
-            "残灯 远山 烟波 渔火 松涛 竹影 清泉 小桥 黄昏 晓钟 芳草 碧水 空山 征帆 寒梅 野渡 高楼 关山 塞雪 "
-            "孤城 春水 秋月 落日 苍苔 疏桐 暮雨 新荷 乱石 深巷 客舍 旧友 行人 离愁 乡心 白发 浮云 归舟 "
-            "花影 鸟声 溪桥 山寺 渔歌 松风 竹篱 柴门 霜林 雁阵").split()
+ZH_WORDS = (
+    "春风 明月 青山 白云 流水 孤舟 落花 寒江 夕阳 归雁 长亭 古道 西风 细雨 江南 故园 柳絮 梧桐 秋霜 "
+    "残灯 远山 烟波 渔火 松涛 竹影 清泉 小桥 黄昏 晓钟 芳草 碧水 空山 征帆 寒梅 野渡 高楼 关山 塞雪 "
+    "孤城 春水 秋月 落日 苍苔 疏桐 暮雨 新荷 乱石 深巷 客舍 旧友 行人 离愁 乡心 白发 浮云 归舟 "
+    "花影 鸟声 溪桥 山寺 渔歌 松风 竹篱 柴门 霜林 雁阵"
+).split()
 ZH_VERBS = list("照落归飞满入映随送生寒远深空横斜闻望隐度过开尽动")
 ZH_SURNAMES = list("李王张刘陈杨赵黄周吴徐孙胡朱高林何郭马罗梁宋郑谢韩唐冯于董萧")
 ZH_GIVEN = list("白甫维然清远明山云安若之言舟川和宁翰思源晓岚")
@@ -248,9 +324,11 @@ REFRAINS = {
 PLACEHOLDERS = ("\ufffd", "□")
 SHORT_TEXTS = ("ok", "好", "+1", "顶", "lol", "Thanks!", "谢谢分享", "nice", "沙发", "bump", "收藏了", "same")
 REPEAT_UNITS = ("哈哈", "buy now ", "click here! ", "顶顶顶", "ha ", "转发 ", "lorem ipsum ", "666 ")
-MOJIBAKE_EN = ("The café on the corner served a naïve little crème brûlée — it’s still “the best” in town.",
-               "Zoë’s résumé mentioned a year in Zürich — “an education”, she said.",
-               "The façade was restored in 1998 — its rosé-coloured stone is “unmistakable”.")
+MOJIBAKE_EN = (
+    "The café on the corner served a naïve little crème brûlée — it’s still “the best” in town.",
+    "Zoë’s résumé mentioned a year in Zürich — “an education”, she said.",
+    "The façade was restored in 1998 — its rosé-coloured stone is “unmistakable”.",
+)
 
 
 @dataclass
@@ -280,15 +358,42 @@ class _Gen:
         towns = r.sample(EN_TOWNS, 2)
         foods = r.sample(EN_FOODS, 2)
         year = r.randrange(1620, 1960)
-        vals = dict(noun=nouns[0], noun2=nouns[1], noun3=nouns[2], adj=adjs[0], adj2=adjs[1], verb=p(EN_VERBS),
-                    verb2=p(EN_VERBS), tverb=p(EN_TVERBS), prep=p(EN_PREPS), time=p(EN_TIMES),
-                    Time=p(EN_TIMES).capitalize(), town=towns[0], town2=towns[1], food=foods[0], food2=foods[1],
-                    liquid=p(EN_LIQUIDS), n=r.randrange(2, 60), n2=r.randrange(2, 30), k=r.randrange(2, 12),
-                    First=p(EN_FIRST), Last=p(EN_LAST), season=p(EN_SEASONS), trade=p(EN_TRADES),
-                    year=year, year2=year + r.randrange(3, 60), dataset=p(EN_DATASETS), hw=p(EN_HW),
-                    feature=p(EN_FEATURES), word=p(EN_WORDS), size=p(EN_SIZES),
-                    lr=f"{r.randrange(1, 10)}e-{r.randrange(3, 6)}", thing=p(EN_THINGS), exp=p(EN_EXPS),
-                    fix=p(EN_FIXES))
+        vals = dict(
+            noun=nouns[0],
+            noun2=nouns[1],
+            noun3=nouns[2],
+            adj=adjs[0],
+            adj2=adjs[1],
+            verb=p(EN_VERBS),
+            verb2=p(EN_VERBS),
+            tverb=p(EN_TVERBS),
+            prep=p(EN_PREPS),
+            time=p(EN_TIMES),
+            Time=p(EN_TIMES).capitalize(),
+            town=towns[0],
+            town2=towns[1],
+            food=foods[0],
+            food2=foods[1],
+            liquid=p(EN_LIQUIDS),
+            n=r.randrange(2, 60),
+            n2=r.randrange(2, 30),
+            k=r.randrange(2, 12),
+            First=p(EN_FIRST),
+            Last=p(EN_LAST),
+            season=p(EN_SEASONS),
+            trade=p(EN_TRADES),
+            year=year,
+            year2=year + r.randrange(3, 60),
+            dataset=p(EN_DATASETS),
+            hw=p(EN_HW),
+            feature=p(EN_FEATURES),
+            word=p(EN_WORDS),
+            size=p(EN_SIZES),
+            lr=f"{r.randrange(1, 10)}e-{r.randrange(3, 6)}",
+            thing=p(EN_THINGS),
+            exp=p(EN_EXPS),
+            fix=p(EN_FIXES),
+        )
         s = template.format(**vals)
         return s[0].upper() + s[1:]
 
@@ -318,8 +423,9 @@ class _Gen:
     def en_post(self) -> Doc:
         # a forum template plus one or two sentences of prose: short, but not a fill-in-the-number copy
         topic = EN_PROSE[self.pick(sorted(EN_PROSE))]
-        parts = [self.en_fill(self.pick(EN_POST_TEMPLATES))] + [self.en_fill(t) for t in
-                                                                 self.r.sample(topic, self.r.randrange(1, 3))]
+        parts = [self.en_fill(self.pick(EN_POST_TEMPLATES))] + [
+            self.en_fill(t) for t in self.r.sample(topic, self.r.randrange(1, 3))
+        ]
         if self.r.random() < 0.5:
             parts.reverse()
         return Doc("post", " ".join(parts), extra={"lang": "en"})
@@ -349,9 +455,16 @@ class _Gen:
     def zh_fill(self, template: str) -> str:
         vals = {k: self.pick(v) for k, v in ZH_SLOTS.items()}
         others = {k + "2": self.pick(v) for k, v in ZH_SLOTS.items()}
-        vals.update(others, n=self.r.randrange(2, 60), n2=self.r.randrange(2, 30), k=self.r.randrange(2, 9),
-                    事物=self.pick(ZH_THINGS), 动作=self.pick(ZH_ACTIONS), 办法=self.pick(ZH_WAYS),
-                    结果=self.pick(ZH_RESULTS))
+        vals.update(
+            others,
+            n=self.r.randrange(2, 60),
+            n2=self.r.randrange(2, 30),
+            k=self.r.randrange(2, 9),
+            事物=self.pick(ZH_THINGS),
+            动作=self.pick(ZH_ACTIONS),
+            办法=self.pick(ZH_WAYS),
+            结果=self.pick(ZH_RESULTS),
+        )
         return template.format(**vals)
 
     def zh_prose(self) -> Doc:
@@ -365,8 +478,9 @@ class _Gen:
 
     def zh_post(self) -> Doc:
         topic = ZH_PROSE[self.pick(sorted(ZH_PROSE))]
-        parts = [self.zh_fill(self.pick(ZH_POST_TEMPLATES))] + [self.zh_fill(t) for t in
-                                                                 self.r.sample(topic, self.r.randrange(1, 3))]
+        parts = [self.zh_fill(self.pick(ZH_POST_TEMPLATES))] + [
+            self.zh_fill(t) for t in self.r.sample(topic, self.r.randrange(1, 3))
+        ]
         if self.r.random() < 0.5:
             parts.reverse()
         return Doc("post", "".join(parts), extra={"lang": "zh"})
@@ -459,7 +573,7 @@ class _NoveltyIndex:
 
     def add_if_novel(self, text: str) -> bool:
         t = _norm(text)
-        sh = {t[i:i + 5] for i in range(max(1, len(t) - 4))}
+        sh = {t[i : i + 5] for i in range(max(1, len(t) - 4))}
         if not t:
             return True
         h = np.fromiter((zlib.crc32(x.encode("utf-8")) for x in sh), dtype=np.uint64, count=len(sh))
@@ -486,8 +600,13 @@ FILES = {  # relpath -> format; the order here is not the source order (raw_reco
     "zh/essays.csv": "csv",
     "mixed/forum.jsonl.gz": "jsonl.gz",
 }
-HOME = {"en_prose": "en/articles.jsonl", "en_verse": "en/verse.txt", "zh_poem": "zh/poetry.json",
-        "zh_prose": "zh/essays.csv", "post": "mixed/forum.jsonl.gz"}
+HOME = {
+    "en_prose": "en/articles.jsonl",
+    "en_verse": "en/verse.txt",
+    "zh_poem": "zh/poetry.json",
+    "zh_prose": "zh/essays.csv",
+    "post": "mixed/forum.jsonl.gz",
+}
 COUNTS = {"en_prose": 620, "en_verse": 360, "zh_poem": 820, "zh_prose": 380, "post": 520}
 
 
@@ -543,14 +662,22 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
             refrain_docs.append((d, line))
 
     # exact duplicates: 4 variants
-    for kind, hows in (("en_prose", ("identical", "whitespace", "punctuation", "case") * 4),
-                       ("en_verse", ("identical", "whitespace", "case", "punctuation") * 3),
-                       ("zh_poem", ("identical", "whitespace", "punctuation") * 5),
-                       ("zh_prose", ("identical", "punctuation", "whitespace") * 3),
-                       ("post", ("identical", "case", "punctuation"))):
+    for kind, hows in (
+        ("en_prose", ("identical", "whitespace", "punctuation", "case") * 4),
+        ("en_verse", ("identical", "whitespace", "case", "punctuation") * 3),
+        ("zh_poem", ("identical", "whitespace", "punctuation") * 5),
+        ("zh_prose", ("identical", "punctuation", "whitespace") * 3),
+        ("post", ("identical", "case", "punctuation")),
+    ):
         for d, how in zip(take(kind, len(hows)), hows):
-            copy = Doc(kind, variant(d.text, how, rng), title=d.title, author=d.author, rhythmic=d.rhythmic,
-                       extra=dict(d.extra))
+            copy = Doc(
+                kind,
+                variant(d.text, how, rng),
+                title=d.title,
+                author=d.author,
+                rhythmic=d.rhythmic,
+                extra=dict(d.extra),
+            )
             dest = HOME[kind] if rng.random() < 0.7 or kind in ("en_verse",) else "mixed/forum.jsonl.gz"
             extra[dest].append(copy)
             exact.append((d, copy, how))
@@ -571,8 +698,14 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
                 text, how = substitute(d.text, edits, rng), "substitution"
             else:
                 edits, text, how = 1, reorder(d.text, rng), "reorder"
-            copy = Doc(kind, text, title=d.title, author=g.zh_name() if kind == "zh_poem" else d.author,
-                       rhythmic=d.rhythmic, extra=dict(d.extra))
+            copy = Doc(
+                kind,
+                text,
+                title=d.title,
+                author=g.zh_name() if kind == "zh_poem" else d.author,
+                rhythmic=d.rhythmic,
+                extra=dict(d.extra),
+            )
             extra[HOME[kind]].append(copy)
             near.append((d, copy, how, edits))
 
@@ -643,15 +776,17 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
             ("{'id': 'ex-broken-3', 'text': 'single quotes are not JSON'}", "malformed_json"),
             ('{"id": "ex-broken-4", "text": "missing the closing brace"', "malformed_json"),
             ("this line is not JSON at all", "malformed_json"),
-            ('{"id": "ex-notext-1", "body": "the text is under the wrong key", "metadata": {"lang": "en"}}',
-             "no_text_field"),
+            (
+                '{"id": "ex-notext-1", "body": "the text is under the wrong key", "metadata": {"lang": "en"}}',
+                "no_text_field",
+            ),
             ('{"id": "ex-notext-2", "text": null, "metadata": {"lang": "en"}}', "no_text_field"),
             ('["a", "list", "is", "not", "an", "object"]', "not_an_object"),
         ],
         "mixed/forum.jsonl.gz": [
             ('{"user": "river_fan", "text": "cut off mid-', "malformed_json"),
             ('{"user": "夜读", "text": "缺少右引号}', "malformed_json"),
-            ('42', "not_an_object"),
+            ("42", "not_an_object"),
             (b'{"user": "latin1", "text": "caf\xe9 au lait, \xa3 3.50"}', "undecodable_bytes"),
         ],
         "zh/essays.csv": [
@@ -679,12 +814,17 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
                     n_bad += 1
                     continue
                 if rel.startswith("en/"):
-                    obj = {"id": f"ex-{lineno:05d}", "text": e.text,
-                           "metadata": {"url": f"https://example.org/{e.extra.get('topic', 'misc')}/{lineno}",
-                                        "lang": "en", **({"topic": e.extra["topic"]} if "topic" in e.extra else {})}}
+                    obj = {
+                        "id": f"ex-{lineno:05d}",
+                        "text": e.text,
+                        "metadata": {
+                            "url": f"https://example.org/{e.extra.get('topic', 'misc')}/{lineno}",
+                            "lang": "en",
+                            **({"topic": e.extra["topic"]} if "topic" in e.extra else {}),
+                        },
+                    }
                 else:
-                    obj = {"user": f"user{rng.randrange(1, 400)}", "lang": e.extra.get("lang", "mixed"),
-                           "text": e.text}
+                    obj = {"user": f"user{rng.randrange(1, 400)}", "lang": e.extra.get("lang", "mixed"), "text": e.text}
                 buf.write(json.dumps(obj, ensure_ascii=False).encode("utf-8") + b"\n")
                 e.id = record_id(rel, line=lineno)
                 n_ok += 1
@@ -700,7 +840,7 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
             for i, e in enumerate(entries):
                 obj = {"author": e.author, "paragraphs": e.text.split("\n") if e.text else []}
                 obj["rhythmic" if e.rhythmic else "title"] = e.title
-                obj["id"] = "%08x-%04x-%04x-%04x-%012x" % tuple(rng.getrandbits(b) for b in (32, 16, 16, 16, 48))
+                obj["id"] = "-".join(f"{rng.getrandbits(bits):0{bits // 4}x}" for bits in (32, 16, 16, 16, 48))
                 items.append(obj)
                 e.id = record_id(rel, index=i)
                 n_ok += 1
@@ -725,8 +865,9 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
                 else:
                     in_text = e.extra.get("header")  # title/author only in the text's header lines
                     date = f"20{rng.randrange(10, 25)}-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}"
-                    row = _csv_row(["" if in_text else (e.title or ""), "" if in_text else (e.author or ""),
-                                    e.text, date])
+                    row = _csv_row(
+                        ["" if in_text else (e.title or ""), "" if in_text else (e.author or ""), e.text, date]
+                    )
                     e.id = record_id(rel, line=lineno)
                     n_ok += 1
                 rows.append(row)
@@ -736,13 +877,15 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
 
     skipped = "notes/README.md"
     (src / skipped).parent.mkdir(parents=True, exist_ok=True)
-    (src / skipped).write_text("# Demo corpus\n\nGenerated by `python -m devtools.demo`; raw_records skips this "
-                               "file (unknown extension).\n", encoding="utf-8")
+    (src / skipped).write_text(
+        "# Demo corpus\n\nGenerated by `python -m devtools.demo`; raw_records skips this file (unknown extension).\n",
+        encoding="utf-8",
+    )
 
     # 4. source order (sorted paths, then position) for pairs: a is the copy seen first
     order = {}
     for rel in sorted(FILES):
-        for pos, e in enumerate(layout[rel]):
+        for e in layout[rel]:
             if isinstance(e, Doc):
                 order[id(e)] = len(order)
 
@@ -788,8 +931,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     m = generate_demo_corpus(args.out_dir, seed=args.seed)
     size = sum(p.stat().st_size for p in (Path(args.out_dir) / "source").rglob("*") if p.is_file())
-    print(f"demo corpus: {m['records']} records, {len(m['rejected_raw'])} bad lines, {size / 1e6:.2f} MB "
-          f"in {Path(args.out_dir) / 'source'}")
+    print(
+        f"demo corpus: {m['records']} records, {len(m['rejected_raw'])} bad lines, {size / 1e6:.2f} MB "
+        f"in {Path(args.out_dir) / 'source'}"
+    )
 
 
 if __name__ == "__main__":

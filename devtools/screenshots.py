@@ -4,6 +4,7 @@ usage: python -m devtools.screenshots URL OUT_DIR     a running UI (exit 1 if a 
        python -m devtools.screenshots --serve OUT_DIR   start `dagster dev` on a free port with a temporary
                                                         instance, run the whole job on $TOKENMILL_SOURCE, then shoot
 """
+
 from __future__ import annotations
 
 import os
@@ -21,9 +22,18 @@ PAGES = {
 # Text the Dagster UI shows when a page failed; an empty body also counts as a failure.
 ERROR_MARKERS = ("Unexpected GraphQL error", "Something went wrong", "PythonError", "Page not found")
 # Without the background-networking flags Chromium keeps dialing out, which this network refuses.
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--virtual-time-budget=25000"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--virtual-time-budget=25000",
+]
 
 
 def find_chromium() -> str | None:
@@ -53,7 +63,9 @@ def take_screenshots(base_url: str, out_dir: Path, chromium: str | None = None) 
         dom = capture(base_url.rstrip("/") + path, png, chromium, window)
         found = [m for m in ERROR_MARKERS if m in dom]
         if found or "<body" not in dom or not png.exists() or png.stat().st_size < 10_000:
-            raise RuntimeError(f"{base_url}{path}: the page shows an error or did not render ({found or 'blank'}); see {png}")
+            raise RuntimeError(
+                f"{base_url}{path}: the page shows an error or did not render ({found or 'blank'}); see {png}"
+            )
         shots[name] = png
     return shots
 
@@ -71,6 +83,10 @@ def serve_and_shoot(out_dir: Path) -> dict[str, Path]:
 if __name__ == "__main__":
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    shots = serve_and_shoot(Path(sys.argv[2])) if sys.argv[1] == "--serve" else take_screenshots(sys.argv[1], Path(sys.argv[2]))
+    shots = (
+        serve_and_shoot(Path(sys.argv[2]))
+        if sys.argv[1] == "--serve"
+        else take_screenshots(sys.argv[1], Path(sys.argv[2]))
+    )
     for name, png in shots.items():
         print(f"{name}: {png}")

@@ -1,4 +1,5 @@
 """Shared fixtures: the bundled demo corpus and its ground-truth manifest, and where ../shared lives."""
+
 import json
 from pathlib import Path
 

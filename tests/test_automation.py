@@ -1,4 +1,5 @@
 """Schedule and sensor, evaluated with Dagster's test contexts."""
+
 import os
 
 import dagster as dg
@@ -9,8 +10,10 @@ from resources import Compute, CorpusSource, DataRoot
 
 
 def evaluate(source_dir, instance, cursor, data_root=None):
-    resources = {"source": CorpusSource(path=str(source_dir)),
-                 "data_root": DataRoot(root=str(data_root or source_dir.parent / "data"))}
+    resources = {
+        "source": CorpusSource(path=str(source_dir)),
+        "data_root": DataRoot(root=str(data_root or source_dir.parent / "data")),
+    }
     with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
         result = source_sensor(str(source_dir))(context)
         return result, context.cursor
@@ -60,9 +63,15 @@ def test_sensor_switched_on_after_a_run_with_nothing_new_requests_nothing(tmp_pa
     (source / "a.jsonl").write_text('{"text": "one two three four five six seven eight nine ten"}\n')
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
     with dg.instance_for_test() as instance:
-        dg.materialize([defs.get_assets_def("raw_records")], instance=instance,
-                       resources={"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data)),
-                                  "compute": Compute()})
+        dg.materialize(
+            [defs.get_assets_def("raw_records")],
+            instance=instance,
+            resources={
+                "source": CorpusSource(path=str(source)),
+                "data_root": DataRoot(root=str(data)),
+                "compute": Compute(),
+            },
+        )
         result, cursor = evaluate(source, instance, None, data)
         assert isinstance(result, dg.SkipReason) and "unchanged" in str(result.skip_message)
         (source / "b.jsonl").write_text('{"text": "eleven"}\n')

@@ -1,5 +1,6 @@
 """cleaned_jsonl: each rule on planted cases, bad input, conservation, determinism, the boilerplate detector
 (frequent genuine lines survive), accuracy on the demo corpus, and the asset."""
+
 import json
 import random
 from pathlib import Path
@@ -27,6 +28,7 @@ from tokenmill.stages.clean.metadata import extract_metadata
 
 # ------------------------------------------------------------------------------------------ helpers
 
+
 def make_raw(folder: Path, texts, metas=None, per_shard=None, extra=None) -> list[str]:
     """Writes texts as raw_records shards (part-XXXXX.jsonl); returns their ids in order."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -34,8 +36,12 @@ def make_raw(folder: Path, texts, metas=None, per_shard=None, extra=None) -> lis
     ids, lines = [], {}
     for i, text in enumerate(texts):
         rid = record_id("fixture.jsonl", line=i + 1)
-        rec = {"id": rid, "text": text, "meta": (metas[i] if metas else {}),
-               "source": {"path": "fixture.jsonl", "line": i + 1}}
+        rec = {
+            "id": rid,
+            "text": text,
+            "meta": (metas[i] if metas else {}),
+            "source": {"path": "fixture.jsonl", "line": i + 1},
+        }
         if extra and i in extra:
             rec.update(extra[i])
         ids.append(rid)
@@ -66,11 +72,14 @@ def mojibake(text: str) -> str:
 
 POEM = "床前明月光，疑是地上霜。\n举头望明月，低头思故乡。"
 JUEJU = "白日依山尽\n黄河入海流\n欲穷千里目\n更上一层楼"  # 20 characters, 4 lines of 5: valid
-PROSE = ("The committee met on Tuesday to discuss the new budget for the library. Several members asked for more "
-         "money for the children's section, and the chair promised a report by the end of the month.")
+PROSE = (
+    "The committee met on Tuesday to discuss the new budget for the library. Several members asked for more "
+    "money for the children's section, and the chair promised a report by the end of the month."
+)
 
 
 # ------------------------------------------------------------------------------------------ rule 1-5: repair
+
 
 def test_mojibake_is_repaired_and_cjk_punctuation_untouched(tmp_path):
     original = "Zoë’s résumé mentioned a year in Zürich — “an education”, she said."
@@ -100,7 +109,7 @@ def test_unicode_normalization_forms(tmp_path):
 
 
 def test_control_and_zero_width_characters_removed(tmp_path):
-    ids, recs, _, stats = clean(tmp_path, ["\ufeffThe\u200b committee\x00 met" + PROSE[len("The committee met"):]])
+    ids, recs, _, stats = clean(tmp_path, ["\ufeffThe\u200b committee\x00 met" + PROSE[len("The committee met") :]])
     assert recs[ids[0]]["text"] == PROSE and stats["control_chars_removed"] == 3
     text = "\ufeffab\u200bc\x00d\x07e\u202ef\u2060g"
     assert R.strip_control_chars(text) == ("abcdefg", 6)
@@ -119,9 +128,11 @@ def test_invalid_surrogates_do_not_crash(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()
     # a JSON file as a reader could write it: lone surrogate escapes inside the text and the meta
-    lines = ['{"id": "a", "text": "good \\ud800text here, long enough\\udfff", "meta": {"title": "t\\ud83d"}, '
-             '"source": {"path": "x", "line": 1}}',
-             '{"id": "b", "text": "\\ud800\\ud800", "meta": {}, "source": {"path": "x", "line": 2}}']
+    lines = [
+        '{"id": "a", "text": "good \\ud800text here, long enough\\udfff", "meta": {"title": "t\\ud83d"}, '
+        '"source": {"path": "x", "line": 1}}',
+        '{"id": "b", "text": "\\ud800\\ud800", "meta": {}, "source": {"path": "x", "line": 2}}',
+    ]
     (raw / "part-00000.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     stats = clean_corpus(raw, tmp_path / "out", CleanSettings(), workers=1)
     recs = list(iter_jsonl(tmp_path / "out" / "part-00000.jsonl"))
@@ -134,12 +145,15 @@ def test_invalid_surrogates_do_not_crash(tmp_path):
 
 # ------------------------------------------------------------------------------------------ rule 6: metadata
 
+
 def test_header_metadata_moved_into_meta(tmp_path):
-    texts = ["Title: The Humble Field\nAuthor: Peter Whitlock\n\n" + PROSE,
-             "标题：静夜思\n作者：李白\n朝代：唐\n" + POEM,
-             "By Jane Austen\n" + PROSE,
-             PROSE + "\nTitle: not a header down here",
-             "Title: kept from the reader? no\n" + PROSE]
+    texts = [
+        "Title: The Humble Field\nAuthor: Peter Whitlock\n\n" + PROSE,
+        "标题：静夜思\n作者：李白\n朝代：唐\n" + POEM,
+        "By Jane Austen\n" + PROSE,
+        PROSE + "\nTitle: not a header down here",
+        "Title: kept from the reader? no\n" + PROSE,
+    ]
     metas = [{}, {}, {}, {}, {"title": "Reader Title"}]
     ids, recs, _, stats = clean(tmp_path, texts, metas)
     assert recs[ids[0]]["meta"] == {"title": "The Humble Field", "author": "Peter Whitlock"}
@@ -170,26 +184,50 @@ def test_metadata_extracted_before_boilerplate(tmp_path):
 
 # ------------------------------------------------------------------------------------------ rule 8: filters
 
+
 def test_each_filter_rejects_with_its_reason(tmp_path):
     spam = "\n".join(["Buy cheap watches now!"] * 12)
-    texts = ["", "   \n\t \u3000 ", "Hi there",
-             "\ufffd\ufffd\ufffd ab\ufffd \u25a1\u25a1\u25a1\u25a1 ?? text \ue000\ue001",
-             spam, "哈" * 200, "a" * 2000, JUEJU, POEM, PROSE]
+    texts = [
+        "",
+        "   \n\t \u3000 ",
+        "Hi there",
+        "\ufffd\ufffd\ufffd ab\ufffd \u25a1\u25a1\u25a1\u25a1 ?? text \ue000\ue001",
+        spam,
+        "哈" * 200,
+        "a" * 2000,
+        JUEJU,
+        POEM,
+        PROSE,
+    ]
     ids, recs, rej, stats = clean(tmp_path, texts, max_chars=1000)
-    want = {0: "empty", 1: "empty", 2: "too_short", 3: "placeholder_glyphs", 4: "repetition", 5: "repetition",
-            6: "too_long"}
+    want = {
+        0: "empty",
+        1: "empty",
+        2: "too_short",
+        3: "placeholder_glyphs",
+        4: "repetition",
+        5: "repetition",
+        6: "too_long",
+    }
     assert {i: rej[ids[i]]["reason"] for i in want} == want
     assert set(recs) == {ids[7], ids[8], ids[9]}  # a 20-character jueju is valid
     for r in rej.values():
         assert set(r) == {"id", "source", "reason", "detail"} and r["detail"]
-    assert stats["rejected_by_reason"] == {"empty": 2, "too_short": 1, "placeholder_glyphs": 1, "repetition": 2,
-                                           "too_long": 1}
+    assert stats["rejected_by_reason"] == {
+        "empty": 2,
+        "too_short": 1,
+        "placeholder_glyphs": 1,
+        "repetition": 2,
+        "too_long": 1,
+    }
     assert all(f"dropped_{r}" in stats for r in REASONS)
 
 
 def test_filters_keep_genuine_poetry_with_refrains():
-    shijing = ("采采芣苡，薄言采之。采采芣苡，薄言有之。\n采采芣苡，薄言掇之。采采芣苡，薄言捋之。\n"
-               "采采芣苡，薄言袺之。采采芣苡，薄言襭之。")
+    shijing = (
+        "采采芣苡，薄言采之。采采芣苡，薄言有之。\n采采芣苡，薄言掇之。采采芣苡，薄言捋之。\n"
+        "采采芣苡，薄言袺之。采采芣苡，薄言襭之。"
+    )
     refrain = "式微式微，胡不归？\n微君之故，胡为乎中露！\n式微式微，胡不归？\n微君之躬，胡为乎泥中！"
     limits = CleanSettings().ngram_limits()
     for text in (shijing, refrain, JUEJU, POEM, PROSE):
@@ -203,12 +241,15 @@ def test_filters_keep_genuine_poetry_with_refrains():
 
 # ------------------------------------------------------------------------------------------ rule 7: boilerplate
 
+
 def planted_corpus(n=300, seed=7):
     """Documents of varied length with planted header/footer boilerplate, a frequent genuine line at random
     positions, frequent words, and speaker labels locked at the top (genuine structure)."""
     rng = random.Random(seed)
-    words = ("river moon spring wind mountain Transformer attention cloud lantern bridge willow harbor "
-             "春 月 风 花 雪 山 水 云").split()
+    words = (
+        "river moon spring wind mountain Transformer attention cloud lantern bridge willow harbor "
+        "春 月 风 花 雪 山 水 云"
+    ).split()
     header = "Copyright © 2024 Example Press | All rights reserved"
     footer = "Read more at https://example.com/poems"
     cn_header = "【本文来自网络 | 转载请注明出处】"
@@ -216,8 +257,9 @@ def planted_corpus(n=300, seed=7):
     speakers = ["ROMEO:", "JULIET:", "FIRST CITIZEN:", "NURSE:"]
     docs, planted, genuine_docs = [], {}, []
     for i in range(n):
-        body = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + f" {i}."
-                for _ in range(rng.randint(2, 12))]
+        body = [
+            " ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + f" {i}." for _ in range(rng.randint(2, 12))
+        ]
         if i % 5 == 0:
             body.insert(rng.randint(0, len(body)), genuine)
             genuine_docs.append(i)
@@ -256,8 +298,11 @@ def test_boilerplate_stripped_genuine_frequent_lines_kept(tmp_path):
     assert bp["lines_stripped"] == removed_total == sum(map(len, planted.values()))
     assert bp["docs_touched"] == sum(1 for p in planted.values() if p)
     top = {t["line"]: t for t in bp["top_lines"]}
-    assert set(top) == {"Copyright © 2024 Example Press | All rights reserved",
-                        "Read more at https://example.com/poems", "【本文来自网络 | 转载请注明出处】"}
+    assert set(top) == {
+        "Copyright © 2024 Example Press | All rights reserved",
+        "Read more at https://example.com/poems",
+        "【本文来自网络 | 转载请注明出处】",
+    }
     t = top["Read more at https://example.com/poems"]
     assert t["score"] >= 0.65 and t["position"] == 1.0 and "url" in t["traits"]
 
@@ -307,6 +352,7 @@ def test_tinyshakespeare_speaker_names_survive(tmp_path, shared_dir):
 
 
 # ------------------------------------------------------------------------------------------ bad input, invariants
+
 
 def test_bad_input_never_crashes(tmp_path):
     huge = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 190_000)[:10_500_000]
@@ -366,8 +412,14 @@ def test_missing_input_folder_is_a_clear_error(tmp_path):
 
 
 def test_settings_bounds_and_combinations():
-    for bad in ({"normalization": "NFD"}, {"bp_threshold": 1.5}, {"max_dup_line_frac": -0.1}, {"bp_min_df": 0},
-                {"min_chars": 50, "max_chars": 10}, {"no_such_setting": 1}):
+    for bad in (
+        {"normalization": "NFD"},
+        {"bp_threshold": 1.5},
+        {"max_dup_line_frac": -0.1},
+        {"bp_min_df": 0},
+        {"min_chars": 50, "max_chars": 10},
+        {"no_such_setting": 1},
+    ):
         with pytest.raises(ValueError):
             CleanSettings(**bad)
     assert CleanSettings(min_chars=50, max_chars=0).max_chars == 0  # 0: no length limit
@@ -399,6 +451,7 @@ def test_stats_report(tmp_path):
 
 # ------------------------------------------------------------------------------------------ demo corpus accuracy
 
+
 def test_accuracy_on_demo_corpus(demo_source, demo_manifest, tmp_path):
     from tokenmill.stages.clean.line_stats import line_key
     from tokenmill.stages.raw import ingest
@@ -417,8 +470,9 @@ def test_accuracy_on_demo_corpus(demo_source, demo_manifest, tmp_path):
     removed = set()
     for rid, rec in out.items():
         kept = {line_key(ln) for ln in rec["text"].split("\n")}
-        removed |= {(rid, ln.strip()) for ln in base[rid]["text"].split("\n")
-                    if ln.strip() and line_key(ln) not in kept}
+        removed |= {
+            (rid, ln.strip()) for ln in base[rid]["text"].split("\n") if ln.strip() and line_key(ln) not in kept
+        }
     precision = len(removed & planted) / max(1, len(removed))
     recall = len(removed & planted) / len(planted)
     assert precision >= 0.95 and recall >= 0.95, (precision, recall, sorted(removed ^ planted)[:5])
@@ -439,6 +493,7 @@ def test_accuracy_on_demo_corpus(demo_source, demo_manifest, tmp_path):
 
 # ------------------------------------------------------------------------------------------ the asset
 
+
 def test_cleaned_jsonl_asset(demo_source, tmp_path):
     import dagster as dg
 
@@ -446,9 +501,14 @@ def test_cleaned_jsonl_asset(demo_source, tmp_path):
     from assets.raw import raw_records
     from resources import Compute, CorpusSource, DataRoot
 
-    result = dg.materialize([raw_records, cleaned_jsonl],
-                            resources={"source": CorpusSource(path=str(demo_source)),
-                                       "data_root": DataRoot(root=str(tmp_path / "data")), "compute": Compute()})
+    result = dg.materialize(
+        [raw_records, cleaned_jsonl],
+        resources={
+            "source": CorpusSource(path=str(demo_source)),
+            "data_root": DataRoot(root=str(tmp_path / "data")),
+            "compute": Compute(),
+        },
+    )
     assert result.success
     meta = result.asset_materializations_for_node("cleaned_jsonl")[0].metadata
     stats = read_json(tmp_path / "data" / "cleaned_jsonl" / STATS_FILE)

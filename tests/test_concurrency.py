@@ -1,5 +1,6 @@
 """One run at a time per data root: a second run is refused naming the holder, or queues behind it; a dead
 holder never leaves the data root locked."""
+
 import os
 import signal
 import subprocess
@@ -79,20 +80,45 @@ def test_a_run_on_a_busy_data_root_fails_before_any_materialization(tmp_path, de
 def test_two_whole_jobs_on_one_data_root_run_one_after_the_other(tmp_path, demo_source):
     """The reported case (two `dagster job execute` 5 s apart on one TOKENMILL_DATA): with a lock wait the
     second queues, both succeed, and the data root holds one consistent dataset."""
-    env = {**os.environ, "TOKENMILL_SOURCE": str(demo_source), "TOKENMILL_DATA": str(tmp_path / "data"),
-           "TOKENMILL_LOCK_WAIT": "300", "DAGSTER_HOME": str(tmp_path / "home"), "TOKENMILL_WORKERS": "1"}
+    env = {
+        **os.environ,
+        "TOKENMILL_SOURCE": str(demo_source),
+        "TOKENMILL_DATA": str(tmp_path / "data"),
+        "TOKENMILL_LOCK_WAIT": "300",
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "TOKENMILL_WORKERS": "1",
+    }
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    cmd = [os.path.join(os.path.dirname(sys.executable), "dagster"), "job", "execute", "-m", "definitions",
-           "-j", "tokenmill_all"]
-    subprocess.run([os.path.join(os.path.dirname(sys.executable), "dagster"), "instance", "migrate"], env=env,
-                   cwd=REPO, capture_output=True, check=True)  # a fresh SQLite instance is created once, not raced
+    cmd = [
+        os.path.join(os.path.dirname(sys.executable), "dagster"),
+        "job",
+        "execute",
+        "-m",
+        "definitions",
+        "-j",
+        "tokenmill_all",
+    ]
+    subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "dagster"), "instance", "migrate"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    )  # a fresh SQLite instance is created once, not raced
     first = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(2)
     second = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     errors = [p.communicate(timeout=600)[1] for p in (first, second)]
     assert first.returncode == 0 and second.returncode == 0, [e[-2000:] for e in errors]
-    check = subprocess.run([sys.executable, "-c", "from tokenmill_loader import open_store; import sys; "
-                            "open_store(sys.argv[1], verify=True)", str(tmp_path / "data" / "tokenized_bins" / "train")],
-                           capture_output=True, text=True)
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tokenmill_loader import open_store; import sys; open_store(sys.argv[1], verify=True)",
+            str(tmp_path / "data" / "tokenized_bins" / "train"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert check.returncode == 0, check.stderr

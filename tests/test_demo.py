@@ -1,4 +1,5 @@
 """The demo corpus generator: deterministic, and its manifest tells the truth about what it planted."""
+
 import gzip
 import re
 import zlib
@@ -85,7 +86,7 @@ def test_no_unplanted_near_duplicates(demo_manifest, demo_records):
         if rid in skip:
             continue
         t = norm("\n".join(ln for ln in rec["text"].split("\n") if ln.strip() not in boiler))
-        sets[rid] = {t[i:i + 5] for i in range(max(1, len(t) - 4))}
+        sets[rid] = {t[i : i + 5] for i in range(max(1, len(t) - 4))}
         mh = datasketch.MinHash(num_perm=64, seed=1)
         mh.update_batch([s.encode() for s in sets[rid]])
         lsh.insert(rid, mh)
@@ -130,8 +131,10 @@ def test_planted_defects(demo_manifest, demo_records):
     assert len(demo_manifest["header_metadata"]) >= 20
     for h in demo_manifest["header_metadata"]:
         first, second = texts[h["id"]].split("\n")[:2]
-        assert (first, second) in ((f"Title: {h['title']}", f"Author: {h['author']}"),
-                                   (f"标题：{h['title']}", f"作者：{h['author']}"))
+        assert (first, second) in (
+            (f"Title: {h['title']}", f"Author: {h['author']}"),
+            (f"标题：{h['title']}", f"作者：{h['author']}"),
+        )
 
 
 def test_boilerplate_at_edges_and_genuine_lines_anywhere(demo_manifest, demo_records):

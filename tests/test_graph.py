@@ -1,4 +1,5 @@
 """The whole graph on the demo corpus in a temporary instance: funnel adds up, checks pass, planted faults fail."""
+
 import json
 import subprocess
 import sys
@@ -29,19 +30,24 @@ def audit(data: Path) -> dict:
     """Every blocking check's evaluation of an existing data root (the functions the assets run on staged output)."""
     from assets import checks
 
-    return {e.check_name: e for e in [
-        checks.raw_records_not_empty(data / "raw_records"),
-        checks.cleaned_records_valid(data / "cleaned_jsonl"),
-        checks.deduped_no_exact_duplicates(data / "deduped_jsonl", data / "dedup_report"),
-        checks.token_shards_consistent(data / "tokenized_bins", data / "deduped_jsonl", data / "tokenizer"),
-    ]}
+    return {
+        e.check_name: e
+        for e in [
+            checks.raw_records_not_empty(data / "raw_records"),
+            checks.cleaned_records_valid(data / "cleaned_jsonl"),
+            checks.deduped_no_exact_duplicates(data / "deduped_jsonl", data / "dedup_report"),
+            checks.token_shards_consistent(data / "tokenized_bins", data / "deduped_jsonl", data / "tokenizer"),
+        ]
+    }
 
 
 def test_every_check_passes_and_funnel_adds_up(graph_run, demo_manifest):
     _, result, data = graph_run
     assert result.success
     evaluations = result.get_asset_check_evaluations()
-    assert len(evaluations) == 5 and all(e.passed for e in evaluations), [(e.check_name, e.metadata) for e in evaluations]
+    assert len(evaluations) == 5 and all(e.passed for e in evaluations), [
+        (e.check_name, e.metadata) for e in evaluations
+    ]
     funnel = read_json(data / "funnel_telemetry" / "funnel.json")
     assert funnel["conserved"]
     stages = funnel["stages"]
@@ -57,8 +63,9 @@ def test_every_check_passes_and_funnel_adds_up(graph_run, demo_manifest):
 @pytest.mark.skipif(not (SHARED / "tools" / "check_contracts.py").exists(), reason="../shared is not here")
 def test_contracts_hold(graph_run):
     _, _, data = graph_run
-    out = subprocess.run([sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(data)],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(data)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout
 
 
@@ -68,8 +75,12 @@ def test_lineage_from_token_position_to_source(graph_run, capsys):
     position = manifest["totals"]["tokens"] // 2
     assert cli_main(["lineage", str(position), "--data", str(data)]) == 0
     found = json.loads(capsys.readouterr().out)
-    record = next(json.loads(line) for shard in record_shards(data / "deduped_jsonl")
-                  for line in open(shard, encoding="utf-8") if json.loads(line)["id"] == found["record_id"])
+    record = next(
+        json.loads(line)
+        for shard in record_shards(data / "deduped_jsonl")
+        for line in open(shard, encoding="utf-8")
+        if json.loads(line)["id"] == found["record_id"]
+    )
     assert found["source"] == record["source"] and found["text_preview"] == record["text"][:200]
     removed = [json.loads(line) for line in open(data / "deduped_jsonl" / "removed.jsonl", encoding="utf-8")]
     kept_with_dups = {r["duplicate_of"] for r in removed}
@@ -79,6 +90,7 @@ def test_lineage_from_token_position_to_source(graph_run, capsys):
 def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
     defs, _, data = graph_run
     import shutil
+
     broken = tmp_path / "broken"
     shutil.copytree(data, broken, symlinks=True)
     # a duplicate key slipped into deduped_jsonl: an existing record under a new id
@@ -103,6 +115,7 @@ def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
 def test_loader_reads_what_the_pipeline_wrote(graph_run):
     """The format contract end to end: tokenized_bins written by the graph, read by tokenmill_loader."""
     from tokenizers import Tokenizer
+
     from tokenmill_loader import RecordDataset, TokenDataset, open_store
 
     _, _, data = graph_run
@@ -116,10 +129,16 @@ def test_loader_reads_what_the_pipeline_wrote(graph_run):
     trained = item["labels"] != -100
     assert (item["labels"][trained] == item["input_ids"][trained]).all()  # unshifted labels
     record = RecordDataset(train)[0]
-    text = Tokenizer.from_file(str(train / "tokenizer.json")).decode(record["input_ids"].tolist(), skip_special_tokens=True)
+    text = Tokenizer.from_file(str(train / "tokenizer.json")).decode(
+        record["input_ids"].tolist(), skip_special_tokens=True
+    )
     first_id = read_json(train / manifest["shards"][0]["name"] / "record_ids.json")[0]
-    source = next(json.loads(line) for shard in record_shards(data / "deduped_jsonl")
-                  for line in open(shard, encoding="utf-8") if json.loads(line)["id"] == first_id)
+    source = next(
+        json.loads(line)
+        for shard in record_shards(data / "deduped_jsonl")
+        for line in open(shard, encoding="utf-8")
+        if json.loads(line)["id"] == first_id
+    )
     assert source["text"] in text
 
 
@@ -134,9 +153,13 @@ def test_a_failing_blocking_check_keeps_the_previous_output(graph_run, tmp_path)
     before = {p.name: p.read_bytes() for p in sorted((root / "cleaned_jsonl").iterdir())}
     rerun = build_defs(CorpusSource(path="unused"), DataRoot(root=str(root)))
     with dg.instance_for_test() as instance:
-        result = dg.materialize([rerun.get_assets_def("cleaned_jsonl")], instance=instance, raise_on_error=False,
-                                resources={"data_root": DataRoot(root=str(root)), "compute": Compute()},
-                                run_config={"ops": {"cleaned_jsonl": {"config": {"min_chars": 10**6}}}})
+        result = dg.materialize(
+            [rerun.get_assets_def("cleaned_jsonl")],
+            instance=instance,
+            raise_on_error=False,
+            resources={"data_root": DataRoot(root=str(root)), "compute": Compute()},
+            run_config={"ops": {"cleaned_jsonl": {"config": {"min_chars": 10**6}}}},
+        )
     assert not result.success
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.check_name == "cleaned_records_valid" and not evaluation.passed
@@ -155,8 +178,14 @@ def test_update_reports_a_missing_source_in_one_line(tmp_path, monkeypatch, caps
 def test_update_runs_the_graph_and_prints_a_summary(tmp_path, demo_source):
     env = {**__import__("os").environ, "TOKENMILL_SOURCE": str(demo_source), "TOKENMILL_DATA": str(tmp_path / "data")}
     env.pop("DAGSTER_HOME", None)
-    done = subprocess.run([sys.executable, "-m", "tokenmill.cli", "update"], env=env, capture_output=True, text=True,
-                          cwd=Path(__file__).resolve().parents[1], timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli", "update"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tokenized_bins" in done.stdout and "tokens" in done.stdout
     assert len(done.stdout.splitlines()) < 12 and "DEBUG" not in done.stdout + done.stderr

@@ -1,6 +1,7 @@
 """Kill harness: SIGKILL the run (the run process alone, or its whole process group) at named points in every
 stage, including between the steps of a folder swap; the rerun succeeds, its outputs are byte-identical to a
 clean run, nothing is left behind and no process of the killed run survives."""
+
 import itertools
 import os
 import signal
@@ -15,8 +16,15 @@ from tokenmill.common.io import TIMINGS_FILE
 from tokenmill.common.lock import LOCK_FILE
 
 REPO = Path(__file__).resolve().parents[1]
-STAGES = ["raw_records", "cleaned_jsonl", "dedup_report", "deduped_jsonl", "tokenizer", "tokenized_bins",
-          "funnel_telemetry"]
+STAGES = [
+    "raw_records",
+    "cleaned_jsonl",
+    "dedup_report",
+    "deduped_jsonl",
+    "tokenizer",
+    "tokenized_bins",
+    "funnel_telemetry",
+]
 # one swap step per stage, rotating, then whole-process-group kills: 10 points across every stage
 POINTS = [f"{stage}:{step}" for stage, step in zip(STAGES, itertools.cycle(["staged", "versioned", "pointed"]))]
 POINTS += ["cleaned_jsonl:versioned@group", "dedup_report:pointed@group", "tokenized_bins:staged@group"]
@@ -39,8 +47,15 @@ def run_graph(source, data, marker, failpoint=None) -> int:
     if failpoint:
         env[FAILPOINT_ENV] = failpoint
     # its own session: a process-group kill must not reach pytest
-    proc = subprocess.run([sys.executable, "-c", RUN_GRAPH, str(source), str(data)], cwd=REPO, env=env,
-                          capture_output=True, text=True, start_new_session=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_GRAPH, str(source), str(data)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        timeout=600,
+    )
     return proc.returncode if proc.returncode != 1 else proc.stderr[-3000:]
 
 
@@ -90,13 +105,15 @@ def test_rerun_after_a_kill_at_any_point_matches_a_clean_run(tmp_path, demo_sour
         orphans = survivors(marker)
         for pid in orphans:
             os.kill(pid, signal.SIGKILL)
-        problems += [f"{point}: {problem}" for problem, failed in [
+        differing = sorted(name for name in after.keys() | clean.keys() if after.get(name) != clean.get(name))
+        published = sorted(os.readlink(data / stage) for stage in STAGES)
+        checks = [
             (f"not killed ({killed})", killed != -signal.SIGKILL),
             (f"rerun failed ({rerun})", rerun != 0),
-            (f"differs from a clean run: {sorted(set(after) ^ set(clean) | {k for k in after if after.get(k) != clean.get(k)})}",
-             after != clean),
-            (f"left behind: {leftovers}", leftovers != sorted(os.readlink(data / stage) for stage in STAGES)),
+            (f"differs from a clean run: {differing}", bool(differing)),
+            (f"left behind: {leftovers}", leftovers != published),
             (f"orphan processes: {orphans}", bool(orphans)),
-        ] if failed]
+        ]
+        problems += [f"{point}: {problem}" for problem, failed in checks if failed]
     print(f"kill harness: {len(POINTS)} kills, {len(problems)} problems")
     assert problems == []

@@ -1,4 +1,5 @@
 """Process fan-out: results in task order whatever the worker count; workers never outlive their run process."""
+
 import os
 import signal
 import subprocess
@@ -40,8 +41,9 @@ def test_workers_exit_when_the_run_process_is_killed(tmp_path):
             list(map_ordered(report_and_block, range(2), workers=2))
     """)
     (tmp_path / "run.py").write_text(script)
-    run = subprocess.Popen([sys.executable, str(tmp_path / "run.py")], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    run = subprocess.Popen(
+        [sys.executable, str(tmp_path / "run.py")], cwd=REPO, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     workers = [int(run.stdout.readline()) for _ in range(2)]
     os.kill(run.pid, signal.SIGKILL)
     run.wait()

@@ -1,5 +1,6 @@
 """The production instance (deploy/dagster.yaml) against the real PostgreSQL server: the whole job, a schedule tick
 and a sensor tick recorded there, and runs launched together on one data root executed one after the other."""
+
 import os
 import shutil
 import signal
@@ -39,9 +40,14 @@ def production_env(tmp_path, demo_source, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     shutil.copy(REPO / "deploy" / "dagster.yaml", home / "dagster.yaml")
-    env = {"DAGSTER_HOME": str(home), "TOKENMILL_PG_URL": f"{PG_SERVER.replace('postgresql://', 'postgresql+psycopg2://')}/{database}",
-           "TOKENMILL_SOURCE": str(demo_source), "TOKENMILL_DATA": str(tmp_path / "data"),
-           "TOKENMILL_SCHEDULE_CRON": "* * * * *", "TOKENMILL_WORKERS": "1"}
+    env = {
+        "DAGSTER_HOME": str(home),
+        "TOKENMILL_PG_URL": f"{PG_SERVER.replace('postgresql://', 'postgresql+psycopg2://')}/{database}",
+        "TOKENMILL_SOURCE": str(demo_source),
+        "TOKENMILL_DATA": str(tmp_path / "data"),
+        "TOKENMILL_SCHEDULE_CRON": "* * * * *",
+        "TOKENMILL_WORKERS": "1",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     yield {**os.environ, **env}
@@ -50,8 +56,14 @@ def production_env(tmp_path, demo_source, monkeypatch):
 
 
 def dagster(*args, env):
-    return subprocess.run([str(BIN / "dagster"), *args, "-m", "definitions"], env=env, cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [str(BIN / "dagster"), *args, "-m", "definitions"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(production_env):
@@ -59,11 +71,21 @@ def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(product
     executed = dagster("job", "execute", "-j", WHOLE_GRAPH_JOB, env=env)
     assert executed.returncode == 0, executed.stderr[-3000:]
 
-    daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-m", "definitions"], env=env, cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    daemon = subprocess.Popen(
+        [str(BIN / "dagster-daemon"), "run", "-m", "definitions"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        for args in (("schedule", "start", "tokenmill_daily"), ("sensor", "start", "source_files_sensor"),
-                     ("job", "launch", "-j", WHOLE_GRAPH_JOB), ("job", "launch", "-j", WHOLE_GRAPH_JOB)):
+        for args in (
+            ("schedule", "start", "tokenmill_daily"),
+            ("sensor", "start", "source_files_sensor"),
+            ("job", "launch", "-j", WHOLE_GRAPH_JOB),
+            ("job", "launch", "-j", WHOLE_GRAPH_JOB),
+        ):
             done = dagster(*args, env=env)
             assert done.returncode == 0, (args, done.stderr[-3000:])
 
@@ -71,8 +93,10 @@ def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(product
             assert type(instance.run_storage).__name__ == "PostgresRunStorage"
             deadline = time.monotonic() + WAIT_SECONDS
             while time.monotonic() < deadline:
-                ticks = {kind: instance.get_ticks(origin_id, selector_id)
-                         for kind, origin_id, selector_id in instigators(instance)}
+                ticks = {
+                    kind: instance.get_ticks(origin_id, selector_id)
+                    for kind, origin_id, selector_id in instigators(instance)
+                }
                 records = instance.get_run_records()
                 finished = all(r.dagster_run.is_finished for r in records)
                 if finished and len(records) >= 5 and all(ticks.values()):
@@ -81,8 +105,9 @@ def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(product
             else:
                 pytest.fail(f"timed out: {len(records)} runs, ticks { {k: len(v) for k, v in ticks.items()} }")
 
-            assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records), \
-                [(r.dagster_run.run_id, r.dagster_run.status) for r in records]
+            assert all(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in records), [
+                (r.dagster_run.run_id, r.dagster_run.status) for r in records
+            ]
             assert {r.dagster_run.tags.get(DATA_ROOT_TAG) for r in records} == {env["TOKENMILL_DATA"]}
             windows = sorted((r.start_time, r.end_time) for r in records)
             for (_, end), (next_start, _) in zip(windows, windows[1:]):
@@ -98,7 +123,10 @@ def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(product
 def instigators(instance):
     """(kind, origin id, selector id) of the schedule and the sensor, from the states `start` stored."""
     states = instance.all_instigator_state()
-    found = [(s.instigator_type.value, s.instigator_origin_id, s.selector_id) for s in states
-             if s.instigator_name in ("tokenmill_daily", "source_files_sensor")]
+    found = [
+        (s.instigator_type.value, s.instigator_origin_id, s.selector_id)
+        for s in states
+        if s.instigator_name in ("tokenmill_daily", "source_files_sensor")
+    ]
     assert len(found) == 2, states
     return found

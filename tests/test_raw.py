@@ -1,4 +1,5 @@
 """raw_records: readers, presets, bad input, determinism, and the asset on the demo corpus."""
+
 import gzip
 import json
 import os
@@ -53,12 +54,20 @@ def write(path: Path, data) -> Path:
 
 # ------------------------------------------------------------------------------------------ the asset, demo corpus
 
+
 def materialize_raw(source: Path, data: Path, **config):
     run_config = {"ops": {"raw_records": {"config": config}}} if config else None
     with dg.instance_for_test() as instance:
-        return dg.materialize([raw_records], instance=instance, run_config=run_config,
-                              resources={"source": CorpusSource(path=str(source)),
-                                         "data_root": DataRoot(root=str(data)), "compute": Compute()})
+        return dg.materialize(
+            [raw_records],
+            instance=instance,
+            run_config=run_config,
+            resources={
+                "source": CorpusSource(path=str(source)),
+                "data_root": DataRoot(root=str(data)),
+                "compute": Compute(),
+            },
+        )
 
 
 def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
@@ -123,8 +132,14 @@ def test_empty_source_is_a_source_error(tmp_path):
 
 
 def test_settings_are_checked():
-    for bad in ({"txt_mode": "paragraphs"}, {"records_per_shard": 0}, {"task_mb": 0}, {"csv_delimiter": ";;"},
-                {"csv_delimiter": '"'}, {"text_field": ""}):
+    for bad in (
+        {"txt_mode": "paragraphs"},
+        {"records_per_shard": 0},
+        {"task_mb": 0},
+        {"csv_delimiter": ";;"},
+        {"csv_delimiter": '"'},
+        {"text_field": ""},
+    ):
         with pytest.raises(ValueError):
             RawSettings(**bad)
 
@@ -146,12 +161,17 @@ def test_byte_identical_for_any_worker_count_and_shard_rollover(demo_source, tmp
 
 # ------------------------------------------------------------------------------------------ readers
 
+
 def test_jsonl_reader_and_ids(tmp_path):
     src = write(tmp_path / "src" / "a.jsonl", '{"text": "one", "lang": "en"}\n\n{"text": "two"}\n')
     stats, recs, rej = run(src.parent, tmp_path)
     assert [r["text"] for r in recs] == ["one", "two"]
-    assert recs[0] == {"id": record_id("a.jsonl", line=1), "text": "one", "meta": {"lang": "en"},
-                       "source": {"path": "a.jsonl", "line": 1}}
+    assert recs[0] == {
+        "id": record_id("a.jsonl", line=1),
+        "text": "one",
+        "meta": {"lang": "en"},
+        "source": {"path": "a.jsonl", "line": 1},
+    }
     assert recs[1]["source"] == {"path": "a.jsonl", "line": 3}  # physical line numbers, blank lines counted
     assert rej == [] and stats["docs_out"] == 2
     # a single file as the source: paths are its name
@@ -163,30 +183,41 @@ def test_json_object_and_list(tmp_path):
     write(tmp_path / "src" / "one.json", '{"text": "solo", "k": 1}')
     write(tmp_path / "src" / "many.json", '[{"text": "a"}, {"text": "b"}, 7]')
     stats, recs, rej = run(tmp_path / "src", tmp_path)
-    assert [(r["source"]["path"], r["source"]["index"], r["text"]) for r in recs] == \
-        [("many.json", 0, "a"), ("many.json", 1, "b"), ("one.json", 0, "solo")]
+    assert [(r["source"]["path"], r["source"]["index"], r["text"]) for r in recs] == [
+        ("many.json", 0, "a"),
+        ("many.json", 1, "b"),
+        ("one.json", 0, "solo"),
+    ]
     assert [(r["path"], r["index"], r["reason"]) for r in rej] == [("many.json", 2, "not_an_object")]
 
 
 def test_txt_blocks_and_file_modes(tmp_path):
     write(tmp_path / "src" / "t.txt", "first block\nline two\n\n\n  \nsecond block\n\nthird\n")
     _, recs, _ = run(tmp_path / "src", tmp_path, txt_mode="blocks")
-    assert [(r["text"], r["source"]["line"]) for r in recs] == [("first block\nline two", 1), ("second block", 6),
-                                                                  ("third", 8)]
+    assert [(r["text"], r["source"]["line"]) for r in recs] == [
+        ("first block\nline two", 1),
+        ("second block", 6),
+        ("third", 8),
+    ]
     _, recs, _ = run(tmp_path / "src", tmp_path, txt_mode="file")
-    assert [(r["text"], r["source"]) for r in recs] == [("first block\nline two\n\n\n  \nsecond block\n\nthird\n",
-                                                          {"path": "t.txt", "index": 0})]
+    assert [(r["text"], r["source"]) for r in recs] == [
+        ("first block\nline two\n\n\n  \nsecond block\n\nthird\n", {"path": "t.txt", "index": 0})
+    ]
     with pytest.raises(ValueError):
         RawSettings(txt_mode="paragraphs")
 
 
 def test_csv_reader(tmp_path):
-    write(tmp_path / "src" / "c.csv",
-          'title,text,author\nA,"multi\nline text",X\n\nB,plain,Y\nC,too,many,fields\nD,last,Z\n')
+    write(
+        tmp_path / "src" / "c.csv",
+        'title,text,author\nA,"multi\nline text",X\n\nB,plain,Y\nC,too,many,fields\nD,last,Z\n',
+    )
     stats, recs, rej = run(tmp_path / "src", tmp_path)
     assert [(r["text"], r["meta"], r["source"]["line"]) for r in recs] == [
-        ("multi\nline text", {"title": "A", "author": "X"}, 2), ("plain", {"title": "B", "author": "Y"}, 5),
-        ("last", {"title": "D", "author": "Z"}, 7)]
+        ("multi\nline text", {"title": "A", "author": "X"}, 2),
+        ("plain", {"title": "B", "author": "Y"}, 5),
+        ("last", {"title": "D", "author": "Z"}, 7),
+    ]
     assert [(r["line"], r["reason"]) for r in rej] == [(6, "malformed_csv_row")]
     # a configurable text column
     write(tmp_path / "src2" / "c.csv", "body,n\nhello,1\n")
@@ -219,10 +250,15 @@ def test_skipped_and_hidden_files(tmp_path):
 
 # ------------------------------------------------------------------------------------------ presets and field mapping
 
+
 def test_chinese_poetry_preset(tmp_path):
     poems = [
-        {"author": "李白", "paragraphs": ["床前明月光，疑是地上霜。", "舉頭望明月，低頭思故鄉。"], "title": "靜夜思",
-         "id": "u1"},
+        {
+            "author": "李白",
+            "paragraphs": ["床前明月光，疑是地上霜。", "舉頭望明月，低頭思故鄉。"],
+            "title": "靜夜思",
+            "id": "u1",
+        },
         {"author": "蘇軾", "paragraphs": ["明月幾時有？"], "rhythmic": "水調歌頭", "tags": ["宋词三百首"]},
         {"title": "关雎", "chapter": "国风", "section": "周南", "content": ["关关雎鸠，在河之洲。"]},
         {"title": "某篇", "para": "一整段文字"},
@@ -241,12 +277,21 @@ def test_chinese_poetry_preset(tmp_path):
 
 
 def test_dolma_metadata_is_flattened(tmp_path):
-    line = {"id": "http://x", "text": "doc", "source": "common-crawl",
-            "metadata": {"url": "http://x", "language": "en", "id": "inner"}}
+    line = {
+        "id": "http://x",
+        "text": "doc",
+        "source": "common-crawl",
+        "metadata": {"url": "http://x", "language": "en", "id": "inner"},
+    }
     write(tmp_path / "src" / "cc.jsonl", json.dumps(line) + "\n")
     _, recs, _ = run(tmp_path / "src", tmp_path)
-    assert recs[0]["meta"] == {"id": "http://x", "source": "common-crawl", "url": "http://x", "language": "en",
-                               "metadata.id": "inner"}
+    assert recs[0]["meta"] == {
+        "id": "http://x",
+        "source": "common-crawl",
+        "url": "http://x",
+        "language": "en",
+        "metadata.id": "inner",
+    }
     assert recs[0]["source"] == {"path": "cc.jsonl", "line": 1}
 
 
@@ -270,19 +315,38 @@ def test_training_layouts_keep_their_fields(tmp_path):
 
 # ------------------------------------------------------------------------------------------ bad input
 
+
 def test_bad_jsonl_lines_are_rejected_with_line_numbers(tmp_path):
-    lines = [b'{"text": "ok 1"}', b'{"text": "cut', b'{"body": "no text"}', b'{"text": null}', b'[1, 2]',
-             b'{"text": "caf\xe9"}', b'{"text": ""}', b'{"text": "lone \\ud800 surrogate"}', b'{"text": "ok 2"}']
+    lines = [
+        b'{"text": "ok 1"}',
+        b'{"text": "cut',
+        b'{"body": "no text"}',
+        b'{"text": null}',
+        b"[1, 2]",
+        b'{"text": "caf\xe9"}',
+        b'{"text": ""}',
+        b'{"text": "lone \\ud800 surrogate"}',
+        b'{"text": "ok 2"}',
+    ]
     write(tmp_path / "src" / "bad.jsonl", b"\n".join(lines) + b"\n")
     stats, recs, rej = run(tmp_path / "src", tmp_path)
     assert [r["text"] for r in recs] == ["ok 1", "", "ok 2"]  # an empty text is kept (cleaning rejects it)
     assert [(r["line"], r["reason"]) for r in rej] == [
-        (2, "malformed_json"), (3, "no_text_field"), (4, "no_text_field"), (5, "not_an_object"),
-        (6, "undecodable_bytes"), (8, "undecodable_bytes")]
+        (2, "malformed_json"),
+        (3, "no_text_field"),
+        (4, "no_text_field"),
+        (5, "not_an_object"),
+        (6, "undecodable_bytes"),
+        (8, "undecodable_bytes"),
+    ]
     assert rej[0]["snippet"] == '{"text": "cut' and rej[0]["path"] == "bad.jsonl"
     assert stats["dropped_malformed_json"] == 1 and stats["dropped_no_text_field"] == 2
-    assert stats["rejected_by_reason"] == {"malformed_json": 1, "no_text_field": 2, "not_an_object": 1,
-                                           "undecodable_bytes": 2}
+    assert stats["rejected_by_reason"] == {
+        "malformed_json": 1,
+        "no_text_field": 2,
+        "not_an_object": 1,
+        "undecodable_bytes": 2,
+    }
     assert stats["docs_in"] == 9 and stats["files"][0]["rejected"] == 6
 
 
@@ -313,6 +377,7 @@ def test_whole_file_failures(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ the real corpus
+
 
 def test_full_tang_poems(shared_dir, tmp_path):
     tang = shared_dir / "corpora" / "chinese-poetry" / "全唐诗"
@@ -370,8 +435,13 @@ except OSError:
 def ingest_in_child(source: Path, out: Path, timeout: float = 60, **settings) -> tuple[dict, list[dict], float]:
     """(stats, rejected entries, peak RSS in MiB) of ingest run in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    res = subprocess.run([sys.executable, "-c", _CHILD, str(source), str(out), json.dumps(settings)],
-                         capture_output=True, text=True, timeout=timeout, env=env)
+    res = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(source), str(out), json.dumps(settings)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     stats = read_json(out / STATS_FILE)
     assert stats["docs_in"] == stats["docs_out"] + stats["rejected"]
@@ -408,17 +478,23 @@ def test_fifo_and_socket_are_skipped_not_opened(tmp_path):
 def test_deep_nesting_is_malformed_not_a_crash(tmp_path):
     src = tmp_path / "src"
     deep = "[" * 950 + "]" * 950
-    write(src / "a.jsonl", '{"text": "ok 1"}\n'
-                           f'{{"text": "deep meta", "tags": {deep}}}\n'
-                           f'{{"text": "just too deep", "tags": {"[" * 100 + "]" * 100}}}\n'
-                           f'{{"text": "deep enough", "tags": {"[" * 98 + "]" * 98}}}\n')
+    write(
+        src / "a.jsonl",
+        '{"text": "ok 1"}\n'
+        f'{{"text": "deep meta", "tags": {deep}}}\n'
+        f'{{"text": "just too deep", "tags": {"[" * 100 + "]" * 100}}}\n'
+        f'{{"text": "deep enough", "tags": {"[" * 98 + "]" * 98}}}\n',
+    )
     write(src / "b.json", f'[{{"text": "kept"}}, {{"text": "deep", "x": {deep}}}]')
     write(src / "c.json", deep)
     stats, rej, rss = ingest_in_child(src, tmp_path / "out")
     assert sorted(r["text"] for r in records(tmp_path / "out")) == ["deep enough", "kept", "ok 1"]
     assert sorted((r["path"], r.get("line", r.get("index")), r["reason"]) for r in rej) == [
-        ("a.jsonl", 2, "malformed_json"), ("a.jsonl", 3, "malformed_json"), ("b.json", 1, "malformed_json"),
-        ("c.json", 0, "malformed_json")]
+        ("a.jsonl", 2, "malformed_json"),
+        ("a.jsonl", 3, "malformed_json"),
+        ("b.json", 1, "malformed_json"),
+        ("c.json", 0, "malformed_json"),
+    ]
     assert all("nested deeper than 100 levels" in r["detail"] for r in rej)
     assert rss < HOSTILE_RSS_MB
 
@@ -484,7 +560,10 @@ def test_record_limit_in_every_reader(tmp_path):
     stats, recs, rej = run(src, tmp_path, max_record_bytes=200)
     assert [r["text"] for r in recs] == ["short", "short csv", "short block", "last block"]
     assert [(r["path"], r["line"], r["reason"]) for r in rej] == [
-        ("a.jsonl", 1, "record_too_large"), ("b.csv", 2, "record_too_large"), ("c.txt", 3, "record_too_large"),
-        ("d.json", None, "record_too_large")]
+        ("a.jsonl", 1, "record_too_large"),
+        ("b.csv", 2, "record_too_large"),
+        ("c.txt", 3, "record_too_large"),
+        ("d.json", None, "record_too_large"),
+    ]
     with pytest.raises(ValueError, match="max_record_bytes"):
         RawSettings(max_record_bytes=100, max_file_bytes=10)

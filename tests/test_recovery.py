@@ -1,5 +1,6 @@
 """Publishing a stage folder survives a kill at any point: the stage is wholly old or wholly new, and the next
 run removes or restores what the interrupted one left."""
+
 import os
 
 import pytest
@@ -41,8 +42,9 @@ def test_an_earlier_releases_plain_folder_is_replaced(tmp_path):
     assert len(hidden(tmp_path)) == 1
 
 
-@pytest.mark.parametrize("kill_point", ["while_writing", "after_version_rename", "legacy_moved_aside",
-                                        "legacy_two_rename_swap"])
+@pytest.mark.parametrize(
+    "kill_point", ["while_writing", "after_version_rename", "legacy_moved_aside", "legacy_two_rename_swap"]
+)
 def test_recovery_after_a_kill(tmp_path, kill_point):
     """Each case recreates on disk what a SIGKILL at that point of the swap leaves, then recovers."""
     publish(tmp_path, "old")

@@ -1,5 +1,6 @@
 """tokenized_bins stage: renderings and masks per training type, splits, shards, atomicity, determinism; the
 round trip through tokenmill_loader; the pinned tokenizer and the re-encoding check."""
+
 import hashlib
 import json
 import shutil
@@ -24,26 +25,43 @@ from tokenmill_loader.format import SPECIAL_TOKENS, TRAINING_TYPES
 
 SP = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
 
-LINES = ["床前明月光，疑是地上霜。", "举头望明月，低头思故乡。", "白日依山尽，黄河入海流。", "欲穷千里目，更上一层楼。",
-         "Shall I compare thee to a summer's day?", "Rough winds do shake the darling buds of May,"]
+LINES = [
+    "床前明月光，疑是地上霜。",
+    "举头望明月，低头思故乡。",
+    "白日依山尽，黄河入海流。",
+    "欲穷千里目，更上一层楼。",
+    "Shall I compare thee to a summer's day?",
+    "Rough winds do shake the darling buds of May,",
+]
 
 
 def poem(i: int) -> dict:
     body = "\n".join(LINES[(i + k) % len(LINES)] for k in range(1 + i % 4)) + f"\n其{i}"
     meta = {"title": f"题目{i % 13}", "author": f"诗人{i % 7}"} if i % 10 else {}
-    return {"id": hashlib.blake2b(f"p{i}".encode(), digest_size=8).hexdigest(), "text": body, "meta": meta,
-            "source": {"path": "poems.json", "index": i}}
+    return {
+        "id": hashlib.blake2b(f"p{i}".encode(), digest_size=8).hexdigest(),
+        "text": body,
+        "meta": meta,
+        "source": {"path": "poems.json", "index": i},
+    }
 
 
 def chat(i: int) -> dict:
-    r = {"id": hashlib.blake2b(f"c{i}".encode(), digest_size=8).hexdigest(), "text": f"chat {i}", "meta": {},
-         "source": {"path": "chat.jsonl", "line": i + 1}}
+    r = {
+        "id": hashlib.blake2b(f"c{i}".encode(), digest_size=8).hexdigest(),
+        "text": f"chat {i}",
+        "meta": {},
+        "source": {"path": "chat.jsonl", "line": i + 1},
+    }
     if i % 9 == 5:
         return r  # no messages: rejected for sft
     msgs = [{"role": "user", "content": f"写一首关于月亮的诗 {i}"}, {"role": "assistant", "content": LINES[i % 4]}]
     if i % 3 == 0:
-        msgs = [{"role": "system", "content": "你是诗人。"}] + msgs + [
-            {"role": "user", "content": "再来一首"}, {"role": "assistant", "content": LINES[(i + 1) % 4]}]
+        msgs = (
+            [{"role": "system", "content": "你是诗人。"}]
+            + msgs
+            + [{"role": "user", "content": "再来一首"}, {"role": "assistant", "content": LINES[(i + 1) % 4]}]
+        )
     r["messages"] = msgs
     r["prompt"] = f"题{i}：写月亮"
     r["chosen"] = LINES[i % 4]
@@ -57,7 +75,7 @@ def write_parts(folder: Path, recs: list[dict], per_part: int = 10**9, bad_line:
     folder.mkdir(parents=True, exist_ok=True)
     for k in range(0, len(recs), per_part):
         with open(folder / f"part-{k // per_part:05d}.jsonl", "w", encoding="utf-8") as f:
-            for j, r in enumerate(recs[k:k + per_part]):
+            for j, r in enumerate(recs[k : k + per_part]):
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
                 if bad_line and j == 3:
                     f.write("{this is not json\n")
@@ -121,9 +139,9 @@ def test_conditional_round_trip_mask_and_dropout(tmp_path, tok_dir):
                 dropped += 1
             # the prefix, up to and including <|content|>, is masked; body and </s> are trained
             k = int(np.flatnonzero(seq == SP["<|content|>"])[0])
-            assert mask[:k + 1].sum() == 0 and mask[k + 1:].all()
+            assert mask[: k + 1].sum() == 0 and mask[k + 1 :].all()
             assert seq[-1] == SP["</s>"]
-            body = tok.decode(seq[k + 1:-1].tolist())
+            body = tok.decode(seq[k + 1 : -1].tolist())
             assert body == r["text"]
             seen += 1
     assert seen == len(recs) == stats["docs_out"] == stats["records"]
@@ -196,11 +214,13 @@ def test_dpo_keys_offsets_and_masks(tmp_path, tok_dir):
         r = src[rid]
         for key in ("chosen", "rejected"):
             seq, mask = d["items"][key][j], d["items"][f"{key}_mask"][j]
-            assert tok.decode(seq.tolist(), skip_special_tokens=False) == \
-                f"<s><|user|>{r['prompt']}<|end|><|assistant|>{r[key]}<|end|></s>"
+            assert (
+                tok.decode(seq.tolist(), skip_special_tokens=False)
+                == f"<s><|user|>{r['prompt']}<|end|><|assistant|>{r[key]}<|end|></s>"
+            )
             assert tok.decode(seq[mask == 1].tolist(), skip_special_tokens=False) == f"{r[key]}<|end|></s>"
             k = int(np.flatnonzero(seq == SP["<|assistant|>"])[0])
-            assert mask[:k + 1].sum() == 0 and mask[k + 1:].all()
+            assert mask[: k + 1].sum() == 0 and mask[k + 1 :].all()
     assert stats["tokens"] == sum(len(x) for k in ("chosen", "rejected") for x in d["items"][k])
     assert d["manifest"]["totals"]["tokens"] == stats["tokens"]
 
@@ -216,8 +236,10 @@ def test_grpo_keeps_record_and_group_boundaries(tmp_path, tok_dir):
     resp_iter = iter(zip(d["items"]["responses"], d["items"]["masks"]))
     for j, rid in enumerate(d["ids"]):
         r = src[rid]
-        assert tok.decode(d["items"]["prompts"][j].tolist(), skip_special_tokens=False) == \
-            f"<s><|user|>{r['prompt']}<|end|><|assistant|>"
+        assert (
+            tok.decode(d["items"]["prompts"][j].tolist(), skip_special_tokens=False)
+            == f"<s><|user|>{r['prompt']}<|end|><|assistant|>"
+        )
         rewards = d["items"]["rewards"][j]
         assert rewards.dtype == np.float32 and rewards.tolist() == r["rewards"]
         for resp in r["responses"]:  # the record's group, in order
@@ -242,7 +264,7 @@ def test_literal_special_token_text_stays_text(tmp_path, tok_dir):
         assert (seq == SP["</s>"]).sum() == 1 and (seq == SP["<|content|>"]).sum() == 1
         assert (seq == SP["<s>"]).sum() == 0
         k = int(np.flatnonzero(seq == SP["<|content|>"])[0])
-        assert tok.decode(seq[k + 1:-1].tolist()) == by_id(recs)[rid]["text"]
+        assert tok.decode(seq[k + 1 : -1].tolist()) == by_id(recs)[rid]["text"]
 
 
 def test_shards_roll_over_and_records_never_straddle(tmp_path, tok_dir):
@@ -268,8 +290,11 @@ def test_shards_roll_over_and_records_never_straddle(tmp_path, tok_dir):
 
 def tree_bytes(folder: Path) -> dict:
     """Every file's bytes; `_stats.json` without its settings (task_bytes is among them and differs by design)."""
-    files = {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-             if p.is_file() and p.name != TIMINGS_FILE}
+    files = {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != TIMINGS_FILE
+    }
     files[STATS_FILE] = {k: v for k, v in read_json(folder / STATS_FILE).items() if k != "settings"}
     return files
 
@@ -279,8 +304,13 @@ def test_identical_bytes_for_any_worker_count_and_task_cut(tmp_path, tok_dir):
     write_parts(tmp_path / "in", recs, per_part=150)
     outs = []
     for name, workers, task_bytes in (("w1", 1, 0), ("w2", 2, 3000), ("w1b", 1, 5000)):
-        s = tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / name,
-                            ShardSettings(shard_tokens=2000, task_bytes=task_bytes), workers=workers)
+        s = tokenize_corpus(
+            tmp_path / "in",
+            tok_dir,
+            tmp_path / name,
+            ShardSettings(shard_tokens=2000, task_bytes=task_bytes),
+            workers=workers,
+        )
         outs.append(tree_bytes(tmp_path / name))
         assert s["docs_in"] == s["docs_out"] == 400
         assert s["workers"] == workers and (s["tasks"] > 3 or task_bytes == 0)
@@ -294,7 +324,7 @@ def test_malformed_line_is_corruption_naming_file_and_line(tmp_path, tok_dir):
     with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:5: not a JSON record"):
         tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "out", ShardSettings(), workers=1)
     assert not list((tmp_path / "out").rglob("dataset.json"))
-    (tmp_path / "in" / "part-00000.jsonl").write_text('[1, 2]\n', encoding="utf-8")
+    (tmp_path / "in" / "part-00000.jsonl").write_text("[1, 2]\n", encoding="utf-8")
     with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:1: not a JSON object"):
         tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "out", ShardSettings(), workers=1)
 
@@ -318,9 +348,13 @@ def test_vocabulary_overflow_is_refused_at_write_time(tmp_path, tok_dir):
         ShardWriter(tmp_path / "w", "seq", 70_000, "uint16", 100)
     assert not (tmp_path / "w").exists()
     w = ShardWriter(tmp_path / "w2", "seq", 100, "uint16", 1000)
-    bad = SplitChunk(ids=["a"], data={"sequence": np.array([0, 150, 1], np.uint16)},
-                     item_lens={"sequence": np.array([3])}, rec_items={"sequence": np.array([1])},
-                     rec_tokens=np.array([3]))
+    bad = SplitChunk(
+        ids=["a"],
+        data={"sequence": np.array([0, 150, 1], np.uint16)},
+        item_lens={"sequence": np.array([3])},
+        rec_items={"sequence": np.array([1])},
+        rec_tokens=np.array([3]),
+    )
     with pytest.raises(CapacityError, match="token id 150 >= vocabulary size 100"):
         w.add(bad)
     with pytest.raises(CapacityError):
@@ -358,9 +392,9 @@ def test_interrupted_write_leaves_nothing_a_reader_accepts(tmp_path, tok_dir, mo
         tokenize_corpus(tmp_path / "in", tok_dir, out, ShardSettings(shard_tokens=400), workers=1)
     assert calls["n"] == 3
     assert not list(out.rglob("dataset.json"))
-    assert not list(out.rglob("shard-*"))       # no shard folder under its final name
+    assert not list(out.rglob("shard-*"))  # no shard folder under its final name
     assert not (out / "train").exists() and not (out / "val").exists()
-    assert not list(out.glob(".tmp-*"))           # staging cleaned up
+    assert not list(out.glob(".tmp-*"))  # staging cleaned up
 
 
 def complete_data_root(root: Path, tok_dir: Path, recs: list[dict]) -> Path:
@@ -370,13 +404,14 @@ def complete_data_root(root: Path, tok_dir: Path, recs: list[dict]) -> Path:
     cleaned, rejected = recs[5:], [dict(r, reason="too_short") for r in recs[:5]]
     write_parts(root / "cleaned_jsonl", cleaned)
     (root / "cleaned_jsonl" / "_rejected.jsonl").write_text(
-        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected), encoding="utf-8")
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rejected), encoding="utf-8"
+    )
     (root / "dedup_report").mkdir()
     (root / "dedup_report" / "report.json").write_text("{}", encoding="utf-8")
     write_parts(root / "deduped_jsonl", cleaned[3:])
     (root / "deduped_jsonl" / "removed.jsonl").write_text(
-        "".join(json.dumps({"id": r["id"], "reason": "exact_duplicate"}) + "\n" for r in cleaned[:3]),
-        encoding="utf-8")
+        "".join(json.dumps({"id": r["id"], "reason": "exact_duplicate"}) + "\n" for r in cleaned[:3]), encoding="utf-8"
+    )
     shutil.copytree(tok_dir, root / "tokenizer")
     return root
 
@@ -387,8 +422,13 @@ def test_a_complete_data_root_passes_the_contract_check(tmp_path, tok_dir, share
     if not tool.exists():
         pytest.skip(f"{tool} not present")
     root = complete_data_root(tmp_path / "data", tok_dir, [poem(i) for i in range(100)] + [chat(i) for i in range(60)])
-    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins",
-                    ShardSettings(training_type=tt, shard_tokens=1000, val_fraction=0.2), workers=1)
+    tokenize_corpus(
+        root / "deduped_jsonl",
+        root / "tokenizer",
+        root / "tokenized_bins",
+        ShardSettings(training_type=tt, shard_tokens=1000, val_fraction=0.2),
+        workers=1,
+    )
     r = subprocess.run([sys.executable, str(tool), str(root)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "- 0 violations" in r.stdout and "tokenized_bins/train:" in r.stdout
@@ -406,11 +446,17 @@ def test_assets_materialize(tmp_path, tok_dir):
 
     root = tmp_path / "data"
     write_parts(root / "deduped_jsonl", [poem(i) for i in range(150)])
-    res = dg.materialize([tokenizer, tokenized_bins],
-                         resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(root)),
-                                    "compute": Compute()},
-                         run_config={"ops": {"tokenizer": {"config": {"vocab_size": 400}},
-                                             "tokenized_bins": {"config": {"shard_tokens": 3000}}}})
+    res = dg.materialize(
+        [tokenizer, tokenized_bins],
+        resources={
+            "source": CorpusSource(path=str(tmp_path)),
+            "data_root": DataRoot(root=str(root)),
+            "compute": Compute(),
+        },
+        run_config={
+            "ops": {"tokenizer": {"config": {"vocab_size": 400}}, "tokenized_bins": {"config": {"shard_tokens": 3000}}}
+        },
+    )
     assert res.success
     md = res.asset_materializations_for_node("tokenized_bins")[0].metadata
     assert md["docs_out"].value == 150 and md["tokens"].value > 0
@@ -427,6 +473,7 @@ def test_assets_materialize(tmp_path, tok_dir):
 def expected_rendering(tok, rec: dict, tt: str) -> dict | None:
     """docs/format.md's rendering of one record, built from the spec alone: key -> list of (ids, mask) items, and
     grpo rewards; None when the training type cannot render it."""
+
     def enc(text):
         return tok.encode(text, add_special_tokens=False).ids
 
@@ -445,8 +492,11 @@ def expected_rendering(tok, rec: dict, tt: str) -> dict | None:
         if not text:
             return None
         meta = rec["meta"]
-        prefix = [("<|title|>", 0), (meta.get("title", ""), 0), ("<|author|>", 0), (meta.get("author", ""), 0)] \
-            if meta.get("title") or meta.get("author") else []
+        prefix = (
+            [("<|title|>", 0), (meta.get("title", ""), 0), ("<|author|>", 0), (meta.get("author", ""), 0)]
+            if meta.get("title") or meta.get("author")
+            else []
+        )
         return {"sequence": [item(*prefix, ("<|content|>", 0), (text, 1), ("</s>", 1))]}
     if tt == "sft":
         if "messages" not in rec:
@@ -461,8 +511,11 @@ def expected_rendering(tok, rec: dict, tt: str) -> dict | None:
     prompt = [("<s>", 0), ("<|user|>", 0), (rec["prompt"], 0), ("<|end|>", 0), ("<|assistant|>", 0)]
     if tt == "dpo":
         return {k: [item(*prompt, (rec[k], 1), ("<|end|>", 1), ("</s>", 1))] for k in ("chosen", "rejected")}
-    return {"prompts": [item(*prompt)], "rewards": rec["rewards"],
-            "responses": [item((r, 1), ("<|end|>", 1), ("</s>", 1)) for r in rec["responses"]]}
+    return {
+        "prompts": [item(*prompt)],
+        "rewards": rec["rewards"],
+        "responses": [item((r, 1), ("<|end|>", 1), ("</s>", 1)) for r in rec["responses"]],
+    }
 
 
 def labels_of(ids, mask):
@@ -474,8 +527,7 @@ def test_round_trip_through_the_loader(tmp_path, tok_dir, tt):
     """Every training type written by the real stage reads back through tokenmill_loader as the spec renders it."""
     recs = [poem(i) for i in range(40)] + [chat(i) for i in range(40)]
     recs.insert(7, dict(poem(99), text="他写下 </s> 与 <|content|>"))  # literal special-token text stays text
-    _, out = run(tmp_path, tok_dir, recs, training_type=tt, val_fraction=0.0, metadata_dropout=0.0,
-                 shard_tokens=300)
+    _, out = run(tmp_path, tok_dir, recs, training_type=tt, val_fraction=0.0, metadata_dropout=0.0, shard_tokens=300)
     tok = load_tokenizer(tok_dir)
     tok.encode_special_tokens = True
     want = [w for w in (expected_rendering(tok, r, tt) for r in recs) if w is not None]
@@ -486,11 +538,11 @@ def test_round_trip_through_the_loader(tmp_path, tok_dir, tt):
     for i, w in enumerate(want):
         got = ds[i]
         if tt in ("seq", "conditional", "sft"):
-            (ids, mask), = w["sequence"]
+            ((ids, mask),) = w["sequence"]
             assert got["input_ids"].tolist() == ids and got["labels"].tolist() == labels_of(ids, mask)
         elif tt == "dpo":
             for side in ("chosen", "rejected"):
-                (ids, mask), = w[side]
+                ((ids, mask),) = w[side]
                 assert got[f"{side}_input_ids"].tolist() == ids
                 assert got[f"{side}_labels"].tolist() == labels_of(ids, mask)
         else:
@@ -504,8 +556,8 @@ def test_round_trip_through_the_loader(tmp_path, tok_dir, tt):
         windows = TokenDataset(split, seq_len=64)
         assert len(windows) == (len(stream) - 64) // 64 + 1
         batch = windows.get_batch(list(range(len(windows))))
-        assert batch["input_ids"].flatten().tolist() == stream[:64 * len(windows)]
-        assert batch["labels"].flatten().tolist() == labels[:64 * len(windows)]
+        assert batch["input_ids"].flatten().tolist() == stream[: 64 * len(windows)]
+        assert batch["labels"].flatten().tolist() == labels[: 64 * len(windows)]
 
 
 # ------------------------------------------------------------------------------------------------ pinned tokenizer
@@ -531,8 +583,13 @@ def test_tokenizer_changed_mid_run_fails_and_publishes_nothing(tmp_path, tok_dir
 def test_check_re_encodes_and_catches_another_tokenizer(tmp_path, tok_dir):
     recs = [poem(i) for i in range(100)] + [chat(i) for i in range(30)]
     root = complete_data_root(tmp_path / "data", tok_dir, recs)
-    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins",
-                    ShardSettings(shard_tokens=800, val_fraction=0.2), workers=1)
+    tokenize_corpus(
+        root / "deduped_jsonl",
+        root / "tokenizer",
+        root / "tokenized_bins",
+        ShardSettings(shard_tokens=800, val_fraction=0.2),
+        workers=1,
+    )
     manifest = read_json(root / "tokenized_bins" / "train" / "dataset.json")
     assert manifest["tokenizer"]["sha256"] == hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()
     ok = validate_token_shards(root / "tokenized_bins", root / "deduped_jsonl", root / "tokenizer")
@@ -549,8 +606,7 @@ def test_check_re_encodes_and_catches_another_tokenizer(tmp_path, tok_dir):
         m["tokenizer"]["sha256"] = manifest["tokenizer"]["sha256"]
         (mixed / split / "dataset.json").write_text(json.dumps(m), encoding="utf-8")
     bad = validate_token_shards(mixed, root / "deduped_jsonl", root / "tokenizer")
-    assert bad["problems"] and all("differs from its record encoded with tokenizer.json" in p
-                                   for p in bad["problems"])
+    assert bad["problems"] and all("differs from its record encoded with tokenizer.json" in p for p in bad["problems"])
     # and the upstream tokenizer changed after the shards were built: stale
     stale = validate_token_shards(root / "tokenized_bins", root / "deduped_jsonl", other)
     assert any("the shards are stale" in p for p in stale["problems"])

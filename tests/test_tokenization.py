@@ -1,4 +1,5 @@
 """tokenizer stage: special token ids, byte-level round trip, bounded deterministic sample, existing tokenizer.json."""
+
 import json
 from pathlib import Path
 
@@ -12,20 +13,27 @@ from tokenmill.stages.tokenize.tokenizer import load_tokenizer
 from tokenmill.stages.tokenize.train import build_trainer_tokenizer
 from tokenmill_loader.format import SPECIAL_TOKENS
 
-POEMS = ["床前明月光，疑是地上霜。\n举头望明月，低头思故乡。",
-         "白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。",
-         "春眠不觉晓，处处闻啼鸟。\n夜来风雨声，花落知多少。",
-         "Shall I compare thee to a summer's day?\nThou art more lovely and more temperate.",
-         "The quick brown fox jumps over the lazy dog; 12345 67890!"]
+POEMS = [
+    "床前明月光，疑是地上霜。\n举头望明月，低头思故乡。",
+    "白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。",
+    "春眠不觉晓，处处闻啼鸟。\n夜来风雨声，花落知多少。",
+    "Shall I compare thee to a summer's day?\nThou art more lovely and more temperate.",
+    "The quick brown fox jumps over the lazy dog; 12345 67890!",
+]
 
 
 def write_records(folder: Path, n: int = 300, start: int = 0) -> list[dict]:
     folder.mkdir(parents=True, exist_ok=True)
     recs = []
     for i in range(start, start + n):
-        recs.append({"id": f"{i:016x}", "text": POEMS[i % len(POEMS)] + f"\n第{i}首 line {i}",
-                     "meta": {"title": f"题{i % 17}", "author": f"作者{i % 11}"},
-                     "source": {"path": "poems.json", "index": i}})
+        recs.append(
+            {
+                "id": f"{i:016x}",
+                "text": POEMS[i % len(POEMS)] + f"\n第{i}首 line {i}",
+                "meta": {"title": f"题{i % 17}", "author": f"作者{i % 11}"},
+                "source": {"path": "poems.json", "index": i},
+            }
+        )
     with open(folder / "part-00000.jsonl", "w", encoding="utf-8") as f:
         for r in recs:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
@@ -116,12 +124,20 @@ def test_existing_tokenizer_without_our_specials_gets_them(tmp_path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(POEMS, trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False,
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        POEMS,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<unk>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.save(str(tmp_path / "foreign.json"))
     n0 = tok.get_vocab_size()
-    s = train_tokenizer(tmp_path / "in", tmp_path / "out",
-                        TokenizerSettings(tokenizer_path=str(tmp_path / "foreign.json")))
+    s = train_tokenizer(
+        tmp_path / "in", tmp_path / "out", TokenizerSettings(tokenizer_path=str(tmp_path / "foreign.json"))
+    )
     assert s["special_tokens_added"] == list(SPECIAL_TOKENS)
     assert s["vocab_size"] == n0 + len(SPECIAL_TOKENS)
     out = load_tokenizer(tmp_path / "out" / "tokenizer.json")
@@ -134,8 +150,9 @@ def test_bad_tokenizer_path_is_a_clear_error(tmp_path):
         train_tokenizer(tmp_path / "in", tmp_path / "o1", TokenizerSettings(tokenizer_path=str(tmp_path / "nope.json")))
     (tmp_path / "broken.json").write_text("{not json", encoding="utf-8")
     with pytest.raises(ConfigError, match="not a loadable"):
-        train_tokenizer(tmp_path / "in", tmp_path / "o2",
-                        TokenizerSettings(tokenizer_path=str(tmp_path / "broken.json")))
+        train_tokenizer(
+            tmp_path / "in", tmp_path / "o2", TokenizerSettings(tokenizer_path=str(tmp_path / "broken.json"))
+        )
 
 
 def test_trainer_thread_count_does_not_change_bytes(tmp_path):
@@ -145,16 +162,22 @@ def test_trainer_thread_count_does_not_change_bytes(tmp_path):
     import sys
 
     write_records(tmp_path / "in", n=120)
-    code = ("import sys; from pathlib import Path; from tokenmill.stages.tokenize.train import *; "
-            "tok, tr = build_trainer_tokenizer(350, 2); "
-            "from tokenmill.common.io import iter_jsonl; texts=[r['text'] for r in iter_jsonl(sys.argv[1])]; "
-            "tok.train_from_iterator(texts, trainer=tr); Path(sys.argv[2]).write_text(tok.to_str())")
+    code = (
+        "import sys; from pathlib import Path; from tokenmill.stages.tokenize.train import *; "
+        "tok, tr = build_trainer_tokenizer(350, 2); "
+        "from tokenmill.common.io import iter_jsonl; texts=[r['text'] for r in iter_jsonl(sys.argv[1])]; "
+        "tok.train_from_iterator(texts, trainer=tr); Path(sys.argv[2]).write_text(tok.to_str())"
+    )
     outs = []
     for threads in ("1", "2"):
         out = tmp_path / f"t{threads}.json"
         env = {**os.environ, "RAYON_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "true"}
-        subprocess.run([sys.executable, "-c", code, str(tmp_path / "in" / "part-00000.jsonl"), str(out)],
-                       check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "in" / "part-00000.jsonl"), str(out)],
+            check=True,
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+        )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
     assert build_trainer_tokenizer  # imported for the subprocess
@@ -170,8 +193,11 @@ def test_sample_does_not_depend_on_file_order_or_cut(tmp_path):
     s = TokenizerSettings(vocab_size=300, sample_chars=3000, held_out_chars=500)
     a = train_tokenizer(tmp_path / "one", tmp_path / "a", s)
     b = train_tokenizer(tmp_path / "three", tmp_path / "b", s)
-    assert (a["sample_records"], a["sample_chars"], a["held_out_chars"]) == \
-        (b["sample_records"], b["sample_chars"], b["held_out_chars"])
+    assert (a["sample_records"], a["sample_chars"], a["held_out_chars"]) == (
+        b["sample_records"],
+        b["sample_chars"],
+        b["held_out_chars"],
+    )
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
 
 

@@ -1,11 +1,11 @@
 """The real thing: `dagster dev` on a free port, the whole job launched through GraphQL, metadata read back,
 and the asset graph and funnel page rendered in headless Chromium."""
+
 import pytest
 
 from definitions import ASSETS
 from devtools.dagster_server import DagsterDev
 from devtools.screenshots import find_chromium, take_screenshots
-
 
 ALL_ASSETS = [key.to_user_string() for asset in ASSETS for key in asset.keys]
 

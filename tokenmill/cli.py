@@ -1,5 +1,6 @@
 """`tokenmill` command line: `update` (every asset up to date with the source, with a short summary) and
 `lineage` (token position -> source record)."""
+
 from __future__ import annotations
 
 import argparse
@@ -18,8 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("--key", default=None, help="token key (default: the dataset's first token key)")
     default_data = os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent.parent / "data"))
     lin.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
-    upd = sub.add_parser("update", help="materialize every asset from TOKENMILL_SOURCE into TOKENMILL_DATA (the "
-                                        "tokenmill_all job in this process; runs are kept when DAGSTER_HOME is set)")
+    upd = sub.add_parser(
+        "update",
+        help="materialize every asset from TOKENMILL_SOURCE into TOKENMILL_DATA (the "
+        "tokenmill_all job in this process; runs are kept when DAGSTER_HOME is set)",
+    )
     upd.add_argument("-c", "--config", default=None, help="run config YAML (ops: <asset>: config: ...)")
     args = parser.parse_args(argv)
 

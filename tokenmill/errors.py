@@ -7,6 +7,7 @@ Policy for malformed input:
 - A line of a stage's *own* output that fails to parse (cleaned_jsonl, deduped_jsonl, ...) is corruption:
   the reading stage raises :class:`CorruptOutputError` naming the file and line, and never drops it silently.
 """
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """Record lineage beyond the asset graph: token position -> record id -> source file and line -> folded duplicates."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ def locate_token(data_root: Path, position: int, split: str = "train", key: str 
         shard_tokens.append(int(meta[key]["shape"][0]))
     ends = np.cumsum(shard_tokens)
     if not 0 <= position < (int(ends[-1]) if len(ends) else 0):
-        raise IndexError(f"token position {position} is outside {split}/{key} (0..{int(ends[-1]) - 1 if len(ends) else -1})")
+        raise IndexError(
+            f"token position {position} is outside {split}/{key} (0..{int(ends[-1]) - 1 if len(ends) else -1})"
+        )
     shard_idx = int(np.searchsorted(ends, position, side="right"))
     local = position - (int(ends[shard_idx - 1]) if shard_idx else 0)
     shard_dir = folder / manifest["shards"][shard_idx]["name"]
@@ -36,8 +39,12 @@ def locate_token(data_root: Path, position: int, split: str = "train", key: str 
     record_id = record_ids[record_index]
     record = find_record(data_root / "deduped_jsonl", record_id)
     return {
-        "split": split, "key": key, "position": position, "shard": shard_dir.name,
-        "record_in_shard": record_index, "offset_in_record": int(local - offsets[item]),
+        "split": split,
+        "key": key,
+        "position": position,
+        "shard": shard_dir.name,
+        "record_in_shard": record_index,
+        "offset_in_record": int(local - offsets[item]),
         "record_id": record_id,
         "source": record["source"] if record else None,
         "meta": record["meta"] if record else None,

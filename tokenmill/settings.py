@@ -5,6 +5,7 @@ Each field has a description, choices are ``Literal``, numbers carry bounds, and
 config subclasses it (``class DedupConfig(DedupSettings, dg.Config)``), so Dagster refuses a bad choice at launch
 and :func:`validate_run_settings` refuses a bad bound or combination before any asset of the run materializes.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -38,8 +39,11 @@ def _describe(asset_key: str, error: ValidationError) -> list[str]:
     for e in error.errors():
         field = ".".join(str(part) for part in e["loc"])
         where = f"{asset_key}.{field}" if field else asset_key
-        problems.append(f"{where}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
-                        if field else f"{where}: {e['msg'].removeprefix('Value error, ')}")
+        problems.append(
+            f"{where}: {e['msg'].removeprefix('Value error, ')} (got {e.get('input')!r})"
+            if field
+            else f"{where}: {e['msg'].removeprefix('Value error, ')}"
+        )
     return problems
 
 

@@ -2,6 +2,7 @@
 
 Dagster's console log is kept to warnings: the run's events are in the instance (`dagster dev` shows them).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,12 +19,12 @@ SUMMARY_STAGES = ("raw_records", "cleaned_jsonl", "deduped_jsonl", "tokenized_bi
 def summary(data_root: Path) -> str:
     """Records per stage, tokens, and where the shards are (from funnel_telemetry/funnel.json)."""
     funnel = read_json(data_root / "funnel_telemetry" / "funnel.json")
-    lines = [f"  {s['stage']:<15} {s['docs_out']:>10,} records  (dropped {s['dropped_total']:,})"
-             for s in funnel["stages"]]
+    lines = [
+        f"  {s['stage']:<15} {s['docs_out']:>10,} records  (dropped {s['dropped_total']:,})" for s in funnel["stages"]
+    ]
     tokens = funnel["tokens"]
     lines.append(f"  tokens          {tokens['total']:>10,}  ({100 * tokens['supervised_share']:.1f}% supervised)")
-    lines.append(f"  shards          {data_root / 'tokenized_bins'}/{{train,val}}  "
-                 f"(tokenmill_loader.open_store)")
+    lines.append(f"  shards          {data_root / 'tokenized_bins'}/{{train,val}}  (tokenmill_loader.open_store)")
     return "\n".join(lines)
 
 
@@ -62,11 +63,16 @@ def update(config_path: str | None = None) -> int:
     result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
     data_root = data_root_from_env().path("")
     if not result.success:
-        failures = [e.event_specific_data.error for e in result.all_events
-                    if e.event_type in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RESOURCE_INIT_FAILURE)]
+        failures = [
+            e.event_specific_data.error
+            for e in result.all_events
+            if e.event_type in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RESOURCE_INIT_FAILURE)
+        ]
         reasons = [failure_reason(err) for err in failures]
-        print(f"tokenmill update: run {result.run_id} failed: " + ("; ".join(reasons) or "see the run log"),
-              file=sys.stderr)
+        print(
+            f"tokenmill update: run {result.run_id} failed: " + ("; ".join(reasons) or "see the run log"),
+            file=sys.stderr,
+        )
         return 1
     print(f"tokenmill update: {path} -> {data_root} (run {result.run_id})\n{summary(data_root)}")
     return 0

@@ -1,4 +1,5 @@
 """Independent verifiers behind the asset checks: they re-read outputs and report a figure and the problems."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,15 @@ def validate_records(stage_dir: Path) -> dict:
                     problems.append(f"{shard.name}:{n}: nested too deeply to parse")
                     continue
                 src = r.get("source") if isinstance(r, dict) else None
-                if not (isinstance(r, dict) and isinstance(r.get("id"), str) and isinstance(r.get("text"), str)
-                        and isinstance(r.get("meta"), dict) and isinstance(src, dict) and "path" in src
-                        and ("line" in src or "index" in src)):
+                if not (
+                    isinstance(r, dict)
+                    and isinstance(r.get("id"), str)
+                    and isinstance(r.get("text"), str)
+                    and isinstance(r.get("meta"), dict)
+                    and isinstance(src, dict)
+                    and "path" in src
+                    and ("line" in src or "index" in src)
+                ):
                     problems.append(f"{shard.name}:{n}: does not match the record schema")
                 elif r["id"] in ids:
                     problems.append(f"{shard.name}:{n}: duplicate id {r['id']}")
@@ -64,11 +71,18 @@ def validate_token_shards(stage_dir: Path, records_dir: Path, tokenizer_dir: Pat
         vocab = dataset.manifest.get("vocab_size", vocab)
         recorded = (dataset.manifest.get("tokenizer") or {}).get("sha256")
         if recorded != upstream_sha:
-            problems.append(f"{dataset.folder / DATASET_FILE}: tokenizer sha256 {str(recorded)[:12]}… is not the "
-                            f"upstream {upstream} ({str(upstream_sha)[:12]}…): the shards are stale")
+            problems.append(
+                f"{dataset.folder / DATASET_FILE}: tokenizer sha256 {str(recorded)[:12]}… is not the "
+                f"upstream {upstream} ({str(upstream_sha)[:12]}…): the shards are stale"
+            )
         if settings is not None and not dataset.problems:
             checked, found = reencode_problems(dataset, records_dir, settings)
             reencoded += checked
             problems += found
-    return {"tokens": tokens, "max_token_id": max_id, "vocab_size": vocab, "reencoded_records": reencoded,
-            "problems": problems}
+    return {
+        "tokens": tokens,
+        "max_token_id": max_id,
+        "vocab_size": vocab,
+        "reencoded_records": reencoded,
+        "problems": problems,
+    }

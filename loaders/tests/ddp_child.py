@@ -4,6 +4,7 @@
 Writes {dataset: [[window ids of each batch] per epoch]} to OUT.json (the window id is input_ids[:, 0] // SEQ_LEN:
 the test datasets hold the tokens 0, 1, 2, ...).
 """
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
     python resume_child.py SPEC.json   # SPEC: {kind, paths, cases: [{workers, state, take}], out}
 Writes torch.save(list of batch lists) to SPEC["out"].
 """
+
 from __future__ import annotations
 
 import json
@@ -15,12 +16,28 @@ from tokenmill_loader import DataLoader, MixedLoader, PackingLoader, RecordDatas
 
 def build(kind: str, paths: dict, workers: int):
     def dataloader():
-        return DataLoader(TokenDataset(paths["sft"], 12, stride=5), batch_size=4, shuffle=True, seed=3,
-                          num_workers=workers, pin_memory=False)
+        return DataLoader(
+            TokenDataset(paths["sft"], 12, stride=5),
+            batch_size=4,
+            shuffle=True,
+            seed=3,
+            num_workers=workers,
+            pin_memory=False,
+        )
 
     def packing():
-        return PackingLoader(RecordDataset(paths["sft"]), max_tokens=48, pool_size=4, max_batch_size=3,
-                             long_threshold=30, seed=5, num_workers=workers, read_chunk=3, pin_memory=False)
+        return PackingLoader(
+            RecordDataset(paths["sft"]),
+            max_tokens=48,
+            pool_size=4,
+            max_batch_size=3,
+            long_threshold=30,
+            seed=5,
+            num_workers=workers,
+            read_chunk=3,
+            pin_memory=False,
+        )
+
     if kind == "dataloader":
         return dataloader()
     if kind == "packing":

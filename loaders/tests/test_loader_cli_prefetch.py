@@ -1,4 +1,5 @@
 """`python -m tokenmill_loader inspect` and DevicePrefetcher (CPU pass-through; CUDA when present)."""
+
 import json
 import subprocess
 import sys
@@ -39,8 +40,9 @@ def test_inspect_prints_summary(tmp_path, capsys):
 
 
 def test_inspect_counts_dpo_masks(tmp_path, capsys):
-    recs = [{"chosen": [5, 6, 7, 8], "rejected": [5, 6, 9],
-             "chosen_mask": [0, 0, 1, 1], "rejected_mask": [0, 0, 1]}] * 3
+    recs = [
+        {"chosen": [5, 6, 7, 8], "rejected": [5, 6, 9], "chosen_mask": [0, 0, 1, 1], "rejected_mask": [0, 0, 1]}
+    ] * 3
     assert main(["inspect", str(write_dataset(tmp_path / "dpo", recs, "dpo"))]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["supervised_tokens"] == 9 and out["masked_tokens"] == 12
@@ -50,8 +52,9 @@ def test_inspect_errors_and_module_entry(tmp_path):
     recs = random_docs(5, seed=1)
     path = write_dataset(tmp_path / "ds", recs, "seq")
     (path / "shard-00000" / "sequence.bin").write_bytes(b"\0")
-    proc = subprocess.run([sys.executable, "-m", "tokenmill_loader", "inspect", str(path)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenmill_loader", "inspect", str(path)], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "shard-00000/sequence.bin" in proc.stderr
 
 

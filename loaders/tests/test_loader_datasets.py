@@ -1,4 +1,5 @@
 """TokenDataset windows, labels, position ids, cu_seqlens; RecordDataset; pad_collate."""
+
 import numpy as np
 import pytest
 import torch
@@ -29,12 +30,12 @@ def test_labels_align_with_inputs(sft):
         item = ds[i]
         b = i * 7
         ids, labels = item["input_ids"].numpy(), item["labels"].numpy()
-        assert np.array_equal(ids, seq[b:b + 24])
-        assert np.array_equal(labels, np.where(mask[b:b + 24] == 1, seq[b:b + 24], -100))
+        assert np.array_equal(ids, seq[b : b + 24])
+        assert np.array_equal(labels, np.where(mask[b : b + 24] == 1, seq[b : b + 24], -100))
         # under the model's single shift, logits at t predict labels[t+1] = the next stream token
         nxt = labels[1:]
         trained = nxt != -100
-        assert np.array_equal(nxt[trained], seq[b + 1:b + 24][trained])
+        assert np.array_equal(nxt[trained], seq[b + 1 : b + 24][trained])
         assert len(item["position_ids"]) == len(ids) == len(labels) == 24
 
 
@@ -45,7 +46,7 @@ def test_labels_without_mask_are_tokens(tmp_path):
     ds = TokenDataset(path, 10)
     b = ds.get_batch(np.arange(len(ds)))
     assert np.array_equal(b["labels"].numpy(), b["input_ids"].numpy())
-    assert np.array_equal(b["input_ids"].numpy().ravel(), seq[:len(ds) * 10])
+    assert np.array_equal(b["input_ids"].numpy().ravel(), seq[: len(ds) * 10])
 
 
 @pytest.mark.parametrize("seq_len,stride", [(16, 16), (16, 8), (15, 5), (32, 32)])
@@ -66,7 +67,7 @@ def test_window_count_and_coverage(sft, seq_len, stride):
     if stride == seq_len:
         assert (covered[:last_end] == 1).all()  # disjoint
     elif stride * 2 == seq_len:
-        assert (covered[stride:last_end - stride] == 2).all()  # every inner token in exactly 2 windows
+        assert (covered[stride : last_end - stride] == 2).all()  # every inner token in exactly 2 windows
     with pytest.raises(IndexError):
         ds[len(ds)]
 
@@ -139,7 +140,7 @@ def test_record_dataset_sft_and_pad_collate(sft):
     assert b["input_ids"].shape == (3, max(n))
     assert b["attention_mask"].sum(1).tolist() == n
     for i in range(3):
-        assert (b["input_ids"][i, n[i]:] == 2).all() and (b["labels"][i, n[i]:] == -100).all()
+        assert (b["input_ids"][i, n[i] :] == 2).all() and (b["labels"][i, n[i] :] == -100).all()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -157,9 +158,12 @@ def test_readme_loop_on_cpu_cross_entropy_straight_from_the_dataloader(sft, work
     def loaders():
         windows = DataLoader(TokenDataset(path, 16), batch_size=4, seed=0, num_workers=workers)
         packed = PackingLoader(RecordDataset(path), max_tokens=64, num_workers=workers)
-        return {"windows": windows, "padded": DataLoader(RecordDataset(path), batch_size=4, num_workers=workers),
-                "packed": packed, "mixed": MixedLoader({"w": windows, "p": packed}, {"w": 1, "p": 1},
-                                                       on_exhausted="stop")}
+        return {
+            "windows": windows,
+            "padded": DataLoader(RecordDataset(path), batch_size=4, num_workers=workers),
+            "packed": packed,
+            "mixed": MixedLoader({"w": windows, "p": packed}, {"w": 1, "p": 1}, on_exhausted="stop"),
+        }
 
     for name, loader in loaders().items():
         for batch in loader:

@@ -1,5 +1,6 @@
 """Data parallelism: real gloo ranks running the README's loop to the end of every epoch, and resume across a
 change of world size or worker count (every sample of the epoch exactly once)."""
+
 import json
 import os
 import socket
@@ -22,7 +23,7 @@ HERE = Path(__file__).parent
 def counting_dataset(root: Path, windows: int) -> Path:
     """A seq dataset holding the tokens 0, 1, 2, ...: window i starts with token i * SEQ_LEN."""
     tokens = np.arange(windows * SEQ_LEN).tolist()
-    docs = [{"sequence": tokens[i:i + 50]} for i in range(0, len(tokens), 50)]
+    docs = [{"sequence": tokens[i : i + 50]} for i in range(0, len(tokens), 50)]
     return write_dataset(root, docs, "seq", shard_records=40, vocab_size=1 << 16)
 
 
@@ -41,10 +42,21 @@ def test_ddp_ranks_get_equal_batches_and_never_hang(tmp_path):
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port)}
-        procs.append(subprocess.Popen([sys.executable, str(HERE / "ddp_child.py"), str(tmp_path / f"r{rank}.json"),
-                                       *paths.values()], env=env, stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(HERE / "ddp_child.py"), str(tmp_path / f"r{rank}.json"), *paths.values()],
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     deadline = time.monotonic() + 60
     try:
         for p in procs:
@@ -83,8 +95,10 @@ class Indices(torch.utils.data.Dataset):
 def lockstep(world: int, workers: int, state: dict | None, batches: int | None, n: int, batch_size: int):
     """`world` ranks stepping together through up to `batches` batches (None: to the end of the epoch).
     Returns the sample ids seen and each rank's state afterwards."""
-    loaders = [DataLoader(Indices(n), batch_size=batch_size, seed=7, rank=r, world_size=world, num_workers=workers)
-               for r in range(world)]
+    loaders = [
+        DataLoader(Indices(n), batch_size=batch_size, seed=7, rank=r, world_size=world, num_workers=workers)
+        for r in range(world)
+    ]
     for ld in loaders:
         if state is not None:
             ld.load_state_dict(state)
@@ -104,12 +118,15 @@ def lockstep(world: int, workers: int, state: dict | None, batches: int | None, 
     return ids, [ld.state_dict() for ld in loaders]
 
 
-@pytest.mark.parametrize("plan", [
-    [(2, 0, 5), (3, 2, None)],            # 2 ranks -> 3 ranks, 0 -> 2 workers
-    [(2, 2, 7), (1, 0, None)],            # 2 ranks -> 1 rank, 2 -> 0 workers
-    [(2, 0, 3), (3, 0, 2), (1, 2, None)],  # resumed twice
-    [(3, 0, 1), (2, 0, None)],
-])
+@pytest.mark.parametrize(
+    "plan",
+    [
+        [(2, 0, 5), (3, 2, None)],  # 2 ranks -> 3 ranks, 0 -> 2 workers
+        [(2, 2, 7), (1, 0, None)],  # 2 ranks -> 1 rank, 2 -> 0 workers
+        [(2, 0, 3), (3, 0, 2), (1, 2, None)],  # resumed twice
+        [(3, 0, 1), (2, 0, None)],
+    ],
+)
 def test_resume_across_world_size_and_workers(plan):
     """Each new rank loads the state saved by some old rank (all old ranks saved the same state) with its own
     rank and world_size; the epoch's remaining samples are each seen once, none skipped, and only the last
@@ -129,11 +146,11 @@ def test_resume_across_world_size_and_workers(plan):
     last_world = plan[-1][0]
     before_last = n - sum(b * bs * w for w, _, b in plan[:-1])
     assert len(seen) == len(set(seen))
-    assert seen and sorted(seen) == sorted(order[:n - before_last % last_world])
+    assert seen and sorted(seen) == sorted(order[: n - before_last % last_world])
     assert state["epoch"] == epoch + 1 and state["position"] == 0
     # the next epoch is the plain one of the new world size
     nxt, _ = lockstep(last_world, 0, state, None, n, bs)
-    assert sorted(nxt) == sorted(ResumableSampler(n, seed=7).permutation(epoch + 1)[:n - n % last_world].tolist())
+    assert sorted(nxt) == sorted(ResumableSampler(n, seed=7).permutation(epoch + 1)[: n - n % last_world].tolist())
 
 
 def test_state_is_in_samples_and_rank_independent():
@@ -145,6 +162,7 @@ def test_state_is_in_samples_and_rank_independent():
         s.advance(6)
     assert a.state_dict() == b.state_dict() and a.state_dict()["position"] == 12
     r = ResumableSampler(100, batch_size=5, seed=1, rank=0, world_size=1)
-    r.load_state_dict({"epoch": 0, "position": 6, "seed": 1, "shuffle": True, "length": 100, "rank": 1,
-                       "world_size": 2})
+    r.load_state_dict(
+        {"epoch": 0, "position": 6, "seed": 1, "shuffle": True, "length": 100, "rank": 1, "world_size": 2}
+    )
     assert list(r) == a.permutation(0)[12:].tolist()

@@ -1,5 +1,6 @@
 """Loader edges (issue 13): malformed manifests, shard names leaving the dataset, token ids beyond the vocabulary,
 a file truncated under an open reader, workers that would open another dataset than their parent."""
+
 import hashlib
 import json
 import os
@@ -67,11 +68,11 @@ MALFORMED = {
         "records a float": (("shards", 0, "records"), 4.0),
         "max_token_id a string": (("shards", 0, "max_token_id"), "12"),
         "max_token_id below -1": (("shards", 0, "max_token_id"), -7),
-        "max_token_id huge": (("shards", 0, "max_token_id"), 10 ** 30),
+        "max_token_id huge": (("shards", 0, "max_token_id"), 10**30),
         "vocab_size negative": (("vocab_size",), -1),
         "vocab_size zero": (("vocab_size",), 0),
         "vocab_size 1e400": (("vocab_size",), "@1e400"),
-        "vocab_size huge": (("vocab_size",), 10 ** 40),
+        "vocab_size huge": (("vocab_size",), 10**40),
         "vocab_size nested": (("vocab_size",), "@" + NESTED),
         "token_dtype a list": (("token_dtype",), ["uint16"]),
         "keys a list": (("keys",), ["sequence"]),
@@ -81,7 +82,7 @@ MALFORMED = {
         "key name a path": (("keys", "../sequence"), {"dtype": "uint16", "kind": "tokens"}),
         "special token a string": (("special_tokens", "<pad>"), "two"),
         "special token a list": (("special_tokens", "<pad>"), [2]),
-        "special token beyond vocab": (("special_tokens", "<pad>"), 10 ** 6),
+        "special token beyond vocab": (("special_tokens", "<pad>"), 10**6),
         "totals a list": (("totals",), [1]),
         "totals.records an object": (("totals", "records"), {"n": 12}),
         "tokenizer file leaves": (("tokenizer",), {"file": "../../secret.json"}),
@@ -104,7 +105,7 @@ MALFORMED = {
         "offsets nested 900 deep": (("sequence", "offsets"), "@" + NESTED),
         "offsets an object": (("sequence", "offsets"), {"0": 0}),
         "offsets floats": (("sequence", "offsets"), [0.0, 1.5]),
-        "offsets huge": (("sequence", "offsets"), [0, 10 ** 30]),
+        "offsets huge": (("sequence", "offsets"), [0, 10**30]),
         "offsets missing": (("sequence", "offsets"), "@null"),
     },
 }
@@ -211,8 +212,9 @@ def test_listed_file_names_and_keys_are_confined(tmp_path):
 
 # ---------------------------------------------------------------------------- token ids and the vocabulary
 def _vocab4096(path: Path, n: int = 40) -> Path:
-    return write_dataset(path, random_docs(n, seed=3, vocab=4096, min_len=30, max_len=80), "seq",
-                         shard_records=10, vocab_size=4096)
+    return write_dataset(
+        path, random_docs(n, seed=3, vocab=4096, min_len=30, max_len=80), "seq", shard_records=10, vocab_size=4096
+    )
 
 
 def test_the_test_writer_records_each_shards_max_token_id(tmp_path):
@@ -230,8 +232,13 @@ def test_tokenmill_writer_records_each_shards_max_token_id(tmp_path):
     rng = np.random.default_rng(0)
     lens = rng.integers(1, 50, 30)
     data = rng.integers(0, 3000, int(lens.sum())).astype(np.uint16)
-    ch = SplitChunk(ids=[f"{i:016x}" for i in range(30)], data={"sequence": data}, item_lens={"sequence": lens},
-                    rec_items={"sequence": np.ones(30, np.int64)}, rec_tokens=lens)
+    ch = SplitChunk(
+        ids=[f"{i:016x}" for i in range(30)],
+        data={"sequence": data},
+        item_lens={"sequence": lens},
+        rec_items={"sequence": np.ones(30, np.int64)},
+        rec_tokens=lens,
+    )
     writer = shards.ShardWriter(tmp_path / "train", "seq", 4096, "uint16", shard_tokens=200)
     writer.add(ch)
     entries = writer.close()
@@ -251,8 +258,11 @@ def test_recorded_max_token_id_beyond_the_vocabulary_is_refused_at_open(tmp_path
     path = _vocab4096(tmp_path / "d")
     _set_max_id(path, 2, 65535)
     for verify in (False, True):
-        with pytest.raises(DatasetError, match=r"dataset\.json: shard shard-00002 holds token id 65535 >= "
-                                               r"vocab_size 4096"):
+        with pytest.raises(
+            DatasetError,
+            match=r"dataset\.json: shard shard-00002 holds token id 65535 >= "
+            r"vocab_size 4096",
+        ):
             TokenDataset(path, 64, verify=verify)
 
 
@@ -261,8 +271,11 @@ def test_recorded_max_token_id_disagreeing_with_the_data_is_refused_with_verify(
     true_max = json.loads((path / "dataset.json").read_text())["shards"][1]["max_token_id"]
     _set_max_id(path, 1, true_max - 1)
     open_store(path)  # without verify the data is not read at open
-    with pytest.raises(DatasetError, match=rf"shard-00001: largest token id in the data is {true_max}, "
-                                           rf".*dataset\.json records {true_max - 1}"):
+    with pytest.raises(
+        DatasetError,
+        match=rf"shard-00001: largest token id in the data is {true_max}, "
+        rf".*dataset\.json records {true_max - 1}",
+    ):
         open_store(path, verify=True)
 
 
@@ -320,11 +333,15 @@ TRUNCATE_CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("mode", ["windows", "records"])
 def test_truncation_under_an_open_reader_is_an_exception_not_sigbus(tmp_path, mode):
-    path = write_dataset(tmp_path / "d", random_docs(400, seed=2, min_len=200, max_len=400), "seq",
-                         shard_records=200)
+    path = write_dataset(tmp_path / "d", random_docs(400, seed=2, min_len=200, max_len=400), "seq", shard_records=200)
     assert (path / "shard-00001" / "sequence.bin").stat().st_size > 8 * 4096
-    child = subprocess.run([sys.executable, "-c", TRUNCATE_CHILD, str(path), mode], capture_output=True,
-                           text=True, timeout=120, cwd=Path(__file__).parent)
+    child = subprocess.run(
+        [sys.executable, "-c", TRUNCATE_CHILD, str(path), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parent,
+    )
     assert child.returncode == 1, (child.returncode, child.stderr[-2000:])  # a Python exception, not -SIGBUS
     assert "tokenmill_loader.format.DatasetError" in child.stderr
     assert "sequence.bin: 4096 bytes" in child.stderr and "truncated or rewritten in place" in child.stderr

@@ -1,4 +1,5 @@
 """MixedLoader: ratio accuracy (+-1 on every prefix), determinism, skipping, exhaustion."""
+
 import numpy as np
 import pytest
 
@@ -24,8 +25,20 @@ class ListLoader:
         self.epoch, self.pos = s["epoch"], s["pos"]
 
 
-@pytest.mark.parametrize("ratios", [[1, 1], [3, 1], [5, 3, 2], [7, 1, 1, 1], [1, 2, 3, 4, 5, 6], [10, 1],
-                                    [2, 0, 1], [13, 8, 5, 3, 2, 1, 1], [69, 69, 1, 27, 85, 15]])
+@pytest.mark.parametrize(
+    "ratios",
+    [
+        [1, 1],
+        [3, 1],
+        [5, 3, 2],
+        [7, 1, 1, 1],
+        [1, 2, 3, 4, 5, 6],
+        [10, 1],
+        [2, 0, 1],
+        [13, 8, 5, 3, 2, 1, 1],
+        [69, 69, 1, 27, 85, 15],
+    ],
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_prefix_within_one(ratios, seed):
     m = MixedLoader([ListLoader(str(i), 10**9) for i in range(len(ratios))], ratios, seed=seed)
@@ -52,8 +65,11 @@ def test_random_ratios_within_one():
 
 def test_deterministic_one_source_per_batch_and_skips_zero():
     def run(seed):
-        m = MixedLoader({"a": ListLoader("a", 100), "b": ListLoader("b", 100), "z": ListLoader("z", 100)},
-                        {"a": 2, "b": 1, "z": 0}, seed=seed)
+        m = MixedLoader(
+            {"a": ListLoader("a", 100), "b": ListLoader("b", 100), "z": ListLoader("z", 100)},
+            {"a": 2, "b": 1, "z": 0},
+            seed=seed,
+        )
         out = []
         for b in m:
             assert b["source"] == b["src"]  # the whole batch is from one source
@@ -61,6 +77,7 @@ def test_deterministic_one_source_per_batch_and_skips_zero():
             if len(out) == 30:
                 break
         return out
+
     a = run(4)
     assert a == run(4)
     assert "z" not in a
@@ -86,6 +103,7 @@ def test_exhausted_source_restart_or_stop():
 def test_state_roundtrip_in_process():
     def mk():
         return MixedLoader([ListLoader("a", 7), ListLoader("b", 5), ListLoader("c", 3)], [3, 2, 1], seed=11)
+
     ref = mk()
     it = iter(ref)
     full = [next(it) for _ in range(40)]

@@ -1,4 +1,5 @@
 """PackingLoader: budget and batch-size caps, nothing dropped, long samples, strategies, outputs."""
+
 import numpy as np
 import pytest
 import torch
@@ -30,8 +31,16 @@ def test_packing_invariants(output, strategy, pool, max_bs):
     lens = np.clip(rng.lognormal(3.0, 0.9, size=300).astype(int), 1, 400).tolist()
     ds = Lengths(lens)
     max_tokens, long_thr = 128, 100
-    pk = PackingLoader(ds, max_tokens=max_tokens, pool_size=pool, max_batch_size=max_bs, long_threshold=long_thr,
-                       strategy=strategy, output=output, seed=3)
+    pk = PackingLoader(
+        ds,
+        max_tokens=max_tokens,
+        pool_size=pool,
+        max_batch_size=max_bs,
+        long_threshold=long_thr,
+        strategy=strategy,
+        output=output,
+        seed=3,
+    )
     seen = []
     for b in pk:
         idx = b["indices"].tolist()
@@ -50,18 +59,18 @@ def test_packing_invariants(output, strategy, pool, max_bs):
             cu = b["cu_seqlens"].tolist()
             assert cu == [0] + np.cumsum(n).tolist()
             for k, i in enumerate(idx):
-                seg = b["input_ids"][0, cu[k]:cu[k + 1]]
+                seg = b["input_ids"][0, cu[k] : cu[k + 1]]
                 assert torch.equal(seg, ds[i]["input_ids"])
-                assert b["position_ids"][0, cu[k]:cu[k + 1]].tolist() == list(range(n[k]))
+                assert b["position_ids"][0, cu[k] : cu[k + 1]].tolist() == list(range(n[k]))
                 assert b["labels"][0, cu[k]] == -100  # no prediction across samples
-                assert torch.equal(b["labels"][0, cu[k] + 1:cu[k + 1]], ds[i]["input_ids"][1:])
+                assert torch.equal(b["labels"][0, cu[k] + 1 : cu[k + 1]], ds[i]["input_ids"][1:])
             assert b["max_seqlen"] == max(n)
         else:
             assert b["input_ids"].shape == (len(n), max(n))
             assert b["attention_mask"].sum(1).tolist() == n
             for k, i in enumerate(idx):
-                assert torch.equal(b["input_ids"][k, :n[k]], ds[i]["input_ids"])
-                assert (b["labels"][k, n[k]:] == -100).all()
+                assert torch.equal(b["input_ids"][k, : n[k]], ds[i]["input_ids"])
+                assert (b["labels"][k, n[k] :] == -100).all()
         seen.extend(idx)
     assert sorted(seen) == list(range(len(lens)))  # every sample exactly once: nothing dropped
 
@@ -90,6 +99,7 @@ def test_packing_efficiency_grows_with_pool():
         pk = PackingLoader(Lengths(lens), max_tokens=1024, pool_size=pool, seed=1)
         n = [b["input_ids"].shape[1] for b in pk]
         return sum(n) / (1024 * len(n))
+
     assert eff(64) > eff(1) + 0.05
 
 
@@ -103,9 +113,9 @@ def test_packing_records_and_rank_sharding(tmp_path):
         for b in pk:
             for k, i in enumerate(b["indices"].tolist()):
                 cu = b["cu_seqlens"]
-                seg = b["input_ids"][0, cu[k]:cu[k + 1]]
+                seg = b["input_ids"][0, cu[k] : cu[k + 1]]
                 assert seg.tolist() == recs[i]["sequence"]
-                lab = b["labels"][0, cu[k] + 1:cu[k + 1]].tolist()
+                lab = b["labels"][0, cu[k] + 1 : cu[k + 1]].tolist()
                 want = [t if m else -100 for t, m in zip(recs[i]["sequence"], recs[i]["loss_mask"])][1:]
                 assert lab == want
                 got.append(i)
@@ -117,6 +127,7 @@ def test_lazy_order_packing_resume_in_process():
 
     def mk():
         return PackingLoader(Lengths(lens), max_tokens=40, pool_size=6, seed=4, full_shuffle_max=0)
+
     ref = mk()
     assert ref.sampler.lazy
     full = [b["indices"].tolist() for b in ref]

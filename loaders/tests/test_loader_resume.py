@@ -1,6 +1,7 @@
 """Resume in a fresh process after K batches (K = 0, 1, mid-epoch, last, end of epoch) with 0 and 2
 workers gives bit-identical next batches to an uninterrupted run: DataLoader, PackingLoader, MixedLoader.
 One subprocess per loader kind runs every (K, workers) case, each with a freshly built loader."""
+
 import json
 import subprocess
 import sys
@@ -65,17 +66,18 @@ def test_resume_in_fresh_process(kind, paths, tmp_path):
     assert 4 <= nb and nb + NEXT <= len(ref)
     # the same run with 2 workers: identical batches, identical consumed-state after every batch
     ref2, states2 = run_with_states(build(kind, paths, 2), nb + NEXT + 1)
-    assert same(ref2, ref[:len(ref2)])
-    assert states2 == states[:len(states2)]
+    assert same(ref2, ref[: len(ref2)])
+    assert states2 == states[: len(states2)]
     ks = sorted({0, 1, nb // 2, nb - 1, nb})
     cases = [{"workers": w, "state": states[k], "take": NEXT, "k": k} for k in ks for w in (0, 2)]
     spec = tmp_path / "spec.json"
     out = tmp_path / "out.pt"
     spec.write_text(json.dumps({"kind": kind, "paths": paths, "cases": cases, "out": str(out)}))
-    proc = subprocess.run([sys.executable, str(HERE / "resume_child.py"), str(spec)], capture_output=True,
-                          text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "resume_child.py"), str(spec)], capture_output=True, text=True, timeout=240
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = torch.load(out, weights_only=False)
     for case, batches in zip(cases, got):
         k = case["k"]
-        assert same(batches, ref[k:k + NEXT]), f"{kind}: resume after {k} batches, {case['workers']} workers"
+        assert same(batches, ref[k : k + NEXT]), f"{kind}: resume after {k} batches, {case['workers']} workers"

@@ -1,4 +1,5 @@
 """ResumableSampler and DataLoader ordering: seeded epochs, sharding, resume state."""
+
 import itertools
 
 import numpy as np
@@ -56,14 +57,24 @@ def test_order_independent_of_number_of_epochs(fsm):
 
 
 @ORDERS
-@pytest.mark.parametrize("length,world,workers,mode", [(101, 3, 2, "even"), (100, 4, 3, "even"), (7, 2, 2, "even"),
-                                                       (101, 3, 2, "drop_last"), (101, 3, 2, "uneven")])
+@pytest.mark.parametrize(
+    "length,world,workers,mode",
+    [(101, 3, 2, "even"), (100, 4, 3, "even"), (7, 2, 2, "even"), (101, 3, 2, "drop_last"), (101, 3, 2, "uneven")],
+)
 def test_rank_worker_shards_disjoint_and_cover(length, world, workers, mode, fsm):
     seen = []
     counts = []
     for rank in range(world):
-        s = ResumableSampler(length, batch_size=4, seed=1, rank=rank, world_size=world, drop_last=mode == "drop_last",
-                             even=mode != "uneven", full_shuffle_max=fsm)
+        s = ResumableSampler(
+            length,
+            batch_size=4,
+            seed=1,
+            rank=rank,
+            world_size=world,
+            drop_last=mode == "drop_last",
+            even=mode != "uneven",
+            full_shuffle_max=fsm,
+        )
         s.set_epoch(2)
         rank_share = set(s.rank_indices().tolist())
         parts = [s.shard(worker_id=w, num_workers=workers).tolist() for w in range(workers)]
@@ -78,7 +89,7 @@ def test_rank_worker_shards_disjoint_and_cover(length, world, workers, mode, fsm
         assert len(seen) == (length // world // 4) * 4 * world
     elif mode == "even":  # equal shares; the order's last length % world items are left out
         assert counts == [length // world] * world
-        assert sorted(seen) == sorted(perm[:length - length % world])
+        assert sorted(seen) == sorted(perm[: length - length % world])
     else:
         assert sorted(seen) == list(range(length))  # together they cover the epoch
         assert max(counts) - min(counts) <= 1

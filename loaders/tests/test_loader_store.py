@@ -1,4 +1,5 @@
 """Store: stream/record access, sources (dataset, shard, .bin, JSONL), validation errors, pickling."""
+
 import json
 import pickle
 
@@ -45,7 +46,7 @@ def test_gather_matches_fetch(sft):
     starts = np.arange(0, len(seq) - 33, 7)  # many windows straddle shard boundaries
     g = st.gather("sequence", starts, 33)
     for i, s in enumerate(starts):
-        assert np.array_equal(g[i], seq[s:s + 33])
+        assert np.array_equal(g[i], seq[s : s + 33])
 
 
 def test_fetch_record_sft(sft):
@@ -70,8 +71,14 @@ def _dpo(n, seed=0):
         p = rng.integers(3, 100, int(rng.integers(2, 6))).tolist()
         c = p + rng.integers(3, 100, int(rng.integers(1, 5))).tolist()
         r = p + rng.integers(3, 100, int(rng.integers(1, 5))).tolist()
-        out.append({"chosen": c, "rejected": r, "chosen_mask": [0] * len(p) + [1] * (len(c) - len(p)),
-                    "rejected_mask": [0] * len(p) + [1] * (len(r) - len(p))})
+        out.append(
+            {
+                "chosen": c,
+                "rejected": r,
+                "chosen_mask": [0] * len(p) + [1] * (len(c) - len(p)),
+                "rejected_mask": [0] * len(p) + [1] * (len(r) - len(p)),
+            }
+        )
     return out
 
 
@@ -81,8 +88,14 @@ def _grpo(n, seed=0):
     for _ in range(n):
         k = int(rng.integers(1, 4))
         resp = [rng.integers(3, 100, int(rng.integers(1, 6))).tolist() for _ in range(k)]
-        out.append({"prompts": rng.integers(3, 100, int(rng.integers(2, 6))).tolist(), "responses": resp,
-                    "masks": [[1] * len(x) for x in resp], "rewards": rng.random(k).astype(np.float32).tolist()})
+        out.append(
+            {
+                "prompts": rng.integers(3, 100, int(rng.integers(2, 6))).tolist(),
+                "responses": resp,
+                "masks": [[1] * len(x) for x in resp],
+                "rewards": rng.random(k).astype(np.float32).tolist(),
+            }
+        )
     return out
 
 
@@ -337,15 +350,18 @@ def test_malformed_metadata_gives_dataset_errors_naming_the_file(tmp_path):
         open_store(path)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda info: [info], "expected a JSON object"),
-    (lambda info: {**info, "keys": ["sequence"]}, "'keys' must be an object"),
-    (lambda info: {**info, "totals": {"records": "many"}}, "totals.records must be an integer"),
-    (lambda info: {**info, "shards": [{**info["shards"][0], "files": ["sequence.bin"]}]}, "'files' of shard"),
-    (lambda info: {**info, "shards": [{**info["shards"][0], "name": "../elsewhere"}]}, "not a plain name inside"),
-    (lambda info: {**info, "vocab_size": "4096"}, "vocab_size must be an integer"),
-    (lambda info: {**info, "token_dtype": "float64"}, "token_dtype 'float64' is not one of"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda info: [info], "expected a JSON object"),
+        (lambda info: {**info, "keys": ["sequence"]}, "'keys' must be an object"),
+        (lambda info: {**info, "totals": {"records": "many"}}, "totals.records must be an integer"),
+        (lambda info: {**info, "shards": [{**info["shards"][0], "files": ["sequence.bin"]}]}, "'files' of shard"),
+        (lambda info: {**info, "shards": [{**info["shards"][0], "name": "../elsewhere"}]}, "not a plain name inside"),
+        (lambda info: {**info, "vocab_size": "4096"}, "vocab_size must be an integer"),
+        (lambda info: {**info, "token_dtype": "float64"}, "token_dtype 'float64' is not one of"),
+    ],
+)
 def test_malformed_manifests_raise_dataset_errors(tmp_path, edit, message):
     path = write_dataset(tmp_path / "m", random_docs(5), "seq")
     info = json.loads((path / "dataset.json").read_text())

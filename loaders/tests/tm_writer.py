@@ -3,6 +3,7 @@
 It stays free of tokenmill (the loader package is tested alone), and takes every name, kind, dtype and
 manifest field from tokenmill_loader.format, the module tokenmill's writer uses too, so the two cannot drift.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -50,18 +51,33 @@ def write_shard(folder: Path, records: list[dict], training_type: str, token_dty
     (folder / RECORD_IDS_FILE).write_bytes(dumps_compact([f"{i:016x}" for i in range(len(records))]))
     files = {name: _file_entry(folder / name) for name in [data_file(k) for k in keys] + [SHARD_META_FILE]}
     tokens = sum(meta[k]["shape"][0] for k in TOKEN_KEYS[training_type] if k in meta)
-    top = max((max(x, default=-1) for r in records for k in TOKEN_KEYS[training_type] if k in r
-               for x in (r[k] if k in RESPONSE_KEYS else [r[k]])), default=-1)
+    top = max(
+        (
+            max(x, default=-1)
+            for r in records
+            for k in TOKEN_KEYS[training_type]
+            if k in r
+            for x in (r[k] if k in RESPONSE_KEYS else [r[k]])
+        ),
+        default=-1,
+    )
     return shard_entry(folder.name, tokens=tokens, records=len(records), max_token_id=top, files=files), keys
 
 
-def write_dataset(root, records: list[dict], training_type: str = "seq", shard_records: int | None = None,
-                  token_dtype: str = "uint16", vocab_size: int = 1000, tokenizer_file: str | None = None) -> Path:
+def write_dataset(
+    root,
+    records: list[dict],
+    training_type: str = "seq",
+    shard_records: int | None = None,
+    token_dtype: str = "uint16",
+    vocab_size: int = 1000,
+    tokenizer_file: str | None = None,
+) -> Path:
     """Write records (dicts of token lists, format.md key names) as a split folder with dataset.json."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     n = shard_records or max(1, len(records))
-    chunks = [records[i:i + n] for i in range(0, len(records), n)] or [[]]
+    chunks = [records[i : i + n] for i in range(0, len(records), n)] or [[]]
     shards, keys = [], []
     for si, chunk in enumerate(chunks):
         entry, keys = write_shard(root / shard_name(si), chunk, training_type, token_dtype)
@@ -69,18 +85,29 @@ def write_dataset(root, records: list[dict], training_type: str = "seq", shard_r
     tokenizer = None
     if tokenizer_file:
         shutil.copy(tokenizer_file, root / TOKENIZER_FILE)
-        tokenizer = {"file": TOKENIZER_FILE, "sha256": _file_entry(root / TOKENIZER_FILE)["sha256"],
-                     "vocab_size": vocab_size}
+        tokenizer = {
+            "file": TOKENIZER_FILE,
+            "sha256": _file_entry(root / TOKENIZER_FILE)["sha256"],
+            "vocab_size": vocab_size,
+        }
     info = dataset_manifest(
-        training_type=training_type, split="train", vocab_size=vocab_size, token_dtype=token_dtype,
-        special_tokens={"<s>": 0, "</s>": 1, "<pad>": 2}, tokenizer=tokenizer, keys=keys, shards=shards,
-        totals={"tokens": sum(s["tokens"] for s in shards), "records": sum(s["records"] for s in shards)})
+        training_type=training_type,
+        split="train",
+        vocab_size=vocab_size,
+        token_dtype=token_dtype,
+        special_tokens={"<s>": 0, "</s>": 1, "<pad>": 2},
+        tokenizer=tokenizer,
+        keys=keys,
+        shards=shards,
+        totals={"tokens": sum(s["tokens"] for s in shards), "records": sum(s["records"] for s in shards)},
+    )
     (root / DATASET_FILE).write_bytes(dumps_compact(info))
     return root
 
 
-def random_docs(n: int, seed: int = 0, min_len: int = 3, max_len: int = 40, vocab: int = 1000,
-                masked: bool = False) -> list[dict]:
+def random_docs(
+    n: int, seed: int = 0, min_len: int = 3, max_len: int = 40, vocab: int = 1000, masked: bool = False
+) -> list[dict]:
     """n random documents (seq), or sft-like ones with a masked prefix when masked=True."""
     rng = np.random.default_rng(seed)
     out = []

@@ -4,6 +4,7 @@ for tokenmill token shards (docs/format.md). Depends on numpy and torch only.
 Names are imported on first use, so `tokenmill_loader.format` (numpy only) loads without torch: tokenmill's
 writer imports it in every worker process.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -11,11 +12,18 @@ import importlib
 from .format import DatasetError
 
 _SOURCES = {
-    "open_store": ".store", "Store": ".store",
-    "TokenDataset": ".datasets", "RecordDataset": ".datasets", "pad_collate": ".datasets",
-    "batched_collate": ".datasets", "IGNORE_INDEX": ".datasets",
-    "ResumableSampler": ".sampler", "DataLoader": ".loader", "PackingLoader": ".packing",
-    "MixedLoader": ".mixing", "DevicePrefetcher": ".prefetch",
+    "open_store": ".store",
+    "Store": ".store",
+    "TokenDataset": ".datasets",
+    "RecordDataset": ".datasets",
+    "pad_collate": ".datasets",
+    "batched_collate": ".datasets",
+    "IGNORE_INDEX": ".datasets",
+    "ResumableSampler": ".sampler",
+    "DataLoader": ".loader",
+    "PackingLoader": ".packing",
+    "MixedLoader": ".mixing",
+    "DevicePrefetcher": ".prefetch",
 }
 __all__ = ["DatasetError", *_SOURCES]
 __version__ = "0.2.0"

@@ -1,4 +1,5 @@
 """python -m tokenmill_loader inspect PATH [--dtype uint16] [--verify] [--sample N]"""
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,9 @@ from .store import open_store
 def summary(store, sample_tokens: int = 64) -> dict:
     tt = store.training_type
     out = {
-        "path": store.path, "type": store.kind, "training_type": tt,
+        "path": store.path,
+        "type": store.kind,
+        "training_type": tt,
         "keys": {k: {"dtype": str(store.dtypes[k]), "items": store.num_items(k)} for k in store.keys},
         "tokens": int(sum(store.num_items(k) for k in TOKEN_KEYS[tt] if k in store.keys)),
         "records": store.num_records,
@@ -24,13 +27,21 @@ def summary(store, sample_tokens: int = 64) -> dict:
         "shards": len(store.parts),
         "vocab_size": store.info.get("vocab_size"),
     }
-    top = [int(store._array(i, k).max()) for i in range(len(store.parts)) for k in TOKEN_KEYS[tt]
-           if k in store.parts[i].dtypes and store.parts[i].lengths[k]]
+    top = [
+        int(store._array(i, k).max())
+        for i in range(len(store.parts))
+        for k in TOKEN_KEYS[tt]
+        if k in store.parts[i].dtypes and store.parts[i].lengths[k]
+    ]
     out["max_token_id"] = max(top) if top else None
     mask_keys = [k for k in MASK_OF if k in store.keys]
     if mask_keys:
-        trained = sum(int(np.count_nonzero(store._array(i, k))) for k in mask_keys
-                      for i in range(len(store.parts)) if k in store.parts[i].dtypes)
+        trained = sum(
+            int(np.count_nonzero(store._array(i, k)))
+            for k in mask_keys
+            for i in range(len(store.parts))
+            if k in store.parts[i].dtypes
+        )
         out["supervised_tokens"] = trained
         out["masked_tokens"] = sum(store.num_items(k) for k in mask_keys) - trained
     if store.kind == "bin":  # a headerless stream: no record or document boundaries are stored
@@ -46,6 +57,7 @@ def summary(store, sample_tokens: int = 64) -> dict:
         if tok is not None:
             try:
                 from tokenizers import Tokenizer  # optional, not a dependency
+
                 text = Tokenizer.from_file(str(tok)).decode(ids.tolist(), skip_special_tokens=False)
                 out["sample"]["text"] = text.rstrip("\ufffd")  # the cut may split a multi-byte character
             except ImportError:

@@ -1,4 +1,5 @@
 """Map-style datasets over a Store: token windows (TokenDataset) and records (RecordDataset)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -78,12 +79,21 @@ class TokenDataset(torch.utils.data.Dataset):
     collate_fn=batched_collate (tokenmill_loader.DataLoader does this itself).
     """
 
-    def __init__(self, path, seq_len: int, stride: int | None = None, cu_seqlens: bool = False,
-                 dtype=None, verify: bool = False, key: str = "sequence"):
+    def __init__(
+        self,
+        path,
+        seq_len: int,
+        stride: int | None = None,
+        cu_seqlens: bool = False,
+        dtype=None,
+        verify: bool = False,
+        key: str = "sequence",
+    ):
         self.store: Store = open_store(path, dtype=dtype, verify=verify)
         if self.store.training_type in ("dpo", "grpo"):
-            raise DatasetError(f"{self.store.path}: training_type {self.store.training_type} has no token "
-                               f"stream; use RecordDataset")
+            raise DatasetError(
+                f"{self.store.path}: training_type {self.store.training_type} has no token stream; use RecordDataset"
+            )
         self.key = key
         self.seq_len = int(seq_len)
         self.stride = int(stride or seq_len)
@@ -155,8 +165,9 @@ class TokenDataset(torch.utils.data.Dataset):
         cu = np.concatenate([rows * L + cols, np.arange(B + 1, dtype=np.int64) * L])
         cu.sort(kind="stable")
         cu = cu[np.concatenate([[True], cu[1:] != cu[:-1]])]
-        np.subtract(self._flat_arange(B * L), np.repeat(cu[:-1].astype(self.out_dtype), np.diff(cu)),
-                    out=pos.reshape(-1))
+        np.subtract(
+            self._flat_arange(B * L), np.repeat(cu[:-1].astype(self.out_dtype), np.diff(cu)), out=pos.reshape(-1)
+        )
         t_ids, t_labels, t_pos = buf_t.unbind(0)
         out = {"input_ids": t_ids, "labels": t_labels, "position_ids": t_pos}
         if self.cu_seqlens:
@@ -221,8 +232,11 @@ class RecordDataset(torch.utils.data.Dataset):
             ids = st.read_record(index, "sequence")
             ids = ids.astype(_index_dtype(ids.dtype))
             mask = st.read_record(index, "loss_mask") if "loss_mask" in st.keys else None
-            return {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(self._labels(ids, mask)),
-                    "position_ids": torch.arange(len(ids), dtype=torch.int32)}
+            return {
+                "input_ids": torch.from_numpy(ids),
+                "labels": torch.from_numpy(self._labels(ids, mask)),
+                "position_ids": torch.arange(len(ids), dtype=torch.int32),
+            }
         if tt == "dpo":
             out = {}
             for side in ("chosen", "rejected"):
@@ -238,12 +252,16 @@ class RecordDataset(torch.utils.data.Dataset):
         dt = _index_dtype(prompt.dtype)
         resps = [r.astype(dt) for r in st.read_record(index, "responses")]
         masks = st.read_record(index, "masks") if "masks" in st.keys else [None] * len(resps)
-        return {"prompt_ids": torch.from_numpy(prompt.astype(dt)),
-                "responses": [torch.from_numpy(r) for r in resps],
-                "response_masks": [torch.from_numpy(m) if m is not None else torch.ones(len(r), dtype=torch.uint8)
-                                   for r, m in zip(resps, masks)],
-                "response_labels": [torch.from_numpy(self._labels(r, m)) for r, m in zip(resps, masks)],
-                "rewards": to_torch(st.read_record(index, "rewards"))}
+        return {
+            "prompt_ids": torch.from_numpy(prompt.astype(dt)),
+            "responses": [torch.from_numpy(r) for r in resps],
+            "response_masks": [
+                torch.from_numpy(m) if m is not None else torch.ones(len(r), dtype=torch.uint8)
+                for r, m in zip(resps, masks)
+            ],
+            "response_labels": [torch.from_numpy(self._labels(r, m)) for r, m in zip(resps, masks)],
+            "rewards": to_torch(st.read_record(index, "rewards")),
+        }
 
 
 def _mask_key(key: str) -> str | None:
@@ -279,7 +297,7 @@ def pad_collate(samples: list[dict], pad_id: int = 0) -> dict:
                 fill = pad_id
             t = torch.full((len(vals), lmax), fill, dtype=vals[0].dtype)
             for i, v in enumerate(vals):
-                t[i, :len(v)] = v
+                t[i, : len(v)] = v
             out[k] = t
             mask_key = _mask_key(k)
             if mask_key is not None:

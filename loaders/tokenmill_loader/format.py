@@ -6,6 +6,7 @@ calls `validate_dataset`. It needs the standard library and numpy only (no torch
 validator can use it without the training stack. A change here is a format change: bump FORMAT_VERSION (a new
 optional field that older readers ignore, like a shard's max_token_id, is not).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -30,8 +31,18 @@ RECORD_IDS_FILE = "record_ids.json"
 SPLITS = ("train", "val")
 
 # special tokens, ids 0.. in this order for a tokenizer trained by tokenmill; dataset.json lists the ids used
-SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<|title|>", "<|author|>", "<|content|>",
-                  "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
+SPECIAL_TOKENS = (
+    "<s>",
+    "</s>",
+    "<pad>",
+    "<|title|>",
+    "<|author|>",
+    "<|content|>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|end|>",
+)
 PAD_TOKEN = "<pad>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 
@@ -40,7 +51,7 @@ TOKENS, MASK, VALUES = "tokens", "mask", "values"
 KIND_DTYPES = {MASK: "uint8", VALUES: "float32"}
 TOKEN_DTYPES = ("uint16", "uint32")
 DATA_DTYPES = frozenset(TOKEN_DTYPES) | set(KIND_DTYPES.values())
-MAX_VOCAB_SIZE = 2 ** 32  # every id fits the widest token dtype
+MAX_VOCAB_SIZE = 2**32  # every id fits the widest token dtype
 # shard folders, keys and listed files are plain names inside their folder: no separators, no "..", no hidden files
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
 
@@ -86,7 +97,7 @@ def data_file(key: str) -> str:
 
 def auto_token_dtype(vocab_size: int) -> str:
     """uint16 when every id of the vocabulary fits, else uint32."""
-    return "uint16" if vocab_size <= 2 ** 16 else "uint32"
+    return "uint16" if vocab_size <= 2**16 else "uint32"
 
 
 def dtype_fits(vocab_size: int, token_dtype) -> bool:
@@ -123,29 +134,50 @@ def key_meta(dtype, offsets) -> dict:
 def shard_entry(name: str, *, tokens: int, records: int, max_token_id: int, files: dict) -> dict:
     """One shard of dataset.json `shards`: `max_token_id` is the largest id of its token keys (-1: no tokens), so
     a reader checks it against vocab_size without reading the data; `files` maps file -> {bytes, sha256}."""
-    return {"name": name, "tokens": int(tokens), "records": int(records), "max_token_id": int(max_token_id),
-            "files": files}
+    return {
+        "name": name,
+        "tokens": int(tokens),
+        "records": int(records),
+        "max_token_id": int(max_token_id),
+        "files": files,
+    }
 
 
-def dataset_manifest(*, training_type: str, split: str, vocab_size: int, token_dtype, special_tokens: dict,
-                     shards: list[dict], totals: dict, tokenizer: dict | None = None,
-                     keys: Iterable[str] | None = None) -> dict:
+def dataset_manifest(
+    *,
+    training_type: str,
+    split: str,
+    vocab_size: int,
+    token_dtype,
+    special_tokens: dict,
+    shards: list[dict],
+    totals: dict,
+    tokenizer: dict | None = None,
+    keys: Iterable[str] | None = None,
+) -> dict:
     """dataset.json of a split: `shards` are `shard_entry`s; `keys` defaults to every key of the training type."""
     token_dtype = np.dtype(token_dtype).name
     manifest = {
-        "format": FORMAT_NAME, "format_version": FORMAT_VERSION,
-        "training_type": training_type, "split": split,
-        "vocab_size": vocab_size, "token_dtype": token_dtype,
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "training_type": training_type,
+        "split": split,
+        "vocab_size": vocab_size,
+        "token_dtype": token_dtype,
     }
     if tokenizer is not None:
         manifest["tokenizer"] = tokenizer
-    manifest.update({
-        "special_tokens": special_tokens,
-        "keys": {k: {"dtype": key_dtype(KIND_OF[k], token_dtype).name, "kind": KIND_OF[k]}
-                 for k in (KEYS[training_type] if keys is None else keys)},
-        "shards": shards,
-        "totals": totals,
-    })
+    manifest.update(
+        {
+            "special_tokens": special_tokens,
+            "keys": {
+                k: {"dtype": key_dtype(KIND_OF[k], token_dtype).name, "kind": KIND_OF[k]}
+                for k in (KEYS[training_type] if keys is None else keys)
+            },
+            "shards": shards,
+            "totals": totals,
+        }
+    )
     return manifest
 
 
@@ -257,8 +289,11 @@ def _confine(path: Path, inside: str, where) -> Path:
 
 
 def _map(path: Path, dtype: np.dtype, length: int) -> np.ndarray:
-    return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", shape=(length,)) if length else \
-        np.empty(0, dtype=dtype)
+    return (
+        np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", shape=(length,))
+        if length
+        else np.empty(0, dtype=dtype)
+    )
 
 
 def check_records(shard: Shard, training_type: str | None, where) -> int:
@@ -275,16 +310,18 @@ def check_records(shard: Shard, training_type: str | None, where) -> int:
             raise DatasetError(f"{where}: {mk} does not have the shape/offsets of {tk}")
     for k, spec in keys.items():
         if k not in RESPONSE_KEYS and len(spec.offsets) - 1 != shard.records:
-            raise DatasetError(f"{where}: key {k!r} has {len(spec.offsets) - 1} items, "
-                               f"expected {shard.records} records")
+            raise DatasetError(
+                f"{where}: key {k!r} has {len(spec.offsets) - 1} items, expected {shard.records} records"
+            )
     if tt == "grpo":
         if GROUP_KEY not in keys:
             raise DatasetError(f"{where}: grpo needs {GROUP_KEY!r} (its offsets group the responses)")
         responses = keys[GROUP_KEY].length
         for k in RESPONSE_KEYS:
             if k in keys and len(keys[k].offsets) - 1 != responses:
-                raise DatasetError(f"{where}: {k} has {len(keys[k].offsets) - 1} responses, "
-                                   f"{GROUP_KEY} has {responses}")
+                raise DatasetError(
+                    f"{where}: {k} has {len(keys[k].offsets) - 1} responses, {GROUP_KEY} has {responses}"
+                )
     return shard.records
 
 
@@ -305,8 +342,13 @@ def _offsets(value, n: int, mpath: Path, key: str) -> np.ndarray:
     return offs
 
 
-def read_shard(folder: Path, training_type: str | None = None, declared: dict | None = None,
-               manifest_path: Path | None = None, digest: bool = False) -> Shard:
+def read_shard(
+    folder: Path,
+    training_type: str | None = None,
+    declared: dict | None = None,
+    manifest_path: Path | None = None,
+    digest: bool = False,
+) -> Shard:
     """A shard folder's meta.json checked against its data files (and the dtypes dataset.json declares); every
     file read must resolve inside the shard folder. `digest` sets meta_sha256 (a shard opened alone)."""
     folder = Path(folder)
@@ -336,8 +378,9 @@ def read_shard(folder: Path, training_type: str | None = None, declared: dict | 
             raise DatasetError(f"{bpath}: missing (listed in {mpath})")
         size = bpath.stat().st_size
         if size != n * dt.itemsize:
-            raise DatasetError(f"{bpath}: {size} bytes, expected {n * dt.itemsize} = {n} x {dt} "
-                               f"from {mpath} (truncated or corrupted)")
+            raise DatasetError(
+                f"{bpath}: {size} bytes, expected {n * dt.itemsize} = {n} x {dt} from {mpath} (truncated or corrupted)"
+            )
         shard.keys[key] = KeyData(dt, n, _offsets(m.get("offsets"), n, mpath, key))
     check_records(shard, training_type, mpath)
     return shard
@@ -356,8 +399,9 @@ def _check_listed_files(folder: Path, files, dpath: Path, checksums: bool) -> No
             raise DatasetError(f"{fpath}: listed in {dpath} but missing")
         size = fpath.stat().st_size
         if "bytes" in fmeta and size != _int(fmeta["bytes"], dpath, f"{fname} bytes"):
-            raise DatasetError(f"{fpath}: {size} bytes, {dpath} lists {fmeta['bytes']} "
-                               f"(truncated, corrupted or from another build)")
+            raise DatasetError(
+                f"{fpath}: {size} bytes, {dpath} lists {fmeta['bytes']} (truncated, corrupted or from another build)"
+            )
         sha = fmeta.get("sha256")
         if sha is not None and not isinstance(sha, str):
             raise DatasetError(f"{dpath}: sha256 of {fname} in {folder.name} must be a string, not {_show(sha)}")
@@ -393,8 +437,9 @@ def read_manifest(folder: Path) -> tuple[Path, dict, str]:
         raise DatasetError(f"{dpath}: format is {_show(info.get('format'))}, expected {FORMAT_NAME!r}")
     version = info.get("format_version")
     if type(version) is not int or version != FORMAT_VERSION:
-        raise DatasetError(f"{dpath}: format_version {_show(version)} is not supported "
-                           f"(this loader reads {FORMAT_VERSION})")
+        raise DatasetError(
+            f"{dpath}: format_version {_show(version)} is not supported (this loader reads {FORMAT_VERSION})"
+        )
     if not isinstance(info.get("shards"), list):
         raise DatasetError(f"{dpath}: 'shards' must be a list")
     for name in ("keys", "totals", "special_tokens", "tokenizer"):
@@ -412,8 +457,9 @@ def read_manifest(folder: Path) -> tuple[Path, dict, str]:
     for key, spec in (info.get("keys") or {}).items():
         _plain_name(key, dpath, "key")
         if not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str) or spec["dtype"] not in DATA_DTYPES:
-            raise DatasetError(f"{dpath}: keys.{key} must be an object whose dtype is one of "
-                               f"{sorted(DATA_DTYPES)}, not {_show(spec)}")
+            raise DatasetError(
+                f"{dpath}: keys.{key} must be an object whose dtype is one of {sorted(DATA_DTYPES)}, not {_show(spec)}"
+            )
     for token, token_id in (info.get("special_tokens") or {}).items():
         _int(token_id, dpath, f"special_tokens[{_show(token)}]", low=0, high=None if vocab is None else vocab - 1)
     for name, value in (info.get("totals") or {}).items():
@@ -429,8 +475,10 @@ def _recorded_max_id(value, tokens: int, vocab: int | None, name: str, dpath: Pa
     """A shard's max_token_id from dataset.json, refused when the vocabulary cannot hold it."""
     top = _int(value, dpath, f"max_token_id of shard {name}", low=-1)
     if vocab is not None and top >= vocab:
-        raise DatasetError(f"{dpath}: shard {name} holds token id {top} >= vocab_size {vocab} "
-                           f"(tokens from another vocabulary, or corrupted)")
+        raise DatasetError(
+            f"{dpath}: shard {name} holds token id {top} >= vocab_size {vocab} "
+            f"(tokens from another vocabulary, or corrupted)"
+        )
     if (top < 0) != (tokens == 0):
         raise DatasetError(f"{dpath}: max_token_id {top} of shard {name} does not fit its {tokens} tokens")
     return top
@@ -463,8 +511,9 @@ def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, c
     tokdt = info.get("token_dtype")
     for k in ALL_TOKEN_KEYS:
         if tokdt is not None and k in shard.keys and shard.keys[k].dtype != np.dtype(tokdt):
-            raise DatasetError(f"{folder / SHARD_META_FILE}: {k} is {shard.keys[k].dtype}, "
-                               f"{dpath} token_dtype is {tokdt}")
+            raise DatasetError(
+                f"{folder / SHARD_META_FILE}: {k} is {shard.keys[k].dtype}, {dpath} token_dtype is {tokdt}"
+            )
     return shard
 
 
@@ -495,8 +544,10 @@ def validate_dataset(folder, *, checksums: bool = False, scan: bool = False, col
             if scan:
                 top = _check_shard_data(shard, vocab, dpath)
                 if shard.max_token_id is not None and top != shard.max_token_id:
-                    raise DatasetError(f"{shard.folder}: largest token id in the data is {top}, {dpath} records "
-                                       f"{shard.max_token_id} (corrupted or from another build)")
+                    raise DatasetError(
+                        f"{shard.folder}: largest token id in the data is {top}, {dpath} records "
+                        f"{shard.max_token_id} (corrupted or from another build)"
+                    )
                 top_id = max(top_id, top)
         except DatasetError as e:
             problem(e)
@@ -504,15 +555,20 @@ def validate_dataset(folder, *, checksums: bool = False, scan: bool = False, col
         dataset.shards.append(shard)
     if tt is None and dataset.shards:
         dataset.training_type = infer_training_type(dataset.shards[0].keys)
-    dataset.tokens = sum(s.keys[k].length for s in dataset.shards for k in TOKEN_KEYS[dataset.training_type]
-                         if k in s.keys)
+    dataset.tokens = sum(
+        s.keys[k].length for s in dataset.shards for k in TOKEN_KEYS[dataset.training_type] if k in s.keys
+    )
     dataset.max_token_id = top_id if scan else None
     if dataset.problems:
         return dataset  # totals cannot agree with a shard list that has holes
     totals = info.get("totals") or {}
     if "records" in totals and totals["records"] != sum(s.records for s in dataset.shards):
-        problem(DatasetError(f"{dpath}: totals.records {totals['records']} != sum over shards "
-                             f"{sum(s.records for s in dataset.shards)}"))
+        problem(
+            DatasetError(
+                f"{dpath}: totals.records {totals['records']} != sum over shards "
+                f"{sum(s.records for s in dataset.shards)}"
+            )
+        )
     if "tokens" in totals and totals["tokens"] != dataset.tokens:
         problem(DatasetError(f"{dpath}: totals.tokens {totals['tokens']} != {dataset.tokens} in the shards"))
     return dataset
@@ -526,4 +582,3 @@ def read_record_ids(shard_folder: Path) -> list[str]:
 def dumps_compact(obj) -> bytes:
     """How meta.json and record_ids.json are serialized (compact separators: they hold long offset lists)."""
     return json.dumps(obj, separators=(",", ":")).encode("utf-8")
-

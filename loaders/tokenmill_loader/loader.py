@@ -1,4 +1,5 @@
 """DataLoader: torch's DataLoader with a resumable, consumption-counting state."""
+
 from __future__ import annotations
 
 import functools
@@ -27,7 +28,7 @@ class _ResumableBatchSampler:
         bs = self.batch_size
         for chunk in iter_chunks(self.sampler.remaining(), bs * 256):  # whole batches per chunk
             for i in range(0, len(chunk), bs):
-                b = chunk[i:i + bs]
+                b = chunk[i : i + bs]
                 if len(b) < bs and self.drop_last:
                     return
                 yield b.tolist()
@@ -60,13 +61,32 @@ class DataLoader(torch.utils.data.DataLoader):
       processes).
     """
 
-    def __init__(self, dataset, batch_size: int = 1, shuffle: bool = True, seed: int = 0, rank: int = 0,
-                 world_size: int = 1, drop_last: bool = False, num_workers: int = 0, collate_fn=None,
-                 pin_memory: bool | None = None, full_shuffle_max: int = 1 << 22, compact_labels: bool = False,
-                 **kwargs):
-        sampler = ResumableSampler(len(dataset), batch_size=batch_size, seed=seed, shuffle=shuffle,
-                                   rank=rank, world_size=world_size, drop_last=drop_last,
-                                   full_shuffle_max=full_shuffle_max)
+    def __init__(
+        self,
+        dataset,
+        batch_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        num_workers: int = 0,
+        collate_fn=None,
+        pin_memory: bool | None = None,
+        full_shuffle_max: int = 1 << 22,
+        compact_labels: bool = False,
+        **kwargs,
+    ):
+        sampler = ResumableSampler(
+            len(dataset),
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            full_shuffle_max=full_shuffle_max,
+        )
         if collate_fn is None:
             if hasattr(dataset, "get_batch"):
                 collate_fn = batched_collate
@@ -76,8 +96,14 @@ class DataLoader(torch.utils.data.DataLoader):
                 collate_fn = default_collate
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
-        super().__init__(dataset, batch_sampler=_ResumableBatchSampler(sampler, batch_size, drop_last),
-                         num_workers=num_workers, collate_fn=collate_fn, pin_memory=pin_memory, **kwargs)
+        super().__init__(
+            dataset,
+            batch_sampler=_ResumableBatchSampler(sampler, batch_size, drop_last),
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            **kwargs,
+        )
         self.resumable_sampler = sampler
         self._per_batch = batch_size
         self._collate = collate_fn
@@ -87,8 +113,7 @@ class DataLoader(torch.utils.data.DataLoader):
         """Labels in the dataset's compact dtype (True) or int64 (False), from the next iter() on (persistent
         workers keep the collate they started with)."""
         self.compact_labels = bool(compact)
-        self.collate_fn = self._collate if compact else functools.partial(long_labels_collate,
-                                                                          collate_fn=self._collate)
+        self.collate_fn = self._collate if compact else functools.partial(long_labels_collate, collate_fn=self._collate)
 
     def __iter__(self):
         s = self.resumable_sampler

@@ -1,4 +1,5 @@
 """MixedLoader: several loaders mixed by integer ratios, one source per batch, resumable."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -104,8 +105,13 @@ class MixedLoader:
                     close()
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "counts": self.counts.tolist(), "seed": self.seed, "names": list(self.names),
-                "inner": {n: ld.state_dict() for n, ld in zip(self.names, self.loaders)}}
+        return {
+            "step": self.step,
+            "counts": self.counts.tolist(),
+            "seed": self.seed,
+            "names": list(self.names),
+            "inner": {n: ld.state_dict() for n, ld in zip(self.names, self.loaders)},
+        }
 
     @property
     def compact_labels(self) -> bool:

@@ -1,4 +1,5 @@
 """PackingLoader: pool-based greedy bin packing of variable-length samples (DataPacker semantics)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -78,12 +79,28 @@ class PackingLoader:
     source positions of the samples left in the pool); loading it re-reads exactly that pool.
     """
 
-    def __init__(self, dataset, max_tokens: int, pool_size: int = 16, max_batch_size: int | None = None,
-                 long_threshold: int | None = None, strategy: str = "prefer_closest", output: str = "flat",
-                 pad_id: int = 0, shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 num_workers: int = 0, num_tokens: Callable | None = None, collate_fn: Callable | None = None,
-                 pin_memory: bool | None = None, read_chunk: int = 32, full_shuffle_max: int = 1 << 22,
-                 compact_labels: bool = False):
+    def __init__(
+        self,
+        dataset,
+        max_tokens: int,
+        pool_size: int = 16,
+        max_batch_size: int | None = None,
+        long_threshold: int | None = None,
+        strategy: str = "prefer_closest",
+        output: str = "flat",
+        pad_id: int = 0,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
+        num_tokens: Callable | None = None,
+        collate_fn: Callable | None = None,
+        pin_memory: bool | None = None,
+        read_chunk: int = 32,
+        full_shuffle_max: int = 1 << 22,
+        compact_labels: bool = False,
+    ):
         if strategy not in ("prefer_closest", "prefer_first"):
             raise ValueError(f"strategy must be prefer_closest or prefer_first, not {strategy!r}")
         if output not in ("flat", "padded"):
@@ -104,10 +121,19 @@ class PackingLoader:
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.read_chunk = int(read_chunk)
         self.compact_labels = bool(compact_labels)
-        self.sampler = ResumableSampler(len(dataset), 1, seed, shuffle, rank, world_size, drop_last=False,
-                                        full_shuffle_max=full_shuffle_max, even=False)
+        self.sampler = ResumableSampler(
+            len(dataset),
+            1,
+            seed,
+            shuffle,
+            rank,
+            world_size,
+            drop_last=False,
+            full_shuffle_max=full_shuffle_max,
+            even=False,
+        )
         self.epoch = 0
-        self._src_pos = 0          # next source position (index into this rank's order) to read
+        self._src_pos = 0  # next source position (index into this rank's order) to read
         self._pool_pos: list[int] = []  # source positions of the samples in the pool, pool order
 
     # ------------------------------------------------------------------ state
@@ -116,10 +142,20 @@ class PackingLoader:
 
     def state_dict(self) -> dict:
         if self._epoch_done():  # everything of this epoch was yielded: resume at the next epoch
-            return {"epoch": self.epoch + 1, "source_position": 0, "pool": [],
-                    "seed": self.sampler.seed, "length": self.sampler.length}
-        return {"epoch": self.epoch, "source_position": self._src_pos, "pool": list(self._pool_pos),
-                "seed": self.sampler.seed, "length": self.sampler.length}
+            return {
+                "epoch": self.epoch + 1,
+                "source_position": 0,
+                "pool": [],
+                "seed": self.sampler.seed,
+                "length": self.sampler.length,
+            }
+        return {
+            "epoch": self.epoch,
+            "source_position": self._src_pos,
+            "pool": list(self._pool_pos),
+            "seed": self.sampler.seed,
+            "length": self.sampler.length,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("length", self.sampler.length) != self.sampler.length:
@@ -148,9 +184,14 @@ class PackingLoader:
                     yield pos, i, self.dataset[i]
                     pos += 1
             return
-        dl = torch.utils.data.DataLoader(_Items(self.dataset), sampler=_Chunked(rest), batch_size=self.read_chunk,
-                                         collate_fn=_list_collate, num_workers=self.num_workers,
-                                         prefetch_factor=4)
+        dl = torch.utils.data.DataLoader(
+            _Items(self.dataset),
+            sampler=_Chunked(rest),
+            batch_size=self.read_chunk,
+            collate_fn=_list_collate,
+            num_workers=self.num_workers,
+            prefetch_factor=4,
+        )
         pos = start
         idx_iter = iter(_Chunked(rest))
         for chunk in dl:
@@ -258,8 +299,13 @@ class PackingLoader:
         starts = torch.from_numpy(cu[:-1].astype(np.int64))
         labels[starts[torch.tensor(lens) > 0]] = IGNORE_INDEX
         pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens])
-        return {"input_ids": ids[None], "labels": labels[None], "position_ids": pos[None],
-                "cu_seqlens": torch.from_numpy(cu), "max_seqlen": max(lens) if lens else 0}
+        return {
+            "input_ids": ids[None],
+            "labels": labels[None],
+            "position_ids": pos[None],
+            "cu_seqlens": torch.from_numpy(cu),
+            "max_seqlen": max(lens) if lens else 0,
+        }
 
     def _padded(self, samples) -> dict:
         lens = [int(s["input_ids"].shape[-1]) for s in samples]

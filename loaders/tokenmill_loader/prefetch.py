@@ -1,4 +1,5 @@
 """DevicePrefetcher: overlap host-to-device copies of the next batch with compute on the current one."""
+
 from __future__ import annotations
 
 import torch
@@ -59,8 +60,10 @@ class DevicePrefetcher:
     def _convert(self, batch):
         if not self.upcast:
             return batch
+
         def up(t):
             return t.long() if t.dtype in _UPCAST else t
+
         if isinstance(batch, dict):
             return {k: (v if k in self.keep_int32 else _map(v, up)) for k, v in batch.items()}
         return _map(batch, up)

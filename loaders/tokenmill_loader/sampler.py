@@ -1,4 +1,5 @@
 """ResumableSampler: seeded per-epoch shuffle, rank x worker sharding, O(1) exact resume."""
+
 from __future__ import annotations
 
 import operator
@@ -89,7 +90,7 @@ class LazyIndices:
 def iter_chunks(indices, size: int = 8192):
     """Materialized chunks (int64 arrays) of an index array or LazyIndices."""
     for i in range(0, len(indices), size):
-        yield np.asarray(indices[i:i + size])
+        yield np.asarray(indices[i : i + size])
 
 
 class ResumableSampler(torch.utils.data.Sampler):
@@ -119,9 +120,18 @@ class ResumableSampler(torch.utils.data.Sampler):
       it: no replay, the cost does not depend on the position.
     """
 
-    def __init__(self, length: int, batch_size: int = 1, seed: int = 0, shuffle: bool = True,
-                 rank: int = 0, world_size: int = 1, drop_last: bool = False, full_shuffle_max: int = 1 << 22,
-                 even: bool = True):
+    def __init__(
+        self,
+        length: int,
+        batch_size: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        full_shuffle_max: int = 1 << 22,
+        even: bool = True,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} not in [0, {world_size})")
         if seed < 0:
@@ -176,7 +186,7 @@ class ResumableSampler(torch.utils.data.Sampler):
         if self.lazy:
             idx = LazyIndices(FeistelPermutation(self.length, self._seed_seq(epoch)), first, self.world_size, count)
         else:
-            idx = self.permutation(epoch)[first::self.world_size][:count]
+            idx = self.permutation(epoch)[first :: self.world_size][:count]
         self._cache = ((epoch, start), idx)
         return idx
 
@@ -201,7 +211,7 @@ class ResumableSampler(torch.utils.data.Sampler):
 
     def remaining(self):
         """Indices of this rank not yet consumed in the current epoch."""
-        return self.rank_indices(self.epoch)[self.position:]
+        return self.rank_indices(self.epoch)[self.position :]
 
     def advance(self, n: int) -> None:
         """Mark n more items consumed; rolls into the next epoch at the end of this one."""
@@ -213,8 +223,13 @@ class ResumableSampler(torch.utils.data.Sampler):
     def state_dict(self) -> dict:
         """{epoch, position: samples of the epoch's order consumed by all ranks together, seed, shuffle, length};
         the same on every rank."""
-        return {"epoch": self.epoch, "position": self.start + self.position * self.world_size, "seed": self.seed,
-                "shuffle": self.shuffle, "length": self.length}
+        return {
+            "epoch": self.epoch,
+            "position": self.start + self.position * self.world_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "length": self.length,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a state saved by any rank under any world size; this sampler keeps its own rank and

@@ -13,6 +13,7 @@ a dataset that differs from its parent's; a forked worker checks the fingerprint
 Every read of a mapped file first compares the file's size with what was mapped (a truncated file would kill the
 process with SIGBUS), and token ids read are checked against the dataset's vocab_size.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -95,8 +96,10 @@ def _map_file(path: Path, dtype: np.dtype, length: int) -> tuple[np.ndarray, mma
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size != length * dtype.itemsize:
-            raise DatasetError(f"{path}: {size} bytes, expected {length * dtype.itemsize} "
-                               f"({length} x {dtype}); the file changed or is truncated")
+            raise DatasetError(
+                f"{path}: {size} bytes, expected {length * dtype.itemsize} "
+                f"({length} x {dtype}); the file changed or is truncated"
+            )
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return np.frombuffer(mm, dtype=dtype.newbyteorder("<"), count=length), mm
 
@@ -152,8 +155,9 @@ class Store:
                 try:
                     self._open()
                 except DatasetError as e:
-                    raise DatasetError(f"{self.real_path}: the dataset changed under the reader since it was "
-                                       f"opened ({e})") from None
+                    raise DatasetError(
+                        f"{self.real_path}: the dataset changed under the reader since it was opened ({e})"
+                    ) from None
                 self._check_fingerprint(self._fingerprint_now)
             except DatasetError:
                 # nothing half-loaded stays usable: the next use re-opens and checks again
@@ -167,9 +171,11 @@ class Store:
 
     def _check_fingerprint(self, found: str) -> None:
         if found != self.fingerprint:
-            raise DatasetError(f"{self.real_path}: the dataset changed under the reader since it was opened "
-                               f"(opened with fingerprint {self.fingerprint[:16]}, this process finds {found[:16]}): "
-                               f"a published dataset must not be rewritten in place; open it again")
+            raise DatasetError(
+                f"{self.real_path}: the dataset changed under the reader since it was opened "
+                f"(opened with fingerprint {self.fingerprint[:16]}, this process finds {found[:16]}): "
+                f"a published dataset must not be rewritten in place; open it again"
+            )
 
     def _current_fingerprint(self) -> str:
         """The fingerprint of what is at real_path now (its manifest's hash; stat of .bin and JSONL files)."""
@@ -181,8 +187,10 @@ class Store:
                 return sha256_file(p / SHARD_META_FILE)
             return _stat_fingerprint(self._source_files(p))
         except OSError as e:
-            raise DatasetError(f"{self.real_path}: the dataset changed under the reader since it was opened "
-                               f"({e.strerror or e}: {e.filename})") from None
+            raise DatasetError(
+                f"{self.real_path}: the dataset changed under the reader since it was opened "
+                f"({e.strerror or e}: {e.filename})"
+            ) from None
 
     def _source_files(self, p: Path) -> list[Path]:
         return sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
@@ -216,15 +224,21 @@ class Store:
             self.info = {"training_type": infer_training_type(parts[0].dtypes)}
         elif p.is_dir():
             splits = sorted(d.name for d in p.iterdir() if (d / DATASET_FILE).exists())
-            hint = f"; splits here: {', '.join(splits)} (open one of them)" if splits else \
-                f"; no {SHARD_META_FILE} or *.jsonl either"
-            raise DatasetError(f"{p / DATASET_FILE}: missing (not a tokenmill dataset, or written only "
-                               f"partly: dataset.json is written last){hint}")
+            hint = (
+                f"; splits here: {', '.join(splits)} (open one of them)"
+                if splits
+                else f"; no {SHARD_META_FILE} or *.jsonl either"
+            )
+            raise DatasetError(
+                f"{p / DATASET_FILE}: missing (not a tokenmill dataset, or written only "
+                f"partly: dataset.json is written last){hint}"
+            )
         else:
             raise DatasetError(f"{p}: not found, or not a dataset folder, shard folder, .bin or .jsonl file")
         self.parts: list[_Part] = parts
-        self.training_type: str = (self.info.get("training_type")
-                                   or infer_training_type(parts[0].dtypes if parts else ()))
+        self.training_type: str = self.info.get("training_type") or infer_training_type(
+            parts[0].dtypes if parts else ()
+        )
         keys: list[str] = []
         for part in parts:
             for k in part.dtypes:
@@ -239,8 +253,9 @@ class Store:
         for k in keys:
             found = [pt.dtypes[k] for pt in parts if k in pt.dtypes]
             self.dtypes[k] = found[0] if found else np.dtype(declared[k]["dtype"])
-        self._cum = {k: np.concatenate([[0], np.cumsum([pt.lengths.get(k, 0) for pt in parts])]).astype(np.int64)
-                     for k in keys}
+        self._cum = {
+            k: np.concatenate([[0], np.cumsum([pt.lengths.get(k, 0) for pt in parts])]).astype(np.int64) for k in keys
+        }
         self._rec_cum = np.concatenate([[0], np.cumsum([pt.records for pt in parts])]).astype(np.int64)
         self._doc_starts: dict[str, np.ndarray] = {}
         # token ids at or above it never reach a batch (checked per read: a shard's recorded maximum, checked
@@ -287,8 +302,10 @@ class Store:
                         raise DatasetError(f"{fp}:{ln}: not a JSON object")
                     row = _jsonl_row(rec)
                     if not row:
-                        raise DatasetError(f"{fp}:{ln}: no token-id list (expected input_ids, sequence, "
-                                           f"chosen/rejected or prompts/responses)")
+                        raise DatasetError(
+                            f"{fp}:{ln}: no token-id list (expected input_ids, sequence, "
+                            f"chosen/rejected or prompts/responses)"
+                        )
                     if nrec and set(row) != set(cols):
                         raise DatasetError(f"{fp}:{ln}: keys {sorted(row)} differ from earlier records {sorted(cols)}")
                     for k, v in row.items():
@@ -338,15 +355,19 @@ class Store:
                 part.maps[key] = (mm, a.nbytes, path)
         guard = part.maps.get(key)
         if guard is not None and guard[0].size() != guard[1]:
-            raise DatasetError(f"{guard[2]}: {guard[0].size()} bytes, {guard[1]} when it was mapped: the file was "
-                               f"truncated or rewritten in place under the reader")
+            raise DatasetError(
+                f"{guard[2]}: {guard[0].size()} bytes, {guard[1]} when it was mapped: the file was "
+                f"truncated or rewritten in place under the reader"
+            )
         return a
 
     def _check_ids(self, key: str, ids: np.ndarray, where) -> None:
         """Refuses token ids >= vocab_size (one max over what was read)."""
         if self.vocab_size is not None and key in ALL_TOKEN_KEYS and ids.size and int(ids.max()) >= self.vocab_size:
-            raise DatasetError(f"{where}: token id {int(ids.max())} >= vocab_size {self.vocab_size} of "
-                               f"{Path(self.real_path) / DATASET_FILE} (corrupted in place, or another vocabulary)")
+            raise DatasetError(
+                f"{where}: token id {int(ids.max())} >= vocab_size {self.vocab_size} of "
+                f"{Path(self.real_path) / DATASET_FILE} (corrupted in place, or another vocabulary)"
+            )
 
     def _file(self, key: str, stream_pos: int) -> Path:
         """The file holding stream position `stream_pos` of `key` (for messages)."""
@@ -376,8 +397,9 @@ class Store:
         if ds is None:
             self._need(key)
             cum = self._cum[key]
-            ds = np.concatenate([pt.offsets[key][:-1] + cum[i] for i, pt in enumerate(self.parts)]
-                                or [np.zeros(0, np.int64)]).astype(np.int64)
+            ds = np.concatenate(
+                [pt.offsets[key][:-1] + cum[i] for i, pt in enumerate(self.parts)] or [np.zeros(0, np.int64)]
+            ).astype(np.int64)
             self._doc_starts[key] = ds
         return ds
 
@@ -401,7 +423,7 @@ class Store:
         s1 = int(np.searchsorted(cum, end, "left")) - 1
         if s0 == s1:
             base = int(cum[s0])
-            out = np.array(self._array(s0, key)[begin - base:end - base])
+            out = np.array(self._array(s0, key)[begin - base : end - base])
         else:
             pieces = []
             for s in range(s0, s1 + 1):
@@ -433,7 +455,7 @@ class Store:
         if len(cum) == 2:
             a = self._array(0, key)
             for i, s in enumerate(starts.tolist()):
-                out[i] = a[s:s + length]
+                out[i] = a[s : s + length]
         else:
             sh = np.searchsorted(cum, starts, "right") - 1
             local = starts - cum[sh]
@@ -442,13 +464,14 @@ class Store:
             arrays = {s: self._array(s, key) for s in set(sh)}  # each file's size checked once per batch
             for i, (s, lo, ok) in enumerate(zip(sh, local.tolist(), inside)):
                 if ok:
-                    out[i] = arrays[s][lo:lo + length]
+                    out[i] = arrays[s][lo : lo + length]
                 else:
                     out[i] = self.read(key, int(starts[i]), int(starts[i]) + length)
         if self.vocab_size is not None and key in ALL_TOKEN_KEYS and int(out.max()) >= self.vocab_size:
             row = int(np.argmax(out.max(axis=1)))
-            self._check_ids(key, out[row], f"{self._file(key, int(starts[row]))} (window at stream item "
-                                           f"{int(starts[row])})")
+            self._check_ids(
+                key, out[row], f"{self._file(key, int(starts[row]))} (window at stream item {int(starts[row])})"
+            )
         return out
 
     def fetch(self, begin: int, end: int, keys: str | Sequence[str] = "sequence"):
@@ -482,11 +505,11 @@ class Store:
         where = f"{part.folder / data_file(key)} (record {j} of {part.name})"
         if key in RESPONSE_KEYS and GROUP_KEY in part.offsets:
             r0, r1 = part.offsets[GROUP_KEY][j], part.offsets[GROUP_KEY][j + 1]
-            items = [np.array(a[offs[r]:offs[r + 1]]) for r in range(int(r0), int(r1))]
+            items = [np.array(a[offs[r] : offs[r + 1]]) for r in range(int(r0), int(r1))]
             for item in items:
                 self._check_ids(key, item, where)
             return items
-        out = np.array(a[offs[j]:offs[j + 1]])
+        out = np.array(a[offs[j] : offs[j + 1]])
         self._check_ids(key, out, where)
         return out
 
@@ -496,8 +519,10 @@ class Store:
         grpo: `responses` and `masks` give a list of tensors, one per response of the record (grouped by
         the `rewards` offsets); `rewards` gives the record's float32 rewards.
         """
+
         def conv(v):
             return [to_torch(x) for x in v] if isinstance(v, list) else to_torch(v)
+
         if keys is None:
             keys = self.keys
         if isinstance(keys, str):

@@ -6,6 +6,7 @@ lookup. Points: ``<stage>:staged``, ``<stage>:versioned``, ``<stage>:pointed`` a
 (common/io.py) and ``tasks:<function>`` in the run process once a stage's worker tasks are running
 (common/parallel.py).
 """
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Record JSONL and atomic file helpers shared by every stage."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,13 +8,15 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from tokenmill.common.failpoints import failpoint
 
 STATS_FILE = "_stats.json"
-TIMINGS_FILE = "_timings.json"  # how the run went (seconds, workers): apart, so every data file is identical across reruns
+TIMINGS_FILE = (
+    "_timings.json"  # how the run went (seconds, workers): apart, so every data file is identical across reruns
+)
 RUN_FACT_KEYS = frozenset({"timings", "workers", "tasks"})
 REJECTED_FILE = "_rejected.jsonl"
 REMOVED_FILE = "removed.jsonl"
@@ -220,7 +223,7 @@ def recover_data_root(data_root: str | os.PathLike) -> list[str]:
         name = entry.name
         for mark in (STAGING_MARK, VERSION_MARK, LEGACY_OLD_MARK, ".link-"):
             if name.startswith(".") and mark in name:
-                stages.add(name[1:name.index(mark)])
+                stages.add(name[1 : name.index(mark)])
     return [f"{stage}: {action}" for stage in sorted(stages) for action in recover_stage(data_root / stage)]
 
 
@@ -229,4 +232,4 @@ def record_id(path: str, line: int | None = None, index: int | None = None) -> s
     import hashlib
 
     locator = f"line:{line}" if line is not None else f"index:{index}"
-    return hashlib.blake2b(f"{path}\0{locator}".encode("utf-8"), digest_size=8).hexdigest()
+    return hashlib.blake2b(f"{path}\0{locator}".encode(), digest_size=8).hexdigest()

@@ -4,6 +4,7 @@ The lock belongs to the open file, so the OS releases it when the holding proces
 a crashed run never leaves the data root locked. The file names the holder (run id, pid, host, start time) so a
 refused run can say who holds it.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -49,13 +50,24 @@ class DataRootLock:
                     os.close(fd)
                     raise DataRootBusyError(
                         f"data root {self.path.parent} is in use by run {holder.get('run_id', '?')} "
-                        f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('since', '?')}); "
-                        f"one run at a time per TOKENMILL_DATA: wait for it, or set TOKENMILL_LOCK_WAIT=<seconds> to queue"
+                        f"(pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+                        f"since {holder.get('since', '?')}); one run at a time per TOKENMILL_DATA: "
+                        "wait for it, or set TOKENMILL_LOCK_WAIT=<seconds> to queue"
                     ) from None
                 time.sleep(POLL_SECONDS)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
-                                  "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(), 0)
+        os.pwrite(
+            fd,
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                }
+            ).encode(),
+            0,
+        )
         self._fd = fd
         return self
 

@@ -1,4 +1,5 @@
 """The whole-run funnel, built from the `_stats.json` each stage wrote (never by re-reading the data)."""
+
 from __future__ import annotations
 
 import os
@@ -24,8 +25,11 @@ def stage_stats(data_root: Path, key: str) -> dict:
 
 
 def dropped_counts(stats: dict) -> dict[str, int]:
-    return {k[len("dropped_"):]: int(v) for k, v in sorted(stats.items())
-            if k.startswith("dropped_") and isinstance(v, (int, float))}
+    return {
+        k[len("dropped_") :]: int(v)
+        for k, v in sorted(stats.items())
+        if k.startswith("dropped_") and isinstance(v, (int, float))
+    }
 
 
 def folder_bytes(folder: Path) -> int:
@@ -41,13 +45,19 @@ def build_funnel(data_root: Path) -> dict:
         s = stage_stats(data_root, key)
         dropped = dropped_counts(s)
         docs_in, docs_out = int(s["docs_in"]), int(s["docs_out"])
-        stages.append({
-            "stage": key, "label": label, "docs_in": docs_in, "docs_out": docs_out,
-            "dropped": dropped, "dropped_total": sum(dropped.values()),
-            # a stage must account for every record it saw, and see every record the previous one kept
-            "conserved": docs_in == docs_out + sum(dropped.values()),
-            "linked": previous_out is None or docs_in == previous_out,
-        })
+        stages.append(
+            {
+                "stage": key,
+                "label": label,
+                "docs_in": docs_in,
+                "docs_out": docs_out,
+                "dropped": dropped,
+                "dropped_total": sum(dropped.values()),
+                # a stage must account for every record it saw, and see every record the previous one kept
+                "conserved": docs_in == docs_out + sum(dropped.values()),
+                "linked": previous_out is None or docs_in == previous_out,
+            }
+        )
         previous_out = docs_out
     tok = stage_stats(data_root, "tokenized_bins")
     tokens = int(tok.get("tokens", 0))
@@ -58,14 +68,15 @@ def build_funnel(data_root: Path) -> dict:
         "records_with_metadata": tok.get("records_with_metadata"),
         "metadata_dropout": tok.get("metadata_dropout"),
         "tokens": {
-            "total": tokens, "supervised": supervised, "masked": masked,
+            "total": tokens,
+            "supervised": supervised,
+            "masked": masked,
             "supervised_share": supervised / tokens if tokens else 0.0,
             "masked_share": masked / tokens if tokens else 0.0,
             "isolated_punctuation_share": tok.get("isolated_punctuation_share"),
         },
         "split": {name: tok.get(name, {}) for name in ("train", "val")},
-        "bytes_on_disk": {key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES
-                          if (data_root / key).exists()},
+        "bytes_on_disk": {key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES if (data_root / key).exists()},
         "conserved": all(s["conserved"] and s["linked"] for s in stages),
     }
 

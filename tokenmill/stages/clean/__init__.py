@@ -28,6 +28,7 @@ Steps, each over every shard in parallel (`map_ordered`, one task per input shar
   corpus   the orchestration of the three and the stats (`report`: seconds per rule, lengths, examples)
 Output is byte-identical for any worker count; records in = out + rejected (checked before `_stats.json`).
 """
+
 from tokenmill.stages.clean.corpus import REASONS, clean_corpus
 from tokenmill.stages.clean.settings import CleanSettings
 

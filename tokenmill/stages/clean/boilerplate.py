@@ -15,6 +15,7 @@ only numpy arrays cross process boundaries); `prune_candidates` drops, vectorize
 reach the threshold; pass 2 looks each line's hash up in that small table and scores a candidate once (its text
 is first seen there), so nothing but hashes and counts is ever held corpus-wide.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,19 +29,40 @@ from tokenmill.stages.clean.line_stats import COUNT_FIELDS, LineTable, doc_line_
 # template traits, each with its weight in template_score (capped at 1)
 TEMPLATE_TRAITS = [
     ("url", 1.0, re.compile(r"https?://|www\.|\.(?:com|org|net|cn|io)\b|@\w+\.\w+")),
-    ("copyright", 1.0, re.compile(r"©|\(c\)|copyright|all rights reserved|版权所有|版權所有|转载|轉載|未经授权|"
-                                  r"本文来源|本文來源|原创声明|免责声明|"
-                                  r"privacy policy|terms of (?:use|service)", re.I)),
-    ("navigation", 0.8, re.compile(r"click (?:here|to)|read more|next page|previous page|subscribe|"
-                                   r"sign (?:in|up)|log ?in|share (?:this|on)|follow us|back to top|cookie|"
-                                   r"advertisement|"
-                                   r"上一页|下一页|上一篇|下一篇|点击|點擊|阅读全文|閱讀全文|返回|首页|首頁|关注|關注|"
-                                   r"扫码|掃碼|公众号|公眾號|广告|廣告|展开全文|收起|登录|登錄|注册|註冊", re.I)),
+    (
+        "copyright",
+        1.0,
+        re.compile(
+            r"©|\(c\)|copyright|all rights reserved|版权所有|版權所有|转载|轉載|未经授权|"
+            r"本文来源|本文來源|原创声明|免责声明|"
+            r"privacy policy|terms of (?:use|service)",
+            re.I,
+        ),
+    ),
+    (
+        "navigation",
+        0.8,
+        re.compile(
+            r"click (?:here|to)|read more|next page|previous page|subscribe|"
+            r"sign (?:in|up)|log ?in|share (?:this|on)|follow us|back to top|cookie|"
+            r"advertisement|"
+            r"上一页|下一页|上一篇|下一篇|点击|點擊|阅读全文|閱讀全文|返回|首页|首頁|关注|關注|"
+            r"扫码|掃碼|公众号|公眾號|广告|廣告|展开全文|收起|登录|登錄|注册|註冊",
+            re.I,
+        ),
+    ),
     ("delimiters", 0.6, re.compile(r"\s[|｜•·»›/]\s|\S\s?[|｜]\s?\S|^[|｜]|[|｜]$|>>|<<")),
     ("brackets", 0.5, re.compile(r"^[【\[〖《].*[】\]〗》]$|^【|】$|^\[.{0,30}\]")),
     ("rule", 0.6, re.compile(r"^[-=*_~#·.。—]{3,}$")),
-    ("signature", 0.8, re.compile(r"sent from my|sent via|posted (?:from|via)|excuse (?:any |the )?typos|"
-                                  r"发自我的|来自我的|來自我的|发自iphone|来自iphone", re.I)),
+    (
+        "signature",
+        0.8,
+        re.compile(
+            r"sent from my|sent via|posted (?:from|via)|excuse (?:any |the )?typos|"
+            r"发自我的|来自我的|來自我的|发自iphone|来自iphone",
+            re.I,
+        ),
+    ),
     ("digits", 0.3, re.compile(r"\d")),
 ]
 # a short line ending in a colon is a label that introduces what follows (a speaker in a play, "Chorus:",
@@ -65,8 +87,9 @@ def merge_line_stats(parts: list[LineTable], min_df: int) -> LineTable:
         return LineTable.empty(docs)
     uniq, inv = np.unique(np.concatenate([p.hash for p in parts]), return_inverse=True)
     m = len(uniq)
-    sums = {k: np.bincount(inv, weights=np.concatenate([getattr(p, k) for p in parts]), minlength=m)
-            for k in COUNT_FIELDS}
+    sums = {
+        k: np.bincount(inv, weights=np.concatenate([getattr(p, k) for p in parts]), minlength=m) for k in COUNT_FIELDS
+    }
     keep = sums["df"] >= max(1, min_df)
     return LineTable(docs, uniq[keep], **{k: v[keep] for k, v in sums.items()})
 
@@ -86,8 +109,9 @@ def prune_candidates(merged: LineTable, threshold: float) -> LineTable:
     consistency = np.maximum(merged.head, merged.tail) / safe
     expected = np.minimum(0.99, merged.chance / safe)
     pos = np.where(inf > 0, np.maximum(0.0, (consistency - expected) / (1.0 - expected)), 0.0)
-    best = (SCORE_WEIGHTS["df"] * dfs + SCORE_WEIGHTS["position"] * pos + SCORE_WEIGHTS["template"]
-            + SCORE_WEIGHTS["short"])
+    best = (
+        SCORE_WEIGHTS["df"] * dfs + SCORE_WEIGHTS["position"] * pos + SCORE_WEIGHTS["template"] + SCORE_WEIGHTS["short"]
+    )
     keep = (pos >= MIN_POS_SCORE - 1e-9) & (best >= threshold - 1e-9)
     return replace(merged.select(keep), candidates=n)
 
@@ -129,15 +153,25 @@ def short_score(length: int) -> float:
     return min(1.0, max(0.0, (SHORT_ZERO - length) / (SHORT_ZERO - SHORT_FULL)))
 
 
-def score_line(key: str, df: float, head: float, tail: float, informative: float, chance: float,
-               docs: int) -> dict:
+def score_line(key: str, df: float, head: float, tail: float, informative: float, chance: float, docs: int) -> dict:
     """The joint boilerplate score of one candidate line with its components."""
     tpl, traits = template_score(key)
-    comp = {"df": df_score(df, docs), "position": position_score(head, tail, informative, chance),
-            "template": tpl, "short": short_score(len(key))}
+    comp = {
+        "df": df_score(df, docs),
+        "position": position_score(head, tail, informative, chance),
+        "template": tpl,
+        "short": short_score(len(key)),
+    }
     score = sum(SCORE_WEIGHTS[k] * v for k, v in comp.items())
-    return {"score": round(score, 4), **{k: round(v, 4) for k, v in comp.items()}, "traits": traits,
-            "df": int(df), "head": int(head), "tail": int(tail), "informative": int(informative)}
+    return {
+        "score": round(score, 4),
+        **{k: round(v, 4) for k, v in comp.items()},
+        "traits": traits,
+        "df": int(df),
+        "head": int(head),
+        "tail": int(tail),
+        "informative": int(informative),
+    }
 
 
 class BoilerplateTable:
@@ -161,8 +195,15 @@ class BoilerplateTable:
         info = self.cache.get(h)
         if info is None:
             m = self.m
-            info = score_line(key, float(m.df[i]), float(m.head[i]), float(m.tail[i]), float(m.informative[i]),
-                              float(m.chance[i]), self.docs)
+            info = score_line(
+                key,
+                float(m.df[i]),
+                float(m.head[i]),
+                float(m.tail[i]),
+                float(m.informative[i]),
+                float(m.chance[i]),
+                self.docs,
+            )
             info["strip"] = bool(info["score"] >= self.threshold and info["position"] >= MIN_POS_SCORE)
             self.cache[h] = info
         return info if info["strip"] else None

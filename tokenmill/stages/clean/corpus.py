@@ -1,4 +1,5 @@
 """Clean orchestration: pass 1 over every shard, the corpus-wide boilerplate merge, pass 2, the stats."""
+
 from __future__ import annotations
 
 import time
@@ -39,8 +40,12 @@ class ShardPaths:
 
     @classmethod
     def of(cls, shard: Path, out_dir: Path) -> ShardPaths:
-        return cls(shard, out_dir / f".stage-{shard.stem}.marshal", out_dir / shard.name,
-                   out_dir / f".rejected-{shard.stem}.part")
+        return cls(
+            shard,
+            out_dir / f".stage-{shard.stem}.marshal",
+            out_dir / shard.name,
+            out_dir / f".rejected-{shard.stem}.part",
+        )
 
 
 @dataclass
@@ -88,11 +93,11 @@ class Totals:
                 self.stripped[h] = [n, line, info]
 
 
-def run_pass1(paths: list[ShardPaths], s: CleanSettings, totals: Totals, workers: int | None,
-              log) -> list[LineTable]:
+def run_pass1(paths: list[ShardPaths], s: CleanSettings, totals: Totals, workers: int | None, log) -> list[LineTable]:
     """Rules 0-6 and 8, line statistics, staging; returns each shard's line statistics."""
-    progress = Progress("cleaned_jsonl pass 1 (repair, metadata, filters, line statistics)", total=len(paths),
-                        unit="shards", log=log)
+    progress = Progress(
+        "cleaned_jsonl pass 1 (repair, metadata, filters, line statistics)", total=len(paths), unit="shards", log=log
+    )
     small = sum(p.shard.stat().st_size for p in paths) < PASS1_POOL_MIN_BYTES  # not worth starting processes
     tasks = [PrepareTask(str(p.shard), str(p.stage), s) for p in paths]
     parts = []
@@ -112,8 +117,16 @@ def find_boilerplate(parts: list[LineTable], s: CleanSettings, totals: Totals) -
     return merged
 
 
-def run_pass2(paths: list[ShardPaths], out_dir: Path, s: CleanSettings, merged: LineTable | None, docs_seen: int,
-              totals: Totals, workers: int | None, log) -> None:
+def run_pass2(
+    paths: list[ShardPaths],
+    out_dir: Path,
+    s: CleanSettings,
+    merged: LineTable | None,
+    docs_seen: int,
+    totals: Totals,
+    workers: int | None,
+    log,
+) -> None:
     """Rule 7, rule 8 on the stripped records, the shards and _rejected.jsonl written."""
     progress = Progress("cleaned_jsonl pass 2 (boilerplate, write)", total=len(paths), unit="shards", log=log)
     table = merged if merged is not None and len(merged) else None
@@ -135,14 +148,16 @@ def _boilerplate_stats(s: CleanSettings, merged: LineTable | None, totals: Total
         "lines_stripped": sum(e[0] for e in totals.stripped.values()),
         "distinct_lines_stripped": len(totals.stripped),
         "docs_touched": sum(v for k, v in totals.strip_hist.items() if k),
-        "docs_by_lines_stripped": {("5+" if k == 5 else str(k)): totals.strip_hist[k]
-                                   for k in sorted(totals.strip_hist)},
+        "docs_by_lines_stripped": {
+            ("5+" if k == 5 else str(k)): totals.strip_hist[k] for k in sorted(totals.strip_hist)
+        },
         "top_lines": [{"line": line, "count": n, **info} for n, line, info in top],
     }
 
 
-def build_stats(s: CleanSettings, merged: LineTable | None, totals: Totals, shards: int, workers: int | None,
-                t0: float) -> dict:
+def build_stats(
+    s: CleanSettings, merged: LineTable | None, totals: Totals, shards: int, workers: int | None, t0: float
+) -> dict:
     work = sum(totals.seconds.values()) or 1.0
     reasons, counts = totals.reasons, totals.counts
     return {
@@ -151,8 +166,16 @@ def build_stats(s: CleanSettings, merged: LineTable | None, totals: Totals, shar
         **{f"dropped_{r}": reasons.get(r, 0) for r in REASONS},
         "rejected": sum(reasons.values()),
         "rejected_by_reason": dict(sorted(reasons.items())),
-        **{k: counts.get(k, 0) for k in ("mojibake_repaired", "surrogates_removed", "control_chars_removed",
-                                         "docs_meta_extracted", "meta_lines_extracted")},
+        **{
+            k: counts.get(k, 0)
+            for k in (
+                "mojibake_repaired",
+                "surrogates_removed",
+                "control_chars_removed",
+                "docs_meta_extracted",
+                "meta_lines_extracted",
+            )
+        },
         "chars_in": totals.chars_in,
         "chars_out": totals.chars_out,
         "boilerplate": _boilerplate_stats(s, merged, totals),
@@ -170,15 +193,17 @@ def build_stats(s: CleanSettings, merged: LineTable | None, totals: Totals, shar
     }
 
 
-def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings | None = None, workers: int | None = None,
-                 log=None) -> dict:
+def clean_corpus(
+    in_dir: Path, out_dir: Path, settings: CleanSettings | None = None, workers: int | None = None, log=None
+) -> dict:
     """Cleans every `in_dir/part-*.jsonl` into `out_dir` (same shard names) with `_rejected.jsonl` and
     `_stats.json`; returns the stats. See the package docstring for the rules and their order."""
     t0 = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if not in_dir.is_dir():
-        raise StaleUpstreamError(f"cleaned_jsonl: input folder does not exist: {in_dir} "
-                                 "(materialize raw_records first)")
+        raise StaleUpstreamError(
+            f"cleaned_jsonl: input folder does not exist: {in_dir} (materialize raw_records first)"
+        )
     # the plain class, also for the asset's config: workers never import the asset module (dagster)
     s = CleanSettings(**settings.model_dump()) if settings is not None else CleanSettings()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -201,7 +226,8 @@ def clean_corpus(in_dir: Path, out_dir: Path, settings: CleanSettings | None = N
             p.rejected.unlink(missing_ok=True)
     stats = build_stats(s, merged, totals, len(paths), workers, t0)
     if stats["docs_in"] != stats["docs_out"] + stats["rejected"]:  # a bug, never expected: say so loudly
-        raise RuntimeError(f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + "
-                           f"{stats['rejected']} rejected")
+        raise RuntimeError(
+            f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + {stats['rejected']} rejected"
+        )
     write_stats(out_dir, stats)
     return stats

@@ -1,4 +1,5 @@
 """Rule 0 and rule 8 of cleaning, the garbage filters: each returns None (keep) or (reason, detail)."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,10 @@ except ImportError:  # another Python implementation: the pure-Python helper has
 
 from tokenmill.stages.clean.settings import CleanSettings
 
-PLACEHOLDER_RE = re.compile(r"[\ufffd\u25a1\u25a0\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff"
-                            r"\U000f0000-\U0010ffff]|\?{2,}|(?<=\w)\?(?=\w)|囗{2,}")
+PLACEHOLDER_RE = re.compile(
+    r"[\ufffd\u25a1\u25a0\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff"
+    r"\U000f0000-\U0010ffff]|\?{2,}|(?<=\w)\?(?=\w)|囗{2,}"
+)
 PRIVATE_OR_BOX_RE = re.compile(r"[\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff\U000f0000-\U0010ffff]")
 CJK_CHARS_PER_WORD = 1.6  # n-gram checks start at min_tokens words, i.e. about 80 CJK characters for 50 words
 
@@ -52,8 +55,14 @@ def placeholder_ratio(text: str) -> float:
 
 def _maybe_placeholders(text: str) -> bool:
     """Cheap test that there may be placeholder glyphs at all (`in` and max() run at C speed)."""
-    return ("\ufffd" in text or "?" in text or "\u25a1" in text or "\u25a0" in text or "囗囗" in text
-            or PRIVATE_OR_BOX_RE.search(text) is not None)
+    return (
+        "\ufffd" in text
+        or "?" in text
+        or "\u25a1" in text
+        or "\u25a0" in text
+        or "囗囗" in text
+        or PRIVATE_OR_BOX_RE.search(text) is not None
+    )
 
 
 def check_placeholder_glyphs(text: str, max_ratio: float):
@@ -92,8 +101,11 @@ def repetition_stats(text: str, ngram_ns=(2, 3, 4), thresholds=None, min_tokens:
         else:
             seen.add(s)
     total_line_chars = sum(map(len, lines)) or 1
-    out = {"lines": len(lines), "dup_line_frac": dup_lines / max(1, len(lines)),
-           "dup_line_char_frac": dup_chars / total_line_chars}
+    out = {
+        "lines": len(lines),
+        "dup_line_frac": dup_lines / max(1, len(lines)),
+        "dup_line_char_frac": dup_chars / total_line_chars,
+    }
     return _ngram_stats(text, out, ngram_ns, thresholds, min_tokens)
 
 
@@ -127,8 +139,14 @@ def _ngram_stats(text: str, out: dict, ngram_ns, thresholds, min_tokens: int) ->
     return out
 
 
-def check_repetition(text: str, max_dup_line_frac: float, max_dup_line_char_frac: float,
-                     top_ngram_fracs: dict, min_lines: int = 4, min_tokens: int = 50):
+def check_repetition(
+    text: str,
+    max_dup_line_frac: float,
+    max_dup_line_char_frac: float,
+    top_ngram_fracs: dict,
+    min_lines: int = 4,
+    min_tokens: int = 50,
+):
     """Rejects spam-like repetition; duplicate-line limits apply from `min_lines` lines on (a 2-line text with
     a repeated line is a refrain, not spam), n-gram limits from `min_tokens` tokens on (Gopher's 50 words: in
     a short poem, repeated characters are style, not spam). The same figures as repetition_stats, with the
@@ -140,8 +158,9 @@ def check_repetition(text: str, max_dup_line_frac: float, max_dup_line_char_frac
             if st["dup_line_frac"] > max_dup_line_frac:
                 return "repetition", f"duplicate-line fraction {st['dup_line_frac']:.2f} > {max_dup_line_frac}"
             if st["dup_line_char_frac"] > max_dup_line_char_frac:
-                return "repetition", (f"duplicate-line char fraction {st['dup_line_char_frac']:.2f} > "
-                                      f"{max_dup_line_char_frac}")
+                return "repetition", (
+                    f"duplicate-line char fraction {st['dup_line_char_frac']:.2f} > {max_dup_line_char_frac}"
+                )
     if len(text) < min_tokens:
         return None
     st = _ngram_stats(text, {}, tuple(top_ngram_fracs), top_ngram_fracs, min_tokens)
@@ -155,11 +174,12 @@ def check_repetition(text: str, max_dup_line_frac: float, max_dup_line_char_frac
 def record_filters(settings: CleanSettings) -> tuple:
     """Rule 8, in order: (timer name, check)."""
     s, limits = settings, settings.ngram_limits()
-    return (("filter_empty", check_empty),
-            ("filter_too_short", lambda t: check_too_short(t, s.min_chars)),
-            ("filter_placeholder_glyphs", lambda t: check_placeholder_glyphs(t, s.max_placeholder_ratio)),
-            ("filter_repetition", lambda t: check_repetition(t, s.max_dup_line_frac, s.max_dup_line_char_frac,
-                                                             limits)))
+    return (
+        ("filter_empty", check_empty),
+        ("filter_too_short", lambda t: check_too_short(t, s.min_chars)),
+        ("filter_placeholder_glyphs", lambda t: check_placeholder_glyphs(t, s.max_placeholder_ratio)),
+        ("filter_repetition", lambda t: check_repetition(t, s.max_dup_line_frac, s.max_dup_line_char_frac, limits)),
+    )
 
 
 def first_failure(text: str, filters) -> tuple | None:

@@ -4,6 +4,7 @@ lookup per batch), rule 8 again on those only, then the shard and its rejected s
 A record no line was stripped from keeps its pass-1 verdict: same text, same answer, so the filters effectively
 run after rule 7.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,7 +77,7 @@ class _Stripper:
         n_stripped = {}
         for i in hit_docs:
             rec = json.loads(b.out_lines[i])
-            text, gone = self.table.strip(rec["text"], all_hashes[ends[i] - b.n_lines[i]:ends[i]].tolist())
+            text, gone = self.table.strip(rec["text"], all_hashes[ends[i] - b.n_lines[i] : ends[i]].tolist())
             if not gone:
                 continue
             n_stripped[i] = len(gone)
@@ -127,5 +128,14 @@ def finish_task(task: FinishTask) -> FinishResult:
                 strip_hist[min(n_stripped.get(i, 0), 5)] += 1
             timer.lap("write_json")
     os.unlink(task.stage)
-    return FinishResult(docs_in, docs_out, dict(reasons), chars_out, length_hist(len_all), examples.by_kind,
-                        stripper.stripped, dict(strip_hist), timer.sec)
+    return FinishResult(
+        docs_in,
+        docs_out,
+        dict(reasons),
+        chars_out,
+        length_hist(len_all),
+        examples.by_kind,
+        stripper.stripped,
+        dict(strip_hist),
+        timer.sec,
+    )

@@ -4,6 +4,7 @@ Each normalized line is hashed to 64 bits; per shard, each distinct line gets it
 it sits in a document's head or tail zone, and the chance of landing there at random (`LineTable`). Only these
 arrays cross process boundaries (48 bytes per distinct line per shard), never the lines themselves.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,10 @@ def doc_line_hashes(text: str) -> list[int]:
     low = text.lower()  # lower() never adds or removes a line break, so the lines stay aligned with doc_lines
     if HAS_DIGIT(low) is not None:
         low = DIGITS_RE.sub("0", low)
-    return [(crc32(b) << 32) | adler32(b)
-            for b in (ln.strip(" \t").encode("utf-8") for ln in low.split("\n") if ln and not ln.isspace())]
+    return [
+        (crc32(b) << 32) | adler32(b)
+        for b in (ln.strip(" \t").encode("utf-8") for ln in low.split("\n") if ln and not ln.isspace())
+    ]
 
 
 def edge_zone(n_lines: int, edge_frac: float) -> int:
@@ -114,8 +117,11 @@ class LineStats:
         self.doc_chance.append(zone / n if n >= 2 else 0.0)
         if len(set(hashes)) == n:  # every line distinct (the common case): positions are the line numbers
             self.hashes += hashes
-            self.codes += ([INFORMATIVE | HEAD] * zone + [INFORMATIVE] * (n - 2 * zone) + [INFORMATIVE | TAIL] * zone
-                           if n >= 2 else [0])
+            self.codes += (
+                [INFORMATIVE | HEAD] * zone + [INFORMATIVE] * (n - 2 * zone) + [INFORMATIVE | TAIL] * zone
+                if n >= 2
+                else [0]
+            )
             self.doc_entries.append(n)
             return hashes
         # a line repeated inside the document: its first and last position decide (repeated across the
@@ -143,9 +149,12 @@ class LineStats:
         chance = np.repeat(np.array(self.doc_chance), np.array(self.doc_entries)) * informative
         uniq, inv = np.unique(h, return_inverse=True)
         m = len(uniq)
-        return LineTable(docs=self.docs, hash=uniq,
-                         df=np.bincount(inv, minlength=m).astype(np.float64),
-                         head=np.bincount(inv, weights=(codes & HEAD) > 0, minlength=m),
-                         tail=np.bincount(inv, weights=(codes & TAIL) > 0, minlength=m),
-                         informative=np.bincount(inv, weights=informative, minlength=m),
-                         chance=np.bincount(inv, weights=chance, minlength=m))
+        return LineTable(
+            docs=self.docs,
+            hash=uniq,
+            df=np.bincount(inv, minlength=m).astype(np.float64),
+            head=np.bincount(inv, weights=(codes & HEAD) > 0, minlength=m),
+            tail=np.bincount(inv, weights=(codes & TAIL) > 0, minlength=m),
+            informative=np.bincount(inv, weights=informative, minlength=m),
+            chance=np.bincount(inv, weights=chance, minlength=m),
+        )

@@ -1,26 +1,65 @@
 """Rule 6 of cleaning: title/author/dynasty/date/source header lines moved from the top of a text into meta."""
+
 from __future__ import annotations
 
 import re
 
 # header lines at the top of a text: "Title: ...", "作者：..." (label -> meta key)
 META_LABELS = {
-    "title": "title", "标题": "title", "標題": "title", "题目": "title", "題目": "title", "诗名": "title",
-    "詩名": "title", "篇名": "title", "词牌": "title", "詞牌": "title",
-    "author": "author", "作者": "author", "poet": "author", "writer": "author", "诗人": "author", "詩人": "author",
-    "dynasty": "dynasty", "朝代": "dynasty", "年代": "dynasty", "时代": "dynasty", "時代": "dynasty",
-    "date": "date", "日期": "date", "published": "date", "时间": "date", "時間": "date", "发布时间": "date",
-    "source": "source", "来源": "source", "來源": "source", "出处": "source", "出處": "source",
-    "url": "url", "链接": "url", "tags": "tags", "标签": "tags", "category": "category", "分类": "category",
+    "title": "title",
+    "标题": "title",
+    "標題": "title",
+    "题目": "title",
+    "題目": "title",
+    "诗名": "title",
+    "詩名": "title",
+    "篇名": "title",
+    "词牌": "title",
+    "詞牌": "title",
+    "author": "author",
+    "作者": "author",
+    "poet": "author",
+    "writer": "author",
+    "诗人": "author",
+    "詩人": "author",
+    "dynasty": "dynasty",
+    "朝代": "dynasty",
+    "年代": "dynasty",
+    "时代": "dynasty",
+    "時代": "dynasty",
+    "date": "date",
+    "日期": "date",
+    "published": "date",
+    "时间": "date",
+    "時間": "date",
+    "发布时间": "date",
+    "source": "source",
+    "来源": "source",
+    "來源": "source",
+    "出处": "source",
+    "出處": "source",
+    "url": "url",
+    "链接": "url",
+    "tags": "tags",
+    "标签": "tags",
+    "category": "category",
+    "分类": "category",
 }
 META_LINE_RE = re.compile(
-    r"^\s*(?:[#*>]+\s*)?(" + "|".join(sorted(map(re.escape, META_LABELS), key=len, reverse=True))
-    + r")\s*[:：]\s*(.{1,200}?)\s*$", re.I)
+    r"^\s*(?:[#*>]+\s*)?("
+    + "|".join(sorted(map(re.escape, META_LABELS), key=len, reverse=True))
+    + r")\s*[:：]\s*(.{1,200}?)\s*$",
+    re.I,
+)
 BY_LINE_RE = re.compile(r"^\s*(?:[Bb]y|[Ww]ritten [Bb]y)\s+([A-Z][\w.'\-]*(?:\s+[A-Z][\w.'\-]*){0,3})\s*$")
 # "〔唐〕李白", "[宋] 苏轼", "（唐）王维": dynasty + author on one line
 DYNASTY_AUTHOR_RE = re.compile(r"^\s*[\[〔【（(]\s*(\S{1,3})\s*[\]〕】）)]\s*(\S{1,8})\s*$")
-META_KEYS_FROM_READER = {"title": ("title", "rhythmic", "name"), "author": ("author", "authors", "writer", "poet"),
-                         "dynasty": ("dynasty",), "date": ("date",)}
+META_KEYS_FROM_READER = {
+    "title": ("title", "rhythmic", "name"),
+    "author": ("author", "authors", "writer", "poet"),
+    "dynasty": ("dynasty",),
+    "date": ("date",),
+}
 
 
 def extract_metadata(text: str, meta: dict, max_header_lines: int = 6) -> tuple[str, dict, int]:

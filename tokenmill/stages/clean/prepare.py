@@ -4,6 +4,7 @@ It stages per batch (`StagedBatch`) what pass 2 needs, so pass 2 touches only th
 boilerplate line: each record's output line as bytes (the input line itself when nothing changed), its rejected
 line if a filter failed, and the 64-bit hashes of its lines.
 """
+
 from __future__ import annotations
 
 import json
@@ -158,6 +159,7 @@ def _clean_meta(meta, form: str) -> dict:
 
 def _clean_special(rec: dict, s: CleanSettings) -> None:
     """sft/dpo/grpo string fields get the repair rules (no filters: the record's text stands for them)."""
+
     def fix(v):
         if not isinstance(v, str) or not R.needs_repair(v):
             return v
@@ -167,6 +169,7 @@ def _clean_special(rec: dict, s: CleanSettings) -> None:
         v = R.normalize_unicode(v, s.normalization)
         v, _ = R.strip_control_chars(v)
         return v
+
     for k in SPECIAL_TEXT_KEYS:
         if k not in rec:
             continue
@@ -179,8 +182,9 @@ def _clean_special(rec: dict, s: CleanSettings) -> None:
 
 def _assemble(rec: dict, text: str, original: str, meta: dict, moved: bool, s: CleanSettings) -> Prepared:
     """The record after rules 1-6: rebuilt (id, text, meta, source, then its other fields) only when it changed."""
-    if meta and R.meta_value_needs_cleaning("\n".join(v for v in meta.values() if isinstance(v, str)) + "\n.",
-                                            s.normalization):
+    if meta and R.meta_value_needs_cleaning(
+        "\n".join(v for v in meta.values() if isinstance(v, str)) + "\n.", s.normalization
+    ):
         meta = _clean_meta(meta, s.normalization)
     changed = text is not original and text != original
     changed = changed or (meta is not rec.get("meta") and meta != rec.get("meta"))
@@ -195,23 +199,33 @@ def _assemble(rec: dict, text: str, original: str, meta: dict, moved: bool, s: C
             before = {k: rec[k] for k in special}
             _clean_special(new, s)
             changed = changed or any(new[k] != v for k, v in before.items())
-    return Prepared(new if changed else None, text, None, len(original), original if changed else None,
-                    "metadata" if moved else "repair")
+    return Prepared(
+        new if changed else None,
+        text,
+        None,
+        len(original),
+        original if changed else None,
+        "metadata" if moved else "repair",
+    )
 
 
 def prepare_batch(batch: list[tuple[bytes, dict]], s: CleanSettings, timer: Timer, counts: Counter) -> list[Prepared]:
     """Rules 0-6 on a batch of (raw line, record)."""
     texts = [_coerce_text(rec.get("text")) for _, rec in batch]
     originals = list(texts)
-    b = _Batch(texts, [rec.get("meta") if isinstance(rec.get("meta"), dict) else {} for _, rec in batch],
-               list(range(len(batch))))
+    b = _Batch(
+        texts,
+        [rec.get("meta") if isinstance(rec.get("meta"), dict) else {} for _, rec in batch],
+        list(range(len(batch))),
+    )
     repair_batch(b, s, timer, counts)
     entries = []
     for i, (_, rec) in enumerate(batch):
         reject = b.rejects.get(i)
         if reject is not None:
-            entries.append(Prepared({"id": rec.get("id"), "source": rec.get("source")}, "", reject,
-                                    len(originals[i]), None, None))
+            entries.append(
+                Prepared({"id": rec.get("id"), "source": rec.get("source")}, "", reject, len(originals[i]), None, None)
+            )
         else:
             entries.append(_assemble(rec, texts[i], originals[i], b.metas[i], i in b.meta_moved, s))
     timer.lap("assemble_records")

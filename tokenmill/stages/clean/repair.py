@@ -1,6 +1,7 @@
 """Rules 1-5 of cleaning, text repair: surrogates, mojibake, Unicode normalization, control characters,
 whitespace. Each is a plain function on one text returning the new text (plus a count of what it changed), so a
 test can prove it alone; `prepare` applies them in the documented order."""
+
 from __future__ import annotations
 
 import re
@@ -12,8 +13,10 @@ MOJIBAKE_HINT_RE = re.compile(r"[\u0080-\u00ff]|&#?\w+;")
 # control characters (tab and newline kept, CR handled by whitespace), zero-width space/no-break space (BOM),
 # word joiner, direction marks and embeddings. ZWJ/ZWNJ (U+200C/D) are kept: emoji sequences, Persian and
 # Indic scripts need them.
-CONTROL_RE = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u200b\u200e\u200f\u202a-\u202e"
-                        r"\u2060-\u2064\u2066-\u206f\ufeff]")
+CONTROL_RE = re.compile(
+    r"[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f\u200b\u200e\u200f\u202a-\u202e"
+    r"\u2060-\u2064\u2066-\u206f\ufeff]"
+)
 # line breaks other than \n: CRLF, CR, vertical tab, form feed, NEL, line/paragraph separators
 LINEBREAK_RE = re.compile(r"\r\n?|[\x0b\x0c\x85\u2028\u2029]")
 # exotic spaces become a plain space; U+3000 (ideographic space) is kept: CJK verse uses it for indentation
@@ -32,10 +35,22 @@ def _ftfy_config():
         import ftfy  # imported lazily: most records never need it
 
         _FTFY_CONFIG = ftfy.TextFixerConfig(
-            unescape_html="auto", remove_terminal_escapes=True, fix_encoding=True, restore_byte_a0=True,
-            replace_lossy_sequences=True, decode_inconsistent_utf8=True, fix_c1_controls=True,
-            fix_latin_ligatures=False, fix_character_width=False, uncurl_quotes=False, fix_line_breaks=False,
-            fix_surrogates=True, remove_control_chars=False, normalization=None, explain=False)
+            unescape_html="auto",
+            remove_terminal_escapes=True,
+            fix_encoding=True,
+            restore_byte_a0=True,
+            replace_lossy_sequences=True,
+            decode_inconsistent_utf8=True,
+            fix_c1_controls=True,
+            fix_latin_ligatures=False,
+            fix_character_width=False,
+            uncurl_quotes=False,
+            fix_line_breaks=False,
+            fix_surrogates=True,
+            remove_control_chars=False,
+            normalization=None,
+            explain=False,
+        )
     return _FTFY_CONFIG
 
 

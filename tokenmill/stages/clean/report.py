@@ -1,4 +1,5 @@
 """What the cleaning stage reports besides counts: seconds per rule, length histograms, before/after examples."""
+
 from __future__ import annotations
 
 import time
@@ -7,10 +8,26 @@ import numpy as np
 
 from tokenmill.stages.clean.repair import SURROGATE_RE
 
-RULES = ("read_json", "too_long", "repair_surrogates", "repair_mojibake", "normalize_unicode", "strip_control_chars",
-         "normalize_whitespace", "extract_metadata", "assemble_records", "line_stats", "stage_io", "merge_line_stats",
-         "strip_boilerplate", "filter_empty", "filter_too_short", "filter_placeholder_glyphs", "filter_repetition",
-         "write_json")
+RULES = (
+    "read_json",
+    "too_long",
+    "repair_surrogates",
+    "repair_mojibake",
+    "normalize_unicode",
+    "strip_control_chars",
+    "normalize_whitespace",
+    "extract_metadata",
+    "assemble_records",
+    "line_stats",
+    "stage_io",
+    "merge_line_stats",
+    "strip_boilerplate",
+    "filter_empty",
+    "filter_too_short",
+    "filter_placeholder_glyphs",
+    "filter_repetition",
+    "write_json",
+)
 # length histogram buckets (characters): [0,10), [10,20), ... [10000, inf)
 LENGTH_BUCKETS = (0, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 EXAMPLE_CHARS = 160
@@ -53,7 +70,7 @@ def _diff_window(before: str, after: str) -> tuple[str, str]:
     start = max(0, i - EXAMPLE_CHARS // 4)
     pre = "…" if start else ""
     # lone surrogates of the input cannot go into _stats.json: shown as U+FFFD
-    before = SURROGATE_RE.sub("\ufffd", before[start:start + EXAMPLE_CHARS + 1])
+    before = SURROGATE_RE.sub("\ufffd", before[start : start + EXAMPLE_CHARS + 1])
     return pre + _short(before), pre + _short(after[start:])
 
 
@@ -67,8 +84,15 @@ class Examples:
         shelf = self.by_kind.setdefault(kind, [])
         if len(shelf) < self.n:
             b, a = _diff_window(before, after)
-            shelf.append({"id": rec.get("id"), "kind": kind, "before": b, "after": a,
-                          "meta": {k: _short(str(v)) for k, v in list((rec.get("meta") or {}).items())[:4]}})
+            shelf.append(
+                {
+                    "id": rec.get("id"),
+                    "kind": kind,
+                    "before": b,
+                    "after": a,
+                    "meta": {k: _short(str(v)) for k, v in list((rec.get("meta") or {}).items())[:4]},
+                }
+            )
 
 
 def pick_examples(by_kind: dict, n: int) -> list:

@@ -1,4 +1,5 @@
 """The cleaned_jsonl settings, declared once: the asset's run config and the plain `clean_corpus` share them."""
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
@@ -14,44 +15,84 @@ class CleanSettings(StageSettings):
     asset_key: ClassVar[str] = "cleaned_jsonl"
 
     normalization: Literal["NFC", "NFKC", "none"] = Field(
-        "NFC", description="Unicode normalization: 'NFC' (keeps full-width CJK punctuation), 'NFKC' (also folds "
-                           "full-width ASCII, ligatures, circled digits), or 'none'")
-    fix_mojibake: bool = Field(True, description="Repair mojibake (UTF-8 read with the wrong codec) and HTML "
-                                                 "entities with ftfy (no width/quote/line-break changes)")
-    extract_metadata: bool = Field(True, description="Move title/author/dynasty/date/source header lines "
-                                                     "(Title:/Author:/作者：/朝代：/By ...) from the top of the text "
-                                                     "into meta")
-    max_header_lines: int = Field(6, ge=0, le=100,
-                                  description="How many lines at the top of a text may be metadata header lines")
+        "NFC",
+        description="Unicode normalization: 'NFC' (keeps full-width CJK punctuation), 'NFKC' (also folds "
+        "full-width ASCII, ligatures, circled digits), or 'none'",
+    )
+    fix_mojibake: bool = Field(
+        True,
+        description="Repair mojibake (UTF-8 read with the wrong codec) and HTML "
+        "entities with ftfy (no width/quote/line-break changes)",
+    )
+    extract_metadata: bool = Field(
+        True,
+        description="Move title/author/dynasty/date/source header lines "
+        "(Title:/Author:/作者：/朝代：/By ...) from the top of the text "
+        "into meta",
+    )
+    max_header_lines: int = Field(
+        6, ge=0, le=100, description="How many lines at the top of a text may be metadata header lines"
+    )
     boilerplate: bool = Field(True, description="Strip boilerplate lines (two-pass corpus-wide detector)")
-    bp_min_df: int = Field(5, ge=1, description="A line must occur in at least this many documents to be a "
-                                                "boilerplate candidate")
-    bp_threshold: float = Field(0.65, ge=0.0, le=1.0,
-                                description="Joint boilerplate score (df, position, template, short; 0..1) from "
-                                            "which a candidate line is stripped")
-    bp_edge_frac: float = Field(0.05, ge=0.0, le=0.5,
-                                description="Header/footer zone: the first/last share of a document's lines (at "
-                                            "least one line each)")
-    min_chars: int = Field(10, ge=0, description="Records with fewer non-whitespace characters after cleaning are "
-                                                 "rejected ('too_short'); a 20-character jueju passes")
-    max_chars: int = Field(1_000_000, ge=0, description="Records longer than this (characters, before cleaning) are "
-                                                        "rejected ('too_long'); 0 disables the guard")
-    max_placeholder_ratio: float = Field(0.10, ge=0.0, le=1.0,
-                                         description="Reject when more than this share of characters are "
-                                                     "placeholders (U+FFFD, □, ■, private use, stray ?)")
-    max_dup_line_frac: float = Field(0.40, ge=0.0, le=1.0,
-                                     description="Reject when more than this share of lines repeat an earlier line "
-                                                 "(texts of 4+ lines; Gopher uses 0.30 for web text, poetry with "
-                                                 "refrains needs more room)")
-    max_dup_line_char_frac: float = Field(0.40, ge=0.0, le=1.0,
-                                          description="Reject when more than this share of characters sits in "
-                                                      "repeated lines (texts of 4+ lines)")
-    max_top_2gram_frac: float = Field(0.60, ge=0.0, le=1.0,
-                                      description="Reject when the most frequent word 2-gram (CJK: character "
-                                                  "2-gram) covers more than this share of the tokens (texts of 50+ "
-                                                  "words or 80+ CJK characters). Spam sits near 1.0; on "
-                                                  "chinese-poetry (90k poems) no genuine poem passes 0.6, while "
-                                                  "refrain poems of the Shijing and Yuan qu reach 0.5")
+    bp_min_df: int = Field(
+        5, ge=1, description="A line must occur in at least this many documents to be a boilerplate candidate"
+    )
+    bp_threshold: float = Field(
+        0.65,
+        ge=0.0,
+        le=1.0,
+        description="Joint boilerplate score (df, position, template, short; 0..1) from "
+        "which a candidate line is stripped",
+    )
+    bp_edge_frac: float = Field(
+        0.05,
+        ge=0.0,
+        le=0.5,
+        description="Header/footer zone: the first/last share of a document's lines (at least one line each)",
+    )
+    min_chars: int = Field(
+        10,
+        ge=0,
+        description="Records with fewer non-whitespace characters after cleaning are "
+        "rejected ('too_short'); a 20-character jueju passes",
+    )
+    max_chars: int = Field(
+        1_000_000,
+        ge=0,
+        description="Records longer than this (characters, before cleaning) are "
+        "rejected ('too_long'); 0 disables the guard",
+    )
+    max_placeholder_ratio: float = Field(
+        0.10,
+        ge=0.0,
+        le=1.0,
+        description="Reject when more than this share of characters are "
+        "placeholders (U+FFFD, □, ■, private use, stray ?)",
+    )
+    max_dup_line_frac: float = Field(
+        0.40,
+        ge=0.0,
+        le=1.0,
+        description="Reject when more than this share of lines repeat an earlier line "
+        "(texts of 4+ lines; Gopher uses 0.30 for web text, poetry with "
+        "refrains needs more room)",
+    )
+    max_dup_line_char_frac: float = Field(
+        0.40,
+        ge=0.0,
+        le=1.0,
+        description="Reject when more than this share of characters sits in repeated lines (texts of 4+ lines)",
+    )
+    max_top_2gram_frac: float = Field(
+        0.60,
+        ge=0.0,
+        le=1.0,
+        description="Reject when the most frequent word 2-gram (CJK: character "
+        "2-gram) covers more than this share of the tokens (texts of 50+ "
+        "words or 80+ CJK characters). Spam sits near 1.0; on "
+        "chinese-poetry (90k poems) no genuine poem passes 0.6, while "
+        "refrain poems of the Shijing and Yuan qu reach 0.5",
+    )
     max_top_3gram_frac: float = Field(0.60, ge=0.0, le=1.0, description="As max_top_2gram_frac, for 3-grams")
     max_top_4gram_frac: float = Field(0.60, ge=0.0, le=1.0, description="As max_top_2gram_frac, for 4-grams")
     examples: int = Field(6, ge=0, le=1000, description="Before/after examples kept in _stats.json")
@@ -59,8 +100,10 @@ class CleanSettings(StageSettings):
     @model_validator(mode="after")
     def _check_combinations(self) -> CleanSettings:
         if self.max_chars and self.min_chars > self.max_chars:
-            raise ValueError(f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars}) "
-                             "unless max_chars is 0 (no limit)")
+            raise ValueError(
+                f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars}) "
+                "unless max_chars is 0 (no limit)"
+            )
         return self
 
     def ngram_limits(self) -> dict[int, float]:

@@ -1,4 +1,5 @@
 """What pass 1 stages for pass 2, per batch of records: output lines as bytes, rejected lines, line hashes."""
+
 from __future__ import annotations
 
 import marshal
@@ -37,5 +38,6 @@ class StagedBatch:
 def rejected_line(rec: dict, reject: tuple, extra: str = "") -> bytes:
     """The _rejected.jsonl line of a record failing a filter: id, source, reason, detail."""
     reason, detail = reject
-    return dumps({"id": rec.get("id"), "source": rec.get("source"), "reason": reason,
-                  "detail": detail + extra}).encode("utf-8")
+    return dumps({"id": rec.get("id"), "source": rec.get("source"), "reason": reason, "detail": detail + extra}).encode(
+        "utf-8"
+    )

@@ -17,6 +17,7 @@ Steps, one module each:
   ingest       each task writes its own shards into a private folder; the parent renames them into one global
                sequence in task order, so the output is byte-identical for any worker count
 """
+
 from tokenmill.stages.raw.ingest import REASONS, ingest
 from tokenmill.stages.raw.settings import RawSettings
 

@@ -1,4 +1,5 @@
 """Discovery: the source files to read, in sorted order, grouped into tasks of whole files."""
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,9 @@ def _walk(source: Path, exclude: Path | None) -> list[tuple[str, str]]:
         return [(source.name, str(source))]
     items = []
     for dirpath, dirnames, filenames in os.walk(source):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")
-                       and (exclude is None or Path(dirpath, d).resolve() != exclude)]
+        dirnames[:] = [
+            d for d in dirnames if not d.startswith(".") and (exclude is None or Path(dirpath, d).resolve() != exclude)
+        ]
         for fn in filenames:
             if not fn.startswith("."):
                 full = os.path.join(dirpath, fn)
@@ -64,8 +66,13 @@ def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool
     if root is not None and os.path.islink(full) and not follow_outside_symlinks:
         target = os.path.realpath(full)
         if os.path.commonpath([root, target]) != root:
-            return SourceFile(rel, full, 0, "outside_source", f"a symlink to {target}, outside the source (set "
-                                                              "follow_outside_symlinks to read it)")
+            return SourceFile(
+                rel,
+                full,
+                0,
+                "outside_source",
+                f"a symlink to {target}, outside the source (set follow_outside_symlinks to read it)",
+            )
     try:
         st = os.stat(full)
     except OSError:

@@ -1,4 +1,5 @@
 """Ingest orchestration: tasks of whole files read into private shard folders, then renamed into one sequence."""
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,19 @@ from tokenmill.stages.raw.records import Mapped, map_record
 from tokenmill.stages.raw.settings import RawSettings
 from tokenmill.stages.raw.stream import TOO_DEEP, Bad, FileTooLarge, Found, Rejected, snip
 
-REASONS = ("malformed_json", "no_text_field", "not_an_object", "undecodable_bytes", "unreadable_file",
-           "malformed_csv_row", "bad_fields", "record_too_large", "file_too_large", "not_a_regular_file",
-           "outside_source")
+REASONS = (
+    "malformed_json",
+    "no_text_field",
+    "not_an_object",
+    "undecodable_bytes",
+    "unreadable_file",
+    "malformed_csv_row",
+    "bad_fields",
+    "record_too_large",
+    "file_too_large",
+    "not_a_regular_file",
+    "outside_source",
+)
 READER_FUNCS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv}
 
 
@@ -99,8 +110,13 @@ class _FileIngest:
         self.reasons: Counter = Counter()
 
     def reject(self, bad: Bad) -> None:
-        entry = {"path": self.src.rel, bad.key: bad.at, "reason": bad.reason, "detail": bad.detail,
-                 "snippet": bad.snippet}
+        entry = {
+            "path": self.src.rel,
+            bad.key: bad.at,
+            "reason": bad.reason,
+            "detail": bad.detail,
+            "snippet": bad.snippet,
+        }
         self.rejected.write(dumps(entry) + "\n")
         self.reasons[bad.reason] += 1
         self.report.rejected += 1
@@ -110,8 +126,15 @@ class _FileIngest:
         if kind == "txt":  # the txt reader yields the text itself
             return Mapped(item.value)
         if not isinstance(item.value, dict):
-            self.reject(Bad(item.key, item.at, "not_an_object", f"JSON value is {type(item.value).__name__}, "
-                            "not an object", snip(json.dumps(item.value, ensure_ascii=False))))
+            self.reject(
+                Bad(
+                    item.key,
+                    item.at,
+                    "not_an_object",
+                    f"JSON value is {type(item.value).__name__}, not an object",
+                    snip(json.dumps(item.value, ensure_ascii=False)),
+                )
+            )
             return None
         try:
             return map_record(item.value, self.settings)
@@ -121,14 +144,25 @@ class _FileIngest:
 
     def write(self, item: Found, m: Mapped) -> None:
         rel = self.src.rel
-        rec = {"id": record_id(rel, **{item.key: item.at}), "text": m.text, "meta": m.meta,
-               "source": {"path": rel, item.key: item.at}}
+        rec = {
+            "id": record_id(rel, **{item.key: item.at}),
+            "text": m.text,
+            "meta": m.meta,
+            "source": {"path": rel, item.key: item.at},
+        }
         rec.update(m.special)
         try:
             self.sink.write(rec)
         except UnicodeEncodeError as e:  # a JSON "\\ud800" escape: a lone surrogate is not text
-            self.reject(Bad(item.key, item.at, "undecodable_bytes", f"lone surrogate in the record: {e.reason}",
-                            snip(json.dumps(item.value, ensure_ascii=False))))
+            self.reject(
+                Bad(
+                    item.key,
+                    item.at,
+                    "undecodable_bytes",
+                    f"lone surrogate in the record: {e.reason}",
+                    snip(json.dumps(item.value, ensure_ascii=False)),
+                )
+            )
             return
         except RecursionError:  # the readers refuse deep nesting; should any slip through, it is malformed input
             self.reject(Bad(item.key, item.at, "malformed_json", TOO_DEEP, ""))
@@ -193,8 +227,15 @@ def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[File
     return n_shard, reports
 
 
-def _stats(reports: list[FileReport], skipped: list[str], shards: int, tasks: int, source: Path,
-           settings: RawSettings, t0: float) -> dict:
+def _stats(
+    reports: list[FileReport],
+    skipped: list[str],
+    shards: int,
+    tasks: int,
+    source: Path,
+    settings: RawSettings,
+    t0: float,
+) -> dict:
     by_reason = Counter()
     for f in reports:
         by_reason.update(f.rejected_by_reason)
@@ -218,8 +259,14 @@ def _stats(reports: list[FileReport], skipped: list[str], shards: int, tasks: in
     }
 
 
-def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, workers: int | None = None,
-           log=None, exclude: Path | None = None) -> dict:
+def ingest(
+    source: Path,
+    out_dir: Path,
+    settings: RawSettings | None = None,
+    workers: int | None = None,
+    log=None,
+    exclude: Path | None = None,
+) -> dict:
     """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`.
 
     Writes part-XXXXX.jsonl, _rejected.jsonl (every bad line/record/file with a reason) and _stats.json;
@@ -235,21 +282,29 @@ def ingest(source: Path, out_dir: Path, settings: RawSettings | None = None, wor
     fingerprint = source_fingerprint(source_state(source, exclude))
     listing = list_source(source, exclude, settings.follow_outside_symlinks)
     if not listing.files:
-        raise SourceError(f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "
-                          f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)")
+        raise SourceError(
+            f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "
+            f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     if listing.skipped and log is not None:  # info: a README beside the data is normal; metadata lists them
-        log.info(f"raw_records: skipped {len(listing.skipped)} files (unknown extension or a file name that is "
-                    f"not UTF-8), e.g. {listing.skipped[:5]}")
-    tasks = [IngestTask(files, str(out_dir / f".task-{i:05d}"), settings)
-             for i, files in enumerate(plan_tasks(listing.files, max(1, int(settings.task_mb * 1024 * 1024))))]
+        log.info(
+            f"raw_records: skipped {len(listing.skipped)} files (unknown extension or a file name that is "
+            f"not UTF-8), e.g. {listing.skipped[:5]}"
+        )
+    tasks = [
+        IngestTask(files, str(out_dir / f".task-{i:05d}"), settings)
+        for i, files in enumerate(plan_tasks(listing.files, max(1, int(settings.task_mb * 1024 * 1024))))
+    ]
     progress = Progress("raw_records", total=len(listing.files), unit="files", log=log)
     try:
         shards, reports = _collect(map_ordered(ingest_task, tasks, workers), out_dir, progress)
     finally:
         for t in tasks:
             shutil.rmtree(t.folder, ignore_errors=True)
-    stats = {**_stats(reports, listing.skipped, shards, len(tasks), source, settings, t0),
-             "source_fingerprint": fingerprint}
+    stats = {
+        **_stats(reports, listing.skipped, shards, len(tasks), source, settings, t0),
+        "source_fingerprint": fingerprint,
+    }
     write_stats(out_dir, stats)
     return stats

@@ -1,4 +1,5 @@
 """Reader of .csv (and .gz): the first row is the header, each later row a record keyed by it."""
+
 from __future__ import annotations
 
 import csv
@@ -23,15 +24,29 @@ class _LineFeed:
             raw = next(self.lines)
             self.n += 1
             if isinstance(raw, Oversized):
-                self.bad.append(Bad("line", self.n, "record_too_large", f"line longer than max_record_bytes "
-                                    f"({self.max_record_bytes}); skipped unread", snip(raw)))
+                self.bad.append(
+                    Bad(
+                        "line",
+                        self.n,
+                        "record_too_large",
+                        f"line longer than max_record_bytes ({self.max_record_bytes}); skipped unread",
+                        snip(raw),
+                    )
+                )
                 continue
             raw = strip_bom(raw, self.n)
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                self.bad.append(Bad("line", self.n, "undecodable_bytes",
-                                    f"not UTF-8 at byte {e.start} of the line: {e.reason}", snip(raw)))
+                self.bad.append(
+                    Bad(
+                        "line",
+                        self.n,
+                        "undecodable_bytes",
+                        f"not UTF-8 at byte {e.start} of the line: {e.reason}",
+                        snip(raw),
+                    )
+                )
                 continue
             self.used.append(self.n)
             return line
@@ -70,7 +85,12 @@ def read_csv(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad
                 header = row
                 continue
             if len(row) != len(header):
-                yield Bad("line", at, "malformed_csv_row", f"{len(row)} fields, header has {len(header)}",
-                          snip(settings.csv_delimiter.join(row)))
+                yield Bad(
+                    "line",
+                    at,
+                    "malformed_csv_row",
+                    f"{len(row)} fields, header has {len(header)}",
+                    snip(settings.csv_delimiter.join(row)),
+                )
                 continue
             yield Found("line", at, dict(zip(header, row)))

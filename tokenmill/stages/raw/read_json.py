@@ -1,5 +1,6 @@
 """Reader of .json (and .gz): one JSON document, an object (one record) or a list of them. The document is
 parsed whole, so it is bounded by `max_record_bytes` like one record (bigger collections belong in .jsonl)."""
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,15 @@ def read_json(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Ba
     with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
         data = f.read_record()
     if isinstance(data, Oversized):
-        yield Bad("line", None, "record_too_large", f"JSON document longer than max_record_bytes "
-                                                    f"({settings.max_record_bytes}): .json is parsed whole; write "
-                                                    "big collections as .jsonl", snip(data))
+        yield Bad(
+            "line",
+            None,
+            "record_too_large",
+            f"JSON document longer than max_record_bytes "
+            f"({settings.max_record_bytes}): .json is parsed whole; write "
+            "big collections as .jsonl",
+            snip(data),
+        )
         return
     try:
         text = decode_whole(data)
@@ -49,8 +56,13 @@ def read_json(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Ba
     if isinstance(value, dict):
         value = [value]  # one object: the record at index 0
     elif not isinstance(value, list):
-        yield Bad("index", 0, "not_an_object", f"top-level JSON is {type(value).__name__}, not an object or a list",
-                  snip(json.dumps(value, ensure_ascii=False)))
+        yield Bad(
+            "index",
+            0,
+            "not_an_object",
+            f"top-level JSON is {type(value).__name__}, not an object or a list",
+            snip(json.dumps(value, ensure_ascii=False)),
+        )
         return
     for i, obj in enumerate(value):
         if deep and too_deep(obj):

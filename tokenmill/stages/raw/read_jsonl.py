@@ -1,4 +1,5 @@
 """Reader of .jsonl/.ndjson (and .gz): one JSON value per line, bad lines rejected with their line number."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,13 @@ def read_jsonl(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | B
     with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
         for n, raw in enumerate(f.lines(), 1):
             if isinstance(raw, Oversized):
-                yield Bad("line", n, "record_too_large", f"line longer than max_record_bytes "
-                                                         f"({settings.max_record_bytes}); skipped unread", snip(raw))
+                yield Bad(
+                    "line",
+                    n,
+                    "record_too_large",
+                    f"line longer than max_record_bytes ({settings.max_record_bytes}); skipped unread",
+                    snip(raw),
+                )
                 continue
             raw = strip_bom(raw, n).rstrip(b"\r\n")
             if not raw.strip():
@@ -40,8 +46,9 @@ def read_jsonl(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | B
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield Bad("line", n, "undecodable_bytes", f"not UTF-8 at byte {e.start} of the line: {e.reason}",
-                          snip(raw))
+                yield Bad(
+                    "line", n, "undecodable_bytes", f"not UTF-8 at byte {e.start} of the line: {e.reason}", snip(raw)
+                )
                 continue
             try:
                 obj = parse_json_line(line, raw)

@@ -1,4 +1,5 @@
 """Reader of .txt (and .gz): one record per blank-line-separated block, or per file (`txt_mode`)."""
+
 from __future__ import annotations
 
 import codecs
@@ -22,8 +23,9 @@ def check_utf8(path: str, gz: bool, settings: RawSettings) -> None:
             except UnicodeDecodeError as e:
                 start = max(e.start, 0)
                 line = lines + chunk.count(b"\n", 0, start)
-                raise Rejected("undecodable_bytes", f"not UTF-8 near byte {consumed + start} (line {line}): {e.reason}",
-                               line) from None
+                raise Rejected(
+                    "undecodable_bytes", f"not UTF-8 near byte {consumed + start} (line {line}): {e.reason}", line
+                ) from None
             if not chunk:
                 return
             consumed += len(chunk)

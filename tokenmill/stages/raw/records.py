@@ -1,4 +1,5 @@
 """Record mapping: one input object -> (text, meta, special top-level fields), presets for common layouts."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -36,8 +37,13 @@ def check_special(obj: dict) -> dict:
     out = {}
     if "messages" in obj:
         m = obj["messages"]
-        if not (isinstance(m, list) and m and all(isinstance(t, dict) and isinstance(t.get("role"), str)
-                                                  and isinstance(t.get("content"), str) for t in m)):
+        if not (
+            isinstance(m, list)
+            and m
+            and all(
+                isinstance(t, dict) and isinstance(t.get("role"), str) and isinstance(t.get("content"), str) for t in m
+            )
+        ):
             raise Rejected("bad_fields", "'messages' must be a non-empty list of {role: str, content: str}")
         out["messages"] = m
     if all(k in obj for k in DPO_KEYS):
@@ -46,11 +52,20 @@ def check_special(obj: dict) -> dict:
         out.update((k, obj[k]) for k in DPO_KEYS)
     if all(k in obj for k in GRPO_KEYS):
         p, resp, rew = obj["prompt"], obj["responses"], obj["rewards"]
-        if not (isinstance(p, str) and isinstance(resp, list) and resp and all(isinstance(r, str) for r in resp)
-                and isinstance(rew, list) and len(rew) == len(resp)
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rew)):
-            raise Rejected("bad_fields", "'prompt' must be a string, 'responses' a non-empty list of strings, "
-                                         "'rewards' a list of numbers of the same length")
+        if not (
+            isinstance(p, str)
+            and isinstance(resp, list)
+            and resp
+            and all(isinstance(r, str) for r in resp)
+            and isinstance(rew, list)
+            and len(rew) == len(resp)
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in rew)
+        ):
+            raise Rejected(
+                "bad_fields",
+                "'prompt' must be a string, 'responses' a non-empty list of strings, "
+                "'rewards' a list of numbers of the same length",
+            )
         out.update((k, obj[k]) for k in GRPO_KEYS)
     return out
 

@@ -1,4 +1,5 @@
 """The raw_records settings, declared once: the asset's run config and the plain `ingest` function share them."""
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
@@ -13,40 +14,63 @@ class RawSettings(StageSettings):
 
     asset_key: ClassVar[str] = "raw_records"
 
-    text_field: str = Field("text", min_length=1,
-                            description="Field (JSON key or CSV column) holding the document text; when a record "
-                                        "lacks it, the presets apply")
-    presets: bool = Field(True, description="Auto-detect common layouts when `text_field` is absent: chinese-poetry "
-                                            "(title/rhythmic + paragraphs/content/para), chat `messages`, dpo "
-                                            "`prompt/chosen/rejected`, grpo `prompt/responses/rewards`")
+    text_field: str = Field(
+        "text",
+        min_length=1,
+        description="Field (JSON key or CSV column) holding the document text; when a record "
+        "lacks it, the presets apply",
+    )
+    presets: bool = Field(
+        True,
+        description="Auto-detect common layouts when `text_field` is absent: chinese-poetry "
+        "(title/rhythmic + paragraphs/content/para), chat `messages`, dpo "
+        "`prompt/chosen/rejected`, grpo `prompt/responses/rewards`",
+    )
     txt_mode: Literal["blocks", "file"] = Field(
-        "blocks", description=".txt files: 'blocks' = one record per blank-line-separated block, 'file' = one per file")
-    records_per_shard: int = Field(50_000, ge=1, le=10_000_000,
-                                   description="Records per output shard (part-XXXXX.jsonl); a task starts a new "
-                                               "shard after this many")
-    task_mb: float = Field(8.0, gt=0, le=65_536,
-                           description="Input megabytes per parallel task (whole files; a bigger file is a task of "
-                                       "its own). Fixed, not derived from the worker count, so the shard layout is "
-                                       "the same for any number of workers")
-    csv_delimiter: str = Field(",", min_length=1, max_length=1,
-                               description="Field delimiter of .csv files (the first row is the header)")
-    max_record_bytes: int = Field(32 << 20, ge=1,
-                                  description="Largest record read, in (decompressed) bytes: a .jsonl or .csv line, "
-                                              "a .txt block or file, a whole .json document (parsed at once). A "
-                                              "longer one is skipped without being held in memory and rejected "
-                                              "('record_too_large'). 32 MiB: 30x the clean stage's max_chars")
-    max_file_bytes: int = Field(8 << 30, ge=1,
-                                description="Most decompressed bytes read from one file: a .gz bomb stops here, "
-                                            "the records before are kept and the rest is rejected "
-                                            "('file_too_large')")
-    follow_outside_symlinks: bool = Field(False, description="Read symlinks that point outside the source folder "
-                                                             "(otherwise rejected as 'outside_source')")
+        "blocks", description=".txt files: 'blocks' = one record per blank-line-separated block, 'file' = one per file"
+    )
+    records_per_shard: int = Field(
+        50_000,
+        ge=1,
+        le=10_000_000,
+        description="Records per output shard (part-XXXXX.jsonl); a task starts a new shard after this many",
+    )
+    task_mb: float = Field(
+        8.0,
+        gt=0,
+        le=65_536,
+        description="Input megabytes per parallel task (whole files; a bigger file is a task of "
+        "its own). Fixed, not derived from the worker count, so the shard layout is "
+        "the same for any number of workers",
+    )
+    csv_delimiter: str = Field(
+        ",", min_length=1, max_length=1, description="Field delimiter of .csv files (the first row is the header)"
+    )
+    max_record_bytes: int = Field(
+        32 << 20,
+        ge=1,
+        description="Largest record read, in (decompressed) bytes: a .jsonl or .csv line, "
+        "a .txt block or file, a whole .json document (parsed at once). A "
+        "longer one is skipped without being held in memory and rejected "
+        "('record_too_large'). 32 MiB: 30x the clean stage's max_chars",
+    )
+    max_file_bytes: int = Field(
+        8 << 30,
+        ge=1,
+        description="Most decompressed bytes read from one file: a .gz bomb stops here, "
+        "the records before are kept and the rest is rejected "
+        "('file_too_large')",
+    )
+    follow_outside_symlinks: bool = Field(
+        False, description="Read symlinks that point outside the source folder (otherwise rejected as 'outside_source')"
+    )
 
     @model_validator(mode="after")
     def _check_combinations(self) -> RawSettings:
         if self.csv_delimiter in ('"', "\r", "\n"):
             raise ValueError(f"csv_delimiter {self.csv_delimiter!r} is the CSV quote or a line break")
         if self.max_record_bytes > self.max_file_bytes:
-            raise ValueError(f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes "
-                             f"({self.max_file_bytes})")
+            raise ValueError(
+                f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes ({self.max_file_bytes})"
+            )
         return self

@@ -6,6 +6,7 @@ would block), every read counts the decompressed bytes against `max_file_bytes` 
 are read at most `max_record_bytes` at a time (a longer one is skipped in chunks, never held whole), and JSON
 nested deeper than MAX_JSON_DEPTH is refused before any stage recurses into it.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -70,8 +71,10 @@ class SourceStream:
     def _count(self, data: bytes) -> bytes:
         self.bytes_read += len(data)
         if self.bytes_read > self.max_file_bytes:
-            raise FileTooLarge(f"more than max_file_bytes ({self.max_file_bytes}) decompressed bytes; the rest "
-                               "of the file was not read")
+            raise FileTooLarge(
+                f"more than max_file_bytes ({self.max_file_bytes}) decompressed bytes; the rest "
+                "of the file was not read"
+            )
         return data
 
     def read(self, n: int) -> bytes:
@@ -105,8 +108,13 @@ class SourceStream:
 
 def file_type(mode: int) -> str | None:
     """What a stat mode is when it is not a regular file (None for a regular file)."""
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory")):
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+    ):
         if test(mode):
             return name
     return None if stat.S_ISREG(mode) else "not a regular file"

@@ -13,6 +13,7 @@ Steps, one module each:
 
 The shard format itself (names, keys, kinds, dtypes, manifest, validator) is tokenmill_loader.format.
 """
+
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
 from tokenmill.stages.tokenize.stage import tokenize_corpus, train_tokenizer
 

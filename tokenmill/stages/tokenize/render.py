@@ -5,6 +5,7 @@ a batch at a time (encode.py); special tokens are inserted by id, so a literal "
 renderer checks every field it needs before it appends anything, and returns the reason a record cannot be rendered
 (None when it was).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
@@ -22,14 +23,14 @@ class Segments:
     def __init__(self, keys: Iterable[str]):
         keys = list(keys)
         self.texts: list[str] = []
-        self.src: dict[str, list[int]] = {k: [] for k in keys}     # >= 0: text piece index; < 0: -(special id) - 1
+        self.src: dict[str, list[int]] = {k: [] for k in keys}  # >= 0: text piece index; < 0: -(special id) - 1
         self.mask: dict[str, list[int]] = {k: [] for k in keys}
-        self.nseg: dict[str, list[int]] = {k: [] for k in keys}    # segments per item (values: values per item)
+        self.nseg: dict[str, list[int]] = {k: [] for k in keys}  # segments per item (values: values per item)
         self.nitems: dict[str, list[int]] = {k: [] for k in keys}  # items per record
         self.rewards: list[float] = []
         self.ids: list[str] = []
-        self.dropout = 0       # conditional: records rendered without their title/author
-        self.no_metadata = 0   # conditional: records that have neither
+        self.dropout = 0  # conditional: records rendered without their title/author
+        self.no_metadata = 0  # conditional: records that have neither
 
     def record(self, key: str, items: list[list[Part]]) -> None:
         """Appends one record's items of `key`."""
@@ -54,12 +55,12 @@ class Segments:
 
 def split_of(rid: str, val_fraction: float) -> int:
     """0 (train) or 1 (val), by a hash of the record id: stable when records are added."""
-    return 1 if hash64("tokenmill-split", rid) < val_fraction * 2.0 ** 64 else 0
+    return 1 if hash64("tokenmill-split", rid) < val_fraction * 2.0**64 else 0
 
 
 def metadata_dropped(rid: str, seed: int, rate: float) -> bool:
     """conditional: this record is rendered without its title/author (per document, seeded)."""
-    return rate > 0 and hash64("tokenmill-dropout", str(seed), rid) < rate * 2.0 ** 64
+    return rate > 0 and hash64("tokenmill-dropout", str(seed), rid) < rate * 2.0**64
 
 
 def _str(x) -> str | None:
@@ -137,8 +138,9 @@ def render_grpo(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSet
         return "missing_grpo_fields"
     if not all(isinstance(x, str) for x in responses):
         return "bad_responses"
-    if len(rewards) != len(responses) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                                                 for x in rewards):
+    if len(rewards) != len(responses) or not all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in rewards
+    ):
         return "rewards_mismatch"
     out.record("prompts", [_prompt(sp, prompt)])
     out.record("responses", [_response(sp, r) for r in responses])
@@ -147,5 +149,10 @@ def render_grpo(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSet
 
 
 Renderer = Callable[[dict, Segments, dict, ShardSettings], "str | None"]
-RENDERERS: dict[str, Renderer] = {"seq": render_seq, "conditional": render_conditional, "sft": render_sft,
-                                  "dpo": render_dpo, "grpo": render_grpo}
+RENDERERS: dict[str, Renderer] = {
+    "seq": render_seq,
+    "conditional": render_conditional,
+    "sft": render_sft,
+    "dpo": render_dpo,
+    "grpo": render_grpo,
+}

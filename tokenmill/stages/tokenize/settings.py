@@ -1,5 +1,6 @@
 """The tokenizer and tokenized_bins settings, declared once: the assets' run config and the plain stage functions
 share them."""
+
 from __future__ import annotations
 
 from typing import ClassVar, Literal
@@ -18,27 +19,43 @@ class TokenizerSettings(StageSettings):
 
     asset_key: ClassVar[str] = "tokenizer"
 
-    vocab_size: int = Field(4096, ge=1, le=2 ** 32, description="Vocabulary size including the special tokens "
-                                                                "(uint16 token files up to 65,536)")
-    min_frequency: int = Field(2, ge=0, le=10 ** 9, description="A pair must occur this often in the sample to "
-                                                                "be merged")
-    sample_chars: int = Field(1_000_000, ge=0, description="Characters of training text sampled (records with the "
-                                                           "smallest id hash first); 0 = every record")
-    held_out_chars: int = Field(200_000, ge=0, description="Characters of held-out text (records never trained "
-                                                           "on) used to measure chars per token")
+    vocab_size: int = Field(
+        4096,
+        ge=1,
+        le=2**32,
+        description="Vocabulary size including the special tokens (uint16 token files up to 65,536)",
+    )
+    min_frequency: int = Field(2, ge=0, le=10**9, description="A pair must occur this often in the sample to be merged")
+    sample_chars: int = Field(
+        1_000_000,
+        ge=0,
+        description="Characters of training text sampled (records with the smallest id hash first); 0 = every record",
+    )
+    held_out_chars: int = Field(
+        200_000,
+        ge=0,
+        description="Characters of held-out text (records never trained on) used to measure chars per token",
+    )
     pretokenizer: Literal[PRETOKENIZERS] = Field(
-        "punct_attach", description="punct_attach: GPT-2 byte-level split, but punctuation stays with the word "
-                                    "before it (\"明月光，\"), so BPE can absorb it (isolated punctuation 13% -> 2% "
-                                    "of poetry tokens, 4% fewer tokens); bytelevel: plain GPT-2 split")
-    tokenizer_path: str = Field("", description="An existing tokenizer.json (or a folder holding one) to use "
-                                                "instead of training; empty = train. Nothing is downloaded")
+        "punct_attach",
+        description="punct_attach: GPT-2 byte-level split, but punctuation stays with the word "
+        'before it ("明月光，"), so BPE can absorb it (isolated punctuation 13% -> 2% '
+        "of poetry tokens, 4% fewer tokens); bytelevel: plain GPT-2 split",
+    )
+    tokenizer_path: str = Field(
+        "",
+        description="An existing tokenizer.json (or a folder holding one) to use "
+        "instead of training; empty = train. Nothing is downloaded",
+    )
 
     @model_validator(mode="after")
     def _check_vocabulary(self) -> TokenizerSettings:
         floor = len(SPECIAL_TOKENS) + BYTE_TOKENS
         if not self.tokenizer_path and self.vocab_size < floor:
-            raise ValueError(f"vocab_size {self.vocab_size} is below the {len(SPECIAL_TOKENS)} special tokens + "
-                             f"{BYTE_TOKENS} byte tokens a byte-level BPE starts from ({floor})")
+            raise ValueError(
+                f"vocab_size {self.vocab_size} is below the {len(SPECIAL_TOKENS)} special tokens + "
+                f"{BYTE_TOKENS} byte tokens a byte-level BPE starts from ({floor})"
+            )
         return self
 
 
@@ -48,28 +65,49 @@ class ShardSettings(StageSettings):
     asset_key: ClassVar[str] = "tokenized_bins"
 
     training_type: Literal[TRAINING_TYPES] = Field(
-        "conditional", description="seq | conditional | sft | dpo | grpo (renderings in docs/format.md)")
-    val_fraction: float = Field(0.05, ge=0.0, lt=1.0, description="Share of documents in val, chosen by a hash of "
-                                                                  "the record id (stable when records are added)")
-    metadata_dropout: float = Field(0.25, ge=0.0, le=1.0, description="conditional: share of documents rendered "
-                                                                      "without title/author (per document, seeded "
-                                                                      "by id)")
-    seed: int = Field(42, ge=0, le=2 ** 63 - 1, description="Seed of the per-document metadata dropout")
-    shard_tokens: int = Field(32_000_000, ge=1, description="A shard is closed before a record would take it past "
-                                                            "this many tokens (records never straddle)")
+        "conditional", description="seq | conditional | sft | dpo | grpo (renderings in docs/format.md)"
+    )
+    val_fraction: float = Field(
+        0.05,
+        ge=0.0,
+        lt=1.0,
+        description="Share of documents in val, chosen by a hash of the record id (stable when records are added)",
+    )
+    metadata_dropout: float = Field(
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="conditional: share of documents rendered without title/author (per document, seeded by id)",
+    )
+    seed: int = Field(42, ge=0, le=2**63 - 1, description="Seed of the per-document metadata dropout")
+    shard_tokens: int = Field(
+        32_000_000,
+        ge=1,
+        description="A shard is closed before a record would take it past this many tokens (records never straddle)",
+    )
     token_dtype: Literal[("auto", *TOKEN_DTYPES)] = Field(
-        "auto", description="auto (uint16 when the vocabulary fits, else uint32) | uint16 | uint32; a vocabulary "
-                            "too large for the dtype is refused")
-    batch_records: int = Field(2048, ge=1, le=10 ** 7, description="Records per encode_batch call inside a task")
-    task_bytes: int = Field(0, ge=0, description="Input bytes per task (0: about 8 tasks per worker, "
-                                                 "256 KiB..16 MiB); never changes the output")
-
+        "auto",
+        description="auto (uint16 when the vocabulary fits, else uint32) | uint16 | uint32; a vocabulary "
+        "too large for the dtype is refused",
+    )
+    batch_records: int = Field(2048, ge=1, le=10**7, description="Records per encode_batch call inside a task")
+    task_bytes: int = Field(
+        0,
+        ge=0,
+        description="Input bytes per task (0: about 8 tasks per worker, 256 KiB..16 MiB); never changes the output",
+    )
 
     def run_problems(self, run: dict[str, StageSettings]) -> list[str]:
         """An explicit token_dtype must hold the vocabulary the same run trains (checked again on the real file)."""
         tokenizer = run.get(TokenizerSettings.asset_key)
-        if (self.token_dtype == "auto" or not isinstance(tokenizer, TokenizerSettings) or tokenizer.tokenizer_path
-                or dtype_fits(tokenizer.vocab_size, self.token_dtype)):
+        if (
+            self.token_dtype == "auto"
+            or not isinstance(tokenizer, TokenizerSettings)
+            or tokenizer.tokenizer_path
+            or dtype_fits(tokenizer.vocab_size, self.token_dtype)
+        ):
             return []
-        return [f"{self.asset_key}.token_dtype: {self.token_dtype} cannot hold the {tokenizer.vocab_size:,} ids of "
-                f"tokenizer.vocab_size; use uint32 or auto"]
+        return [
+            f"{self.asset_key}.token_dtype: {self.token_dtype} cannot hold the {tokenizer.vocab_size:,} ids of "
+            f"tokenizer.vocab_size; use uint32 or auto"
+        ]

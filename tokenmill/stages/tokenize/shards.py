@@ -5,6 +5,7 @@ The parent packs the per-task chunks, in task order, into shards, so the output 
 count or task cut. Each shard is written in `.tmp-shard-XXXXX/` and renamed when complete; each split is built
 in a staging folder, gets its tokenizer.json and dataset.json last, and is swapped into place.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -45,8 +46,10 @@ def token_dtype_for(vocab_size: int, requested: str = "auto") -> np.dtype:
     """The token dtype for a vocabulary; refuses an explicit dtype the vocabulary overflows."""
     dt = np.dtype(auto_token_dtype(vocab_size) if requested == "auto" else requested)
     if not dtype_fits(vocab_size, dt):
-        raise ConfigError(f"tokenized_bins.token_dtype: a vocabulary of {vocab_size:,} tokens overflows {dt} "
-                          f"(max {np.iinfo(dt).max + 1:,} ids); use token_dtype uint32 or auto")
+        raise ConfigError(
+            f"tokenized_bins.token_dtype: a vocabulary of {vocab_size:,} tokens overflows {dt} "
+            f"(max {np.iinfo(dt).max + 1:,} ids); use token_dtype uint32 or auto"
+        )
     return dt
 
 
@@ -70,8 +73,9 @@ class _HashingFile:
 class ShardWriter:
     """Packs SplitChunks into `split_dir/shard-XXXXX/` (written in `.tmp-shard-XXXXX/`, renamed when done)."""
 
-    def __init__(self, split_dir: Path, training_type: str, vocab_size: int, token_dtype: str | np.dtype,
-                 shard_tokens: int):
+    def __init__(
+        self, split_dir: Path, training_type: str, vocab_size: int, token_dtype: str | np.dtype, shard_tokens: int
+    ):
         self.dir = Path(split_dir)
         self.vocab = vocab_size
         self.dtype = np.dtype(token_dtype)
@@ -91,10 +95,16 @@ class ShardWriter:
         tmp = self.dir / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        self._open = {"name": name, "tmp": tmp, "tokens": 0, "ids": [], "max_token_id": -1,
-                      "files": {k: _HashingFile(tmp / data_file(k)) for k in self.keys},
-                      "offsets": {k: [np.zeros(1, dtype=np.int64)] for k in self.keys},
-                      "ends": {k: 0 for k in self.keys}}
+        self._open = {
+            "name": name,
+            "tmp": tmp,
+            "tokens": 0,
+            "ids": [],
+            "max_token_id": -1,
+            "files": {k: _HashingFile(tmp / data_file(k)) for k in self.keys},
+            "offsets": {k: [np.zeros(1, dtype=np.int64)] for k in self.keys},
+            "ends": {k: 0 for k in self.keys},
+        }
 
     def _finish(self):
         sh = self._open
@@ -107,8 +117,11 @@ class ShardWriter:
         for fname, info in files.items():
             self.bytes_per_key[fname] = self.bytes_per_key.get(fname, 0) + info["bytes"]
         os.replace(sh["tmp"], self.dir / sh["name"])
-        self.shards.append(shard_entry(sh["name"], tokens=sh["tokens"], records=len(sh["ids"]),
-                                       max_token_id=sh["max_token_id"], files=files))
+        self.shards.append(
+            shard_entry(
+                sh["name"], tokens=sh["tokens"], records=len(sh["ids"]), max_token_id=sh["max_token_id"], files=files
+            )
+        )
         self._open = None
 
     def add(self, ch: SplitChunk) -> None:
@@ -140,7 +153,7 @@ class ShardWriter:
                 if k in ALL_TOKEN_KEYS and arr.size:
                     sh["max_token_id"] = max(sh["max_token_id"], int(arr.max()))
                 sh["files"][k].write(arr)
-                sh["offsets"][k].append(sh["ends"][k] + cum_elems[k][a + 1:b + 1] - ea)
+                sh["offsets"][k].append(sh["ends"][k] + cum_elems[k][a + 1 : b + 1] - ea)
                 sh["ends"][k] += int(eb - ea)
             sh["ids"].extend(ch.ids[i:j])
             sh["tokens"] += int(cum_tok[j] - cum_tok[i])
@@ -167,15 +180,15 @@ class ShardWriter:
 class SplitWriters:
     """One ShardWriter per split, each in a staging folder of out_dir until `publish` swaps them in."""
 
-    def __init__(self, out_dir: Path, training_type: str, vocab_size: int, token_dtype: np.dtype,
-                 shard_tokens: int):
+    def __init__(self, out_dir: Path, training_type: str, vocab_size: int, token_dtype: np.dtype, shard_tokens: int):
         self.out_dir = Path(out_dir)
         self.training_type, self.vocab_size, self.token_dtype = training_type, vocab_size, token_dtype
         self.staging = {s: self.out_dir / f".tmp-{s}" for s in SPLITS}
         for d in self.staging.values():
             shutil.rmtree(d, ignore_errors=True)
-        self.writers = {s: ShardWriter(self.staging[s], training_type, vocab_size, token_dtype, shard_tokens)
-                        for s in SPLITS}
+        self.writers = {
+            s: ShardWriter(self.staging[s], training_type, vocab_size, token_dtype, shard_tokens) for s in SPLITS
+        }
 
     def add(self, splits: dict[str, SplitChunk]) -> None:
         for s, ch in splits.items():
@@ -188,8 +201,9 @@ class SplitWriters:
                 out[k] = out.get(k, 0) + v
         return out
 
-    def publish(self, tokenizer_bytes: bytes, tokenizer_sha256: str, special: dict[str, int],
-                supervised: dict[str, int]) -> dict[str, dict]:
+    def publish(
+        self, tokenizer_bytes: bytes, tokenizer_sha256: str, special: dict[str, int], supervised: dict[str, int]
+    ) -> dict[str, dict]:
         """Closes every split, writes its tokenizer.json and dataset.json (last), swaps it into place."""
         manifests = {}
         for s in SPLITS:
@@ -197,11 +211,20 @@ class SplitWriters:
             (self.staging[s] / TOKENIZER_FILE).write_bytes(tokenizer_bytes)
             tokens = sum(sh["tokens"] for sh in shards)
             manifests[s] = dataset_manifest(
-                training_type=self.training_type, split=s, vocab_size=self.vocab_size, token_dtype=self.token_dtype,
+                training_type=self.training_type,
+                split=s,
+                vocab_size=self.vocab_size,
+                token_dtype=self.token_dtype,
                 tokenizer={"file": TOKENIZER_FILE, "sha256": tokenizer_sha256, "vocab_size": self.vocab_size},
-                special_tokens=special, shards=shards,
-                totals={"tokens": tokens, "records": sum(sh["records"] for sh in shards),
-                        "supervised_tokens": supervised[s], "masked_tokens": tokens - supervised[s]})
+                special_tokens=special,
+                shards=shards,
+                totals={
+                    "tokens": tokens,
+                    "records": sum(sh["records"] for sh in shards),
+                    "supervised_tokens": supervised[s],
+                    "masked_tokens": tokens - supervised[s],
+                },
+            )
             atomic_write_json(self.staging[s] / DATASET_FILE, manifests[s])
         for s in SPLITS:
             final = self.out_dir / s

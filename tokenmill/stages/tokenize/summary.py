@@ -1,5 +1,6 @@
 """What a tokenize run measured: counts as tasks finish, then the stage's `_stats.json` (plain data; the asset turns
 it into Dagster metadata)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -103,9 +104,18 @@ def _share(part: int, whole: int, digits: int = 4) -> float:
     return round(part / whole, digits) if whole else 0.0
 
 
-def stage_stats(settings: ShardSettings, totals: RunTotals, manifests: dict[str, dict], *, enc: Encoder,
-                token_dtype: np.dtype, bytes_on_disk: dict[str, int], seconds: float, workers: int,
-                tasks: int) -> dict:
+def stage_stats(
+    settings: ShardSettings,
+    totals: RunTotals,
+    manifests: dict[str, dict],
+    *,
+    enc: Encoder,
+    token_dtype: np.dtype,
+    bytes_on_disk: dict[str, int],
+    seconds: float,
+    workers: int,
+    tasks: int,
+) -> dict:
     """The stage's _stats.json: docs_in/docs_out/dropped_<reason>, tokens and shares, per split, the first record."""
     split_totals = [m["totals"] for m in manifests.values()]
     tokens = sum(t["tokens"] for t in split_totals)
@@ -119,13 +129,19 @@ def stage_stats(settings: ShardSettings, totals: RunTotals, manifests: dict[str,
     dropout = sum(t.dropout for t in per_split)
     no_metadata = sum(t.no_metadata for t in per_split)
     stats = {
-        "docs_in": totals.docs_in, "docs_out": records,
+        "docs_in": totals.docs_in,
+        "docs_out": records,
         **{f"dropped_{r}": c for r, c in sorted(totals.reasons.items())},
-        "training_type": settings.training_type, "settings": settings.model_dump(),
-        "vocab_size": enc.vocab_size, "token_dtype": token_dtype.name,
-        "records": records, "tokens": tokens,
-        "supervised_tokens": supervised, "masked_tokens": tokens - supervised,
-        "supervised_share": _share(supervised, tokens), "masked_share": _share(tokens - supervised, tokens),
+        "training_type": settings.training_type,
+        "settings": settings.model_dump(),
+        "vocab_size": enc.vocab_size,
+        "token_dtype": token_dtype.name,
+        "records": records,
+        "tokens": tokens,
+        "supervised_tokens": supervised,
+        "masked_tokens": tokens - supervised,
+        "supervised_share": _share(supervised, tokens),
+        "masked_share": _share(tokens - supervised, tokens),
         "metadata_dropout": dropout,
         "metadata_dropout_share": _share(dropout, records),
         "no_metadata": no_metadata,
@@ -142,7 +158,8 @@ def stage_stats(settings: ShardSettings, totals: RunTotals, manifests: dict[str,
         },
         "seconds": round(seconds, 3),
         "tokens_per_second": round(tokens / seconds, 1) if seconds else 0.0,
-        "workers": workers, "tasks": tasks,
+        "workers": workers,
+        "tasks": tasks,
     }
     for s in SPLITS:
         t = manifests[s]["totals"]
@@ -150,6 +167,9 @@ def stage_stats(settings: ShardSettings, totals: RunTotals, manifests: dict[str,
         stats[f"{s}_shards"] = len(manifests[s]["shards"])
         stats[s] = {"tokens": t["tokens"], "records": t["records"], "shards": stats[f"{s}_shards"]}
     if totals.first is not None:
-        stats["sample"] = {"id": totals.first.id, "tokens": int(len(totals.first.ids)),
-                           "markdown": sample_markdown(enc.tok, totals.first.ids, totals.first.mask)}
+        stats["sample"] = {
+            "id": totals.first.id,
+            "tokens": int(len(totals.first.ids)),
+            "markdown": sample_markdown(enc.tok, totals.first.ids, totals.first.mask),
+        }
     return stats

@@ -4,6 +4,7 @@ A tokenize run reads `tokenizer.json` once and records its SHA-256 (a `Tokenizer
 through the pin and refuses it if the bytes changed since, so a dataset is never encoded with two tokenizers
 (a tokenizer materialized while tokenized_bins runs used to leave 36,213 of 82,383 records encoded with the other).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,8 +49,9 @@ def special_token_ids(tok, where: str | os.PathLike = "tokenizer") -> dict[str, 
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     missing = [t for t, i in ids.items() if i is None]
     if missing:
-        raise StaleUpstreamError(f"{where}: tokenizer lacks special tokens {missing} (build it with the "
-                                 f"tokenizer asset)")
+        raise StaleUpstreamError(
+            f"{where}: tokenizer lacks special tokens {missing} (build it with the tokenizer asset)"
+        )
     return ids
 
 
@@ -76,8 +78,10 @@ def read_pinned(pin: TokenizerPin) -> bytes:
     data = Path(pin.path).read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != pin.sha256:
-        raise StaleUpstreamError(f"{pin.path}: changed during the run (sha256 {digest[:12]}…, the run started "
-                                 f"from {pin.sha256[:12]}…); rerun once the tokenizer is settled")
+        raise StaleUpstreamError(
+            f"{pin.path}: changed during the run (sha256 {digest[:12]}…, the run started "
+            f"from {pin.sha256[:12]}…); rerun once the tokenizer is settled"
+        )
     return data
 
 

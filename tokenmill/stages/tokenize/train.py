@@ -21,6 +21,7 @@ on the word before it, so BPE can merge "光，": on Chinese poetry isolated pun
 Special tokens take ids 0.. in SPECIAL_TOKENS order. With `tokenizer_path`, an existing tokenizer.json
 is used instead (nothing is downloaded); special tokens it lacks are appended (reported in stats).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -176,13 +177,20 @@ def build_trainer_tokenizer(vocab_size: int, min_frequency: int, pretokenizer: s
     if pretokenizer == "bytelevel":
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:  # punct_attach (settings allow no other)
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(PUNCT_ATTACH_PATTERN), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(PUNCT_ATTACH_PATTERN), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     return tok, trainer
 
 
@@ -212,8 +220,13 @@ def write_existing(settings: TokenizerSettings, out_dir: Path) -> dict:
         tmp = out_dir / f".{TOKENIZER_FILE}.tmp"
         shutil.copyfile(src, tmp)
         os.replace(tmp, out_dir / TOKENIZER_FILE)
-    return {"mode": "existing", "source": str(src), "special_tokens_added": missing,
-            "sample_records": 0, "sample_chars": 0}
+    return {
+        "mode": "existing",
+        "source": str(src),
+        "special_tokens_added": missing,
+        "sample_records": 0,
+        "sample_chars": 0,
+    }
 
 
 def examples(tok, texts: list[str]) -> list[dict]:
@@ -222,9 +235,15 @@ def examples(tok, texts: list[str]) -> list[dict]:
     for t in texts[:EXAMPLES]:
         t = t[:EXAMPLE_CHARS]
         enc = tok.encode(t, add_special_tokens=False)
-        out.append({"text": t, "tokens": len(enc.ids), "ids": enc.ids[:EXAMPLE_TOKENS],
-                    "pieces": [tok.decode([i]) for i in enc.ids[:EXAMPLE_TOKENS]],
-                    "roundtrip": tok.decode(enc.ids, skip_special_tokens=False) == t})
+        out.append(
+            {
+                "text": t,
+                "tokens": len(enc.ids),
+                "ids": enc.ids[:EXAMPLE_TOKENS],
+                "pieces": [tok.decode([i]) for i in enc.ids[:EXAMPLE_TOKENS]],
+                "roundtrip": tok.decode(enc.ids, skip_special_tokens=False) == t,
+            }
+        )
     return out
 
 
@@ -232,5 +251,9 @@ def measure(tok, held: list[str]) -> dict:
     """Chars per token on held-out text (never trained on)."""
     chars = sum(map(len, held))
     tokens = sum(len(e.ids) for e in tok.encode_batch(held, add_special_tokens=False)) if held else 0
-    return {"held_out_records": len(held), "held_out_chars": chars, "held_out_tokens": tokens,
-            "chars_per_token": round(chars / tokens, 4) if tokens else None}
+    return {
+        "held_out_records": len(held),
+        "held_out_chars": chars,
+        "held_out_tokens": tokens,
+        "chars_per_token": round(chars / tokens, 4) if tokens else None,
+    }

@@ -1,6 +1,7 @@
 """Checking shards against the records they came from: a sample of a split's records, rendered and encoded again
 with the tokenizer its dataset.json names, must give exactly the arrays in the shards. Shards encoded by another
 tokenizer (or by two, when tokenizer.json changed during a run) fail it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,8 +38,9 @@ def find_records(records_dir: Path, ids: set[str]) -> dict[str, dict]:
 
 def _sample(dataset: Dataset) -> list[tuple[int, int, str]]:
     """(shard index, record in shard, record id) of up to SAMPLE_RECORDS records spread over the split."""
-    where = [(si, j, rid) for si, shard in enumerate(dataset.shards)
-             for j, rid in enumerate(read_record_ids(shard.folder))]
+    where = [
+        (si, j, rid) for si, shard in enumerate(dataset.shards) for j, rid in enumerate(read_record_ids(shard.folder))
+    ]
     if not where:
         return []
     picks = np.unique(np.linspace(0, len(where) - 1, min(SAMPLE_RECORDS, len(where))).astype(np.int64))
@@ -47,17 +49,21 @@ def _sample(dataset: Dataset) -> list[tuple[int, int, str]]:
 
 def _record_slice(items_per_record: np.ndarray, item_lens: np.ndarray, record: int) -> tuple[int, int]:
     first = int(items_per_record[:record].sum())
-    return int(item_lens[:first].sum()), int(item_lens[:first + int(items_per_record[record])].sum())
+    return int(item_lens[:first].sum()), int(item_lens[: first + int(items_per_record[record])].sum())
 
 
 def _shard_record(dataset: Dataset, shard_index: int, record: int, key: str) -> np.ndarray:
     shard = dataset.shards[shard_index]
-    items = (shard.keys[GROUP_KEY].offsets[record:record + 2] if key in RESPONSE_KEYS
-             else np.array([record, record + 1]))
+    items = (
+        shard.keys[GROUP_KEY].offsets[record : record + 2] if key in RESPONSE_KEYS else np.array([record, record + 1])
+    )
     spec = shard.keys[key]
     start, end = int(spec.offsets[items[0]]), int(spec.offsets[items[1]])
-    data = np.memmap(shard.path(key), dtype=spec.dtype.newbyteorder("<"), mode="r", shape=(spec.length,)) \
-        if spec.length else np.empty(0, spec.dtype)
+    data = (
+        np.memmap(shard.path(key), dtype=spec.dtype.newbyteorder("<"), mode="r", shape=(spec.length,))
+        if spec.length
+        else np.empty(0, spec.dtype)
+    )
     return np.asarray(data[start:end])
 
 
@@ -74,8 +80,11 @@ def reencode_problems(dataset: Dataset, records_dir: Path, settings: ShardSettin
         return 0, [f"{folder}: the dataset's tokenizer cannot be used: {e}"]
     picks = _sample(dataset)
     records = find_records(records_dir, {rid for _, _, rid in picks})
-    problems = [f"{records_dir}: record {rid} (in {dataset.shards[si].name} of {folder.name}) not found"
-                for si, _, rid in picks if rid not in records]
+    problems = [
+        f"{records_dir}: record {rid} (in {dataset.shards[si].name} of {folder.name}) not found"
+        for si, _, rid in picks
+        if rid not in records
+    ]
     picks = [p for p in picks if p[2] in records]
     seg = Segments(KEYS[tt])
     for _, _, rid in picks:
@@ -91,7 +100,9 @@ def reencode_problems(dataset: Dataset, records_dir: Path, settings: ShardSettin
         for key in KEYS[tt]:
             a, b = _record_slice(chunk.rec_items[key], chunk.item_lens[key], n)
             if not np.array_equal(chunk.data[key][a:b], _shard_record(dataset, si, j, key)):
-                problems.append(f"{folder / dataset.shards[si].name}: record {j} ({rid}) {key} differs from "
-                                f"its record encoded with {TOKENIZER_FILE} (sha256 {pin.sha256[:12]}…)")
+                problems.append(
+                    f"{folder / dataset.shards[si].name}: record {j} ({rid}) {key} differs from "
+                    f"its record encoded with {TOKENIZER_FILE} (sha256 {pin.sha256[:12]}…)"
+                )
                 break
     return len(picks), problems
