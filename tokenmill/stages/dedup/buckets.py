@@ -15,8 +15,15 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.keys import EXACT_DTYPE
-from tokenmill.stages.dedup.layout import CANDIDATE_DIR, DOCS_DIR, LSH_DIR, SIGNATURE_DIR, fix_mmap_threshold, folder
+from tokenmill.stages.dedup.layout import (
+    CANDIDATE_DIR,
+    DOCS_DIR,
+    LSH_DIR,
+    SIGNATURE_DIR,
+    NpyRows,
+    fix_mmap_threshold,
+    folder,
+)
 
 PAIR_BATCH = 1 << 18  # candidate pairs a bucket task holds before it writes a sorted batch (4 MB, ~10x that in
 # temporaries while sorting: measured 348 MiB per task with 1 << 20 at 1.5M documents, the largest process)
@@ -40,10 +47,9 @@ def lsh_inputs(task: LshInputTask) -> int:
     fix_mmap_threshold()
     non_rep = np.zeros(task.records, dtype=bool)
     for path in task.exact_files:
-        rows = np.load(path, mmap_mode="r")
-        doc = rows["doc"]
-        sl = slice(int(np.searchsorted(doc, task.first)), int(np.searchsorted(doc, task.first + task.records)))
-        part = np.asarray(rows[sl], dtype=EXACT_DTYPE)
+        with NpyRows(path) as rows:
+            part = rows.read((), rows.searchsorted((), task.first, "doc"),
+                             rows.searchsorted((), task.first + task.records, "doc"))
         non_rep[part["doc"][part["doc"] != part["rep"]] - task.first] = True
     key_len = np.load(task.out_dir / DOCS_DIR / f"{task.stem}.npy", mmap_mode="r")["key_len"]
     items = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.items.npz")
@@ -98,13 +104,14 @@ class BucketResult:
 def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hashes, docs, order words) of the band's items in the hash range, sorted by (hash, doc)."""
     hs, ds, ws = [], [], []
+    band = (task.band,)
     for stem in task.stems:
-        h = np.load(task.out_dir / LSH_DIR / f"{stem}.hash.npy", mmap_mode="r")[task.band]
-        a = int(np.searchsorted(h, np.uint64(task.lo)))
-        b = len(h) if task.hi >= 1 << 64 else int(np.searchsorted(h, np.uint64(task.hi)))
-        hs.append(np.asarray(h[a:b]))
-        ds.append(np.asarray(np.load(task.out_dir / LSH_DIR / f"{stem}.doc.npy", mmap_mode="r")[task.band][a:b]))
-        ws.append(np.asarray(np.load(task.out_dir / LSH_DIR / f"{stem}.order.npy", mmap_mode="r")[task.band][a:b]))
+        with NpyRows(task.out_dir / LSH_DIR / f"{stem}.hash.npy") as f:
+            a, b = f.searchsorted(band, task.lo), f.searchsorted(band, task.hi)
+            hs.append(f.read(band, a, b))
+        for kind, out in (("doc", ds), ("order", ws)):
+            with NpyRows(task.out_dir / LSH_DIR / f"{stem}.{kind}.npy") as f:
+                out.append(f.read(band, a, b))
     h = np.concatenate(hs) if hs else np.empty(0, dtype=np.uint64)
     d = np.concatenate(ds) if ds else np.empty(0, dtype=np.int64)
     w = np.concatenate(ws) if ws else np.empty((0, -(-ORDER_ROWS // 4)), dtype=np.uint64)

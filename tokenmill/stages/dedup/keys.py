@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.stages.dedup.layout import fix_mmap_threshold
+from tokenmill.stages.dedup.layout import NpyRows, fix_mmap_threshold
 
 _TABLES_VERSION = 1  # bump when the key rules change (invalidates cached tables)
 
@@ -224,22 +224,18 @@ class ExactResult:
     members: int  # documents in them
 
 
-def _slice(prefix: np.ndarray, lo: int, hi: int) -> slice:
-    a = int(np.searchsorted(prefix, np.uint64(lo), side="left"))
-    b = len(prefix) if hi >= 1 << 64 else int(np.searchsorted(prefix, np.uint64(hi), side="left"))
-    return slice(a, b)
-
-
 def exact_groups(task: ExactTask) -> ExactResult:
     """Documents with equal digests in one digest range: every member of a group of two or more as (doc, rep),
     rep being the group's first document (its representative for LSH), sorted by doc."""
     fix_mmap_threshold()
     digests, docs = [], []
     for stem, first in zip(task.stems, task.firsts):
-        prefix = np.load(task.keys_dir / f"{stem}.digest_prefix.npy", mmap_mode="r")
-        sl = _slice(prefix, task.lo, task.hi)
-        digests.append(np.load(task.keys_dir / f"{stem}.digest.npy", mmap_mode="r")[sl])
-        docs.append(np.load(task.keys_dir / f"{stem}.digest_ordinal.npy", mmap_mode="r")[sl] + first)
+        with NpyRows(task.keys_dir / f"{stem}.digest_prefix.npy") as prefix:
+            a, b = prefix.searchsorted((), task.lo), prefix.searchsorted((), task.hi)
+        with NpyRows(task.keys_dir / f"{stem}.digest.npy") as f:
+            digests.append(f.read((), a, b))
+        with NpyRows(task.keys_dir / f"{stem}.digest_ordinal.npy") as f:
+            docs.append(f.read((), a, b) + first)
     digest = np.concatenate(digests) if digests else np.empty((0, 32), dtype=np.uint8)
     doc = np.concatenate(docs) if docs else np.empty(0, dtype=np.int64)
     by_doc = np.argsort(doc, kind="stable")

@@ -121,6 +121,66 @@ def folder(out_dir: Path, name: str) -> Path:
     return path
 
 
+class NpyRows:
+    """Positioned reads of slices of a saved array (np.save, C order): `read(lead, start, stop)` is
+    `array[*lead, start:stop]`, `searchsorted(lead, value)` a binary search of the sorted `array[*lead]`, one element
+    read per step.
+
+    Not mapped: the pages a task maps count in its resident memory, and the kernel maps page-cache folios of up to
+    2 MiB whole, so a mapped slice of 100 KB cost ~2 MiB per file; a bucket task reading its slice of every chunk's
+    LSH files that way peaked at 330 MiB at 1.5M documents (60 chunks), and the count of files grows with the
+    corpus. Read, a task holds exactly its slices."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        with open(self.path, "rb") as f:
+            major, _ = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            self.shape, fortran, self.dtype = header(f)
+            self.offset = f.tell()
+        if fortran and len(self.shape) > 1:
+            raise CorruptOutputError(f"{self.path}: a Fortran-order array; the dedup step files are C order")
+        self.fd = os.open(self.path, os.O_RDONLY)
+
+    def __enter__(self) -> NpyRows:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+    def _position(self, lead: tuple[int, ...], index: int) -> tuple[int, int]:
+        """(byte offset of array[*lead, index], bytes per element of that axis)."""
+        depth = len(lead)
+        row = int(np.prod(self.shape[depth + 1:], dtype=np.int64)) * self.dtype.itemsize
+        base = int(np.ravel_multi_index(lead, self.shape[:depth])) * self.shape[depth] if depth else 0
+        return self.offset + (base + index) * row, row
+
+    def read(self, lead: tuple[int, ...], start: int, stop: int) -> np.ndarray:
+        out = np.empty((max(stop - start, 0),) + tuple(self.shape[len(lead) + 1:]), dtype=self.dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8))
+        pos, _ = self._position(lead, start)
+        done = 0
+        while done < len(view):  # a single read returns at most ~2 GiB
+            n = os.preadv(self.fd, [view[done:]], pos + done)
+            if n <= 0:
+                raise CorruptOutputError(f"{self.path}: truncated (expected shape {self.shape})")
+            done += n
+        return out
+
+    def searchsorted(self, lead: tuple[int, ...], value: int, field: str | None = None) -> int:
+        """First index of the sorted 1-D `array[*lead]` (or of its `field`) whose value is >= `value` (a Python
+        int, so 2**64 is past every uint64)."""
+        lo, hi = 0, self.shape[len(lead)]
+        while lo < hi:
+            mid = (lo + hi) // 2
+            v = self.read(lead, mid, mid + 1)[0]
+            if int(v[field] if field else v) < value:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+
 class Corpus:
     """Read access by global document index to the per-chunk document tables and keys, so a task holds only the
     documents it asks for."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.layout import CANDIDATE_DIR, VERIFIED_DTYPE, Chunk, Corpus, fix_mmap_threshold
+from tokenmill.stages.dedup.layout import CANDIDATE_DIR, VERIFIED_DTYPE, Chunk, Corpus, NpyRows, fix_mmap_threshold
 from tokenmill.stages.dedup.settings import DedupSettings
 
 FILTER_MISS = 1e-9  # chance that the pre-filter rejects a pair at the threshold (above it: less)
@@ -65,10 +65,10 @@ def range_candidates(out_dir: Path, files: tuple[str, ...], lo: int, hi: int) ->
     """Unique candidate pairs (k, 2) with the first document in [lo, hi), sorted."""
     parts = []
     for name in files:
-        pairs = np.load(Path(out_dir) / CANDIDATE_DIR / name, mmap_mode="r")
-        a, b = np.searchsorted(pairs[0], lo), np.searchsorted(pairs[0], hi)
-        if b > a:
-            parts.append(np.asarray(pairs[:, a:b]).T)
+        with NpyRows(Path(out_dir) / CANDIDATE_DIR / name) as f:
+            a, b = f.searchsorted((0,), lo), f.searchsorted((0,), hi)
+            if b > a:
+                parts.append(np.stack([f.read((0,), a, b), f.read((1,), a, b)], axis=1))
     return mh.unique_pairs(np.concatenate(parts)) if parts else np.empty((0, 2), dtype=np.int64)
 
 
