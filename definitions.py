@@ -1,4 +1,5 @@
 """The tokenmill code location: one Definitions for `dagster dev`, `dagster ... -m definitions` and `dg`."""
+
 import dagster as dg
 
 from assets.clean import cleaned_jsonl

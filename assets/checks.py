@@ -3,6 +3,7 @@
 A blocking check that fails records its evaluation (with the problems) and fails the step, so the previous good
 output stays published and nothing downstream runs on the bad one. The same functions audit any existing folder.
 """
+
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,22 +24,36 @@ def _problems_md(problems: list[str]) -> dg.MetadataValue:
 
 
 RAW_RECORDS_NOT_EMPTY = dg.AssetCheckSpec(
-    "raw_records_not_empty", asset="raw_records", blocking=True,
-    description="At least one record, and rejected share under a bound.")
+    "raw_records_not_empty",
+    asset="raw_records",
+    blocking=True,
+    description="At least one record, and rejected share under a bound.",
+)
 CLEANED_RECORDS_VALID = dg.AssetCheckSpec(
-    "cleaned_records_valid", asset="cleaned_jsonl", blocking=True,
-    description="At least one record survived cleaning, and every line is a valid record with a unique id.")
+    "cleaned_records_valid",
+    asset="cleaned_jsonl",
+    blocking=True,
+    description="At least one record survived cleaning, and every line is a valid record with a unique id.",
+)
 DEDUPED_NO_EXACT_DUPLICATES = dg.AssetCheckSpec(
-    "deduped_no_exact_duplicates", asset="deduped_jsonl", blocking=True,
-    description="No two surviving records share an exact dedup key (the report's key settings).")
+    "deduped_no_exact_duplicates",
+    asset="deduped_jsonl",
+    blocking=True,
+    description="No two surviving records share an exact dedup key (the report's key settings).",
+)
 TOKEN_SHARDS_CONSISTENT = dg.AssetCheckSpec(
-    "token_shards_consistent", asset="tokenized_bins", blocking=True,
+    "token_shards_consistent",
+    asset="tokenized_bins",
+    blocking=True,
     description="dataset.json consistent with every shard file (sizes, SHA-256, offsets), token ids < vocabulary, "
-                "masks aligned, the upstream tokenizer recorded, and a sample of records re-encoded with it equal to "
-                "the shards.")
+    "masks aligned, the upstream tokenizer recorded, and a sample of records re-encoded with it equal to "
+    "the shards.",
+)
 FUNNEL_CONSERVED = dg.AssetCheckSpec(
-    "funnel_conserved", asset="funnel_telemetry",
-    description="Every stage: records in = records out + dropped, and stages link up.")
+    "funnel_conserved",
+    asset="funnel_telemetry",
+    description="Every stage: records in = records out + dropped, and stages link up.",
+)
 
 
 def publish_only_if_passed(check: dg.AssetCheckResult) -> Iterator[dg.AssetCheckResult]:
@@ -46,8 +61,10 @@ def publish_only_if_passed(check: dg.AssetCheckResult) -> Iterator[dg.AssetCheck
     staged folder is published (`yield from publish_only_if_passed(check)`)."""
     if not check.passed:
         yield check
-        raise CheckFailedError(f"check {check.check_name} failed on the staged output, which was not published "
-                               f"(the previous output stays): {({k: getattr(v, 'value', v) for k, v in check.metadata.items()})}")
+        raise CheckFailedError(
+            f"check {check.check_name} failed on the staged output, which was not published "
+            f"(the previous output stays): { ({k: getattr(v, 'value', v) for k, v in check.metadata.items()}) }"
+        )
 
 
 def raw_records_not_empty(folder: Path) -> dg.AssetCheckResult:
@@ -55,7 +72,8 @@ def raw_records_not_empty(folder: Path) -> dg.AssetCheckResult:
     seen = stats["docs_in"]
     share = (seen - stats["docs_out"]) / seen if seen else 1.0
     return dg.AssetCheckResult(
-        check_name=RAW_RECORDS_NOT_EMPTY.name, passed=stats["docs_out"] > 0 and share <= MAX_REJECTED_SHARE,
+        check_name=RAW_RECORDS_NOT_EMPTY.name,
+        passed=stats["docs_out"] > 0 and share <= MAX_REJECTED_SHARE,
         metadata={"records": stats["docs_out"], "rejected_share": round(share, 4), "bound": MAX_REJECTED_SHARE},
     )
 
@@ -63,8 +81,13 @@ def raw_records_not_empty(folder: Path) -> dg.AssetCheckResult:
 def cleaned_records_valid(folder: Path) -> dg.AssetCheckResult:
     result = validate_records(folder)
     return dg.AssetCheckResult(
-        check_name=CLEANED_RECORDS_VALID.name, passed=result["records"] > 0 and not result["problems"],
-        metadata={"records": result["records"], "invalid": len(result["problems"]), "problems": _problems_md(result["problems"])},
+        check_name=CLEANED_RECORDS_VALID.name,
+        passed=result["records"] > 0 and not result["problems"],
+        metadata={
+            "records": result["records"],
+            "invalid": len(result["problems"]),
+            "problems": _problems_md(result["problems"]),
+        },
     )
 
 
@@ -84,7 +107,8 @@ def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheck
             else:
                 seen[digest] = record["id"]
     return dg.AssetCheckResult(
-        check_name=DEDUPED_NO_EXACT_DUPLICATES.name, passed=not problems,
+        check_name=DEDUPED_NO_EXACT_DUPLICATES.name,
+        passed=not problems,
         metadata={"records": records, "duplicate_keys": len(problems), "problems": _problems_md(problems)},
     )
 
@@ -92,16 +116,22 @@ def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheck
 def token_shards_consistent(folder: Path, deduped_dir: Path, tokenizer_dir: Path) -> dg.AssetCheckResult:
     result = validate_token_shards(folder, deduped_dir, tokenizer_dir)
     return dg.AssetCheckResult(
-        check_name=TOKEN_SHARDS_CONSISTENT.name, passed=not result["problems"],
-        metadata={"tokens_checked": result["tokens"], "max_token_id": result["max_token_id"],
-                  "vocab_size": result["vocab_size"] or 0, "records_reencoded": result["reencoded_records"],
-                  "problems": _problems_md(result["problems"])},
+        check_name=TOKEN_SHARDS_CONSISTENT.name,
+        passed=not result["problems"],
+        metadata={
+            "tokens_checked": result["tokens"],
+            "max_token_id": result["max_token_id"],
+            "vocab_size": result["vocab_size"] or 0,
+            "records_reencoded": result["reencoded_records"],
+            "problems": _problems_md(result["problems"]),
+        },
     )
 
 
 def funnel_conserved(funnel: dict) -> dg.AssetCheckResult:
     broken = [s["stage"] for s in funnel["stages"] if not (s["conserved"] and s["linked"])]
     return dg.AssetCheckResult(
-        check_name=FUNNEL_CONSERVED.name, passed=not broken,
+        check_name=FUNNEL_CONSERVED.name,
+        passed=not broken,
         metadata={"stages_checked": len(funnel["stages"]), "broken_stages": ", ".join(broken) or "none"},
     )

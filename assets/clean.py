@@ -13,8 +13,13 @@ class CleanConfig(CleanSettings, dg.Config):
     """Which repairs run, how boilerplate is detected, and the limits of the garbage filters."""
 
 
-@dg.asset(group_name="prepare", kinds={"python", "jsonl"}, deps=["raw_records"], code_version="1",
-          check_specs=[CLEANED_RECORDS_VALID])
+@dg.asset(
+    group_name="prepare",
+    kinds={"python", "jsonl"},
+    deps=["raw_records"],
+    code_version="1",
+    check_specs=[CLEANED_RECORDS_VALID],
+)
 def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_root: DataRoot, compute: Compute):
     """raw_records cleaned: mojibake repaired, Unicode normalized, control characters and extra whitespace gone,
     title/author/dynasty header lines moved into meta, boilerplate lines stripped by a corpus-wide detector (document
@@ -24,6 +29,7 @@ def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_r
         stats = clean_corpus(data_root.path("raw_records"), out, config, log=context.log)
         check = cleaned_records_valid(out)
         yield from publish_only_if_passed(check)
-    yield dg.MaterializeResult(metadata={**cleaned_jsonl_metadata(stats, data_root.path("cleaned_jsonl")),
-                                         **compute_metadata(usage)},
-                               check_results=[check])
+    yield dg.MaterializeResult(
+        metadata={**cleaned_jsonl_metadata(stats, data_root.path("cleaned_jsonl")), **compute_metadata(usage)},
+        check_results=[check],
+    )

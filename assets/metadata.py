@@ -3,6 +3,7 @@
 Every stage function returns plain stats (docs_in, docs_out, dropped_<reason>, seconds, ...); the assets pass
 them here. Tables are built as pandas DataFrames and shown as Dagster tables or markdown.
 """
+
 from __future__ import annotations
 
 import base64
@@ -35,10 +36,21 @@ def markdown_table(frame: pd.DataFrame) -> dg.MetadataValue:
 
 def dagster_table(frame: pd.DataFrame) -> dg.MetadataValue:
     """A DataFrame as a Dagster table (sortable in the UI); integer columns typed int, the rest string."""
-    columns = [dg.TableColumn(str(c), "int" if pd.api.types.is_integer_dtype(frame[c]) else
-                              "float" if pd.api.types.is_float_dtype(frame[c]) else "string") for c in frame.columns]
-    records = [dg.TableRecord({str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
-               for row in frame.to_dict(orient="records")]
+    columns = [
+        dg.TableColumn(
+            str(c),
+            "int"
+            if pd.api.types.is_integer_dtype(frame[c])
+            else "float"
+            if pd.api.types.is_float_dtype(frame[c])
+            else "string",
+        )
+        for c in frame.columns
+    ]
+    records = [
+        dg.TableRecord({str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
+        for row in frame.to_dict(orient="records")
+    ]
     return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=columns))
 
 
@@ -49,8 +61,10 @@ def source_metadata(path: Path) -> dict:
         raw_stats = root / "raw_records" / STATS_FILE
         if raw_stats.exists():
             stats = read_json(raw_stats)
-            return {"source": dg.MetadataValue.path(stats["source"]),
-                    "source_fingerprint": dg.MetadataValue.text(stats.get("source_fingerprint", "unknown"))}
+            return {
+                "source": dg.MetadataValue.path(stats["source"]),
+                "source_fingerprint": dg.MetadataValue.text(stats.get("source_fingerprint", "unknown")),
+            }
     return {}
 
 
@@ -72,22 +86,42 @@ def funnel_metadata(funnel: dict, history: dict, chart_png: bytes, folder: Path)
     raw = first["docs_in"] or 1
     stages = pd.DataFrame(
         [("input records", f"{first['docs_in']:,}", "100.00%", "")]
-        + [(s["label"], f"{s['docs_out']:,}", f"{100 * s['docs_out'] / raw:.2f}%",
-            ", ".join(f"{k}: {v:,}" for k, v in s["dropped"].items() if v) or "-") for s in funnel["stages"]],
-        columns=["stage", "records", "share of raw", "dropped"])
+        + [
+            (
+                s["label"],
+                f"{s['docs_out']:,}",
+                f"{100 * s['docs_out'] / raw:.2f}%",
+                ", ".join(f"{k}: {v:,}" for k, v in s["dropped"].items() if v) or "-",
+            )
+            for s in funnel["stages"]
+        ],
+        columns=["stage", "records", "share of raw", "dropped"],
+    )
     t = funnel["tokens"]
-    tokens = [("total", f"{t['total']:,}", "100.00%"),
-              ("supervised", f"{t['supervised']:,}", f"{100 * t['supervised_share']:.2f}%"),
-              ("masked (-100)", f"{t['masked']:,}", f"{100 * t['masked_share']:.2f}%")]
+    tokens = [
+        ("total", f"{t['total']:,}", "100.00%"),
+        ("supervised", f"{t['supervised']:,}", f"{100 * t['supervised_share']:.2f}%"),
+        ("masked (-100)", f"{t['masked']:,}", f"{100 * t['masked_share']:.2f}%"),
+    ]
     if t.get("isolated_punctuation_share") is not None:
         tokens.append(("isolated punctuation", "", f"{100 * t['isolated_punctuation_share']:.2f}%"))
-    tokens += [(f"{name} split", f"{split.get('tokens', 0):,} tokens", f"{split.get('records', 0):,} records")
-               for name, split in funnel["split"].items() if split]
-    conservation = ("Every stage conserves records (in = out + dropped)." if funnel["conserved"]
-                    else "**A stage does not conserve records: see funnel.json.**")
-    funnel_md = "\n\n".join([markdown_table(stages).value,
-                              markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value,
-                              conservation])
+    tokens += [
+        (f"{name} split", f"{split.get('tokens', 0):,} tokens", f"{split.get('records', 0):,} records")
+        for name, split in funnel["split"].items()
+        if split
+    ]
+    conservation = (
+        "Every stage conserves records (in = out + dropped)."
+        if funnel["conserved"]
+        else "**A stage does not conserve records: see funnel.json.**"
+    )
+    funnel_md = "\n\n".join(
+        [
+            markdown_table(stages).value,
+            markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value,
+            conservation,
+        ]
+    )
     return {
         **source_metadata(folder),
         "funnel": dg.MetadataValue.md(funnel_md),
@@ -124,10 +158,14 @@ def _raw_preview_frame(folder: Path) -> pd.DataFrame:
     for shard in record_shards(folder)[:1]:
         for rec in itertools.islice(iter_jsonl(shard), RAW_PREVIEW_RECORDS):
             src = rec["source"]
-            rows.append({"id": rec["id"], "source": cell(f"{src['path']}:{src.get('line', src.get('index'))}",
-                                                         RAW_PREVIEW_CHARS),
-                         "meta": cell(json.dumps(rec["meta"], ensure_ascii=False), RAW_PREVIEW_CHARS),
-                         "text": cell(rec["text"], RAW_PREVIEW_CHARS)})
+            rows.append(
+                {
+                    "id": rec["id"],
+                    "source": cell(f"{src['path']}:{src.get('line', src.get('index'))}", RAW_PREVIEW_CHARS),
+                    "meta": cell(json.dumps(rec["meta"], ensure_ascii=False), RAW_PREVIEW_CHARS),
+                    "text": cell(rec["text"], RAW_PREVIEW_CHARS),
+                }
+            )
     return pd.DataFrame(rows, columns=["id", "source", "meta", "text"])
 
 
@@ -151,14 +189,24 @@ CLEAN_TOP_LINES = 15  # boilerplate lines shown in the cleaned_jsonl UI table; _
 def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
     """cleaned_jsonl: the counts, repairs, the top boilerplate lines, before/after examples, length histogram."""
     bp = stats["boilerplate"]
-    top = pd.DataFrame(bp["top_lines"][:CLEAN_TOP_LINES],
-                       columns=["line", "count", "score", "df", "position", "template", "short"])
+    top = pd.DataFrame(
+        bp["top_lines"][:CLEAN_TOP_LINES], columns=["line", "count", "score", "df", "position", "template", "short"]
+    )
     top["line"] = top["line"].map(cell)
-    examples = pd.DataFrame([{"id": e["id"], "change": e["kind"], "before": cell(e["before"]),
-                              "after": cell(e["after"])} for e in stats["examples"]],
-                            columns=["id", "change", "before", "after"])
-    lengths = pd.DataFrame({"characters": stats["length_buckets"], "records before": stats["length_hist_before"],
-                            "records after": stats["length_hist_after"]})
+    examples = pd.DataFrame(
+        [
+            {"id": e["id"], "change": e["kind"], "before": cell(e["before"]), "after": cell(e["after"])}
+            for e in stats["examples"]
+        ],
+        columns=["id", "change", "before", "after"],
+    )
+    lengths = pd.DataFrame(
+        {
+            "characters": stats["length_buckets"],
+            "records before": stats["length_hist_before"],
+            "records after": stats["length_hist_after"],
+        }
+    )
     return {
         **stage_counts(stats, path),
         "mojibake_repaired": stats["mojibake_repaired"],
@@ -181,10 +229,20 @@ def _dedup_samples_md(samples: list[dict]) -> str:
     out = []
     for i, s in enumerate(samples):
         shown = f", {len(s['members'])} shown" if len(s["members"]) < s["size"] else ""
-        members = pd.DataFrame([{"role": m["role"], "level": m["level"], "similarity": f"{m['similarity']:.3f}",
-                                 "source": cell(m["source"]["path"], DEDUP_TEXT_CHARS) + ":"
-                                 + str(m["source"].get("line", m["source"].get("index", ""))),
-                                 "text": cell(m["text"], DEDUP_TEXT_CHARS)} for m in s["members"]])
+        members = pd.DataFrame(
+            [
+                {
+                    "role": m["role"],
+                    "level": m["level"],
+                    "similarity": f"{m['similarity']:.3f}",
+                    "source": cell(m["source"]["path"], DEDUP_TEXT_CHARS)
+                    + ":"
+                    + str(m["source"].get("line", m["source"].get("index", ""))),
+                    "text": cell(m["text"], DEDUP_TEXT_CHARS),
+                }
+                for m in s["members"]
+            ]
+        )
         out.append(f"**cluster {i + 1}** ({s['size']} records{shown})\n\n{markdown_table(members).value}\n")
     return "\n".join(out) or "no duplicates"
 
@@ -192,21 +250,42 @@ def _dedup_samples_md(samples: list[dict]) -> str:
 def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file: str, report_file: str) -> dict:
     """dedup_report: counts, parameters, per-source table, cluster-size histogram and sample clusters."""
     c, p = report["counts"], report["parameters"]
-    params = [("threshold", p["threshold"]), ("bands x rows", f"{p['bands']} x {p['rows']} of {p['num_perm']} "
-                                                              "permutations"),
-              ("shingles", f"{p['ngram_rule']} (sketched: {p['shingle_sizes']})"), ("key", p["key"]),
-              ("keep rule", p["keep"]), ("MinHash", p["minhash"]), ("oversized buckets", p["bucket_limit"]),
-              ("signature pre-filter", f"at least {p['signature_filter']['min_agreement']} of "
-                                       f"{p['signature_filter']['of']} positions agree")]
+    params = [
+        ("threshold", p["threshold"]),
+        ("bands x rows", f"{p['bands']} x {p['rows']} of {p['num_perm']} permutations"),
+        ("shingles", f"{p['ngram_rule']} (sketched: {p['shingle_sizes']})"),
+        ("key", p["key"]),
+        ("keep rule", p["keep"]),
+        ("MinHash", p["minhash"]),
+        ("oversized buckets", p["bucket_limit"]),
+        (
+            "signature pre-filter",
+            f"at least {p['signature_filter']['min_agreement']} of {p['signature_filter']['of']} positions agree",
+        ),
+    ]
     params += [(f"P(candidate) at Jaccard {s}", v) for s, v in p["catch_probability"].items()]
-    sources = pd.DataFrame(sorted(report["per_source"], key=lambda r: -(r["exact_removed"] + r["near_removed"]))
-                           [:DEDUP_SOURCE_ROWS],
-                           columns=["path", "records_in", "kept", "exact_removed", "near_removed", "cross_file"])
+    sources = pd.DataFrame(
+        sorted(report["per_source"], key=lambda r: -(r["exact_removed"] + r["near_removed"]))[:DEDUP_SOURCE_ROWS],
+        columns=["path", "records_in", "kept", "exact_removed", "near_removed", "cross_file"],
+    )
     return {
         **stage_counts(stats, folder / report_file),
-        **{k: c[k] for k in ("candidate_pairs", "verified_pairs", "rejected_candidates", "signature_rejected",
-                             "clusters", "largest_cluster", "components", "components_with_several_kept",
-                             "cross_file_duplicates", "oversized_buckets", "pairs_not_emitted")},
+        **{
+            k: c[k]
+            for k in (
+                "candidate_pairs",
+                "verified_pairs",
+                "rejected_candidates",
+                "signature_rejected",
+                "clusters",
+                "largest_cluster",
+                "components",
+                "components_with_several_kept",
+                "cross_file_duplicates",
+                "oversized_buckets",
+                "pairs_not_emitted",
+            )
+        },
         "bands_x_rows": f"{p['bands']} x {p['rows']}",
         "parameters": markdown_table(pd.DataFrame(params, columns=["parameter", "value"])),
         "per_source": dagster_table(sources),
@@ -227,14 +306,23 @@ HISTOGRAM_BAR = 30  # characters of the longest bar in the tokens-per-document h
 
 def tokenizer_metadata(stats: dict, folder: Path) -> dict:
     """tokenizer: vocabulary, sample, held-out chars per token and a few texts split into tokens."""
-    examples = pd.DataFrame([{"text": cell(e["text"], 40), "tokens": e["tokens"],
-                              "first tokens": cell(" · ".join(e["pieces"][:TOKENIZER_EXAMPLE_PIECES]))}
-                             for e in stats["examples"]], columns=["text", "tokens", "first tokens"])
+    examples = pd.DataFrame(
+        [
+            {
+                "text": cell(e["text"], 40),
+                "tokens": e["tokens"],
+                "first tokens": cell(" · ".join(e["pieces"][:TOKENIZER_EXAMPLE_PIECES])),
+            }
+            for e in stats["examples"]
+        ],
+        columns=["text", "tokens", "first tokens"],
+    )
     return {
         **stage_counts(stats, folder / "tokenizer.json"),
         "mode": stats["mode"],
         "vocab_size": stats["vocab_size"],
-        "sample_records": stats["sample_records"], "sample_chars": stats["sample_chars"],
+        "sample_records": stats["sample_records"],
+        "sample_chars": stats["sample_chars"],
         "chars_per_token_held_out": stats["chars_per_token"] or 0.0,
         "examples": markdown_table(examples),
         "special_tokens": dg.MetadataValue.json(stats["special_tokens"]),
@@ -251,18 +339,36 @@ def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
     hist["bar"] = hist["docs"].map(lambda n: "█" * round(HISTOGRAM_BAR * n / top))
     hist["docs"] = hist["docs"].map("{:,}".format)
     sizes = pd.DataFrame(sorted(stats["bytes_on_disk"].items()), columns=["file", "bytes"])
-    sample = ("Masked tokens in [~~brackets~~]:\n\n" + stats["sample"]["markdown"]) if "sample" in stats \
-        else "no records"
+    sample = (
+        ("Masked tokens in [~~brackets~~]:\n\n" + stats["sample"]["markdown"]) if "sample" in stats else "no records"
+    )
     return {
         **stage_counts(stats, folder),
         "training_type": stats["training_type"],
         "tokens": dg.MetadataValue.int(stats["tokens"]),
-        **{k: stats[k] for k in ("supervised_tokens", "masked_tokens", "supervised_share", "masked_share", "records",
-                                 "metadata_dropout", "metadata_dropout_share", "train_tokens", "val_tokens",
-                                 "train_records", "val_records", "isolated_punctuation_share", "token_dtype",
-                                 "vocab_size", "tokens_per_second")},
+        **{
+            k: stats[k]
+            for k in (
+                "supervised_tokens",
+                "masked_tokens",
+                "supervised_share",
+                "masked_share",
+                "records",
+                "metadata_dropout",
+                "metadata_dropout_share",
+                "train_tokens",
+                "val_tokens",
+                "train_records",
+                "val_records",
+                "isolated_punctuation_share",
+                "token_dtype",
+                "vocab_size",
+                "tokens_per_second",
+            )
+        },
         "chars_per_token": stats["chars_per_token"] or 0.0,
-        "tokens_per_doc_mean": tpd["mean"], "tokens_per_doc_p99": tpd["p99"],
+        "tokens_per_doc_mean": tpd["mean"],
+        "tokens_per_doc_p99": tpd["p99"],
         "tokens_per_doc": markdown_table(hist.rename(columns={"tokens": "tokens/doc", "bar": ""})),
         "bytes_on_disk": dagster_table(sizes),
         "sample": dg.MetadataValue.md(sample),
@@ -271,5 +377,9 @@ def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
 
 def compute_metadata(usage) -> dict:
     """Where the asset's steps ran (a tokenmill.common.compute.Usage): engine, nodes, CPUs, seconds per step."""
-    return {"engine": usage.engine, "nodes": usage.nodes, "cpus": float(usage.cpus),
-            "step_seconds": dg.MetadataValue.json(usage.steps)}
+    return {
+        "engine": usage.engine,
+        "nodes": usage.nodes,
+        "cpus": float(usage.cpus),
+        "step_seconds": dg.MetadataValue.json(usage.steps),
+    }

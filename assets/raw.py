@@ -14,8 +14,9 @@ class RawConfig(RawSettings, dg.Config):
 
 
 @dg.asset(group_name="ingest", kinds={"python", "jsonl"}, code_version="1", check_specs=[RAW_RECORDS_NOT_EMPTY])
-def raw_records(context: dg.AssetExecutionContext, config: RawConfig, source: CorpusSource,
-                data_root: DataRoot, compute: Compute):
+def raw_records(
+    context: dg.AssetExecutionContext, config: RawConfig, source: CorpusSource, data_root: DataRoot, compute: Compute
+):
     """Every record of the source (TOKENMILL_SOURCE: a file or a folder of .jsonl/.json/.txt/.csv, .gz too) as
     `{"id", "text", "meta", "source"}` JSONL shards with stable ids. Malformed lines, records without text,
     undecodable bytes and unreadable files go to `_rejected.jsonl` with path, line and reason."""
@@ -24,5 +25,7 @@ def raw_records(context: dg.AssetExecutionContext, config: RawConfig, source: Co
         stats = ingest(src, out, config, log=context.log, exclude=data_root.path(""))
         check = raw_records_not_empty(out)
         yield from publish_only_if_passed(check)
-    yield dg.MaterializeResult(metadata={**raw_records_metadata(stats, data_root.path("raw_records")),
-                                         **compute_metadata(usage)}, check_results=[check])
+    yield dg.MaterializeResult(
+        metadata={**raw_records_metadata(stats, data_root.path("raw_records")), **compute_metadata(usage)},
+        check_results=[check],
+    )

@@ -1,5 +1,6 @@
 """Resources: where the corpus comes from, where every asset writes and where the stages compute (all settable from
 the environment and, in the UI, from the launchpad)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -43,9 +44,12 @@ class DataRoot(dg.ConfigurableResource):
     two runs on one data root never interleave (the second is refused, naming the holder, or waits)."""
 
     root: str = Field(description="Folder for all asset outputs; env TOKENMILL_DATA, default ./data in the repo")
-    lock_wait_seconds: float = Field(default=0.0, ge=0.0,
-                                     description="Wait this long for another run holding the data root "
-                                                 "(env TOKENMILL_LOCK_WAIT), then fail naming it")
+    lock_wait_seconds: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Wait this long for another run holding the data root "
+        "(env TOKENMILL_LOCK_WAIT), then fail naming it",
+    )
     _lock: DataRootLock | None = PrivateAttr(default=None)
 
     def path(self, asset_key: str) -> Path:
@@ -71,16 +75,29 @@ class Compute(dg.ConfigurableResource):
     outputs are byte-identical. Under Ray every node must mount the data root at the same path and run the same
     environment (tokenmill installed)."""
 
-    engine: Literal["local", "ray"] = Field(default="local", description="local: process pool on this machine; "
-                                            "ray: the Ray cluster at ray_address (env TOKENMILL_RAY_ADDRESS sets both)")
-    workers: int = Field(default=0, ge=0, description="local engine: worker processes per stage; 0: env "
-                                                      "TOKENMILL_WORKERS, else the usable cores")
-    ray_address: str = Field(default="", description="ray engine: 'auto' (this machine is a node), 'host:port' (the "
-                                                     "head's GCS port) or 'ray://host:port' (Ray client)")
+    engine: Literal["local", "ray"] = Field(
+        default="local",
+        description="local: process pool on this machine; "
+        "ray: the Ray cluster at ray_address (env TOKENMILL_RAY_ADDRESS sets both)",
+    )
+    workers: int = Field(
+        default=0,
+        ge=0,
+        description="local engine: worker processes per stage; 0: env TOKENMILL_WORKERS, else the usable cores",
+    )
+    ray_address: str = Field(
+        default="",
+        description="ray engine: 'auto' (this machine is a node), 'host:port' (the "
+        "head's GCS port) or 'ray://host:port' (Ray client)",
+    )
     task_cpus: float = Field(default=1.0, gt=0, description="ray engine: CPUs each task declares")
     task_memory_mb: int = Field(default=2048, ge=0, description="ray engine: memory each task declares (MiB)")
-    max_retries: int = Field(default=3, ge=0, description="ray engine: re-runs of a task whose worker process or "
-                                                          "node died; past them the step fails naming itself")
+    max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="ray engine: re-runs of a task whose worker process or "
+        "node died; past them the step fails naming itself",
+    )
 
     @contextlib.contextmanager
     def activated(self, context: dg.AssetExecutionContext, data_root: DataRoot) -> Iterator[Usage]:
@@ -90,11 +107,17 @@ class Compute(dg.ConfigurableResource):
             engine = LocalEngine(self.workers, label, log)
         else:
             if not self.ray_address:
-                raise ConfigError("compute.ray_address: the ray engine needs the cluster's address ('auto', "
-                                  "'host:port' or 'ray://host:port'; env TOKENMILL_RAY_ADDRESS)")
+                raise ConfigError(
+                    "compute.ray_address: the ray engine needs the cluster's address ('auto', "
+                    "'host:port' or 'ray://host:port'; env TOKENMILL_RAY_ADDRESS)"
+                )
             RayEngine.connect(self.ray_address)  # once per run: teardown_after_execution disconnects
-            engine = RayEngine(RayOptions(self.ray_address, self.task_cpus, self.task_memory_mb, self.max_retries),
-                               str(data_root.path("")), label, log)
+            engine = RayEngine(
+                RayOptions(self.ray_address, self.task_cpus, self.task_memory_mb, self.max_retries),
+                str(data_root.path("")),
+                label,
+                log,
+            )
             log.info(f"ray engine: {engine.usage.nodes} nodes, {engine.usage.cpus:g} CPUs at {self.ray_address}")
         with activated(engine) as usage:
             yield usage
@@ -109,12 +132,15 @@ def source_from_env() -> CorpusSource:
 
 
 def data_root_from_env() -> DataRoot:
-    return DataRoot(root=os.environ.get("TOKENMILL_DATA", str(DEFAULT_DATA)),
-                    lock_wait_seconds=float(os.environ.get("TOKENMILL_LOCK_WAIT", "0")))
+    return DataRoot(
+        root=os.environ.get("TOKENMILL_DATA", str(DEFAULT_DATA)),
+        lock_wait_seconds=float(os.environ.get("TOKENMILL_LOCK_WAIT", "0")),
+    )
 
 
 def compute_from_env() -> Compute:
     """TOKENMILL_RAY_ADDRESS selects the ray engine; TOKENMILL_WORKERS sizes the local one."""
     address = os.environ.get("TOKENMILL_RAY_ADDRESS", "")
-    return Compute(engine="ray" if address else "local", ray_address=address,
-                   workers=int(os.environ.get("TOKENMILL_WORKERS") or 0))
+    return Compute(
+        engine="ray" if address else "local", ray_address=address, workers=int(os.environ.get("TOKENMILL_WORKERS") or 0)
+    )

@@ -2,6 +2,7 @@
 the second test on, a second node of one CPU each, on free ports): the whole graph writes the same files as the
 local engine, launched through the webserver's launchpad too; a worker killed mid-task is retried; a lost node fails
 the run naming the step and a rerun succeeds; a node that cannot see the data root is named."""
+
 import os
 import signal
 import socket
@@ -52,8 +53,9 @@ def same_files(expected: dict[str, bytes], root: Path) -> list[str]:
 def run_job(source: Path, root: Path, compute: Compute, raise_on_error: bool = True):
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(root)), compute)
     with dg.instance_for_test() as instance:
-        return defs.resolve_job_def("tokenmill_all").execute_in_process(instance=instance,
-                                                                         raise_on_error=raise_on_error)
+        return defs.resolve_job_def("tokenmill_all").execute_in_process(
+            instance=instance, raise_on_error=raise_on_error
+        )
 
 
 def step_usage(result, asset: str) -> dict:
@@ -104,8 +106,9 @@ class WhenTaskRuns(threading.Thread):
 @pytest.fixture(scope="module")
 def cluster():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    c = Cluster(initialize_head=True, head_node_args={"gcs_server_port": free_port(), "num_cpus": 1,
-                                                       "include_dashboard": False})
+    c = Cluster(
+        initialize_head=True, head_node_args={"gcs_server_port": free_port(), "num_cpus": 1, "include_dashboard": False}
+    )
     try:
         yield c
     finally:
@@ -132,8 +135,11 @@ def test_one_node_through_the_launchpad_same_files(cluster, local_files, tmp_pat
     data = tmp_path / "data"
     with DagsterDev(tmp_path / "home", env={"TOKENMILL_DATA": str(data), "TOKENMILL_RAY_ADDRESS": ""}) as server:
         client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
-        run_id = client.submit_job_execution("tokenmill_all", repository_location_name="tokenmill", run_config={
-            "resources": {"compute": {"config": {"engine": "ray", "ray_address": cluster.address}}}})
+        run_id = client.submit_job_execution(
+            "tokenmill_all",
+            repository_location_name="tokenmill",
+            run_config={"resources": {"compute": {"config": {"engine": "ray", "ray_address": cluster.address}}}},
+        )
         server.wait_for_run(run_id)
         usage = server.latest_metadata("tokenized_bins")
     assert usage["engine"] == "ray" and usage["nodes"] == 1
@@ -146,8 +152,9 @@ def test_two_nodes_same_files_and_tasks_on_both(cluster, second_node, local_file
     usage = step_usage(result, "tokenized_bins")
     assert usage["engine"] == "ray" and usage["nodes"] == 2
     assert usage["steps"][STEP]["tasks"] == 6 and usage["steps"][STEP]["nodes"] == 2, usage
-    assert set(step_usage(result, "dedup_report")["steps"]) == {f"dedup_report:{s}" for s in (
-        "sketch_chunk", "exact_groups", "lsh_inputs", "bucket_pairs", "verify_range")}
+    assert set(step_usage(result, "dedup_report")["steps"]) == {
+        f"dedup_report:{s}" for s in ("sketch_chunk", "exact_groups", "lsh_inputs", "bucket_pairs", "verify_range")
+    }
 
 
 def test_worker_killed_mid_task_is_retried(cluster, second_node, local_files, demo_source, tmp_path):
@@ -162,16 +169,19 @@ def test_worker_killed_mid_task_is_retried(cluster, second_node, local_files, de
     assert same_files(local_files, tmp_path) == []
 
 
-def test_lost_node_fails_naming_the_step_and_a_rerun_succeeds(cluster, second_node, local_files, demo_source,
-                                                                tmp_path):
+def test_lost_node_fails_naming_the_step_and_a_rerun_succeeds(cluster, second_node, local_files, demo_source, tmp_path):
     """Without retries left, a node lost mid-step fails the run with ComputeError naming the step; nothing half
     done is published, and a rerun on the remaining node writes the same files."""
     raylet = second_node.all_processes["raylet"][0].process.pid
     loser = WhenTaskRuns(STEP, lambda pid: cluster.remove_node(second_node, allow_graceful=False), parent=raylet)
     loser.start()
     try:
-        result = run_job(demo_source, tmp_path, Compute(engine="ray", ray_address=cluster.address, max_retries=0),
-                         raise_on_error=False)
+        result = run_job(
+            demo_source,
+            tmp_path,
+            Compute(engine="ray", ray_address=cluster.address, max_retries=0),
+            raise_on_error=False,
+        )
     finally:
         loser.stop.set()
     assert loser.hit is not None, "no encode task was seen running on the second node"

@@ -10,6 +10,7 @@ byte-identical whatever the engine, the number of nodes or the order in which ta
 `Usage` records what an asset used (engine, nodes, CPUs, seconds and tasks per step) for its metadata, and each
 step logs tasks done / total with rate and ETA.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -100,8 +101,10 @@ class RayEngine:
         try:
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
         except (ConnectionError, RuntimeError) as e:
-            raise ComputeError(f"compute.ray_address {address!r}: no Ray cluster reachable ({e}); start one with "
-                               f"`ray start --head` or set TOKENMILL_RAY_ADDRESS") from e
+            raise ComputeError(
+                f"compute.ray_address {address!r}: no Ray cluster reachable ({e}); start one with "
+                f"`ray start --head` or set TOKENMILL_RAY_ADDRESS"
+            ) from e
 
     @staticmethod
     def disconnect() -> None:
@@ -119,8 +122,12 @@ class RayEngine:
         ray, opt = self.ray, self.options
         step = _step_name(self.label, fn)
         remote = ray.remote(run_task).options(
-            name=step, num_cpus=opt.task_cpus, memory=opt.task_memory_mb << 20, max_retries=opt.max_retries,
-            retry_exceptions=False)
+            name=step,
+            num_cpus=opt.task_cpus,
+            memory=opt.task_memory_mb << 20,
+            max_retries=opt.max_retries,
+            retry_exceptions=False,
+        )
         tracker = _Step(self.usage, step, len(tasks), self.log)
         refs = [remote.remote(fn, task, self.data_root) for task in tasks]
         try:
@@ -143,7 +150,8 @@ class RayEngine:
             raise ComputeError(
                 f"step {step}: task {i + 1} of {n} failed on the Ray cluster at {self.options.address} after "
                 f"{self.options.max_retries} retries ({type(e).__name__}: {str(e).strip().splitlines()[0]}): a node "
-                f"or worker process was lost; rerun once the cluster is healthy") from e
+                f"or worker process was lost; rerun once the cluster is healthy"
+            ) from e
 
 
 CONNECT_SECONDS = 10.0  # ray.init retries an unreachable GCS for minutes: fail fast with the address instead
@@ -157,8 +165,10 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
     except OSError as e:
-        raise ComputeError(f"compute.ray_address {address!r}: nothing answers at {host}:{port} ({e}); is the head "
-                           f"node up (`ray start --head --port={port}`)?") from e
+        raise ComputeError(
+            f"compute.ray_address {address!r}: nothing answers at {host}:{port} ({e}); is the head "
+            f"node up (`ray start --head --port={port}`)?"
+        ) from e
 
 
 def run_task(fn: Callable[[T], R], task: T, data_root: str) -> tuple[R, str]:
@@ -167,9 +177,11 @@ def run_task(fn: Callable[[T], R], task: T, data_root: str) -> tuple[R, str]:
 
     node = ray.get_runtime_context().get_node_id()
     if data_root and not os.path.isdir(data_root):
-        raise ComputeError(f"node {socket.gethostname()} ({ray.util.get_node_ip_address()}, Ray node {node[:12]}) "
-                           f"cannot see the data root {data_root}: every node of the cluster must mount it at the "
-                           f"same path")
+        raise ComputeError(
+            f"node {socket.gethostname()} ({ray.util.get_node_ip_address()}, Ray node {node[:12]}) "
+            f"cannot see the data root {data_root}: every node of the cluster must mount it at the "
+            f"same path"
+        )
     return fn(task), node
 
 
@@ -185,8 +197,9 @@ class _Step:
     def __init__(self, usage: Usage, name: str, tasks: int, log):
         self.usage, self.name, self.tasks, self.log = usage, name, tasks, log
         self.nodes: set[str] = set()
-        self.progress = Progress(f"{usage.engine} {name}", total=tasks, unit="tasks", log=log,
-                                 interval=PROGRESS_SECONDS)
+        self.progress = Progress(
+            f"{usage.engine} {name}", total=tasks, unit="tasks", log=log, interval=PROGRESS_SECONDS
+        )
         if not tasks:
             self._end()
 

@@ -1,5 +1,6 @@
 """Process fan-out for shard-by-shard stages: the same task list runs in-process, over a pool, or on the engine
 that `tokenmill.common.compute` made active for the current asset (a Ray cluster)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -112,8 +113,9 @@ def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
             yield fn(task)
         return
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx,
-                             initializer=_exit_with_parent, initargs=(os.getpid(),)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(tasks)), mp_context=ctx, initializer=_exit_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         with _main_module_hidden(fn):
             results = pool.map(fn, tasks)  # submits every task, so every worker is spawned here
         failpoint(f"tasks:{getattr(fn, '__name__', fn)}")

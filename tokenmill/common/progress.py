@@ -1,4 +1,5 @@
 """Throttled progress lines (done, rate, ETA) for long stages; the asset passes its Dagster logger."""
+
 from __future__ import annotations
 
 import logging
@@ -8,8 +9,14 @@ import time
 class Progress:
     """Call `advance(n)`; logs at most every `interval` seconds, and once at the end via `finish()`."""
 
-    def __init__(self, what: str, total: int | None = None, unit: str = "records",
-                 log: logging.Logger | None = None, interval: float = 10.0):
+    def __init__(
+        self,
+        what: str,
+        total: int | None = None,
+        unit: str = "records",
+        log: logging.Logger | None = None,
+        interval: float = 10.0,
+    ):
         self.what, self.total, self.unit = what, total, unit
         self.log = log or logging.getLogger("tokenmill")
         self.interval = interval

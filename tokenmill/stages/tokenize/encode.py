@@ -11,6 +11,7 @@ on chinese-poetry both give exactly 7,451,422 tokens.
 Cores: with several workers each spawned process encodes single-threaded (TOKENIZERS_PARALLELISM=false), so JSON
 parsing and array work run in parallel too; with one worker the encoder's own threads use every core.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -126,10 +127,10 @@ class SplitChunk:
     """Encoded records of one split from one task: per key the flat data, item lengths, items per record."""
 
     ids: list = field(default_factory=list)
-    data: dict = field(default_factory=dict)        # key -> 1-D array
-    item_lens: dict = field(default_factory=dict)   # key -> int64 per item
-    rec_items: dict = field(default_factory=dict)   # key -> int64 per record
-    rec_tokens: np.ndarray | None = None            # token-key tokens per record
+    data: dict = field(default_factory=dict)  # key -> 1-D array
+    item_lens: dict = field(default_factory=dict)  # key -> int64 per item
+    rec_items: dict = field(default_factory=dict)  # key -> int64 per record
+    rec_tokens: np.ndarray | None = None  # token-key tokens per record
     supervised: int = 0
     punct: int = 0
     text_chars: int = 0
@@ -155,8 +156,13 @@ def assemble(seg: Segments, tt: str, enc: Encoder, dtype: np.dtype, where: str) 
     piece_start = np.zeros(len(piece_lens), dtype=np.int64)
     if len(piece_lens):
         np.cumsum(piece_lens[:-1], out=piece_start[1:])
-    ch = SplitChunk(ids=seg.ids, text_chars=sum(map(len, seg.texts)), text_tokens=total,
-                    dropout=seg.dropout, no_metadata=seg.no_metadata)
+    ch = SplitChunk(
+        ids=seg.ids,
+        text_chars=sum(map(len, seg.texts)),
+        text_tokens=total,
+        dropout=seg.dropout,
+        no_metadata=seg.no_metadata,
+    )
     rec_tokens = np.zeros(len(seg.ids), dtype=np.int64)
     for key, kind in KEYS[tt].items():
         if kind == MASK:
@@ -181,8 +187,9 @@ def assemble(seg: Segments, tt: str, enc: Encoder, dtype: np.dtype, where: str) 
         within = np.arange(n, dtype=np.int64) - np.repeat(seg_out, seg_len)
         rep_text = np.repeat(is_text, seg_len)
         idx = np.repeat(seg_from, seg_len) + within
-        tokens = np.where(rep_text, piece_flat[np.where(rep_text, idx, 0)] if total else 0,
-                          np.repeat(-src - 1, seg_len))
+        tokens = np.where(
+            rep_text, piece_flat[np.where(rep_text, idx, 0)] if total else 0, np.repeat(-src - 1, seg_len)
+        )
         mask = np.repeat(smask, seg_len)
         nseg = np.asarray(seg.nseg[key], dtype=np.int64)
         seg_item = np.repeat(np.arange(len(nseg)), nseg)
@@ -223,8 +230,8 @@ def concat_chunks(chunks: list[SplitChunk]) -> SplitChunk:
 @dataclass
 class TaskResult:
     docs_in: int
-    reasons: dict[str, int]       # records the training type cannot render, by reason
-    rejected: list[dict]          # one entry each: id, reason, where (part file:line), source
+    reasons: dict[str, int]  # records the training type cannot render, by reason
+    rejected: list[dict]  # one entry each: id, reason, where (part file:line), source
     splits: dict[str, SplitChunk]  # empty as returned; load_splits reads them from splits_file
     splits_file: str = ""
 
@@ -252,7 +259,7 @@ def _lines(rng: ByteRange) -> list[str]:
     try:
         return raw.decode("utf-8").split("\n")
     except UnicodeDecodeError as e:
-        line = rng.first_line + raw[:e.start].count(b"\n")
+        line = rng.first_line + raw[: e.start].count(b"\n")
         raise CorruptOutputError(f"{rng.path}:{line}: not UTF-8 ({e.reason})") from None
 
 
