@@ -16,6 +16,7 @@ usage: python benchmarks/bench_dedup.py [--poetry-sample 20000] [--docs 100000] 
 3. Memory: peak RSS of each side's process (and of the stage's worker processes), per million documents,
    extrapolated linearly from --docs (the stage's per-document state is arrays of fixed width, so it is linear).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -158,8 +159,9 @@ def poetry_sample(limit: int, seed: int = 0) -> list[dict]:
         meta = {k: obj[k] for k in ("title", "rhythmic", "author") if obj.get(k)}
         body = text(obj)
         if body.strip():
-            recs.append({"id": record_id(path, index=i), "text": body, "meta": meta,
-                         "source": {"path": path, "index": i}})
+            recs.append(
+                {"id": record_id(path, index=i), "text": body, "meta": meta, "source": {"path": path, "index": i}}
+            )
     return recs
 
 
@@ -178,7 +180,7 @@ def write_records(folder: Path, recs: list[dict], per_shard: int = 50_000) -> Pa
     folder.mkdir(parents=True, exist_ok=True)
     for s in range(0, len(recs), per_shard):
         with open(folder / f"part-{s // per_shard:05d}.jsonl", "w", encoding="utf-8") as f:
-            for r in recs[s:s + per_shard]:
+            for r in recs[s : s + per_shard]:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return folder
 
@@ -202,7 +204,7 @@ def synthetic_texts(n: int, seed: int = 0) -> list[str]:
         else:
             chars = alphabet[rng.integers(0, len(alphabet), lengths[i])]
             body = chars.astype("<u4").tobytes().decode("utf-32-le")
-            texts.append("，".join(body[j:j + 7] for j in range(0, len(body), 7)) + "。")
+            texts.append("，".join(body[j : j + 7] for j in range(0, len(body), 7)) + "。")
     return texts
 
 
@@ -230,7 +232,7 @@ def brute_force_pairs(keys: list[str], settings: DedupSettings) -> dict:
         size = np.asarray([len(s) for s in sets])
         xt = x.T.tocsr()
         for lo in range(0, len(keys), 2000):
-            block = (x[lo:lo + 2000] @ xt).tocoo()
+            block = (x[lo : lo + 2000] @ xt).tocoo()
             i, j, inter = block.row + lo, block.col, block.data
             m = i < j
             i, j, inter = i[m], j[m], inter[m]
@@ -246,8 +248,10 @@ def datasketch_candidates(keys: list[str], settings: DedupSettings) -> tuple[set
     from datasketch import MinHash, MinHashLSH
 
     t0 = time.perf_counter()
-    sh = [[s.encode("utf-8") for s in set(mh.shingles(k, mh.ngram_size(len(k), settings.ngram, settings.ngram_bounds)))]
-          for k in keys]
+    sh = [
+        [s.encode("utf-8") for s in set(mh.shingles(k, mh.ngram_size(len(k), settings.ngram, settings.ngram_bounds)))]
+        for k in keys
+    ]
     ms = MinHash.bulk(sh, num_perm=settings.num_perm)
     lsh = MinHashLSH(threshold=settings.threshold, num_perm=settings.num_perm)
     with lsh.insertion_session() as session:
@@ -286,15 +290,27 @@ def accuracy(name: str, recs: list[dict], tmp: Path, settings: DedupSettings, wo
     tp = len(found & truth.keys())
     ds_tp = len(ds_pairs & truth.keys())
     return {
-        "set": name, "records": len(recs), "distinct_keys": len(keys), "true_pairs": len(truth),
-        "tokenmill": {"found": len(found), "precision": tp / len(found) if found else 1.0,
-                      "recall": tp / len(truth) if truth else 1.0, "candidates": stats["candidate_pairs"],
-                      "rejected_candidates": stats["rejected_candidates"],
-                      "exact_removed": stats["dropped_exact_duplicate"],
-                      "near_removed": stats["dropped_near_duplicate"], "seconds": round(stage_s, 2)},
-        "datasketch": {"bands_rows": ds_params, "candidates": len(ds_pairs),
-                       "precision": ds_tp / len(ds_pairs) if ds_pairs else 1.0,
-                       "recall": ds_tp / len(truth) if truth else 1.0, "seconds": round(ds_s, 2)},
+        "set": name,
+        "records": len(recs),
+        "distinct_keys": len(keys),
+        "true_pairs": len(truth),
+        "tokenmill": {
+            "found": len(found),
+            "precision": tp / len(found) if found else 1.0,
+            "recall": tp / len(truth) if truth else 1.0,
+            "candidates": stats["candidate_pairs"],
+            "rejected_candidates": stats["rejected_candidates"],
+            "exact_removed": stats["dropped_exact_duplicate"],
+            "near_removed": stats["dropped_near_duplicate"],
+            "seconds": round(stage_s, 2),
+        },
+        "datasketch": {
+            "bands_rows": ds_params,
+            "candidates": len(ds_pairs),
+            "precision": ds_tp / len(ds_pairs) if ds_pairs else 1.0,
+            "recall": ds_tp / len(truth) if truth else 1.0,
+            "seconds": round(ds_s, 2),
+        },
         "brute_force_seconds": round(truth_s, 2),
     }
 
@@ -321,9 +337,13 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
     folder = Path(folder)
     if mode == "gen":  # inputs for the measured processes, so their memory is theirs alone
         texts = synthetic_texts(n_docs)
-        write_records(folder / "in", [{"id": f"{i:016x}", "text": t, "meta": {}, "source": {"path": "synthetic.jsonl",
-                                                                                          "line": i + 1}}
-                                      for i, t in enumerate(texts)])
+        write_records(
+            folder / "in",
+            [
+                {"id": f"{i:016x}", "text": t, "meta": {}, "source": {"path": "synthetic.jsonl", "line": i + 1}}
+                for i, t in enumerate(texts)
+            ],
+        )
         keys = dedup_keys(texts)
         uniq = list(dict.fromkeys(k for k in keys if k))  # exact level first, as the stage does
         (folder / "keys.txt").write_text("\n".join(uniq) + "\n", encoding="utf-8")
@@ -341,11 +361,17 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
             stats = build_dedup_report(folder / "in", folder / f"rep-{time.time_ns()}", settings, workers=workers)
         total = time.perf_counter() - t0
         tm = stats["timings"]
-        return {"mode": mode, "docs": n_docs, "seconds": tm["signatures"] + tm["exact"] + tm["buckets"],
-                "total_seconds": total,
-                "cpu_seconds_total": cpu_seconds() - c0,
-                "candidates": stats["candidate_pairs"], "rss_start_mib": rss0, "peak_mib": peak_mib(),
-                "tree_peak_mib": tree.peak}
+        return {
+            "mode": mode,
+            "docs": n_docs,
+            "seconds": tm["signatures"] + tm["exact"] + tm["buckets"],
+            "total_seconds": total,
+            "cpu_seconds_total": cpu_seconds() - c0,
+            "candidates": stats["candidate_pairs"],
+            "rss_start_mib": rss0,
+            "peak_mib": peak_mib(),
+            "tree_peak_mib": tree.peak,
+        }
     uniq = (folder / "keys.txt").read_text(encoding="utf-8").split("\n")[:-1]
     rss0 = rss_mib()
     t0, c0 = time.perf_counter(), cpu_seconds()
@@ -353,29 +379,51 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
     if mode == "engine":
         bands, rows = settings.band_shape()
         step = (len(uniq) + 2 * workers - 1) // (2 * workers)
-        tasks = [(uniq[i:i + step], settings, bands, rows) for i in range(0, len(uniq), step)]
+        tasks = [(uniq[i : i + step], settings, bands, rows) for i in range(0, len(uniq), step)]
         docs, bh, base = [], [], 0
         for t, (d, b) in zip(tasks, map_ordered(_engine_task, tasks, workers)):
             docs.append(d + base)
             bh.append(b)
             base += len(t[0])
         members = np.concatenate(docs)
-        pairs = [mh.bucket_pairs(np.concatenate([b[i] for b in bh]), members, settings.max_bucket)[0]
-                 for i in range(bands)]
+        pairs = [
+            mh.bucket_pairs(np.concatenate([b[i] for b in bh]), members, settings.max_bucket)[0] for i in range(bands)
+        ]
         n_pairs = len(mh.unique_pairs(np.concatenate(pairs)))
     else:
         pairs, _, _ = datasketch_candidates(uniq, settings)
         n_pairs = len(pairs)
     seconds = time.perf_counter() - t0
     tree.__exit__()
-    return {"mode": mode, "docs": len(uniq), "seconds": seconds, "cpu_seconds": cpu_seconds() - c0,
-            "candidates": n_pairs,
-            "rss_start_mib": rss0, "peak_mib": peak_mib(), "tree_peak_mib": tree.peak}
+    return {
+        "mode": mode,
+        "docs": len(uniq),
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds() - c0,
+        "candidates": n_pairs,
+        "rss_start_mib": rss0,
+        "peak_mib": peak_mib(),
+        "tree_peak_mib": tree.peak,
+    }
 
 
 def run_child(mode: str, n_docs: int, workers: int, folder: Path) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--_child", mode, "--docs", str(n_docs),
-                          "--workers", str(workers), "--_dir", str(folder)], capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--_child",
+            mode,
+            "--docs",
+            str(n_docs),
+            "--workers",
+            str(workers),
+            "--_dir",
+            str(folder),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if out.returncode:
         raise RuntimeError(f"{mode} child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -396,8 +444,10 @@ def main() -> None:
         return
 
     settings = DedupSettings()
-    print(f"threshold {settings.threshold}, {settings.num_perm} permutations, bands x rows {settings.band_shape()}, "
-          f"workers {args.workers}")
+    print(
+        f"threshold {settings.threshold}, {settings.num_perm} permutations, bands x rows {settings.band_shape()}, "
+        f"workers {args.workers}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         sets = []
@@ -413,13 +463,19 @@ def main() -> None:
         for name, recs in sets:
             r = accuracy(name, recs, tmp, settings, args.workers)
             t, d = r["tokenmill"], r["datasketch"]
-            print(f"{name}: {r['records']} records, {r['distinct_keys']} distinct keys, {r['true_pairs']} true pairs "
-                  f"(brute force {r['brute_force_seconds']} s)")
-            print(f"  tokenmill : precision {t['precision']:.4f} recall {t['recall']:.4f} ({t['found']} pairs; "
-                  f"{t['candidates']} candidates, {t['rejected_candidates']} rejected by verification; removed "
-                  f"{t['exact_removed']} exact + {t['near_removed']} near; {t['seconds']} s)")
-            print(f"  datasketch: precision {d['precision']:.4f} recall {d['recall']:.4f} ({d['candidates']} LSH "
-                  f"candidates, bands x rows {d['bands_rows']}, unverified; {d['seconds']} s)")
+            print(
+                f"{name}: {r['records']} records, {r['distinct_keys']} distinct keys, {r['true_pairs']} true pairs "
+                f"(brute force {r['brute_force_seconds']} s)"
+            )
+            print(
+                f"  tokenmill : precision {t['precision']:.4f} recall {t['recall']:.4f} ({t['found']} pairs; "
+                f"{t['candidates']} candidates, {t['rejected_candidates']} rejected by verification; removed "
+                f"{t['exact_removed']} exact + {t['near_removed']} near; {t['seconds']} s)"
+            )
+            print(
+                f"  datasketch: precision {d['precision']:.4f} recall {d['recall']:.4f} ({d['candidates']} LSH "
+                f"candidates, bands x rows {d['bands_rows']}, unverified; {d['seconds']} s)"
+            )
     if args.skip_speed:
         return
     print(f"\n== speed and memory: {args.docs:,} synthetic ~200-character documents, each side in a fresh process ==")
@@ -429,29 +485,42 @@ def main() -> None:
         en = run_child("engine", args.docs, args.workers, Path(tmp))
         st = run_child("stage", args.docs, args.workers, Path(tmp))
         sm = run_child("stagemem", args.docs, args.workers, Path(tmp))
-    print(f"{gen['docs']:,} documents, {gen['distinct']:,} distinct keys (signatures and candidates are computed for "
-          f"distinct keys on both sides; docs/s below counts all documents)")
+    print(
+        f"{gen['docs']:,} documents, {gen['distinct']:,} distinct keys (signatures and candidates are computed for "
+        f"distinct keys on both sides; docs/s below counts all documents)"
+    )
     for r in (ds, en):
         r["docs"] = args.docs
     per_m = 1e6 / args.docs
-    for r, label in ((ds, "datasketch (MinHash.bulk + MinHashLSH insertion_session + query), 1 process"),
-                     (en, f"tokenmill engine from keys, {args.workers} workers"),
-                     (st, f"tokenmill stage from JSONL (parse + key + signatures + candidates), "
-                          f"{args.workers} workers")):
+    for r, label in (
+        (ds, "datasketch (MinHash.bulk + MinHashLSH insertion_session + query), 1 process"),
+        (en, f"tokenmill engine from keys, {args.workers} workers"),
+        (st, f"tokenmill stage from JSONL (parse + key + signatures + candidates), {args.workers} workers"),
+    ):
         grown = r["peak_mib"] - r["rss_start_mib"]
-        print(f"{label}:\n  {r['seconds']:.2f} s, {r['docs'] / r['seconds']:,.0f} docs/s, {r['candidates']:,} "
-              f"candidate "
-              f"pairs; main process peak RSS {r['peak_mib']:.0f} MiB (+{grown:.0f} MiB over its start: "
-              f"~{grown * per_m / 1024:.2f} GiB per million docs); main + workers peak {r['tree_peak_mib']:.0f} MiB")
-    print(f"stage main process, live allocations (tracemalloc) peak: {sm['traced_peak_mib']:.0f} MiB "
-          f"(~{sm['traced_peak_mib'] * per_m / 1024:.2f} GiB per million docs, linear extrapolation; the ~30 MiB of "
-          f"one input chunk read in the main process does not grow with the corpus)")
-    print(f"\nspeed-up, signatures + candidate pairs (wall clock): engine {ds['seconds'] / en['seconds']:.1f}x, "
-          f"whole stage step {ds['seconds'] / st['seconds']:.1f}x (datasketch {ds['seconds']:.1f} s)")
-    print(f"CPU time (all processes; robust to other load on the machine): datasketch {ds['cpu_seconds']:.1f} s, "
-          f"engine {en['cpu_seconds']:.1f} s -> {ds['cpu_seconds'] / en['cpu_seconds']:.1f}x less CPU")
-    print(f"stage build_dedup_report total (incl. verification, clusters, report): {st['total_seconds']:.1f} s wall, "
-          f"{st['cpu_seconds_total']:.1f} s CPU; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+        print(
+            f"{label}:\n  {r['seconds']:.2f} s, {r['docs'] / r['seconds']:,.0f} docs/s, {r['candidates']:,} "
+            f"candidate "
+            f"pairs; main process peak RSS {r['peak_mib']:.0f} MiB (+{grown:.0f} MiB over its start: "
+            f"~{grown * per_m / 1024:.2f} GiB per million docs); main + workers peak {r['tree_peak_mib']:.0f} MiB"
+        )
+    print(
+        f"stage main process, live allocations (tracemalloc) peak: {sm['traced_peak_mib']:.0f} MiB "
+        f"(~{sm['traced_peak_mib'] * per_m / 1024:.2f} GiB per million docs, linear extrapolation; the ~30 MiB of "
+        f"one input chunk read in the main process does not grow with the corpus)"
+    )
+    print(
+        f"\nspeed-up, signatures + candidate pairs (wall clock): engine {ds['seconds'] / en['seconds']:.1f}x, "
+        f"whole stage step {ds['seconds'] / st['seconds']:.1f}x (datasketch {ds['seconds']:.1f} s)"
+    )
+    print(
+        f"CPU time (all processes; robust to other load on the machine): datasketch {ds['cpu_seconds']:.1f} s, "
+        f"engine {en['cpu_seconds']:.1f} s -> {ds['cpu_seconds'] / en['cpu_seconds']:.1f}x less CPU"
+    )
+    print(
+        f"stage build_dedup_report total (incl. verification, clusters, report): {st['total_seconds']:.1f} s wall, "
+        f"{st['cpu_seconds_total']:.1f} s CPU; load average now {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
 
 
 if __name__ == "__main__":

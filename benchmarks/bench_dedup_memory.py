@@ -14,6 +14,7 @@ Linux carries it over fork and exec, so a child's figure starts at its parent's)
 largest process per kind (target <= 1.3). With --base, the same runs with the code of
 another checkout (e.g. `git worktree add /tmp/base_dedup <commit>`) for comparison.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,17 @@ def generate(kind: str, n_docs: int, folder: Path, seed: int = 0, shard_docs: in
         with open(folder / f"part-{s // shard_docs:05d}.jsonl", "w", encoding="utf-8") as f:
             for i in range(s, min(n_docs, s + shard_docs)):
                 text = " ".join([vocab[w] for w in docs[i].tolist()])
-                f.write(json.dumps({"id": f"{kind}-{i:09d}", "text": text, "meta": {},
-                                    "source": {"path": f"{kind}.jsonl", "line": i + 1}}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "id": f"{kind}-{i:09d}",
+                            "text": text,
+                            "meta": {},
+                            "source": {"path": f"{kind}.jsonl", "line": i + 1},
+                        }
+                    )
+                    + "\n"
+                )
 
 
 def corpus(data: Path, kind: str, n_docs: int) -> Path:
@@ -145,18 +155,38 @@ def child(in_dir: str, out_dir: str, workers: int) -> dict:
         write_deduped(Path(in_dir), out / "report", out / "deduped", workers=workers)
     seconds = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    return {"docs": stats["docs_in"], "removed": stats["docs_in"] - stats["docs_out"], "seconds": seconds,
-            "candidates": stats["candidate_pairs"], "oversized_buckets": stats["oversized_buckets"],
-            "parent_mib": _hwm_mib("self"), "worker_mib": peaks.peak,
-            "shards": len(record_shards(Path(in_dir)))}
+    return {
+        "docs": stats["docs_in"],
+        "removed": stats["docs_in"] - stats["docs_out"],
+        "seconds": seconds,
+        "candidates": stats["candidate_pairs"],
+        "oversized_buckets": stats["oversized_buckets"],
+        "parent_mib": _hwm_mib("self"),
+        "worker_mib": peaks.peak,
+        "shards": len(record_shards(Path(in_dir))),
+    }
 
 
 def run(code: Path, in_dir: Path, out_dir: Path, workers: int, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
     try:
-        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--_child", str(in_dir), "--_out",
-                            str(out_dir), "--workers", str(workers)], cwd=code, env=env, capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--_child",
+                str(in_dir),
+                "--_out",
+                str(out_dir),
+                "--workers",
+                str(workers),
+            ],
+            cwd=code,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     if p.returncode:
@@ -168,10 +198,12 @@ def show(label: str, r: dict) -> str:
     if "error" in r:
         return f"{label}: {r['error']}"
     largest = max(r["parent_mib"], r["worker_mib"])
-    return (f"{label}: {r['docs']:,} docs in {r['seconds']:.1f} s = {r['docs'] / r['seconds']:,.0f} docs/s; "
-            f"removed {r['removed']:,}; {r['candidates']:,} candidate pairs, {r['oversized_buckets']:,} oversized "
-            f"buckets; peak RSS parent {r['parent_mib']:.0f} MiB, largest worker {r['worker_mib']:.0f} MiB, "
-            f"largest process {largest:.0f} MiB")
+    return (
+        f"{label}: {r['docs']:,} docs in {r['seconds']:.1f} s = {r['docs'] / r['seconds']:,.0f} docs/s; "
+        f"removed {r['removed']:,}; {r['candidates']:,} candidate pairs, {r['oversized_buckets']:,} oversized "
+        f"buckets; peak RSS parent {r['parent_mib']:.0f} MiB, largest worker {r['worker_mib']:.0f} MiB, "
+        f"largest process {largest:.0f} MiB"
+    )
 
 
 def main() -> None:
@@ -202,12 +234,20 @@ def main() -> None:
             if "error" not in r:
                 largest[n] = max(r["parent_mib"], r["worker_mib"])
             if n in base_sizes:
-                print(show(f"{kind} {n:,} (base {args.base})", run(Path(args.base), in_dir, data / "run",
-                                                                     args.workers, args.timeout)), flush=True)
+                print(
+                    show(
+                        f"{kind} {n:,} (base {args.base})",
+                        run(Path(args.base), in_dir, data / "run", args.workers, args.timeout),
+                    ),
+                    flush=True,
+                )
         if len(largest) >= 2:
             lo, hi = min(largest), max(largest)
-            print(f"{kind}: peak RSS of the largest process, {hi:,} / {lo:,} docs: "
-                  f"{largest[hi] / largest[lo]:.2f} (target <= 1.3)", flush=True)
+            print(
+                f"{kind}: peak RSS of the largest process, {hi:,} / {lo:,} docs: "
+                f"{largest[hi] / largest[lo]:.2f} (target <= 1.3)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

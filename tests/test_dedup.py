@@ -1,5 +1,6 @@
 """dedup_report / deduped_jsonl: key normalization, datasketch-identical signatures, bands, verification,
 union-find, keep rule, conservation, determinism and the two assets end to end."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,12 @@ CHARS = "春江潮水连海平明月共生滟随波千万里何处无光流宛�
 
 
 def _rec(path: str, index: int, text: str, meta: dict | None = None) -> dict:
-    return {"id": record_id(path, index=index), "text": text, "meta": meta or {},
-            "source": {"path": path, "index": index}}
+    return {
+        "id": record_id(path, index=index),
+        "text": text,
+        "meta": meta or {},
+        "source": {"path": path, "index": index},
+    }
 
 
 def _poem(rng: random.Random, n: int = 28) -> str:
@@ -40,13 +45,13 @@ def _write(folder: Path, records: list[dict], per_shard: int = 10**9) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for s in range(0, max(len(records), 1), per_shard):
         with open(folder / f"part-{s // per_shard:05d}.jsonl", "w", encoding="utf-8") as f:
-            for r in records[s:s + per_shard]:
+            for r in records[s : s + per_shard]:
                 f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return folder
 
 
 def _substitute(text: str, pos: int, ch: str = "龍") -> str:
-    return text[:pos] + ch + text[pos + 1:]
+    return text[:pos] + ch + text[pos + 1 :]
 
 
 def _corpus(seed: int = 0) -> tuple[list[dict], dict]:
@@ -86,13 +91,35 @@ def test_dedup_key_normalization():
 
 def test_batch_keys_equal_per_text_keys():
     rng = random.Random(0)
-    tricky = ["Ｈｅｌｌｏ，　ＷＯＲＬＤ！", "Straße ™ ① ﬁ", "e\u0301 cafe\u0301", "!!!", "", "  ", "\u1100\u1161",
-              "가나",
-              "İstanbul", "ΣΑΣ", "x\U00020000y", "😀 hi", "a\u200bb", "床前明月光，疑是地上霜。"]
-    pools = [(0x20, 0x2FF), (0x300, 0x36F), (0x1100, 0x11FF), (0x2000, 0x33FF), (0xAC00, 0xAC20), (0xFF00, 0xFFEF),
-             (0x4E00, 0x4E40), (0x1F300, 0x1F320)]
-    texts = tricky + ["".join(chr(rng.randint(*rng.choice(pools))) for _ in range(rng.randint(0, 12)))
-                      for _ in range(3000)]
+    tricky = [
+        "Ｈｅｌｌｏ，　ＷＯＲＬＤ！",
+        "Straße ™ ① ﬁ",
+        "e\u0301 cafe\u0301",
+        "!!!",
+        "",
+        "  ",
+        "\u1100\u1161",
+        "가나",
+        "İstanbul",
+        "ΣΑΣ",
+        "x\U00020000y",
+        "😀 hi",
+        "a\u200bb",
+        "床前明月光，疑是地上霜。",
+    ]
+    pools = [
+        (0x20, 0x2FF),
+        (0x300, 0x36F),
+        (0x1100, 0x11FF),
+        (0x2000, 0x33FF),
+        (0xAC00, 0xAC20),
+        (0xFF00, 0xFFEF),
+        (0x4E00, 0x4E40),
+        (0x1F300, 0x1F320),
+    ]
+    texts = tricky + [
+        "".join(chr(rng.randint(*rng.choice(pools))) for _ in range(rng.randint(0, 12))) for _ in range(3000)
+    ]
     for strip in (True, False):
         assert K.dedup_keys(texts, strip) == [K.dedup_key(t, strip) for t in texts]
 
@@ -107,8 +134,12 @@ def test_chinese_folding_is_optional_and_consistent():
 
 
 def test_exact_level_groups_normalized_variants(tmp_path):
-    recs = [_rec("f.json", 0, "Hello, World!"), _rec("f.json", 1, "hello world"),
-            _rec("f.json", 2, "ＨＥＬＬＯ　ＷＯＲＬＤ。"), _rec("f.json", 3, "goodbye world")]
+    recs = [
+        _rec("f.json", 0, "Hello, World!"),
+        _rec("f.json", 1, "hello world"),
+        _rec("f.json", 2, "ＨＥＬＬＯ　ＷＯＲＬＤ。"),
+        _rec("f.json", 3, "goodbye world"),
+    ]
     _write(tmp_path / "in", recs)
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
     assert stats["dropped_exact_duplicate"] == 2 and stats["dropped_near_duplicate"] == 0
@@ -119,8 +150,16 @@ def test_exact_level_groups_normalized_variants(tmp_path):
 # Level 2: hashes and signatures, identical to datasketch
 # -------------------------------------------------------------------------------------------------
 
-KEYS = ["床前明月光疑是地上霜举头望明月低头思故乡", "helloworld", "a", "", "ab", "abc", "🦊fox🦊" * 5,
-        "".join(chr(0x20000 + i) for i in range(12))]  # astral-plane CJK extension B
+KEYS = [
+    "床前明月光疑是地上霜举头望明月低头思故乡",
+    "helloworld",
+    "a",
+    "",
+    "ab",
+    "abc",
+    "🦊fox🦊" * 5,
+    "".join(chr(0x20000 + i) for i in range(12)),
+]  # astral-plane CJK extension B
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -128,7 +167,7 @@ def test_vectorized_shingle_hashes_equal_python(n):
     hashes, offsets = mh.shingle_hashes(KEYS, n)
     for i, key in enumerate(KEYS):
         ref = [mh.shingle_hash32(s) for s in mh.shingles(key, n)]
-        assert hashes[offsets[i]:offsets[i + 1]].tolist() == ref
+        assert hashes[offsets[i] : offsets[i + 1]].tolist() == ref
         assert [mh.shingle_hash32(s.encode("utf-8")) for s in mh.shingles(key, n)] == ref
 
 
@@ -157,8 +196,11 @@ def test_signatures_identical_to_datasketch(hash_name, n):
 def test_signatures_usable_in_datasketch_lsh():
     from datasketch import MinHash, MinHashLSH
 
-    keys = ["床前明月光疑是地上霜举头望明月低头思故乡", "床前明月光疑是地上霜举头望山月低头思故乡",
-            "白日依山尽黄河入海流"]
+    keys = [
+        "床前明月光疑是地上霜举头望明月低头思故乡",
+        "床前明月光疑是地上霜举头望山月低头思故乡",
+        "白日依山尽黄河入海流",
+    ]
     hashes, offsets = mh.shingle_hashes(keys, 2)
     sig = mh.signatures(hashes, offsets)
     lsh = MinHashLSH(threshold=0.6, num_perm=128)
@@ -201,7 +243,7 @@ def test_band_choice_favours_recall():
     assert (b, r) == (14, 9) and mh.catch_probability(0.85, b, r) > 0.97
     ds = MinHashLSH(threshold=0.85, num_perm=128)
     assert mh.catch_probability(0.85, ds.b, ds.r) < 0.6  # datasketch's default misses many pairs at 0.85
-    assert abs(mh.catch_probability(0.8, 16, 8) - (1 - (1 - 0.8 ** 8) ** 16)) < 1e-12
+    assert abs(mh.catch_probability(0.8, 16, 8) - (1 - (1 - 0.8**8) ** 16)) < 1e-12
     assert DedupSettings(bands=20, rows=6).band_shape() == (20, 6)
     with pytest.raises(ValueError):
         DedupSettings(bands=20, rows=7)
@@ -237,7 +279,7 @@ def test_verification_rejects_planted_false_candidate(tmp_path):
 
 def test_exact_jaccard_on_packed_shingle_sets():
     rng = random.Random(2)
-    alphabet = "abc春江\U00020000\U0010FFFD"
+    alphabet = "abc春江\U00020000\U0010fffd"
     for _ in range(500):
         n = rng.choice([1, 2, 3, 4, 5])
         a, b = ("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(2))
@@ -248,8 +290,8 @@ def test_exact_jaccard_on_packed_shingle_sets():
 def test_chains_do_not_remove_records_below_the_threshold(tmp_path):
     rng = random.Random(11)
     a = _poem(rng, 40)
-    b = _substitute(a, 10)                      # J(a, b) = 0.90 (2-grams)
-    c = _substitute(_substitute(b, 25), 32)     # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
+    b = _substitute(a, 10)  # J(a, b) = 0.90 (2-grams)
+    c = _substitute(_substitute(b, 25), 32)  # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
     _write(tmp_path / "in", [_rec("c.json", i, t) for i, t in enumerate((a, b, c))])
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=4), workers=1)
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
@@ -285,10 +327,12 @@ def _kept_ids(folder: Path) -> set:
 def test_keep_rule(tmp_path, rule):
     rng = random.Random(9)
     t = _poem(rng, 40)
-    recs = [_rec("k/10.json", 0, t, {"title": "x"}),                              # earliest, 1 meta field
-            _rec("k/2.json", 0, t + "。", {"title": "x", "author": "y", "n": ""}),  # 2 non-empty meta fields
-            _rec("k/2.json", 1, t + _poem(rng, 2), {}),                          # near dup, longest text
-            _rec("k/2.json", 2, t, {"title": "x", "author": "z"})]               # ties the richest, later
+    recs = [
+        _rec("k/10.json", 0, t, {"title": "x"}),  # earliest, 1 meta field
+        _rec("k/2.json", 0, t + "。", {"title": "x", "author": "y", "n": ""}),  # 2 non-empty meta fields
+        _rec("k/2.json", 1, t + _poem(rng, 2), {}),  # near dup, longest text
+        _rec("k/2.json", 2, t, {"title": "x", "author": "z"}),
+    ]  # ties the richest, later
     _write(tmp_path / "in", recs)
     build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(keep=rule), workers=1)
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
@@ -382,8 +426,11 @@ def test_materialize_dedup_assets(tmp_path):
     _write(tmp_path / "cleaned_jsonl", recs, per_shard=100)
     result = dg.materialize(
         [dedup_report, deduped_jsonl],
-        resources={"source": CorpusSource(path=str(tmp_path)), "data_root": DataRoot(root=str(tmp_path)),
-                   "compute": Compute()},
+        resources={
+            "source": CorpusSource(path=str(tmp_path)),
+            "data_root": DataRoot(root=str(tmp_path)),
+            "compute": Compute(),
+        },
         run_config={"ops": {"dedup_report": {"config": {"sample_clusters": 4}}}},
     )
     assert result.success
@@ -396,9 +443,11 @@ def test_materialize_dedup_assets(tmp_path):
     assert md2["docs_in"].value == md2["docs_out"].value + 50
     stats = json.loads((tmp_path / "deduped_jsonl" / STATS_FILE).read_text())
     assert stats["docs_in"] == stats["docs_out"] + stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
-    assert not any(p.name.endswith(".jsonl") and p.name not in ("part-00000.jsonl", "part-00001.jsonl",
-                                                                 "part-00002.jsonl", REMOVED_FILE)
-                   for p in (tmp_path / "deduped_jsonl").iterdir())
+    assert not any(
+        p.name.endswith(".jsonl")
+        and p.name not in ("part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl", REMOVED_FILE)
+        for p in (tmp_path / "deduped_jsonl").iterdir()
+    )
 
 
 def test_demo_corpus_planted_duplicates_are_found(tmp_path, demo_source, demo_manifest):
@@ -435,8 +484,10 @@ def test_partitioned_steps_decide_as_one_partition(tmp_path):
     recs += [_rec("d.json", i, template) for i in range(3)]
     _write(tmp_path / "in", recs, per_shard=70)
     runs = {}
-    for name, parts in (("one", Partitions(exact_docs=10**9, bucket_items=10**9, verify_pairs=10**9)),
-                        ("many", Partitions(exact_docs=7, bucket_items=5, verify_pairs=3))):
+    for name, parts in (
+        ("one", Partitions(exact_docs=10**9, bucket_items=10**9, verify_pairs=10**9)),
+        ("many", Partitions(exact_docs=7, bucket_items=5, verify_pairs=3)),
+    ):
         rep, out = tmp_path / f"rep-{name}", tmp_path / f"out-{name}"
         build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=3000), workers=1, partitions=parts)
         write_deduped(tmp_path / "in", rep, out, workers=1)
@@ -458,8 +509,9 @@ def test_oversized_bucket_is_handled_and_counted(tmp_path):
     recs = [_rec("o.json", i, _substitute(t, i % 60, "龍")) for i in range(40)]
     _write(tmp_path / "in", recs)
     settings = DedupSettings(max_bucket=5)
-    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1,
-                               partitions=Partitions(bucket_items=7, verify_pairs=10))
+    stats = build_dedup_report(
+        tmp_path / "in", tmp_path / "rep", settings, workers=1, partitions=Partitions(bucket_items=7, verify_pairs=10)
+    )
     report = json.loads((tmp_path / "rep" / REPORT_FILE).read_text())
     assert stats["oversized_buckets"] > 0 and report["counts"]["oversized_buckets"] == stats["oversized_buckets"]
     assert stats["pairs_not_emitted"] > 0
@@ -513,10 +565,15 @@ def test_low_entropy_candidates_bounded_per_document(tmp_path):
     assert removed[0] == removed[1]
 
 
-@pytest.mark.parametrize("values,field", [({"keep": "newest"}, "dedup_report.keep"),
-                                          ({"threshold": 1.5}, "dedup_report.threshold"),
-                                          ({"shingle_hash": "md5"}, "dedup_report.shingle_hash"),
-                                          ({"ngram_bounds": [1000, 100]}, "dedup_report.ngram_bounds")])
+@pytest.mark.parametrize(
+    "values,field",
+    [
+        ({"keep": "newest"}, "dedup_report.keep"),
+        ({"threshold": 1.5}, "dedup_report.threshold"),
+        ({"shingle_hash": "md5"}, "dedup_report.shingle_hash"),
+        ({"ngram_bounds": [1000, 100]}, "dedup_report.ngram_bounds"),
+    ],
+)
 def test_invalid_settings_are_refused_naming_the_field(values, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         load_settings(DedupSettings, values)

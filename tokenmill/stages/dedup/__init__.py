@@ -13,10 +13,18 @@ another process or machine:
   apply        write_deduped: survivors and removed.jsonl, one task per chunk
   stage        build_dedup_report: the steps in order
 """
+
 from tokenmill.stages.dedup.apply import write_deduped
 from tokenmill.stages.dedup.layout import CLUSTERS_FILE, DECISION_DIR, REPORT_FILE
 from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.stage import Partitions, build_dedup_report
 
-__all__ = ["CLUSTERS_FILE", "DECISION_DIR", "REPORT_FILE", "DedupSettings", "Partitions", "build_dedup_report",
-           "write_deduped"]
+__all__ = [
+    "CLUSTERS_FILE",
+    "DECISION_DIR",
+    "REPORT_FILE",
+    "DedupSettings",
+    "Partitions",
+    "build_dedup_report",
+    "write_deduped",
+]

@@ -1,6 +1,7 @@
 """Step 8: apply the decisions: survivors to `part-*.jsonl` (same shard names as the input, lines copied byte for
 byte), every removed record to `removed.jsonl` with the id it duplicates, the level and the measured similarity,
 and `_stats.json`. One task per input chunk, reading only that chunk's decisions. Records in = kept + removed."""
+
 from __future__ import annotations
 
 import time
@@ -53,9 +54,16 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
     removed = {}
     if task.decisions.exists():
         dec = np.load(task.decisions)
-        removed = {o: (i.decode("utf-8"), k.decode("utf-8"), lv, float(s))
-                   for o, i, k, lv, s in zip(dec["ordinal"].tolist(), dec["id"].tolist(), dec["kept_id"].tolist(),
-                                             dec["level"].tolist(), dec["similarity"].tolist())}
+        removed = {
+            o: (i.decode("utf-8"), k.decode("utf-8"), lv, float(s))
+            for o, i, k, lv, s in zip(
+                dec["ordinal"].tolist(),
+                dec["id"].tolist(),
+                dec["kept_id"].tolist(),
+                dec["level"].tolist(),
+                dec["similarity"].tolist(),
+            )
+        }
     kept_path, removed_path = task.tmp_dir / f"{chunk.stem}.kept", task.tmp_dir / f"{chunk.stem}.removed"
     kept = dropped = 0
     levels = [0, 0]
@@ -70,17 +78,28 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
             rec = parse(chunk, ordinal, line)
             rid, kept_id, lv, sim = hit
             if str(rec.get("id")) != rid:
-                raise StaleUpstreamError(f"{chunk.path}: record {ordinal + 1} of chunk {chunk.chunk} has id "
-                                         f"{rec.get('id')!r}, the dedup report expected {rid!r}: cleaned_jsonl "
-                                         "changed since dedup_report was built; rematerialize dedup_report")
-            fr.write({"id": rid, "duplicate_of": kept_id, "level": LEVEL_NAMES[lv],
-                      "similarity": round(sim, 4), "reason": f"{LEVEL_NAMES[lv]}_duplicate",
-                      "source": rec.get("source")})
+                raise StaleUpstreamError(
+                    f"{chunk.path}: record {ordinal + 1} of chunk {chunk.chunk} has id "
+                    f"{rec.get('id')!r}, the dedup report expected {rid!r}: cleaned_jsonl "
+                    "changed since dedup_report was built; rematerialize dedup_report"
+                )
+            fr.write(
+                {
+                    "id": rid,
+                    "duplicate_of": kept_id,
+                    "level": LEVEL_NAMES[lv],
+                    "similarity": round(sim, 4),
+                    "reason": f"{LEVEL_NAMES[lv]}_duplicate",
+                    "source": rec.get("source"),
+                }
+            )
             dropped += 1
             levels[lv] += 1
     if dropped != len(removed):
-        raise StaleUpstreamError(f"{chunk.path}: the dedup report removes {len(removed)} records of chunk "
-                                 f"{chunk.chunk}, {dropped} were found: rematerialize dedup_report")
+        raise StaleUpstreamError(
+            f"{chunk.path}: the dedup report removes {len(removed)} records of chunk "
+            f"{chunk.chunk}, {dropped} were found: rematerialize dedup_report"
+        )
     return ApplyResult(kept, dropped, (levels[0], levels[1]), str(kept_path), str(removed_path))
 
 
@@ -94,10 +113,14 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
     expected = {s["name"]: s["bytes"] for s in report["input"]["shards"]}
     actual = {name: p.stat().st_size for name, p in shards.items()}
     if expected != actual:
-        raise StaleUpstreamError(f"cleaned_jsonl shards {sorted(actual)} differ from those dedup_report read "
-                                 f"({sorted(expected)}, or sizes changed): rematerialize dedup_report")
-    chunks = [Chunk(0, c["name"], str(shards[c["name"]]), c["start"], c["end"], c["chunk"], records=c["records"])
-              for c in report["input"]["chunks"]]
+        raise StaleUpstreamError(
+            f"cleaned_jsonl shards {sorted(actual)} differ from those dedup_report read "
+            f"({sorted(expected)}, or sizes changed): rematerialize dedup_report"
+        )
+    chunks = [
+        Chunk(0, c["name"], str(shards[c["name"]]), c["start"], c["end"], c["chunk"], records=c["records"])
+        for c in report["input"]["chunks"]
+    ]
     tmp_dir = out_dir / ".chunks"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tasks = [ApplyTask(c, report_dir / DECISION_DIR / f"{c.stem}.npz", tmp_dir) for c in chunks]
@@ -119,11 +142,17 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
     tmp_dir.rmdir()
     kept, dropped = sum(r.kept for r in results), sum(r.removed for r in results)
     if dropped != report["counts"]["records_removed"]:
-        raise StaleUpstreamError(f"removed {dropped} records but the report lists "
-                                 f"{report['counts']['records_removed']}: rematerialize dedup_report")
-    stats = {"docs_in": kept + dropped, "docs_out": kept,
-             "dropped_exact_duplicate": sum(r.levels[0] for r in results),
-             "dropped_near_duplicate": sum(r.levels[1] for r in results),
-             "seconds": round(time.perf_counter() - t_start, 3), "shards": len(shards)}
+        raise StaleUpstreamError(
+            f"removed {dropped} records but the report lists "
+            f"{report['counts']['records_removed']}: rematerialize dedup_report"
+        )
+    stats = {
+        "docs_in": kept + dropped,
+        "docs_out": kept,
+        "dropped_exact_duplicate": sum(r.levels[0] for r in results),
+        "dropped_near_duplicate": sum(r.levels[1] for r in results),
+        "seconds": round(time.perf_counter() - t_start, 3),
+        "shards": len(shards),
+    }
     write_stats(out_dir, stats)
     return stats

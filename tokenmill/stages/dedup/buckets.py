@@ -7,6 +7,7 @@ bucket_pairs (one task per band and hash range): candidate pairs of every bucket
 most PAIR_BATCH pairs, with a histogram of their first documents (the parent cuts verification ranges with it).
 A bucket never spans two hash ranges, so partitioned buckets are exactly the unpartitioned ones.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -48,8 +49,9 @@ def lsh_inputs(task: LshInputTask) -> int:
     non_rep = np.zeros(task.records, dtype=bool)
     for path in task.exact_files:
         with NpyRows(path) as rows:
-            part = rows.read((), rows.searchsorted((), task.first, "doc"),
-                             rows.searchsorted((), task.first + task.records, "doc"))
+            part = rows.read(
+                (), rows.searchsorted((), task.first, "doc"), rows.searchsorted((), task.first + task.records, "doc")
+            )
         non_rep[part["doc"][part["doc"] != part["rep"]] - task.first] = True
     key_len = np.load(task.out_dir / DOCS_DIR / f"{task.stem}.npy", mmap_mode="r")["key_len"]
     items = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.items.npz")
@@ -127,8 +129,11 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
     # pairs each bucket emits (all pairs, or m * neighbours when oversized): cut the runs into groups of about
     # pair_batch pairs, so one call of mh.bucket_pairs never holds more
     emitted = mh.pairs_per_bucket(lens, task.max_bucket, task.neighbours)
-    cuts = np.searchsorted(np.cumsum(emitted), np.arange(task.pair_batch, int(emitted.sum()) + task.pair_batch,
-                                                          task.pair_batch), side="right")
+    cuts = np.searchsorted(
+        np.cumsum(emitted),
+        np.arange(task.pair_batch, int(emitted.sum()) + task.pair_batch, task.pair_batch),
+        side="right",
+    )
     cuts = np.unique(np.concatenate(([0], np.minimum(cuts, len(starts)), [len(starts)])))
     stats = {"oversized_buckets": 0, "pairs_not_emitted": 0}
     collisions, held, files = 0, [], []

@@ -6,6 +6,7 @@ the components; within them, in keep-rule order, a group joins the most preferre
 pair with, else it is kept itself (so every removed record is within the threshold of the record it names;
 chains are cut, not merged). Writes the decisions per chunk (decisions/) and clusters.jsonl.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -131,8 +132,9 @@ def _id(docs: dict, d: int) -> str:
     return docs["ids"][d].decode("utf-8")
 
 
-def _write_clusters(out_dir, docs, star, comp, comp_size, removed, level, similarity, verified, verified_sims,
-                    cluster_roots, rank) -> int:
+def _write_clusters(
+    out_dir, docs, star, comp, comp_size, removed, level, similarity, verified, verified_sims, cluster_roots, rank
+) -> int:
     """clusters.jsonl: one line per cluster (one kept record and the records removed as its duplicates),
     ordered by the kept record's input position; `component` links clusters that union-find joined."""
     lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
@@ -156,14 +158,29 @@ def _write_clusters(out_dir, docs, star, comp, comp_size, removed, level, simila
             members = [{"id": _id(docs, kept), "role": "kept", "source": _source(docs, kept)}]
             for d in run[1:].tolist():
                 lv, sim = lvl[d]
-                members.append({"id": _id(docs, d), "role": "removed", "level": LEVEL_NAMES[lv],
-                                "similarity": round(sim, 4), "source": _source(docs, d)})
+                members.append(
+                    {
+                        "id": _id(docs, d),
+                        "role": "removed",
+                        "level": LEVEL_NAMES[lv],
+                        "similarity": round(sim, 4),
+                        "source": _source(docs, d),
+                    }
+                )
             levels = {m.get("level") for m in members[1:]}
-            w.write({"cluster": i, "kept": _id(docs, kept), "size": len(run),
-                     "level": levels.pop() if len(levels) == 1 else "mixed", "members": members,
-                     "verified_pairs": edges.get(int(star[kept]), []),
-                     "linked_pairs": links.get(int(star[kept]), []),
-                     "component": int(docs["comp_ordinal"][comp[kept]]), "component_size": int(comp_size[comp[kept]])})
+            w.write(
+                {
+                    "cluster": i,
+                    "kept": _id(docs, kept),
+                    "size": len(run),
+                    "level": levels.pop() if len(levels) == 1 else "mixed",
+                    "members": members,
+                    "verified_pairs": edges.get(int(star[kept]), []),
+                    "linked_pairs": links.get(int(star[kept]), []),
+                    "component": int(docs["comp_ordinal"][comp[kept]]),
+                    "component_size": int(comp_size[comp[kept]]),
+                }
+            )
         return w.count
 
 
@@ -184,11 +201,17 @@ def build_clusters(task: ClusterTask) -> Clusters:
     reps, group = np.unique(rep, return_inverse=True)
     group = group.ravel().astype(np.int64)
     n_docs, n_groups = len(doc), len(reps)
-    verified = np.stack([np.searchsorted(doc, ver["a"]), np.searchsorted(doc, ver["b"])], axis=1) if len(ver) \
+    verified = (
+        np.stack([np.searchsorted(doc, ver["a"]), np.searchsorted(doc, ver["b"])], axis=1)
+        if len(ver)
         else np.empty((0, 2), dtype=np.int64)
+    )
     verified_sims = ver["sim"].astype(np.float64)
-    g_edges = np.stack([group[verified[:, 0]], group[verified[:, 1]]], axis=1) if len(verified) else \
-        np.empty((0, 2), dtype=np.int64)
+    g_edges = (
+        np.stack([group[verified[:, 0]], group[verified[:, 1]]], axis=1)
+        if len(verified)
+        else np.empty((0, 2), dtype=np.int64)
+    )
     uf = mh.UnionFind(n_groups)
     uf.union_pairs(g_edges.tolist())
     comp_of_group = uf.roots()
@@ -206,9 +229,22 @@ def build_clusters(task: ClusterTask) -> Clusters:
     kept_per_comp = np.bincount(comp_of_group[np.unique(star)], minlength=n_groups)
     docs["doc"], docs["comp"], docs["comp_size"], docs["rank"] = doc, comp, comp_size, rank
     docs["comp_ordinal"] = _group_ordinals(reps, exact)
-    return Clusters(doc, docs, group, star, kept_doc, removed, level, similarity, verified, verified_sims,
-                    cluster_roots, star_size[cluster_roots], int((comp_size >= 2).sum()),
-                    int((kept_per_comp >= 2).sum()))
+    return Clusters(
+        doc,
+        docs,
+        group,
+        star,
+        kept_doc,
+        removed,
+        level,
+        similarity,
+        verified,
+        verified_sims,
+        cluster_roots,
+        star_size[cluster_roots],
+        int((comp_size >= 2).sum()),
+        int((kept_per_comp >= 2).sum()),
+    )
 
 
 def write_decisions(out_dir: Path, chunks: list[Chunk], c: Clusters) -> None:
@@ -218,11 +254,28 @@ def write_decisions(out_dir: Path, chunks: list[Chunk], c: Clusters) -> None:
     dec_dir = folder(out_dir, DECISION_DIR)
     for ci in np.unique(chunk).tolist():
         r = removed[chunk == ci]
-        np.savez(dec_dir / f"{chunks[ci].stem}.npz", ordinal=c.docs["ordinal"][r], id=c.docs["ids"][r],
-                 kept_id=c.docs["ids"][c.kept_doc[r]], level=c.level[chunk == ci],
-                 similarity=c.similarity[chunk == ci].astype(np.float32))
+        np.savez(
+            dec_dir / f"{chunks[ci].stem}.npz",
+            ordinal=c.docs["ordinal"][r],
+            id=c.docs["ids"][r],
+            kept_id=c.docs["ids"][c.kept_doc[r]],
+            level=c.level[chunk == ci],
+            similarity=c.similarity[chunk == ci].astype(np.float32),
+        )
 
 
 def write_clusters(out_dir: Path, c: Clusters) -> int:
-    return _write_clusters(out_dir, c.docs, c.star, c.docs["comp"], c.docs["comp_size"], c.removed, c.level,
-                           c.similarity, c.verified, c.verified_sims, c.cluster_roots, c.docs["rank"])
+    return _write_clusters(
+        out_dir,
+        c.docs,
+        c.star,
+        c.docs["comp"],
+        c.docs["comp_size"],
+        c.removed,
+        c.level,
+        c.similarity,
+        c.verified,
+        c.verified_sims,
+        c.cluster_roots,
+        c.docs["rank"],
+    )

@@ -3,6 +3,7 @@ traditional -> simplified Chinese folding, SHA-256; vectorized over a batch (`de
 
 No dagster import here: these run in spawned worker processes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -52,9 +53,16 @@ def _cached(name: str, build: Callable[[], np.ndarray]) -> np.ndarray:
 
 def _build_drop(strip_symbols: bool) -> np.ndarray:
     planes = list(range(0x0, 0x40000)) + list(range(0xE0000, 0xE1000))  # assigned planes only (fast)
-    return np.asarray([cp for cp in planes if (lambda c: c[0] in "PZ" or c in ("Cc", "Cf")
-                                               or (strip_symbols and c[0] == "S"))(unicodedata.category(chr(cp)))],
-                      dtype=np.int64)
+    return np.asarray(
+        [
+            cp
+            for cp in planes
+            if (lambda c: c[0] in "PZ" or c in ("Cc", "Cf") or (strip_symbols and c[0] == "S"))(
+                unicodedata.category(chr(cp))
+            )
+        ],
+        dtype=np.int64,
+    )
 
 
 @functools.lru_cache(maxsize=2)
@@ -71,8 +79,10 @@ def _t2s_converter() -> Callable[[str], str]:
     try:
         import opencc  # type: ignore
     except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("fold_chinese=True needs the 'opencc' package (pip install opencc); "
-                           "it is optional and only used to build dedup keys") from e
+        raise RuntimeError(
+            "fold_chinese=True needs the 'opencc' package (pip install opencc); "
+            "it is optional and only used to build dedup keys"
+        ) from e
     for cfg in ("t2s", "t2s.json"):
         try:
             return opencc.OpenCC(cfg).convert
@@ -167,7 +177,7 @@ def dedup_keys(texts: Sequence[str], strip_symbols: bool = True, fold_chinese: b
     out, pos = [], 0
     for i, (f, n) in enumerate(zip(fast.tolist(), kept_len.tolist())):
         if f:
-            out.append(kept_chars[pos:pos + n])
+            out.append(kept_chars[pos : pos + n])
             pos += n
         else:
             out.append(dedup_key(texts[i], strip_symbols))

@@ -4,6 +4,7 @@ Every step reads and writes files here, so any step can run as tasks in another 
 inputs are small dataclasses naming files. A document is known everywhere by its global index: the index of its
 chunk's first record (`Chunk.first`) plus its ordinal (0-based non-blank line) within the chunk.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -94,8 +95,9 @@ def parse(chunk: Chunk, ordinal: int, line: bytes) -> dict:
         with open(chunk.path, "rb") as f:
             before = f.read(chunk.start).count(b"\n")
         raw = [i for i, x in enumerate(_raw_lines(chunk)) if x.strip()][ordinal]
-        raise CorruptOutputError(f"{chunk.path}:{before + raw + 1}: not a JSON record ({e.msg}); rematerialize "
-                                 "cleaned_jsonl") from e
+        raise CorruptOutputError(
+            f"{chunk.path}:{before + raw + 1}: not a JSON record ({e.msg}); rematerialize cleaned_jsonl"
+        ) from e
 
 
 M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
@@ -151,12 +153,12 @@ class NpyRows:
     def _position(self, lead: tuple[int, ...], index: int) -> tuple[int, int]:
         """(byte offset of array[*lead, index], bytes per element of that axis)."""
         depth = len(lead)
-        row = int(np.prod(self.shape[depth + 1:], dtype=np.int64)) * self.dtype.itemsize
+        row = int(np.prod(self.shape[depth + 1 :], dtype=np.int64)) * self.dtype.itemsize
         base = int(np.ravel_multi_index(lead, self.shape[:depth])) * self.shape[depth] if depth else 0
         return self.offset + (base + index) * row, row
 
     def read(self, lead: tuple[int, ...], start: int, stop: int) -> np.ndarray:
-        out = np.empty((max(stop - start, 0),) + tuple(self.shape[len(lead) + 1:]), dtype=self.dtype)
+        out = np.empty((max(stop - start, 0),) + tuple(self.shape[len(lead) + 1 :]), dtype=self.dtype)
         view = memoryview(out.reshape(-1).view(np.uint8))
         pos, _ = self._position(lead, start)
         done = 0
@@ -203,7 +205,7 @@ class Corpus:
         by_chunk = np.argsort(c, kind="stable")
         bounds = np.searchsorted(c[by_chunk], np.arange(len(self.chunks) + 1))
         for ci in np.flatnonzero(np.diff(bounds)).tolist():
-            pos = by_chunk[bounds[ci]:bounds[ci + 1]]
+            pos = by_chunk[bounds[ci] : bounds[ci + 1]]
             yield ci, pos, o[pos]
 
     def _paths(self, c: int) -> list[str]:
@@ -220,8 +222,10 @@ class Corpus:
             # would count in its resident memory, and the involved documents are spread over every page
             part = np.load(self.out_dir / DOCS_DIR / f"{self.chunks[ci].stem}.npy")[o[sel]]
             parts.append((sel, part, self._paths(ci)))
-        fields = {k: np.empty(len(docs), dtype=np.int64) for k in ("meta_count", "text_len", "key_len", "loc",
-                                                                    "loc_kind", "path")}
+        fields = {
+            k: np.empty(len(docs), dtype=np.int64)
+            for k in ("meta_count", "text_len", "key_len", "loc", "loc_kind", "path")
+        }
         width = max([p.dtype["id"].itemsize for _, p, _ in parts] + [1])
         fields["ids"] = np.empty(len(docs), dtype=f"S{width}")
         path_names = []
@@ -277,8 +281,11 @@ class Corpus:
         if c not in self._key_files:
             stem = self.chunks[c].stem
             offsets = np.load(self.out_dir / KEYS_DIR / f"{stem}.key_offsets.npy", mmap_mode="r")
-            self._key_files[c] = (os.open(offsets.filename, os.O_RDONLY), offsets.offset,
-                                  os.open(self.out_dir / KEYS_DIR / f"{stem}.key.bin", os.O_RDONLY))
+            self._key_files[c] = (
+                os.open(offsets.filename, os.O_RDONLY),
+                offsets.offset,
+                os.open(self.out_dir / KEYS_DIR / f"{stem}.key.bin", os.O_RDONLY),
+            )
             del offsets
         fd_offsets, header, fd_keys = self._key_files[c]
         start, end = np.frombuffer(os.pread(fd_offsets, 16, header + 8 * o), dtype="<i8").tolist()

@@ -12,6 +12,7 @@ function for one shingle in plain Python. `hash_name="sha1"` selects datasketch'
 
 No dagster import here: these run in spawned worker processes.
 """
+
 from __future__ import annotations
 
 import functools
@@ -66,7 +67,7 @@ def shingles(key: str, n: int) -> list[str]:
         return []
     if len(key) <= n:
         return [key]
-    return [key[i:i + n] for i in range(len(key) - n + 1)]
+    return [key[i : i + n] for i in range(len(key) - n + 1)]
 
 
 def _fmix64_int(h: int) -> int:
@@ -130,8 +131,9 @@ def shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") -> tupl
     offsets = np.zeros(len(keys) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     if hash_name == "sha1":
-        out = np.fromiter((sha1_hash32(s) for k in keys for s in shingles(k, n)), dtype=np.uint32,
-                          count=int(offsets[-1]))
+        out = np.fromiter(
+            (sha1_hash32(s) for k in keys for s in shingles(k, n)), dtype=np.uint32, count=int(offsets[-1])
+        )
         return out, offsets
     if hash_name != "poly":
         raise ValueError(f"unknown shingle hash {hash_name!r} (poly or sha1)")
@@ -146,7 +148,7 @@ def shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") -> tupl
             h = cps[:n_windows] + np.uint64((_POLY_SEED * _POLY_P) & M64)
             for j in range(1, n):
                 h *= np.uint64(_POLY_P)
-                h += cps[j:j + n_windows]
+                h += cps[j : j + n_windows]
         inside = np.ones(len(cps), dtype=bool)
         ends = np.cumsum(lengths)
         for k in range(1, n):  # the last n-1 start positions of each document cross its end
@@ -177,8 +179,9 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def signatures(hashes: np.ndarray, offsets: np.ndarray, num_perm: int = 128, seed: int = 1,
-               chunk: int = 1 << 16) -> np.ndarray:
+def signatures(
+    hashes: np.ndarray, offsets: np.ndarray, num_perm: int = 128, seed: int = 1, chunk: int = 1 << 16
+) -> np.ndarray:
     """MinHash signatures (docs, num_perm) uint32 of the shingle-hash runs hashes[offsets[i]:offsets[i+1]].
 
     min_k over shingles of a_k * fmix32(h) + b_k mod 2^32, one permutation at a time over a chunk of
@@ -221,7 +224,7 @@ def signatures(hashes: np.ndarray, offsets: np.ndarray, num_perm: int = 128, see
 
 def catch_probability(s: float, bands: int, rows: int) -> float:
     """Probability that a pair with Jaccard s shares at least one band: 1 - (1 - s^r)^b."""
-    return 1.0 - (1.0 - s ** rows) ** bands
+    return 1.0 - (1.0 - s**rows) ** bands
 
 
 def choose_bands(threshold: float, num_perm: int, fn_weight: float = 0.97) -> tuple[int, int]:
@@ -236,7 +239,7 @@ def choose_bands(threshold: float, num_perm: int, fn_weight: float = 0.97) -> tu
     best = (np.inf, 0, 0)
     for b in range(1, num_perm + 1):
         for r in range(1, num_perm // b + 1):
-            p = 1.0 - (1.0 - xs ** r) ** b
+            p = 1.0 - (1.0 - xs**r) ** b
             fp = np.trapezoid(p[below], xs[below])
             fn = np.trapezoid(1.0 - p[above], xs[above])
             err = (1.0 - fn_weight) * fp + fn_weight * fn
@@ -253,8 +256,11 @@ def band_hashes(sig: np.ndarray, bands: int, rows: int, salt: np.ndarray | int =
     salt = np.asarray(salt, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for i in range(bands):
-            h = np.full(n, np.uint64(_POLY_SEED), dtype=np.uint64) ^ (salt * np.uint64(0x2545F4914F6CDD1D)) \
+            h = (
+                np.full(n, np.uint64(_POLY_SEED), dtype=np.uint64)
+                ^ (salt * np.uint64(0x2545F4914F6CDD1D))
                 ^ np.uint64((i + 1) * 0x632BE59BD9B4E019 & M64)
+            )
             for j in range(i * rows, (i + 1) * rows):
                 h ^= sig[:, j].astype(np.uint64)
                 h *= np.uint64(_POLY_P)
@@ -282,8 +288,9 @@ def order_words(sig: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:
     return words
 
 
-def bucket_pairs(hashes: np.ndarray, members: np.ndarray, max_bucket: int, neighbours: int = 4,
-                 order: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+def bucket_pairs(
+    hashes: np.ndarray, members: np.ndarray, max_bucket: int, neighbours: int = 4, order: np.ndarray | None = None
+) -> tuple[np.ndarray, dict]:
     """Candidate pairs (k, 2) int64 of `members` whose band hashes are equal, for one band.
 
     Sorts the hashes and walks equal runs: every pair in a run of at most max_bucket items. A larger run
@@ -307,13 +314,13 @@ def bucket_pairs(hashes: np.ndarray, members: np.ndarray, max_bucket: int, neigh
     if len(two):
         out.append(np.stack([m[two], m[two + 1]], axis=1))
     for s, L in zip(starts[lens > 2].tolist(), lens[lens > 2].tolist()):
-        run = m[s:s + L]
+        run = m[s : s + L]
         if L <= max_bucket:
             i, j = np.triu_indices(L, 1)
             out.append(np.stack([run[i], run[j]], axis=1))
             continue
         stats["oversized_buckets"] += 1
-        words = order[order_by[s:s + L]] if order is not None else np.empty((L, 0), dtype=np.uint64)
+        words = order[order_by[s : s + L]] if order is not None else np.empty((L, 0), dtype=np.uint64)
         run = run[np.lexsort((run, *words.T[::-1]))]
         w = min(neighbours, L - 1)
         out.extend(np.stack([run[:-k], run[k:]], axis=1) for k in range(1, w + 1))
@@ -351,12 +358,12 @@ def shingle_set(key: str, n: int) -> np.ndarray:
         packed = np.zeros(m, dtype=np.uint64)
         for j in range(n):
             packed <<= np.uint64(21)
-            packed |= cps[j:j + m]
+            packed |= cps[j : j + m]
         packed.sort()
         return packed[np.concatenate(([True], packed[1:] != packed[:-1]))] if m else packed
     win = np.empty((m, n), dtype="<u4")
     for j in range(n):
-        win[:, j] = cps[j:j + m]
+        win[:, j] = cps[j : j + m]
     return np.unique(win.view(np.dtype((np.void, 4 * n))).ravel())
 
 

@@ -1,4 +1,5 @@
 """Step 7: report.json: parameters, counts, per-source counts, cluster-size histogram, sample clusters with texts."""
+
 from __future__ import annotations
 
 import time
@@ -49,9 +50,17 @@ def per_source(c: Clusters, records_per_path: Counter) -> list[dict]:
     ex = Counter(names[p] for p in path[c.removed[c.level == 0]].tolist())
     ne = Counter(names[p] for p in path[c.removed[c.level == 1]].tolist())
     cross = Counter(names[p] for p in path[c.removed][path[c.removed] != kept_path].tolist())
-    return [{"path": p, "records_in": n, "kept": n - ex[p] - ne[p], "exact_removed": ex[p], "near_removed": ne[p],
-             "cross_file": cross[p]}
-            for p, n in sorted(records_per_path.items(), key=lambda kv: (mh.natural_key(kv[0]), kv[0]))]
+    return [
+        {
+            "path": p,
+            "records_in": n,
+            "kept": n - ex[p] - ne[p],
+            "exact_removed": ex[p],
+            "near_removed": ne[p],
+            "cross_file": cross[p],
+        }
+        for p, n in sorted(records_per_path.items(), key=lambda kv: (mh.natural_key(kv[0]), kv[0]))
+    ]
 
 
 def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
@@ -87,19 +96,35 @@ def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
         members = in_sample[star[in_sample] == r]
         kept = int(kept_doc[members[0]])
         others = members[members != kept]
-        others = sorted(others.tolist(), key=lambda d: (sim_of[d], d))[:SAMPLE_MEMBERS - 1]
+        others = sorted(others.tolist(), key=lambda d: (sim_of[d], d))[: SAMPLE_MEMBERS - 1]
         shown[r] = (len(members), [kept] + others)
     texts = _texts(chunks, docs, [d for _, ds in shown.values() for d in ds])
     lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
     out = []
     for r in chosen:
         size, (kept, *others) = shown[r]
-        rows = [{"id": _id(docs, kept), "role": "kept", "level": "", "similarity": 1.0,
-                 "source": _source(docs, kept), "text": texts[kept]}]
+        rows = [
+            {
+                "id": _id(docs, kept),
+                "role": "kept",
+                "level": "",
+                "similarity": 1.0,
+                "source": _source(docs, kept),
+                "text": texts[kept],
+            }
+        ]
         for d in others:
             lv, sim = lvl[d]
-            rows.append({"id": _id(docs, d), "role": "removed", "level": LEVEL_NAMES[lv],
-                         "similarity": round(float(sim), 4), "source": _source(docs, d), "text": texts[d]})
+            rows.append(
+                {
+                    "id": _id(docs, d),
+                    "role": "removed",
+                    "level": LEVEL_NAMES[lv],
+                    "similarity": round(float(sim), 4),
+                    "source": _source(docs, d),
+                    "text": texts[d],
+                }
+            )
         out.append({"size": size, "kept": rows[0]["id"], "members_shown": len(rows), "members": rows})
     return out
 
@@ -139,27 +164,50 @@ class RunSummary:
 
 
 def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) -> dict:
-    catch = {f"{x:g}": round(mh.catch_probability(x, bands, rows), 4)
-             for x in sorted({0.5, 0.7, 0.8, 0.85, 0.9, s.threshold})}
-    ngram_rule = (f"{s.ngram}-grams" if s.ngram > 0 else
-                  f"by key length: 2-grams below {s.ngram_bounds[0]} chars, 3-grams below {s.ngram_bounds[1]}, "
-                  f"else 5-grams; documents within the threshold's length ratio of a bound are sketched at both "
-                  f"sizes; a pair is compared at its longer key's size")
+    catch = {
+        f"{x:g}": round(mh.catch_probability(x, bands, rows), 4)
+        for x in sorted({0.5, 0.7, 0.8, 0.85, 0.9, s.threshold})
+    }
+    ngram_rule = (
+        f"{s.ngram}-grams"
+        if s.ngram > 0
+        else f"by key length: 2-grams below {s.ngram_bounds[0]} chars, 3-grams below {s.ngram_bounds[1]}, "
+        f"else 5-grams; documents within the threshold's length ratio of a bound are sketched at both "
+        f"sizes; a pair is compared at its longer key's size"
+    )
     return {
-        "threshold": s.threshold, "num_perm": s.num_perm, "seed": s.seed, "bands": bands, "rows": rows,
-        "bands_chosen": s.bands == 0, "ngram": s.ngram, "ngram_bounds": list(s.ngram_bounds), "ngram_rule": ngram_rule,
-        "shingle_sizes": dict(sorted(shingle_sizes.items())), "catch_probability": catch,
-        "signature_filter": {"min_agreement": min_agreement(s.threshold, s.num_perm), "of": s.num_perm,
-                             "miss_probability_at_threshold": FILTER_MISS},
+        "threshold": s.threshold,
+        "num_perm": s.num_perm,
+        "seed": s.seed,
+        "bands": bands,
+        "rows": rows,
+        "bands_chosen": s.bands == 0,
+        "ngram": s.ngram,
+        "ngram_bounds": list(s.ngram_bounds),
+        "ngram_rule": ngram_rule,
+        "shingle_sizes": dict(sorted(shingle_sizes.items())),
+        "catch_probability": catch,
+        "signature_filter": {
+            "min_agreement": min_agreement(s.threshold, s.num_perm),
+            "of": s.num_perm,
+            "miss_probability_at_threshold": FILTER_MISS,
+        },
         "bucket_limit": f"buckets above {s.max_bucket} members pair each member with its next "
-                             f"{s.bucket_neighbours} in signature order",
+        f"{s.bucket_neighbours} in signature order",
         "shingle_hash": s.shingle_hash,
         "minhash": "datasketch affine32 scheme: datasketch.MinHash(num_perm, seed, hashfunc="
-                   + ("tokenmill.stages.dedup.minhash.shingle_hash32" if s.shingle_hash == "poly"
-                      else "datasketch.hashfunc.sha1_hash32 (bytes)") + ")",
-        "key": "NFKC, casefold, remove punctuation/separators/controls" + (" /symbols" if s.strip_symbols else "")
-               + (", traditional->simplified" if s.fold_chinese else "") + "; SHA-256",
-        "keep": s.keep, "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.model_dump().items()},
+        + (
+            "tokenmill.stages.dedup.minhash.shingle_hash32"
+            if s.shingle_hash == "poly"
+            else "datasketch.hashfunc.sha1_hash32 (bytes)"
+        )
+        + ")",
+        "key": "NFKC, casefold, remove punctuation/separators/controls"
+        + (" /symbols" if s.strip_symbols else "")
+        + (", traditional->simplified" if s.fold_chinese else "")
+        + "; SHA-256",
+        "keep": s.keep,
+        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.model_dump().items()},
     }
 
 
@@ -170,14 +218,22 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
     n_exact, n_near = int((c.level == 0).sum()), int((c.level == 1).sum())
     sources = per_source(c, sum((Counter(sk.records_per_path) for sk in run.sketches), Counter()))
     counts = {
-        "records_in": n_docs, "records_kept": n_docs - len(c.removed), "records_removed": int(len(c.removed)),
-        "exact_duplicates_removed": n_exact, "near_duplicates_removed": n_near, "exact_groups": run.exact_groups,
+        "records_in": n_docs,
+        "records_kept": n_docs - len(c.removed),
+        "records_removed": int(len(c.removed)),
+        "exact_duplicates_removed": n_exact,
+        "near_duplicates_removed": n_near,
+        "exact_groups": run.exact_groups,
         "lsh_items": int(sum(sk.items for sk in run.sketches)),
-        "candidate_pairs": run.candidate_pairs, "verified_pairs": run.verified_pairs,
+        "candidate_pairs": run.candidate_pairs,
+        "verified_pairs": run.verified_pairs,
         "rejected_candidates": run.candidate_pairs - run.verified_pairs,
-        "signature_rejected": run.signature_rejected, **run.bucket_stats,
-        "clusters": int(len(c.cluster_roots)), "largest_cluster": int(c.sizes.max()) if len(c.sizes) else 0,
-        "components": c.components, "components_with_several_kept": c.components_with_several_kept,
+        "signature_rejected": run.signature_rejected,
+        **run.bucket_stats,
+        "clusters": int(len(c.cluster_roots)),
+        "largest_cluster": int(c.sizes.max()) if len(c.sizes) else 0,
+        "components": c.components,
+        "components_with_several_kept": c.components_with_several_kept,
         "cross_file_duplicates": int(sum(p["cross_file"] for p in sources)),
         "empty_keys": int(sum(sk.empty_keys for sk in run.sketches)),
     }
@@ -191,27 +247,55 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
     run.timings["outputs"] = run.timings.get("outputs", 0.0) + time.perf_counter() - t0
     seconds = time.perf_counter() - run.started
     report = {
-        "parameters": _parameters(s, run.bands, run.rows, dict(shingle_sizes)), "counts": counts,
-        "per_source": sources, "cluster_sizes": histogram(c.sizes), "samples": shown,
-        "input": {"shards": list(shards.values()),
-                  "chunks": [{"name": ch.name, "chunk": ch.chunk, "start": ch.start, "end": ch.end,
-                              "records": ch.records, "stem": ch.stem} for ch in run.chunks]},
-        "files": {"clusters": CLUSTERS_FILE, "decisions": DECISION_DIR, "signatures": SIGNATURE_DIR,
-                  "clusters_written": clusters_written,
-                  "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
-                                      "is document item_doc[i] (0-based record of the chunk) sketched with "
-                                      "item_n[i]-grams (both in <chunk>.items.npz); <chunk>.bands.npy: uint64 "
-                                      "(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc="
-                                      + ("tokenmill.stages.dedup.minhash.shingle_hash32" if s.shingle_hash == "poly"
-                                         else "datasketch.hashfunc.sha1_hash32")
-                                      + ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
-                                      "MinHash."},
+        "parameters": _parameters(s, run.bands, run.rows, dict(shingle_sizes)),
+        "counts": counts,
+        "per_source": sources,
+        "cluster_sizes": histogram(c.sizes),
+        "samples": shown,
+        "input": {
+            "shards": list(shards.values()),
+            "chunks": [
+                {
+                    "name": ch.name,
+                    "chunk": ch.chunk,
+                    "start": ch.start,
+                    "end": ch.end,
+                    "records": ch.records,
+                    "stem": ch.stem,
+                }
+                for ch in run.chunks
+            ],
+        },
+        "files": {
+            "clusters": CLUSTERS_FILE,
+            "decisions": DECISION_DIR,
+            "signatures": SIGNATURE_DIR,
+            "clusters_written": clusters_written,
+            "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
+            "is document item_doc[i] (0-based record of the chunk) sketched with "
+            "item_n[i]-grams (both in <chunk>.items.npz); <chunk>.bands.npy: uint64 "
+            "(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc="
+            + (
+                "tokenmill.stages.dedup.minhash.shingle_hash32"
+                if s.shingle_hash == "poly"
+                else "datasketch.hashfunc.sha1_hash32"
+            )
+            + ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
+            "MinHash.",
+        },
         "partitions": run.partitions,
     }
     atomic_write_json(out_dir / REPORT_FILE, report)
-    stats = {"docs_in": n_docs, "docs_out": n_docs - len(c.removed), "dropped_exact_duplicate": n_exact,
-             "dropped_near_duplicate": n_near, "seconds": round(seconds, 3),
-             **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
-             "bands": run.bands, "rows": run.rows, "timings": {k: round(v, 3) for k, v in run.timings.items()}}
+    stats = {
+        "docs_in": n_docs,
+        "docs_out": n_docs - len(c.removed),
+        "dropped_exact_duplicate": n_exact,
+        "dropped_near_duplicate": n_near,
+        "seconds": round(seconds, 3),
+        **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
+        "bands": run.bands,
+        "rows": run.rows,
+        "timings": {k: round(v, 3) for k, v in run.timings.items()},
+    }
     write_stats(out_dir, stats)
     return stats

@@ -3,6 +3,7 @@
 Writes, for the chunk: its document table (docs/), its keys and digest index (keys/), its signatures, band hashes
 and sketched items (signatures/). Memory: one chunk, and shingle hashes in batches of SHINGLE_BATCH.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,15 @@ def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
         kind = 0 if isinstance(src.get("line"), int) else 1 if isinstance(src.get("index"), int) else 2
         locs.append(src["line"] if kind == 0 else src["index"] if kind == 1 else -1)
         kinds.append(kind)
-    dtype = [("id", f"S{max([len(i) for i in ids] + [1])}"), ("meta_count", "<i4"), ("text_len", "<i8"),
-             ("key_len", "<i8"), ("path", "<i4"), ("loc", "<i8"), ("loc_kind", "i1")]
+    dtype = [
+        ("id", f"S{max([len(i) for i in ids] + [1])}"),
+        ("meta_count", "<i4"),
+        ("text_len", "<i8"),
+        ("key_len", "<i8"),
+        ("path", "<i4"),
+        ("loc", "<i8"),
+        ("loc_kind", "i1"),
+    ]
     table = np.zeros(len(ids), dtype=dtype)
     table["id"], table["meta_count"], table["text_len"] = ids, meta_counts, text_lens
     table["path"], table["loc"], table["loc_kind"] = paths, locs, kinds
@@ -89,8 +97,9 @@ def _signatures(keys: list[str], key_lens: np.ndarray, settings: DedupSettings, 
     for n in np.unique(item_n).tolist():
         sel_all = np.flatnonzero(item_n == n)
         # batches of about `batch` shingles bound the worker's memory whatever the chunk holds
-        cut = np.searchsorted(np.cumsum(key_lens[item_doc[sel_all]]),
-                              np.arange(batch, int(key_lens.sum()) + batch, batch))
+        cut = np.searchsorted(
+            np.cumsum(key_lens[item_doc[sel_all]]), np.arange(batch, int(key_lens.sum()) + batch, batch)
+        )
         for sel in np.split(sel_all, np.unique(cut[cut < len(sel_all)])):
             if len(sel) == 0:
                 continue
@@ -109,8 +118,7 @@ def sketch_chunk(task: SketchTask) -> ChunkSketch:
     table["key_len"] = key_lens
     stem = chunk.stem
     np.save(folder(task.out_dir, DOCS_DIR) / f"{stem}.npy", table)
-    (task.out_dir / DOCS_DIR / f"{stem}.paths.json").write_text(json.dumps(paths, ensure_ascii=False),
-                                                                 encoding="utf-8")
+    (task.out_dir / DOCS_DIR / f"{stem}.paths.json").write_text(json.dumps(paths, ensure_ascii=False), encoding="utf-8")
     K.write_keys(folder(task.out_dir, KEYS_DIR), stem, keys)
     item_doc, item_n, sig = _signatures(keys, key_lens, s, task.shingle_batch or SHINGLE_BATCH)
     sig_dir = folder(task.out_dir, SIGNATURE_DIR)
@@ -118,5 +126,11 @@ def sketch_chunk(task: SketchTask) -> ChunkSketch:
     np.save(sig_dir / f"{stem}.bands.npy", mh.band_hashes(sig, task.bands, task.rows, salt=item_n.astype(np.uint64)))
     np.savez(sig_dir / f"{stem}.items.npz", item_doc=item_doc, item_n=item_n)
     per_path = Counter(table["path"].tolist())
-    return ChunkSketch(stem, len(keys), int(len(item_doc)), dict(Counter(item_n.tolist())),
-                       {paths[p]: n for p, n in per_path.items()}, int((key_lens == 0).sum()))
+    return ChunkSketch(
+        stem,
+        len(keys),
+        int(len(item_doc)),
+        dict(Counter(item_n.tolist())),
+        {paths[p]: n for p, n in per_path.items()},
+        int((key_lens == 0).sum()),
+    )

@@ -8,6 +8,7 @@ Memory: every task holds one chunk, or one partition (a digest range, a band and
 documents) sized by `Partitions`, or (clusters) only the documents that are in some exact group or verified pair.
 This process holds counts and file names, never per-document arrays of the corpus.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,14 @@ def _verify_ranges(hist: np.ndarray, bin_width: int, n_docs: int, per_task: int)
     return ranges
 
 
-def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | None = None,
-                       workers: int | None = None, log=None, partitions: Partitions | None = None) -> dict:
+def build_dedup_report(
+    in_dir: Path,
+    out_dir: Path,
+    settings: DedupSettings | None = None,
+    workers: int | None = None,
+    log=None,
+    partitions: Partitions | None = None,
+) -> dict:
     """Finds exact and near duplicates in `in_dir` (record JSONL) and writes the decision to `out_dir`."""
     # a plain DedupSettings (not the asset's Dagster config subclass) travels to the workers
     settings = DedupSettings.model_validate(settings.model_dump()) if settings else DedupSettings()
@@ -91,8 +98,9 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | No
 
     # 1. keys, digests, signatures and band hashes, per chunk
     chunks = plan_chunks(in_dir, settings.chunk_bytes)
-    sketches = step("signatures", sketch_chunk, [SketchTask(c, out_dir, settings, bands, rows) for c in chunks],
-                    workers)
+    sketches = step(
+        "signatures", sketch_chunk, [SketchTask(c, out_dir, settings, bands, rows) for c in chunks], workers
+    )
     firsts = np.concatenate(([0], np.cumsum([sk.records for sk in sketches]))).tolist()
     chunks = [replace(c, first=f, records=sk.records) for c, f, sk in zip(chunks, firsts, sketches)]
     n_docs, stems = firsts[-1], tuple(c.stem for c in chunks)
@@ -100,17 +108,32 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | No
     # 2. exact groups, per digest range
     digest_parts = digest_ranges(max(1, math.ceil(n_docs / partitions.exact_docs)))
     exact_files = tuple(folder(out_dir, EXACT_DIR) / f"p{k:04d}.npy" for k in range(len(digest_parts)))
-    exact = step("exact", exact_groups, [ExactTask(out_dir / KEYS_DIR, stems, tuple(firsts[:-1]), lo, hi, path)
-                                         for (lo, hi), path in zip(digest_parts, exact_files)],
-                 io_workers(workers, len(digest_parts)))
+    exact = step(
+        "exact",
+        exact_groups,
+        [
+            ExactTask(out_dir / KEYS_DIR, stems, tuple(firsts[:-1]), lo, hi, path)
+            for (lo, hi), path in zip(digest_parts, exact_files)
+        ],
+        io_workers(workers, len(digest_parts)),
+    )
 
     # 3-4. LSH buckets over one representative per exact group, per band and hash range
-    rep_items = sum(step("buckets", lsh_inputs, [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files, rows)
-                                                 for c in chunks], io_workers(workers, len(chunks))))
+    rep_items = sum(
+        step(
+            "buckets",
+            lsh_inputs,
+            [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files, rows) for c in chunks],
+            io_workers(workers, len(chunks)),
+        )
+    )
     hash_parts = hash_ranges(max(1, math.ceil(rep_items / partitions.bucket_items)))
     bin_width = max(1, math.ceil(n_docs / DOC_BINS))
-    tasks = [BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, settings.bucket_neighbours, bin_width)
-             for b in range(bands) for k, (lo, hi) in enumerate(hash_parts)]
+    tasks = [
+        BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, settings.bucket_neighbours, bin_width)
+        for b in range(bands)
+        for k, (lo, hi) in enumerate(hash_parts)
+    ]
     # a pool costs ~1 s to start: small corpora bucket in this process
     buckets = step("buckets", bucket_pairs, tasks, workers if rep_items * bands >= POOL_MIN_ITEMS else 1)
 
@@ -119,9 +142,15 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | No
     doc_parts = _verify_ranges(hist, bin_width, n_docs, partitions.verify_pairs)
     files = tuple(f for r in buckets for f in r.files)
     verified_files = tuple(folder(out_dir, VERIFIED_DIR) / f"v{k:04d}.npy" for k in range(len(doc_parts)))
-    verified = step("verification", verify_range, [VerifyTask(out_dir, tuple(chunks), files, lo, hi, settings, path)
-                                                   for (lo, hi), path in zip(doc_parts, verified_files)],
-                    io_workers(workers, len(doc_parts)))
+    verified = step(
+        "verification",
+        verify_range,
+        [
+            VerifyTask(out_dir, tuple(chunks), files, lo, hi, settings, path)
+            for (lo, hi), path in zip(doc_parts, verified_files)
+        ],
+        io_workers(workers, len(doc_parts)),
+    )
 
     # 6. clusters and keep decisions over the pairs
     t0 = time.perf_counter()
@@ -133,17 +162,30 @@ def build_dedup_report(in_dir: Path, out_dir: Path, settings: DedupSettings | No
     timings["outputs"] = time.perf_counter() - t0
 
     # 7. report
-    run = RunSummary(settings, bands, rows, chunks, sketches,
-                     exact_groups=sum(r.groups for r in exact),
-                     candidate_pairs=sum(r.candidates for r in verified),
-                     signature_rejected=sum(r.signature_rejected for r in verified),
-                     verified_pairs=sum(r.verified for r in verified),
-                     bucket_stats={"band_collisions": sum(r.band_collisions for r in buckets),
-                                   "oversized_buckets": sum(r.oversized_buckets for r in buckets),
-                                   "pairs_not_emitted": sum(r.pairs_not_emitted for r in buckets)},
-                     partitions={"chunks": len(chunks), "digest_ranges": len(digest_parts),
-                                 "band_hash_ranges": len(hash_parts), "verify_ranges": len(doc_parts)},
-                     started=t_start, timings=timings)
+    run = RunSummary(
+        settings,
+        bands,
+        rows,
+        chunks,
+        sketches,
+        exact_groups=sum(r.groups for r in exact),
+        candidate_pairs=sum(r.candidates for r in verified),
+        signature_rejected=sum(r.signature_rejected for r in verified),
+        verified_pairs=sum(r.verified for r in verified),
+        bucket_stats={
+            "band_collisions": sum(r.band_collisions for r in buckets),
+            "oversized_buckets": sum(r.oversized_buckets for r in buckets),
+            "pairs_not_emitted": sum(r.pairs_not_emitted for r in buckets),
+        },
+        partitions={
+            "chunks": len(chunks),
+            "digest_ranges": len(digest_parts),
+            "band_hash_ranges": len(hash_parts),
+            "verify_ranges": len(doc_parts),
+        },
+        started=t_start,
+        timings=timings,
+    )
     stats = write_report(out_dir, run, clusters, clusters_written)
     for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR):
         shutil.rmtree(out_dir / name, ignore_errors=True)

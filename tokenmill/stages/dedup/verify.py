@@ -8,6 +8,7 @@ by their shingle sets. Key lengths, signature rows and keys are read by index fr
 mapped at a time, so the task holds its pairs, a byte per signature position of their documents, and one shingle
 set at a time per side, whatever the corpus size.
 """
+
 from __future__ import annotations
 
 import functools
@@ -53,8 +54,13 @@ def min_agreement(threshold: float, num_perm: int, miss: float = FILTER_MISS) ->
     log_p, log_q = math.log(threshold), math.log1p(-threshold)
     below = 0.0  # P(X < k)
     for k in range(num_perm + 1):
-        pmf = math.exp(math.lgamma(num_perm + 1) - math.lgamma(k + 1) - math.lgamma(num_perm - k + 1)
-                       + k * log_p + (num_perm - k) * log_q)
+        pmf = math.exp(
+            math.lgamma(num_perm + 1)
+            - math.lgamma(k + 1)
+            - math.lgamma(num_perm - k + 1)
+            + k * log_p
+            + (num_perm - k) * log_q
+        )
         if below + pmf > miss:
             return k
         below += pmf
