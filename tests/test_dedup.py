@@ -24,6 +24,7 @@ from tokenmill.stages.dedup import (
 )
 from tokenmill.stages.dedup import keys as K
 from tokenmill.stages.dedup import minhash as mh
+from tokenmill.stages.dedup.layout import NpyRows
 
 CHARS = "春江潮水连海平明月共生滟随波千万里何处无光流宛转绕芳甸照花林皆似霰空中霜飞不觉汀上白沙看见"
 
@@ -500,6 +501,29 @@ def test_partitioned_steps_decide_as_one_partition(tmp_path):
     assert runs["one"] == runs["many"]
     counts = runs["one"][0]
     assert counts["near_duplicates_removed"] >= 20 + 12 and counts["components"] >= 50
+
+
+def test_step_files_are_read_by_slice_as_numpy_would(tmp_path):
+    """NpyRows (positioned reads, no mapping) gives the slices and binary searches of np.load and np.searchsorted."""
+    rng = np.random.default_rng(0)
+    hashes = np.sort(rng.integers(0, 1 << 63, (3, 500), dtype=np.uint64) * np.uint64(2), axis=1)
+    words = rng.integers(0, 1 << 63, (3, 500, 2), dtype=np.uint64)
+    rows = np.zeros(300, dtype=K.EXACT_DTYPE)
+    rows["doc"], rows["rep"] = np.sort(rng.integers(0, 10_000, 300)), rng.integers(0, 10_000, 300)
+    for name, arr in (("h", hashes), ("w", words), ("e", rows)):
+        np.save(tmp_path / f"{name}.npy", arr)
+    with NpyRows(tmp_path / "h.npy") as f:
+        for band in range(3):
+            for value in (0, int(hashes[band, 17]), int(hashes[band, 17]) + 1, (1 << 64) - 1, 1 << 64):
+                want = len(hashes[band]) if value >= 1 << 64 else np.searchsorted(hashes[band], np.uint64(value))
+                assert f.searchsorted((band,), value) == want
+            assert np.array_equal(f.read((band,), 40, 90), hashes[band, 40:90])
+    with NpyRows(tmp_path / "w.npy") as f:
+        assert np.array_equal(f.read((2,), 0, 500), words[2]) and f.read((1,), 7, 7).shape == (0, 2)
+    with NpyRows(tmp_path / "e.npy") as f:
+        a = f.searchsorted((), int(rows["doc"][100]), "doc")
+        assert a == np.searchsorted(rows["doc"], rows["doc"][100])
+        assert np.array_equal(f.read((), a, 300), rows[a:])
 
 
 def test_oversized_bucket_is_handled_and_counted(tmp_path):

@@ -29,7 +29,9 @@ from tokenmill.stages.dedup.layout import (
 PAIR_BATCH = 1 << 18  # candidate pairs a bucket task holds before it writes a sorted batch (4 MB, ~10x that in
 # temporaries while sorting: measured 348 MiB per task with 1 << 20 at 1.5M documents, the largest process)
 ORDER_ROWS = 8  # signature rows an oversized bucket's members are ordered by (ample to separate thousands)
-DOC_BINS = 1024  # histogram bins of first documents (verification ranges are cut on bin edges)
+BIN_DOCS = 128  # documents per histogram bin of first documents (verification ranges are cut on bin edges): a
+# document is the first of at most bands * (max_bucket - 1) pairs, so a bin's pairs stay bounded (128 * 16 * 63 = 129k
+# pairs with the defaults) whatever the corpus size, where a fixed count of bins grew them with it
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,7 @@ class BucketTask:
     hi: int
     max_bucket: int
     neighbours: int
-    bin_width: int
+    bins: int  # histogram bins: ceil(documents / BIN_DOCS)
     pair_batch: int = PAIR_BATCH
 
 
@@ -100,7 +102,7 @@ class BucketResult:
     band_collisions: int
     oversized_buckets: int
     pairs_not_emitted: int
-    first_doc_histogram: np.ndarray  # candidate pairs per DOC_BINS bin of their first document
+    first_doc_histogram: np.ndarray | None  # candidate pairs per BIN_DOCS documents of their first document
 
 
 def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -137,7 +139,7 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
     cuts = np.unique(np.concatenate(([0], np.minimum(cuts, len(starts)), [len(starts)])))
     stats = {"oversized_buckets": 0, "pairs_not_emitted": 0}
     collisions, held, files = 0, [], []
-    hist = np.zeros(DOC_BINS, dtype=np.int64)
+    hist = np.zeros(task.bins, dtype=np.int64)
     cand_dir = folder(task.out_dir, CANDIDATE_DIR)
 
     def flush():
@@ -145,7 +147,7 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
         held.clear()
         path = cand_dir / f"b{task.band:03d}-h{task.part:04d}-{len(files):04d}.npy"
         np.save(path, np.ascontiguousarray(pairs.T))
-        hist[:] += np.bincount(pairs[:, 0] // task.bin_width, minlength=DOC_BINS)[:DOC_BINS]
+        hist[:] += np.bincount(pairs[:, 0] // BIN_DOCS, minlength=task.bins)
         files.append(path.name)
 
     for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):

@@ -6,7 +6,8 @@ _stats.json; the other step files are removed at the end. `write_deduped` (apply
 
 Memory: every task holds one chunk, or one partition (a digest range, a band and hash range, a range of first
 documents) sized by `Partitions`, or (clusters) only the documents that are in some exact group or verified pair.
-This process holds counts and file names, never per-document arrays of the corpus.
+Tasks read their slices of the step files with positioned reads (layout.NpyRows), never mapped. This process holds
+counts, file names and the candidate pairs per BIN_DOCS documents, never per-document arrays of the corpus.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ import numpy as np
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.stages.dedup.apply import io_workers
-from tokenmill.stages.dedup.buckets import DOC_BINS, BucketTask, LshInputTask, bucket_pairs, hash_ranges, lsh_inputs
+from tokenmill.stages.dedup.buckets import (
+    BIN_DOCS,
+    BucketResult,
+    BucketTask,
+    LshInputTask,
+    bucket_pairs,
+    hash_ranges,
+    lsh_inputs,
+)
 from tokenmill.stages.dedup.clusters import ClusterTask, build_clusters, write_clusters, write_decisions
 from tokenmill.stages.dedup.keys import ExactTask, digest_ranges, exact_groups
 from tokenmill.stages.dedup.layout import (
@@ -85,12 +94,13 @@ def build_dedup_report(
     bands, rows = settings.band_shape()
     timings = {}
 
-    def step(name: str, fn, tasks: list, pool: int):
+    def step(name: str, fn, tasks: list, pool: int, fold=None):
+        """The results of fn over the tasks, each passed through `fold` (if given) as it arrives."""
         t0 = time.perf_counter()
         progress = Progress(f"dedup: {name}", total=len(tasks), unit="tasks", log=log)
         results = []
         for r in map_ordered(fn, tasks, pool):
-            results.append(r)
+            results.append(fold(r) if fold else r)
             progress.advance()
         progress.finish()
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
@@ -128,18 +138,22 @@ def build_dedup_report(
         )
     )
     hash_parts = hash_ranges(max(1, math.ceil(rep_items / partitions.bucket_items)))
-    bin_width = max(1, math.ceil(n_docs / DOC_BINS))
+    hist = np.zeros(max(1, math.ceil(n_docs / BIN_DOCS)), dtype=np.int64)
+
+    def add_histogram(r: BucketResult) -> BucketResult:  # summed as they arrive: tasks and bins grow with the corpus
+        np.add(hist, r.first_doc_histogram, out=hist)
+        return replace(r, first_doc_histogram=None)
+
     tasks = [
-        BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, settings.bucket_neighbours, bin_width)
+        BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, settings.bucket_neighbours, len(hist))
         for b in range(bands)
         for k, (lo, hi) in enumerate(hash_parts)
     ]
     # a pool costs ~1 s to start: small corpora bucket in this process
-    buckets = step("buckets", bucket_pairs, tasks, workers if rep_items * bands >= POOL_MIN_ITEMS else 1)
+    buckets = step("buckets", bucket_pairs, tasks, workers if rep_items * bands >= POOL_MIN_ITEMS else 1, add_histogram)
 
     # 5. exact Jaccard of the candidates, per range of first documents
-    hist = np.sum([r.first_doc_histogram for r in buckets], axis=0) if buckets else np.zeros(DOC_BINS, np.int64)
-    doc_parts = _verify_ranges(hist, bin_width, n_docs, partitions.verify_pairs)
+    doc_parts = _verify_ranges(hist, BIN_DOCS, n_docs, partitions.verify_pairs)
     files = tuple(f for r in buckets for f in r.files)
     verified_files = tuple(folder(out_dir, VERIFIED_DIR) / f"v{k:04d}.npy" for k in range(len(doc_parts)))
     verified = step(
