@@ -49,6 +49,13 @@ query RunTimes($runId: ID!) {
 """
 
 
+RUN_LOG_QUERY = """
+query RunLog($runId: ID!) {
+  logsForRun(runId: $runId) { ... on EventConnection { events { ... on MessageEvent { message } } } }
+}
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,6 +170,11 @@ class DagsterDev:
         """Wall seconds of a finished run, start to end, as the instance recorded them."""
         run = self.graphql(RUN_TIMES_QUERY, {"runId": run_id})["runOrError"]
         return run["endTime"] - run["startTime"]
+
+    def run_log_mentions(self, run_id: str, text: str) -> bool:
+        """Whether any event message of the run contains `text`."""
+        events = self.graphql(RUN_LOG_QUERY, {"runId": run_id})["logsForRun"]["events"]
+        return any(text in (event.get("message") or "") for event in events)
 
     def latest_metadata(self, asset_key: str) -> dict:
         data = self.graphql(ASSET_METADATA_QUERY, {"key": {"path": [asset_key]}})

@@ -17,14 +17,19 @@ def served_run(tmp_path_factory, demo_manifest):
     with DagsterDev(home, env={"TOKENMILL_DATA": str(data)}) as server:
         raw_only = server.materialize(["raw_records"])
         raw_count = server.latest_metadata("raw_records")["docs_out"]
-        run_id = server.run_job("tokenmill_all")
-        # "Materialize all" in the UI launches the implicit asset job over every asset
-        materialize_all = server.materialize(ALL_ASSETS)
-        yield server, run_id, data, (raw_only, raw_count, materialize_all)
+        # alternated twice, the best of each: one slow run on a busy machine must not decide the comparison
+        timings = {"job": [], "all": []}
+        for _ in range(2):
+            run_id = server.run_job("tokenmill_all")
+            timings["job"].append(server.run_seconds(run_id))
+            # "Materialize all" in the UI launches the implicit asset job over every asset
+            materialize_all = server.materialize(ALL_ASSETS)
+            timings["all"].append(server.run_seconds(materialize_all))
+        yield server, run_id, data, (raw_only, raw_count, materialize_all, timings)
 
 
 def test_raw_records_materialization_through_graphql(served_run, demo_manifest):
-    server, run_id, _, (raw_only, raw_count, _) = served_run
+    server, run_id, _, (raw_only, raw_count, _, _) = served_run
     assert raw_only != run_id
     assert raw_count == demo_manifest["records"]
 
@@ -43,10 +48,11 @@ def test_whole_job_through_graphql(served_run, demo_manifest):
 def test_materialize_all_runs_at_the_jobs_speed(served_run):
     """An asset selection from the UI runs in one process like the job (it took 10x the job with a process per
     step): within 1.5x of the job's wall time on the demo corpus."""
-    server, run_id, _, (_, _, materialize_all) = served_run
-    job, selection = server.run_seconds(run_id), server.run_seconds(materialize_all)
+    server, _, _, (_, _, materialize_all, timings) = served_run
+    job, selection = min(timings["job"]), min(timings["all"])
     print(f"tokenmill_all {job:.1f} s, Materialize all {selection:.1f} s, ratio {selection / job:.2f}")
     assert selection <= 1.5 * job
+    assert server.run_log_mentions(materialize_all, "Executing steps in process")
 
 
 @pytest.mark.skipif(find_chromium() is None, reason="Chromium is not installed (.ci/run installs Debian's chromium)")
