@@ -107,7 +107,14 @@ class WhenTaskRuns(threading.Thread):
 def cluster():
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     c = Cluster(
-        initialize_head=True, head_node_args={"gcs_server_port": free_port(), "num_cpus": 1, "include_dashboard": False}
+        initialize_head=True,
+        # the dashboard serves Ray's state API, which the two-node test reads
+        head_node_args={
+            "gcs_server_port": free_port(),
+            "num_cpus": 1,
+            "include_dashboard": True,
+            "dashboard_port": free_port(),
+        },
     )
     try:
         yield c
@@ -146,9 +153,20 @@ def test_one_node_through_the_launchpad_same_files(cluster, local_files, tmp_pat
     assert same_files(local_files, data) == []
 
 
+def encode_tasks_by_id(address: str) -> dict[str, str]:
+    """task id -> node id of every encode task Ray's state API knows of."""
+    from ray.util.state import list_tasks
+
+    return {t.task_id: t.node_id for t in list_tasks(address=address, filters=[("name", "=", STEP)], limit=10_000)}
+
+
 def test_two_nodes_same_files_and_tasks_on_both(cluster, second_node, local_files, demo_source, tmp_path):
+    RayEngine.connect(cluster.address)
+    before = encode_tasks_by_id(cluster.address)
     result = run_job(demo_source, tmp_path, Compute(engine="ray", ray_address=cluster.address))
     assert same_files(local_files, tmp_path) == []
+    ran = {node for task, node in encode_tasks_by_id(cluster.address).items() if task not in before}
+    assert ran == {cluster.head_node.node_id, second_node.node_id}, ran
     usage = step_usage(result, "tokenized_bins")
     assert usage["engine"] == "ray" and usage["nodes"] == 2
     assert usage["steps"][STEP]["tasks"] == 6 and usage["steps"][STEP]["nodes"] == 2, usage
