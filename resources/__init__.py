@@ -16,7 +16,7 @@ from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, 
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
 from tokenmill.errors import ConfigError, SourceError
-from tokenmill.settings import validate_run_settings
+from tokenmill.settings import number_from_env, validate_run_settings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO_ROOT / "demo_corpus" / "source"
@@ -134,7 +134,7 @@ def source_from_env() -> CorpusSource:
 def data_root_from_env() -> DataRoot:
     return DataRoot(
         root=os.environ.get("TOKENMILL_DATA", str(DEFAULT_DATA)),
-        lock_wait_seconds=float(os.environ.get("TOKENMILL_LOCK_WAIT", "0")),
+        lock_wait_seconds=number_from_env("TOKENMILL_LOCK_WAIT", 0.0),
     )
 
 
@@ -142,5 +142,5 @@ def compute_from_env() -> Compute:
     """TOKENMILL_RAY_ADDRESS selects the ray engine; TOKENMILL_WORKERS sizes the local one."""
     address = os.environ.get("TOKENMILL_RAY_ADDRESS", "")
     return Compute(
-        engine="ray" if address else "local", ray_address=address, workers=int(os.environ.get("TOKENMILL_WORKERS") or 0)
+        engine="ray" if address else "local", ray_address=address, workers=number_from_env("TOKENMILL_WORKERS", 0, int)
     )

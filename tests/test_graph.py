@@ -189,3 +189,31 @@ def test_update_runs_the_graph_and_prints_a_summary(tmp_path, demo_source):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "tokenized_bins" in done.stdout and "tokens" in done.stdout
     assert len(done.stdout.splitlines()) < 12 and "DEBUG" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("ops: [1, 2", "expected ','"),  # malformed YAML
+        ("- a\n- b\n", "expected a mapping"),
+        ("ops:\n  dedup_report:\n    config:\n      keep: newest\n", "keep"),  # a choice Dagster's schema refuses
+    ],
+)
+def test_update_refuses_a_bad_run_config_in_one_line(tmp_path, demo_source, monkeypatch, capsys, text, named):
+    (tmp_path / "run.yaml").write_text(text)
+    monkeypatch.setenv("TOKENMILL_SOURCE", str(demo_source))
+    assert cli_main(["update", "-c", str(tmp_path / "run.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run.yaml" in err and named in err
+
+
+def test_a_malformed_number_in_the_environment_names_the_variable(monkeypatch):
+    from tokenmill.errors import ConfigError
+    from tokenmill.settings import number_from_env
+
+    monkeypatch.setenv("TOKENMILL_LOCK_WAIT", "soon")
+    with pytest.raises(ConfigError, match="TOKENMILL_LOCK_WAIT.*'soon'"):
+        number_from_env("TOKENMILL_LOCK_WAIT", 0.0)
+    monkeypatch.setenv("TOKENMILL_WORKERS", "-2")
+    with pytest.raises(ConfigError, match="TOKENMILL_WORKERS"):
+        number_from_env("TOKENMILL_WORKERS", 0, int)

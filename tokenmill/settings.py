@@ -8,6 +8,8 @@ and :func:`validate_run_settings` refuses a bad bound or combination before any 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -53,6 +55,21 @@ def load_settings(cls: type[StageSettings], values: dict) -> StageSettings:
         return cls(**values)
     except ValidationError as e:
         raise ConfigError("invalid settings: " + "; ".join(_describe(cls.asset_key, e))) from None
+
+
+def number_from_env(name: str, default: float, cast: Callable[[str], float] = float) -> float:
+    """A non-negative number from environment variable `name` (unset or empty: `default`), or a ConfigError
+    naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"{name} must be a non-negative {cast.__name__}, got {raw!r}")
+    return value
 
 
 def validate_run_settings(run_config: dict | None) -> None:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tokenmill.common.io import read_json
-from tokenmill.errors import SourceError, TokenmillError
+from tokenmill.errors import ConfigError, SourceError, TokenmillError
 from tokenmill.stages.raw.discover import source_state
 
 SUMMARY_STAGES = ("raw_records", "cleaned_jsonl", "deduped_jsonl", "tokenized_bins")
@@ -36,31 +36,50 @@ def failure_reason(error) -> str:
     outer = error
     while error is not None:
         if error.cls_name in TOKENMILL_ERRORS:
-            return f"{error.cls_name}: {error.message.strip()}"
+            return error.message.strip()  # Dagster records it as "<module>.<class>: <message>"
         error = error.cause
-    return f"{outer.cls_name}: {outer.message.strip()}"
+    return outer.message.strip()
+
+
+def load_run_config(config_path: str | None) -> dict:
+    """The run config YAML given with -c (a mapping), or a ConfigError naming the file."""
+    import yaml
+
+    if not config_path:
+        return {}
+    try:
+        run_config = yaml.safe_load(Path(config_path).read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(f"run config {config_path}: {' '.join(str(e).split())}") from None
+    if not isinstance(run_config, dict):
+        raise ConfigError(
+            f"run config {config_path}: expected a mapping (ops: <asset>: config: ...), got {type(run_config).__name__}"
+        )
+    return run_config
 
 
 def update(config_path: str | None = None) -> int:
     import dagster as dg
-    import yaml
 
-    from definitions import defs
-    from resources import data_root_from_env, source_from_env
-
-    source = source_from_env()
     try:
-        path = source.resolved()
+        from definitions import defs
+        from resources import data_root_from_env, source_from_env
+
+        path = source_from_env().resolved()
         if not source_state(path):
             raise SourceError(f"TOKENMILL_SOURCE has no .jsonl, .json, .txt or .csv file (or .gz of these): {path}")
+        run_config = load_run_config(config_path)
     except TokenmillError as e:
         print(f"tokenmill update: {e}", file=sys.stderr)
         return 2
-    run_config = yaml.safe_load(Path(config_path).read_text()) if config_path else {}
     run_config.setdefault("loggers", {"console": {"config": {"log_level": "WARNING"}}})
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
     job = defs.resolve_job_def("tokenmill_all")
-    result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
+    try:
+        result = job.execute_in_process(run_config=run_config, instance=instance, raise_on_error=False)
+    except dg.DagsterInvalidConfigError as e:  # a setting Dagster's schema refuses (an unknown choice or field)
+        print(f"tokenmill update: {config_path}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     data_root = data_root_from_env().path("")
     if not result.success:
         failures = [

@@ -14,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Protocol, TypeVar
 
 from tokenmill.common.failpoints import failpoint
+from tokenmill.settings import number_from_env
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -52,9 +53,9 @@ def default_workers() -> int:
 
 def local_workers() -> int:
     """TOKENMILL_WORKERS, else the usable cores."""
-    env = os.environ.get("TOKENMILL_WORKERS")
-    if env:
-        return max(1, int(env))
+    workers = number_from_env("TOKENMILL_WORKERS", 0, int)
+    if workers:
+        return workers
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
