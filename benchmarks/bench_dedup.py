@@ -35,6 +35,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from proctree import TreeSampler, status_mib  # noqa: E402
+
 from tokenmill.common.io import iter_jsonl, record_id, record_shards  # noqa: E402
 from tokenmill.common.parallel import map_ordered  # noqa: E402
 from tokenmill.stages.dedup import CLUSTERS_FILE, DedupSettings, build_dedup_report  # noqa: E402
@@ -53,17 +55,6 @@ def rss_mib() -> float:
     return 0.0
 
 
-def _status_mib(pid: int | str, field: str) -> float:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def cpu_seconds() -> float:
     """User + system CPU time of this process and its finished children (the pool's workers)."""
     import resource
@@ -74,45 +65,13 @@ def cpu_seconds() -> float:
 
 def peak_mib() -> float:
     """Peak RSS of this process (VmHWM: unlike ru_maxrss it is not inherited from the parent at fork/exec)."""
-    return _status_mib("self", "VmHWM")
+    return status_mib("self", "VmHWM")
 
 
-class TreeRss:
-    """Samples the RSS of this process plus all its descendants (the worker processes) every 50 ms; `peak`
-    is the largest total seen: the figure a memory budget applies to."""
-
-    def __init__(self):
-        import threading
-
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _descendants(self) -> list[int]:
-        pids, todo = [], [os.getpid()]
-        while todo:
-            p = todo.pop()
-            pids.append(p)
-            try:
-                for tid in os.listdir(f"/proc/{p}/task"):
-                    with open(f"/proc/{p}/task/{tid}/children") as f:
-                        todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                pass
-        return pids
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, sum(_status_mib(p, "VmRSS") for p in self._descendants()))
-            self._stop.wait(0.05)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+def tree_rss() -> TreeSampler:
+    """Peak summed RSS of this process plus its worker processes, every 50 ms: the figure a memory budget
+    applies to."""
+    return TreeSampler(lambda pids: sum(status_mib(p, "VmRSS") for p in [os.getpid(), *pids]), 0.05)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -357,7 +316,7 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
         return {"mode": mode, "docs": n_docs, "traced_peak_mib": tracemalloc.get_traced_memory()[1] / 2**20}
     if mode == "stage":
         t0, c0 = time.perf_counter(), cpu_seconds()
-        with TreeRss() as tree:
+        with tree_rss() as tree:
             stats = build_dedup_report(folder / "in", folder / f"rep-{time.time_ns()}", settings, workers=workers)
         total = time.perf_counter() - t0
         tm = stats["timings"]
@@ -375,7 +334,7 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
     uniq = (folder / "keys.txt").read_text(encoding="utf-8").split("\n")[:-1]
     rss0 = rss_mib()
     t0, c0 = time.perf_counter(), cpu_seconds()
-    tree = TreeRss().__enter__()
+    tree = tree_rss().__enter__()
     if mode == "engine":
         bands, rows = settings.band_shape()
         step = (len(uniq) + 2 * workers - 1) // (2 * workers)

@@ -23,11 +23,11 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
+from proctree import TreeSampler, status_mib
 
 REPO = Path(__file__).resolve().parent.parent
 SYLLABLES = ["ka", "to", "ri", "ne", "su", "mo", "la", "pi", "do", "ve", "shi", "gu", "ba", "ze", "fo", "hu"]
@@ -90,53 +90,9 @@ def corpus(data: Path, kind: str, n_docs: int) -> Path:
     return folder
 
 
-def _hwm_mib(pid: int | str) -> float:
-    """Peak RSS of a process (VmHWM; unlike ru_maxrss it is not inherited across fork and exec, so a worker's
-    figure is its own and this process's does not include the benchmark's that started it)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-class WorkerPeaks:
-    """Samples the VmHWM of every descendant process (the stage's workers) every 0.1 s; `peak` is the largest."""
-
-    def __init__(self):
-        self.peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _descendants(self) -> list[int]:
-        pids, todo = [], [os.getpid()]
-        while todo:
-            p = todo.pop()
-            try:
-                for tid in os.listdir(f"/proc/{p}/task"):
-                    with open(f"/proc/{p}/task/{tid}/children") as f:
-                        kids = [int(c) for c in f.read().split()]
-                        pids += kids
-                        todo += kids
-            except OSError:
-                pass
-        return pids
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max([self.peak] + [_hwm_mib(p) for p in self._descendants()])
-            self._stop.wait(0.1)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+def worker_peaks() -> TreeSampler:
+    """The largest VmHWM among this process's descendants (the stage's workers), sampled every 0.1 s."""
+    return TreeSampler(lambda pids: max((status_mib(p, "VmHWM") for p in pids), default=0.0), 0.1)
 
 
 def child(in_dir: str, out_dir: str, workers: int) -> dict:
@@ -150,7 +106,7 @@ def child(in_dir: str, out_dir: str, workers: int) -> dict:
     out = Path(out_dir)
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    with WorkerPeaks() as peaks:
+    with worker_peaks() as peaks:
         stats = build_dedup_report(Path(in_dir), out / "report", DedupSettings(), workers=workers)
         write_deduped(Path(in_dir), out / "report", out / "deduped", workers=workers)
     seconds = time.perf_counter() - t0
@@ -161,7 +117,7 @@ def child(in_dir: str, out_dir: str, workers: int) -> dict:
         "seconds": seconds,
         "candidates": stats["candidate_pairs"],
         "oversized_buckets": stats["oversized_buckets"],
-        "parent_mib": _hwm_mib("self"),
+        "parent_mib": status_mib("self", "VmHWM"),
         "worker_mib": peaks.peak,
         "shards": len(record_shards(Path(in_dir))),
     }
