@@ -12,6 +12,33 @@ from .store import Store, open_store, to_torch
 IGNORE_INDEX = -100
 
 
+def dataset_version(dataset) -> int | None:
+    """The version of the token dataset a loader reads (None: unversioned, or not a token dataset)."""
+    return getattr(getattr(dataset, "store", None), "version", None)
+
+
+def with_version(state: dict, dataset) -> dict:
+    """A loader's state with the version of the dataset it was reading (unversioned datasets add nothing)."""
+    version = dataset_version(dataset)
+    return state if version is None else {**state, "version": version}
+
+
+def check_state_version(state: dict, dataset) -> None:
+    """Refuses a loader state saved while reading another version of the dataset: positions index one version's
+    samples, so resuming them on another would silently skip or repeat data."""
+    if "version" not in state:  # saved from an unversioned dataset, or before versions existed
+        return
+    saved, reading = state["version"], dataset_version(dataset)
+    if saved != reading:
+        store = getattr(dataset, "store", None)
+        path = store.path if store is not None else "the dataset"
+        raise DatasetError(
+            f"{path}: the loader state was saved reading version {saved}, this loader reads version {reading}; "
+            f"resume on version {saved} with open_store(path, version={saved}) (TokenDataset(path, ..., "
+            f"version={saved}) / RecordDataset(path, version={saved})), or start the new version from a fresh state"
+        )
+
+
 def _index_dtype(token_dtype: np.dtype) -> np.dtype:
     """Compact signed host dtype for token ids: int32 for uint16/int32 data, int64 otherwise."""
     return np.dtype(np.int32) if token_dtype.itemsize <= 2 or token_dtype == np.int32 else np.dtype(np.int64)
@@ -88,8 +115,9 @@ class TokenDataset(torch.utils.data.Dataset):
         dtype=None,
         verify: bool = False,
         key: str = "sequence",
+        version: int | None = None,
     ):
-        self.store: Store = open_store(path, dtype=dtype, verify=verify)
+        self.store: Store = open_store(path, dtype=dtype, verify=verify, version=version)
         if self.store.training_type in ("dpo", "grpo"):
             raise DatasetError(
                 f"{self.store.path}: training_type {self.store.training_type} has no token stream; use RecordDataset"
@@ -202,8 +230,8 @@ class RecordDataset(torch.utils.data.Dataset):
     Lengths vary: batch with PackingLoader, or DataLoader(collate_fn=pad_collate).
     """
 
-    def __init__(self, path, dtype=None, verify: bool = False):
-        self.store: Store = open_store(path, dtype=dtype, verify=verify)
+    def __init__(self, path, dtype=None, verify: bool = False, version: int | None = None):
+        self.store: Store = open_store(path, dtype=dtype, verify=verify, version=version)
         self.training_type = self.store.training_type
 
     def __len__(self) -> int:

@@ -23,9 +23,14 @@ import numpy as np
 FORMAT_NAME = "tokenmill-shards"
 FORMAT_VERSION = 1
 
-# file names of a split folder: dataset.json + tokenizer.json + shard-XXXXX/{meta.json, record_ids.json, <key>.bin}
+# file names of a split folder: dataset.json + tokenizer.json + shard-XXXXX/{meta.json, record_ids.json, <key>.bin};
+# a versioned split also holds one immutable manifest per version (dataset.v000001.json, ...; dataset.json is a copy
+# of the latest one) and the tokenizer of each version under a content-addressed name (tokenizer-<sha256[:16]>.json)
 DATASET_FILE = "dataset.json"
 TOKENIZER_FILE = "tokenizer.json"
+VERSION_FILE = re.compile(r"dataset\.v(\d{6})\.json")
+# tokenizer files the tokenizer folder may hold besides tokenizer.json (Hugging Face's AutoTokenizer reads them)
+TOKENIZER_EXTRA_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 SHARD_META_FILE = "meta.json"
 RECORD_IDS_FILE = "record_ids.json"
 SPLITS = ("train", "val")
@@ -86,6 +91,9 @@ class DatasetError(ValueError):
 # ------------------------------------------------------------------------------------------------
 # names and dtypes
 # ------------------------------------------------------------------------------------------------
+SHARD_DIR = re.compile(r"shard-(\d{5,})")
+
+
 def shard_name(index: int) -> str:
     return f"shard-{index:05d}"
 
@@ -93,6 +101,24 @@ def shard_name(index: int) -> str:
 def data_file(key: str) -> str:
     """The headerless little-endian file of a key inside a shard folder."""
     return f"{key}.bin"
+
+
+def version_file(version: int) -> str:
+    """The immutable manifest of one version of a split."""
+    return f"dataset.v{version:06d}.json"
+
+
+def versioned_tokenizer_file(sha256: str) -> str:
+    """The immutable copy of the tokenizer a version was encoded with, named by its content."""
+    return f"tokenizer-{sha256[:16]}.json"
+
+
+def list_versions(folder) -> list[int]:
+    """The versions whose manifest is in a split folder, ascending."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted(int(m.group(1)) for m in map(VERSION_FILE.fullmatch, os.listdir(folder)) if m)
 
 
 def auto_token_dtype(vocab_size: int) -> str:
@@ -131,16 +157,17 @@ def key_meta(dtype, offsets) -> dict:
     return {"shape": [offsets[-1]], "dtype": np.dtype(dtype).name, "offsets": offsets}
 
 
-def shard_entry(name: str, *, tokens: int, records: int, max_token_id: int, files: dict) -> dict:
+def shard_entry(
+    name: str, *, tokens: int, records: int, max_token_id: int, files: dict, batch: str | None = None
+) -> dict:
     """One shard of dataset.json `shards`: `max_token_id` is the largest id of its token keys (-1: no tokens), so
-    a reader checks it against vocab_size without reading the data; `files` maps file -> {bytes, sha256}."""
-    return {
-        "name": name,
-        "tokens": int(tokens),
-        "records": int(records),
-        "max_token_id": int(max_token_id),
-        "files": files,
-    }
+    a reader checks it against vocab_size without reading the data; `files` maps file -> {bytes, sha256}; `batch`
+    names the input batch its records came from (a shard never holds two batches)."""
+    entry = {"name": name}
+    if batch is not None:
+        entry["batch"] = batch
+    entry.update({"tokens": int(tokens), "records": int(records), "max_token_id": int(max_token_id), "files": files})
+    return entry
 
 
 def dataset_manifest(
@@ -154,17 +181,23 @@ def dataset_manifest(
     totals: dict,
     tokenizer: dict | None = None,
     keys: Iterable[str] | None = None,
+    version: dict | None = None,
 ) -> dict:
-    """dataset.json of a split: `shards` are `shard_entry`s; `keys` defaults to every key of the training type."""
+    """dataset.json of a split: `shards` are `shard_entry`s; `keys` defaults to every key of the training type.
+
+    `version` ({"version", "generation", "batches", "encoding"}) makes it the manifest of one version: its number
+    (1, 2, ... in publish order), the generation (bumped when the dataset is encoded again from scratch: another
+    tokenizer or encoding settings), the input batches it holds in order, and the encoding settings."""
     token_dtype = np.dtype(token_dtype).name
-    manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "training_type": training_type,
-        "split": split,
-        "vocab_size": vocab_size,
-        "token_dtype": token_dtype,
-    }
+    manifest = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **(version or {})}
+    manifest.update(
+        {
+            "training_type": training_type,
+            "split": split,
+            "vocab_size": vocab_size,
+            "token_dtype": token_dtype,
+        }
+    )
     if tokenizer is not None:
         manifest["tokenizer"] = tokenizer
     manifest.update(
@@ -426,13 +459,50 @@ def _check_shard_data(shard: Shard, vocab: int | None, dpath: Path) -> int:
     return top_id
 
 
-def read_manifest(folder: Path) -> tuple[Path, dict, str]:
-    """(path, content, SHA-256 of its bytes) of a split's dataset.json, every field the loader uses checked for
-    its type and range (shard entries are checked by validate_dataset)."""
-    dpath = Path(folder) / DATASET_FILE
+def manifest_path(folder: Path, version: int | None = None) -> Path:
+    """dataset.json (the latest version), or the manifest of `version`, refused with the versions available when
+    it is not there (never published, or removed by retention)."""
+    folder = Path(folder)
+    if version is None:
+        return folder / DATASET_FILE
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise DatasetError(
+            f"{folder}: version must be an integer >= 1 (versions are numbered 1, 2, ...), not {version!r}"
+        )
+    path = folder / version_file(version)
+    if not path.is_file():
+        available = list_versions(folder)
+        raise DatasetError(
+            f"{path}: version {version} is not available (never published, or removed by retention); "
+            + (
+                f"available: {', '.join(map(str, available))} (open_store(path, version=K) pins one, "
+                f"version=None opens the latest)"
+                if available
+                else "this folder has no versions (written before versions existed: open it without version)"
+            )
+        )
+    return path
+
+
+def _check_version_fields(info: dict, dpath: Path, version: int | None) -> None:
+    for name in ("version", "generation"):
+        if name in info:
+            _int(info[name], dpath, name, low=1)
+    batches = info.get("batches")
+    if batches is not None and (not isinstance(batches, list) or not all(isinstance(b, str) for b in batches)):
+        raise DatasetError(f"{dpath}: 'batches' must be a list of batch keys")
+    if version is not None and info.get("version") != version:
+        raise DatasetError(f"{dpath}: holds version {_show(info.get('version'))}, not {version}")
+
+
+def read_manifest(folder: Path, version: int | None = None) -> tuple[Path, dict, str]:
+    """(path, content, SHA-256 of its bytes) of a split's dataset.json (or of the manifest of `version`), every
+    field the loader uses checked for its type and range (shard entries are checked by validate_dataset)."""
+    dpath = manifest_path(folder, version)
     info, sha256 = load_json(dpath, "dataset description")
     if not isinstance(info, dict):
         raise DatasetError(f"{dpath}: expected a JSON object")
+    _check_version_fields(info, dpath, version)
     if info.get("format") != FORMAT_NAME:
         raise DatasetError(f"{dpath}: format is {_show(info.get('format'))}, expected {FORMAT_NAME!r}")
     version = info.get("format_version")
@@ -517,17 +587,19 @@ def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, c
     return shard
 
 
-def validate_dataset(folder, *, checksums: bool = False, scan: bool = False, collect: bool = False) -> Dataset:
-    """A split folder checked against its dataset.json: shard list (plain names resolving inside the folder),
-    file sizes, meta.json (dtypes, offsets, alignment, record counts), totals, each shard's recorded
-    max_token_id < vocab_size; `checksums` adds the SHA-256 of every listed file, `scan` reads the data (token
-    ids < vocab_size and equal at most to the recorded max_token_id, masks 0/1).
+def validate_dataset(
+    folder, *, checksums: bool = False, scan: bool = False, collect: bool = False, version: int | None = None
+) -> Dataset:
+    """A split folder checked against its dataset.json (or the manifest of `version`): shard list (plain names
+    resolving inside the folder), file sizes, meta.json (dtypes, offsets, alignment, record counts), totals, each
+    shard's recorded max_token_id < vocab_size; `checksums` adds the SHA-256 of every listed file, `scan` reads
+    the data (token ids < vocab_size and equal at most to the recorded max_token_id, masks 0/1).
 
     Raises DatasetError (naming the file) at the first problem; with `collect`, a shard's problem is listed
     in `problems` and the next shard is checked (a dataset.json that cannot be read still raises).
     """
     root = Path(folder)
-    dpath, info, manifest_sha256 = read_manifest(root)
+    dpath, info, manifest_sha256 = read_manifest(root, version)
     tt = info.get("training_type")
     dataset = Dataset(root, info, tt or "seq", [], manifest_sha256=manifest_sha256)
     vocab = info.get("vocab_size")

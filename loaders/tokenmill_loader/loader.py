@@ -7,7 +7,14 @@ import functools
 import torch
 from torch.utils.data import default_collate
 
-from .datasets import RecordDataset, batched_collate, long_labels, pad_collate
+from .datasets import (
+    RecordDataset,
+    batched_collate,
+    check_state_version,
+    long_labels,
+    pad_collate,
+    with_version,
+)
 from .sampler import ResumableSampler, iter_chunks
 
 
@@ -48,8 +55,9 @@ class DataLoader(torch.utils.data.DataLoader):
       len % world_size samples are left out, see ResumableSampler), so a collective per batch never hangs.
     - `state_dict()` counts batches yielded to the caller (not what workers prefetched), in samples:
       {epoch, position (samples of the epoch's order consumed by all ranks together), ...}, the same on
-      every rank. `load_state_dict()` before iterating resumes at the next sample exactly, in any process,
-      with any num_workers, batch_size or world_size (each rank passes its own rank and world_size).
+      every rank, plus the dataset `version` read (versioned datasets). `load_state_dict()` before iterating
+      resumes at the next sample exactly, in any process, with any num_workers, batch_size or world_size (each
+      rank passes its own rank and world_size); a state saved on another version is refused (DatasetError).
     - Datasets with `get_batch` (TokenDataset) are read one batch per vectorized call; their batches
       are already collated; RecordDataset batches are padded (pad_collate). pin_memory defaults
       to True only when CUDA is available.
@@ -137,8 +145,9 @@ class DataLoader(torch.utils.data.DataLoader):
     def state_dict(self) -> dict:
         s = self.resumable_sampler
         if s.position >= s.num_samples():
-            return {**s.state_dict(), "epoch": s.epoch + 1, "position": 0}
-        return s.state_dict()
+            return with_version({**s.state_dict(), "epoch": s.epoch + 1, "position": 0}, self.dataset)
+        return with_version(s.state_dict(), self.dataset)
 
     def load_state_dict(self, state: dict) -> None:
+        check_state_version(state, self.dataset)
         self.resumable_sampler.load_state_dict(state)

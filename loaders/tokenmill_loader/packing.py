@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .datasets import IGNORE_INDEX, long_labels
+from .datasets import IGNORE_INDEX, check_state_version, long_labels, with_version
 from .sampler import ResumableSampler, iter_chunks
 
 
@@ -142,22 +142,13 @@ class PackingLoader:
 
     def state_dict(self) -> dict:
         if self._epoch_done():  # everything of this epoch was yielded: resume at the next epoch
-            return {
-                "epoch": self.epoch + 1,
-                "source_position": 0,
-                "pool": [],
-                "seed": self.sampler.seed,
-                "length": self.sampler.length,
-            }
-        return {
-            "epoch": self.epoch,
-            "source_position": self._src_pos,
-            "pool": list(self._pool_pos),
-            "seed": self.sampler.seed,
-            "length": self.sampler.length,
-        }
+            state = {"epoch": self.epoch + 1, "source_position": 0, "pool": []}
+        else:
+            state = {"epoch": self.epoch, "source_position": self._src_pos, "pool": list(self._pool_pos)}
+        return with_version({**state, "seed": self.sampler.seed, "length": self.sampler.length}, self.dataset)
 
     def load_state_dict(self, state: dict) -> None:
+        check_state_version(state, self.dataset)
         if state.get("length", self.sampler.length) != self.sampler.length:
             raise ValueError("packing state is for a dataset of another length")
         self.epoch = int(state["epoch"])

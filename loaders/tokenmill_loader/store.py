@@ -7,9 +7,12 @@ nanoGPT-style `.bin` file (given its dtype) or token-id JSONL (a file or a folde
 
 Files are memory-mapped lazily, on first access, in each process. A Store reads the real path it resolved at
 open (the data root publishes stage folders as symlinks swapped per run: a reader keeps the version it opened),
-and remembers a fingerprint of what it opened (the SHA-256 of dataset.json, which lists every file's hash).
-Pickling keeps only the real path, options and fingerprint: a DataLoader worker re-opens by that path and refuses
-a dataset that differs from its parent's; a forked worker checks the fingerprint before it maps its first file.
+and remembers a fingerprint of what it opened (the SHA-256 of dataset.json, which lists every file's hash). A
+versioned split (dataset.json carries `version`) is read through the immutable manifest of the version opened
+(dataset.v<K>.json): a new version published meanwhile never reaches this Store or its workers.
+Pickling keeps only the real path, version, options and fingerprint: a DataLoader worker re-opens that version and
+refuses a dataset that differs from its parent's; a forked worker checks the fingerprint before it maps its first
+file.
 Every read of a mapped file first compares the file's size with what was mapped (a truncated file would kill the
 process with SIGBUS), and token ids read are checked against the dataset's vocab_size.
 """
@@ -46,6 +49,7 @@ from .format import (
     check_records,
     data_file,
     infer_training_type,
+    manifest_path,
     read_manifest,
     read_shard,
     sha256_file,
@@ -116,17 +120,19 @@ def _stat_fingerprint(paths: list[Path]) -> str:
 class Store:
     """Validated, lazily memory-mapped view of a token dataset. Build it with `open_store`."""
 
-    def __init__(self, path: str | os.PathLike, dtype=None, verify: bool = False):
+    def __init__(self, path: str | os.PathLike, dtype=None, verify: bool = False, version: int | None = None):
         self.path = str(path)
         self.real_path = os.path.realpath(path)  # read from here on, whatever the symlinks on the way point to later
         self.fingerprint: str | None = None  # set by the first open; a later open must find the same
+        # the dataset version read (None: the latest, fixed by the first open; stays None for unversioned sources)
+        self.version: int | None = version
         self._dtype_arg = None if dtype is None else np.dtype(dtype).str
         self.verify = bool(verify)
         self._loaded = False
         self._load()
 
     # -- pickling: only the paths, options and fingerprint travel; the receiving process re-opens lazily
-    _STATE = ("path", "real_path", "fingerprint", "_dtype_arg")
+    _STATE = ("path", "real_path", "fingerprint", "version", "_dtype_arg")
 
     def __getstate__(self):
         return {**{k: self.__dict__[k] for k in self._STATE}, "verify": False}  # the parent verified
@@ -144,7 +150,10 @@ class Store:
         return object.__getattribute__(self, name)
 
     def __repr__(self):
-        return f"Store({self.path!r}, kind={self.kind!r}, type={self.training_type!r}, shards={len(self.parts)})"
+        return (
+            f"Store({self.path!r}, kind={self.kind!r}, type={self.training_type!r}, version={self.version}, "
+            f"shards={len(self.parts)})"
+        )
 
     # ------------------------------------------------------------------ loading
     def _load(self):
@@ -182,7 +191,7 @@ class Store:
         p = Path(self.real_path)
         try:
             if self.kind == "dataset":
-                return sha256_file(p / DATASET_FILE)
+                return sha256_file(manifest_path(p, self.version))
             if self.kind == "shard":
                 return sha256_file(p / SHARD_META_FILE)
             return _stat_fingerprint(self._source_files(p))
@@ -198,7 +207,7 @@ class Store:
     def _open(self):
         p = Path(self.real_path)
         self.info: dict = {}
-        if p.is_dir() and (p / DATASET_FILE).exists():
+        if p.is_dir() and ((p / DATASET_FILE).exists() or self.version is not None):
             self.kind = "dataset"
             parts = self._load_dataset(p)
         elif p.is_dir() and (p / SHARD_META_FILE).exists():
@@ -263,8 +272,10 @@ class Store:
         self.vocab_size: int | None = self.info.get("vocab_size")
 
     def _load_dataset(self, root: Path) -> list[_Part]:
-        dataset = validate_dataset(root, checksums=self.verify, scan=self.verify)
+        # dataset.json is read once, by the first open; every later open (a worker) reads that version's manifest
+        dataset = validate_dataset(root, checksums=self.verify, scan=self.verify, version=self.version)
         self.info = dataset.manifest
+        self.version = dataset.manifest.get("version")
         self._fingerprint_now = dataset.manifest_sha256
         return [_Part.of(shard) for shard in dataset.shards]
 
@@ -556,12 +567,17 @@ def _jsonl_row(rec: dict) -> dict:
     return row
 
 
-def open_store(path: str | os.PathLike, dtype=None, verify: bool = False) -> Store:
+def open_store(path: str | os.PathLike, dtype=None, verify: bool = False, version: int | None = None) -> Store:
     """Open a dataset folder, a shard folder, a headerless `.bin` (with `dtype`) or token-id JSONL.
 
+    A dataset folder opens its latest version (dataset.json, read once: `Store.version` is the version it holds,
+    None for a folder written before versions existed); `version=K` pins version K (dataset.v<K>.json), a
+    DatasetError listing the available versions when K was never published or has been removed by retention.
     Raises DatasetError (naming the file) when a file does not match its metadata; `verify=True` also
     checks the SHA-256 of every file listed in dataset.json and that every token id < vocab_size.
     """
     if isinstance(path, Store):
+        if version is not None and path.version != version:
+            raise DatasetError(f"{path.real_path}: this Store reads version {path.version}, not {version}")
         return path
-    return Store(path, dtype=dtype, verify=verify)
+    return Store(path, dtype=dtype, verify=verify, version=version)
