@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenmill.common.io import STATS_FILE, read_json, record_shards
 from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill.stages.tokenize.verify import reencode_problems
-from tokenmill_loader.format import DATASET_FILE, SPLITS, TOKENIZER_FILE, DatasetError, sha256_file, validate_dataset
+from tokenmill_loader.format import SPLITS, TOKENIZER_FILE, DatasetError, manifest_path, sha256_file, validate_dataset
 
 MAX_PROBLEMS = 20  # problems listed in a check's metadata; the count is always complete
 
@@ -47,24 +48,32 @@ def validate_records(stage_dir: Path) -> dict:
     return {"records": records, "problems": problems}
 
 
-def validate_token_shards(stage_dir: Path, records_dir: Path, tokenizer_dir: Path) -> dict:
-    """tokenized_bins, each split: dataset.json against every shard file (sizes, SHA-256, offsets, masks aligned and
-    0/1, token ids < vocabulary: tokenmill_loader.format.validate_dataset), the tokenizer it names is the upstream
-    one, and a sample of records re-encoded with it gives the shards' tokens."""
+def validate_token_shards(
+    stage_dir: Path, records_dirs: Path | Sequence[Path], tokenizer_dir: Path, version: int | None = None
+) -> dict:
+    """tokenized_bins, each split's dataset.json (or the manifest of `version`, e.g. one not published yet): every
+    shard file (sizes, SHA-256, offsets, masks aligned and 0/1, token ids < vocabulary:
+    tokenmill_loader.format.validate_dataset), the tokenizer it names is the upstream one, and a sample of records
+    (from `records_dirs`: the deduped folder, or every batch folder) re-encoded with it gives the shards' tokens."""
     problems: list[str] = []
     tokens, max_id, vocab, reencoded = 0, -1, None, 0
     stats_path = Path(stage_dir) / STATS_FILE
-    settings = ShardSettings(**read_json(stats_path)["settings"]) if stats_path.exists() else None
-    if settings is None:
-        problems.append(f"{stats_path}: missing (the settings the shards were built with)")
+    # the settings the shards were encoded with: the version's manifest records them (older folders: _stats.json)
+    stats_settings = read_json(stats_path)["settings"] if stats_path.exists() else None
     upstream = Path(tokenizer_dir) / TOKENIZER_FILE
     upstream_sha = sha256_file(upstream) if upstream.exists() else None
     for split in SPLITS:
         try:
-            dataset = validate_dataset(Path(stage_dir) / split, checksums=True, scan=True, collect=True)
+            dataset = validate_dataset(
+                Path(stage_dir) / split, checksums=True, scan=True, collect=True, version=version
+            )
         except DatasetError as e:
             problems.append(str(e))
             continue
+        encoding = dataset.manifest.get("encoding") or stats_settings
+        settings = ShardSettings(**encoding) if encoding is not None else None
+        if settings is None:
+            problems.append(f"{stats_path}: missing (the settings the shards were built with)")
         problems += dataset.problems
         tokens += dataset.tokens
         max_id = max(max_id, dataset.max_token_id)
@@ -72,11 +81,11 @@ def validate_token_shards(stage_dir: Path, records_dir: Path, tokenizer_dir: Pat
         recorded = (dataset.manifest.get("tokenizer") or {}).get("sha256")
         if recorded != upstream_sha:
             problems.append(
-                f"{dataset.folder / DATASET_FILE}: tokenizer sha256 {str(recorded)[:12]}… is not the "
+                f"{manifest_path(dataset.folder, version)}: tokenizer sha256 {str(recorded)[:12]}… is not the "
                 f"upstream {upstream} ({str(upstream_sha)[:12]}…): the shards are stale"
             )
         if settings is not None and not dataset.problems:
-            checked, found = reencode_problems(dataset, records_dir, settings)
+            checked, found = reencode_problems(dataset, records_dirs, settings)
             reencoded += checked
             problems += found
     return {

@@ -6,15 +6,16 @@ Steps, one module each:
   train      a bounded, deterministic sample of the records -> BPE training (or an existing tokenizer.json)
   render     one function per training type: a record -> special tokens and text pieces with mask bits
   encode     one task per newline-aligned byte range: parse, route train/val, render, encode a batch at once
-  shards     the per-task arrays, in task order, -> shard folders and dataset.json of each split
-  summary    counts and the stage's _stats.json
+  shards     the per-task arrays, in task order, -> shard folders and version manifests of each split
+  versions   what is published, publishing a version (dataset.json last), recovery after a kill, retention
+  summary    counts per input batch and the stage's _stats.json
   verify     re-encoding a sample of the shards' records with the dataset's tokenizer (the asset check)
-  stage      train_tokenizer and tokenize_corpus: the steps in order
+  stage      train_tokenizer and tokenize_batches: the steps in order
 
 The shard format itself (names, keys, kinds, dtypes, manifest, validator) is tokenmill_loader.format.
 """
 
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
-from tokenmill.stages.tokenize.stage import tokenize_corpus, train_tokenizer
+from tokenmill.stages.tokenize.stage import tokenize_batches, tokenize_corpus, train_tokenizer
 
-__all__ = ["ShardSettings", "TokenizerSettings", "tokenize_corpus", "train_tokenizer"]
+__all__ = ["ShardSettings", "TokenizerSettings", "tokenize_batches", "tokenize_corpus", "train_tokenizer"]

@@ -47,6 +47,12 @@ class TokenizerSettings(StageSettings):
         description="An existing tokenizer.json (or a folder holding one) to use "
         "instead of training; empty = train. Nothing is downloaded",
     )
+    retrain: bool = Field(
+        False,
+        description="Train again although a tokenizer exists. The tokenizer is frozen once trained: later batches "
+        "are encoded with it, so their tokens match the earlier shards. Retraining re-encodes every batch as a "
+        "new generation of tokenized_bins (readers keep the versions they opened)",
+    )
 
     @model_validator(mode="after")
     def _check_vocabulary(self) -> TokenizerSettings:
@@ -96,6 +102,23 @@ class ShardSettings(StageSettings):
         ge=0,
         description="Input bytes per task (0: about 8 tasks per worker, 256 KiB..16 MiB); never changes the output",
     )
+    retention_hours: float = Field(
+        24.0,
+        ge=0.0,
+        le=24.0 * 365 * 100,
+        description="A superseded dataset version (its manifest, and the shards no kept version names) is removed "
+        "once a newer version has been published for this long: a reader that opened it can read it that long",
+    )
+    keep_versions: int = Field(
+        1, ge=1, le=10**6, description="The newest versions kept whatever their age (1: the latest only)"
+    )
+
+    # the settings that change the tokens of a record: another value starts a new dataset generation (every batch
+    # encoded again); the others (shard size, task cut, retention) apply to what is written from then on
+    ENCODING: ClassVar[tuple[str, ...]] = ("training_type", "val_fraction", "metadata_dropout", "seed", "token_dtype")
+
+    def encoding(self) -> dict:
+        return {k: getattr(self, k) for k in self.ENCODING}
 
     def run_problems(self, run: dict[str, StageSettings]) -> list[str]:
         """An explicit token_dtype must hold the vocabulary the same run trains (checked again on the real file)."""

@@ -2,8 +2,9 @@
 
 Every name, key, kind and manifest field comes from `tokenmill_loader.format`, the module the loader reads with.
 The parent packs the per-task chunks, in task order, into shards, so the output is byte-identical for any worker
-count or task cut. Each shard is written in `.tmp-shard-XXXXX/` and renamed when complete; each split is built
-in a staging folder, gets its tokenizer.json and dataset.json last, and is swapped into place.
+count or task cut. Each shard is written in `.tmp-shard-XXXXX/` and renamed when complete, directly in its split
+folder; a shard never holds two input batches. Nothing is published until a version manifest names the shards
+(versions.py publishes it).
 """
 
 from __future__ import annotations
@@ -12,22 +13,21 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import atomic_write_json
 from tokenmill.errors import CapacityError, ConfigError
 from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
+from tokenmill.stages.tokenize.versions import next_shard_index
 from tokenmill_loader.format import (
     ALL_TOKEN_KEYS,
-    DATASET_FILE,
     KEYS,
     RECORD_IDS_FILE,
     SHARD_META_FILE,
     SPLITS,
     TOKEN_DTYPES,
-    TOKENIZER_FILE,
     auto_token_dtype,
     data_file,
     dataset_manifest,
@@ -37,6 +37,7 @@ from tokenmill_loader.format import (
     key_meta,
     shard_entry,
     shard_name,
+    versioned_tokenizer_file,
 )
 
 REJECTED_JSON = "_rejected.json"  # not .jsonl: record globbing tools must not take it for records
@@ -74,9 +75,17 @@ class ShardWriter:
     """Packs SplitChunks into `split_dir/shard-XXXXX/` (written in `.tmp-shard-XXXXX/`, renamed when done)."""
 
     def __init__(
-        self, split_dir: Path, training_type: str, vocab_size: int, token_dtype: str | np.dtype, shard_tokens: int
+        self,
+        split_dir: Path,
+        training_type: str,
+        vocab_size: int,
+        token_dtype: str | np.dtype,
+        shard_tokens: int,
+        first_index: int = 0,
+        batch: str | None = None,
     ):
         self.dir = Path(split_dir)
+        self.first_index, self.batch = first_index, batch
         self.vocab = vocab_size
         self.dtype = np.dtype(token_dtype)
         if self.dtype.name not in TOKEN_DTYPES:
@@ -91,7 +100,7 @@ class ShardWriter:
         self._open = None
 
     def _start(self):
-        name = shard_name(len(self.shards))
+        name = shard_name(self.first_index + len(self.shards))
         tmp = self.dir / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -119,7 +128,12 @@ class ShardWriter:
         os.replace(sh["tmp"], self.dir / sh["name"])
         self.shards.append(
             shard_entry(
-                sh["name"], tokens=sh["tokens"], records=len(sh["ids"]), max_token_id=sh["max_token_id"], files=files
+                sh["name"],
+                tokens=sh["tokens"],
+                records=len(sh["ids"]),
+                max_token_id=sh["max_token_id"],
+                files=files,
+                batch=self.batch,
             )
         )
         self._open = None
@@ -164,9 +178,12 @@ class ShardWriter:
     def close(self) -> list[dict]:
         if self._open is not None:
             self._finish()
-        if not self.shards:  # an empty split still gets one (empty) shard, so it loads
-            self._start()
-            self._finish()
+        return self.shards
+
+    def empty_shard(self) -> list[dict]:
+        """One shard without records: a split with no records still gets it, so it loads."""
+        self._start()
+        self._finish()
         return self.shards
 
     def abort(self) -> None:
@@ -178,88 +195,92 @@ class ShardWriter:
 
 
 class SplitWriters:
-    """One ShardWriter per split, each in a staging folder of out_dir until `publish` swaps them in."""
+    """One ShardWriter per split for one input batch, writing straight into the split folders of bins_dir: shard
+    numbers continue after the shards already there; nothing is published until a version manifest names them."""
 
-    def __init__(self, out_dir: Path, training_type: str, vocab_size: int, token_dtype: np.dtype, shard_tokens: int):
-        self.out_dir = Path(out_dir)
-        self.training_type, self.vocab_size, self.token_dtype = training_type, vocab_size, token_dtype
-        self.staging = {s: self.out_dir / f".tmp-{s}" for s in SPLITS}
-        for d in self.staging.values():
-            shutil.rmtree(d, ignore_errors=True)
+    def __init__(
+        self, bins_dir: Path, batch: str, training_type: str, vocab_size: int, token_dtype: np.dtype, shard_tokens: int
+    ):
         self.writers = {
-            s: ShardWriter(self.staging[s], training_type, vocab_size, token_dtype, shard_tokens) for s in SPLITS
+            s: ShardWriter(
+                Path(bins_dir) / s,
+                training_type,
+                vocab_size,
+                token_dtype,
+                shard_tokens,
+                first_index=next_shard_index(Path(bins_dir) / s),
+                batch=batch,
+            )
+            for s in SPLITS
         }
 
     def add(self, splits: dict[str, SplitChunk]) -> None:
         for s, ch in splits.items():
             self.writers[s].add(ch)
 
-    def bytes_per_key(self) -> dict[str, int]:
-        out: dict[str, int] = {}
+    def close(self) -> dict[str, list[dict]]:
+        return {s: w.close() for s, w in self.writers.items()}
+
+    def abort(self) -> None:
         for w in self.writers.values():
-            for k, v in w.bytes_per_key.items():
-                out[k] = out.get(k, 0) + v
-        return out
-
-    def publish(
-        self, tokenizer_bytes: bytes, tokenizer_sha256: str, special: dict[str, int], supervised: dict[str, int]
-    ) -> dict[str, dict]:
-        """Closes every split, writes its tokenizer.json and dataset.json (last), swaps it into place."""
-        manifests = {}
-        for s in SPLITS:
-            shards = self.writers[s].close()
-            (self.staging[s] / TOKENIZER_FILE).write_bytes(tokenizer_bytes)
-            tokens = sum(sh["tokens"] for sh in shards)
-            manifests[s] = dataset_manifest(
-                training_type=self.training_type,
-                split=s,
-                vocab_size=self.vocab_size,
-                token_dtype=self.token_dtype,
-                tokenizer={"file": TOKENIZER_FILE, "sha256": tokenizer_sha256, "vocab_size": self.vocab_size},
-                special_tokens=special,
-                shards=shards,
-                totals={
-                    "tokens": tokens,
-                    "records": sum(sh["records"] for sh in shards),
-                    "supervised_tokens": supervised[s],
-                    "masked_tokens": tokens - supervised[s],
-                },
-            )
-            atomic_write_json(self.staging[s] / DATASET_FILE, manifests[s])
-        for s in SPLITS:
-            final = self.out_dir / s
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(self.staging[s], final)
-        return manifests
-
-    def abort(self) -> None:
-        for s in SPLITS:
-            self.writers[s].abort()
-            shutil.rmtree(self.staging[s], ignore_errors=True)
+            w.abort()
 
 
-class RejectedWriter:
-    """`_rejected.json`: a JSON list of the records the training type cannot render, streamed as tasks finish."""
+def write_tokenizer_copy(split_dir: Path, tokenizer_bytes: bytes, sha256: str) -> str:
+    """The immutable, content-named copy of the tokenizer a version is encoded with; returns its file name."""
+    name = versioned_tokenizer_file(sha256)
+    path = Path(split_dir) / name
+    if not path.exists():
+        tmp = path.with_name(f".tmp-{name}")
+        tmp.write_bytes(tokenizer_bytes)
+        os.replace(tmp, path)
+    return name
 
-    def __init__(self, out_dir: Path):
-        self.path = Path(out_dir) / REJECTED_JSON
-        self.tmp = Path(out_dir) / f".{REJECTED_JSON}.tmp"
-        self.count = 0
-        self.f = open(self.tmp, "w", encoding="utf-8")
-        self.f.write("[")
 
-    def extend(self, entries: list[dict]) -> None:
+def version_manifests(
+    *,
+    version: dict,
+    training_type: str,
+    vocab_size: int,
+    token_dtype: np.dtype,
+    tokenizer: dict,
+    special: dict[str, int],
+    shards: dict[str, list[dict]],
+    supervised: dict[str, int],
+) -> dict[str, dict]:
+    """Each split's manifest of one version (`version`: its number, generation, batches, encoding settings)."""
+    manifests = {}
+    for s in SPLITS:
+        tokens = sum(sh["tokens"] for sh in shards[s])
+        manifests[s] = dataset_manifest(
+            training_type=training_type,
+            split=s,
+            vocab_size=vocab_size,
+            token_dtype=token_dtype,
+            tokenizer=tokenizer,
+            special_tokens=special,
+            shards=shards[s],
+            totals={
+                "tokens": tokens,
+                "records": sum(sh["records"] for sh in shards[s]),
+                "supervised_tokens": supervised[s],
+                "masked_tokens": tokens - supervised[s],
+            },
+            version=version,
+        )
+    return manifests
+
+
+def write_rejected(bins_dir: Path, entries: Iterable[dict]) -> int:
+    """`_rejected.json`: a JSON list of the records the training type cannot render; returns how many."""
+    path = Path(bins_dir) / REJECTED_JSON
+    tmp = Path(bins_dir) / f".tmp-{REJECTED_JSON}"
+    count = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write("[")
         for entry in entries:
-            self.f.write(("\n" if self.count == 0 else ",\n") + json.dumps(entry, ensure_ascii=False))
-            self.count += 1
-
-    def close(self) -> None:
-        self.f.write("\n]\n" if self.count else "]\n")
-        self.f.close()
-        os.replace(self.tmp, self.path)
-
-    def abort(self) -> None:
-        self.f.close()
-        self.tmp.unlink(missing_ok=True)
-        self.path.unlink(missing_ok=True)
+            f.write(("\n" if count == 0 else ",\n") + json.dumps(entry, ensure_ascii=False))
+            count += 1
+        f.write("\n]\n" if count else "]\n")
+    os.replace(tmp, path)
+    return count

@@ -1,22 +1,44 @@
-"""The two stages, step by step: `train_tokenizer` (tokenizer asset) and `tokenize_corpus` (tokenized_bins asset)."""
+"""The two stages, step by step: `train_tokenizer` (tokenizer asset) and `tokenize_batches` (tokenized_bins asset)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from tokenmill.common.io import write_stats
+import numpy as np
+
+from tokenmill.common.io import atomic_write_text, read_json, write_stats
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
-from tokenmill.stages.tokenize.encode import EncodeTask, encode_task, encoder, load_splits, plan_ranges
+from tokenmill.errors import ConfigError, CorruptOutputError
+from tokenmill.stages.tokenize.encode import Encoder, EncodeTask, encode_task, encoder, load_splits, plan_ranges
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
-from tokenmill.stages.tokenize.shards import RejectedWriter, SplitWriters, token_dtype_for
-from tokenmill.stages.tokenize.summary import RunTotals, stage_stats
-from tokenmill.stages.tokenize.tokenizer import load_tokenizer, pin_tokenizer, special_token_ids
+from tokenmill.stages.tokenize.shards import (
+    ShardWriter,
+    SplitWriters,
+    token_dtype_for,
+    version_manifests,
+    write_rejected,
+    write_tokenizer_copy,
+)
+from tokenmill.stages.tokenize.summary import BatchTotals, stage_stats
+from tokenmill.stages.tokenize.tokenizer import TokenizerPin, load_tokenizer, pin_tokenizer, special_token_ids
 from tokenmill.stages.tokenize.train import examples, measure, sample_corpus, write_existing, write_trained
-from tokenmill_loader.format import SPLITS, TOKENIZER_FILE
+from tokenmill.stages.tokenize.versions import (
+    STAGE,
+    TMP_PREFIX,
+    Published,
+    apply_retention,
+    batch_summary_file,
+    next_shard_index,
+    publish,
+    recover,
+)
+from tokenmill_loader.format import PLAIN_NAME, SPLITS, TOKENIZER_FILE, list_versions
 
 
 def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, log=None) -> dict:
@@ -62,70 +84,212 @@ def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, lo
     return stats
 
 
-ENCODED_DIR = ".encoded"  # the encode tasks' arrays, each file removed once packed
+ENCODED_DIR = f"{TMP_PREFIX}encoded"  # the encode tasks' arrays, each file removed once packed
+
+
+def _batch_keys(batches: list[tuple[str, Path]]) -> tuple[str, ...]:
+    keys = tuple(key for key, _ in batches)
+    for key in keys:
+        if not isinstance(key, str) or not PLAIN_NAME.fullmatch(key):
+            raise ConfigError(f"tokenized_bins: batch key {key!r} is not a plain name ([A-Za-z0-9_][A-Za-z0-9_.-]*)")
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ConfigError(f"tokenized_bins: batch keys {duplicates} are given twice")
+    return keys
+
+
+def rebuild_reason(published: Published | None, tokenizer_sha256: str, encoding: dict, keys: tuple) -> str | None:
+    """Why every batch must be encoded again into a new generation; None: append the new batches."""
+    if published is None:
+        return "first build"
+    if published.tokenizer_sha256 != tokenizer_sha256:
+        return f"tokenizer changed ({published.tokenizer_sha256[:12]}… -> {tokenizer_sha256[:12]}…)"
+    changed = sorted(k for k in encoding if published.encoding.get(k) != encoding[k])
+    if changed:
+        return f"encoding settings changed: {', '.join(changed)}"
+    if keys[: len(published.batches)] != published.batches:
+        gone = [b for b in published.batches if b not in keys]
+        return f"published batches removed: {gone}" if gone else "batches inserted before published ones"
+    return None
+
+
+def _load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals:
+    path = batch_summary_file(bins_dir, generation, key)
+    if not path.exists():
+        raise CorruptOutputError(f"{path}: missing (the counts of published batch {key})")
+    return BatchTotals.from_json(read_json(path))
+
+
+def _encode_batches(
+    batches: list[tuple[str, Path]],
+    pin: TokenizerPin,
+    enc: Encoder,
+    dtype: np.dtype,
+    settings: ShardSettings,
+    bins_dir: Path,
+    generation: int,
+    workers: int,
+    log=None,
+) -> tuple[dict[str, BatchTotals], dict[str, list[dict]], int]:
+    """Encodes the batches, in order, into new shards of bins_dir (one task list for all of them); saves each
+    batch's counts. Returns the counts per batch, the new shard entries per split and the task count."""
+    encoded = bins_dir / ENCODED_DIR
+    encoded.mkdir(parents=True, exist_ok=True)
+    plans = [(key, plan_ranges(Path(folder), settings.task_bytes, workers)) for key, folder in batches]
+    ranges = [r for _, batch_ranges in plans for r in batch_ranges]
+    threads = workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
+    tasks = [
+        EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}.pkl")) for i, r in enumerate(ranges)
+    ]
+    progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=log)
+    results = iter(map_ordered(encode_task, tasks, workers))
+    totals: dict[str, BatchTotals] = {}
+    shards: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    try:
+        for key, batch_ranges in plans:
+            batch = BatchTotals(settings.training_type)
+            writers = SplitWriters(bins_dir, key, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
+            try:
+                for rng in batch_ranges:
+                    result = load_splits(next(results))
+                    for entry in result.rejected:
+                        entry["batch"] = key
+                    batch.add(result)
+                    writers.add(result.splits)
+                    progress.advance(rng.end - rng.start)
+                for s, entries in writers.close().items():
+                    shards[s] += entries
+            except BaseException:
+                writers.abort()
+                raise
+            batch.finish(enc)
+            path = batch_summary_file(bins_dir, generation, key)
+            path.parent.mkdir(exist_ok=True)
+            atomic_write_text(path, json.dumps(batch.to_json(), ensure_ascii=False, separators=(",", ":")))
+            totals[key] = batch
+    finally:
+        shutil.rmtree(encoded, ignore_errors=True)
+    progress.finish()
+    return totals, shards, len(tasks)
+
+
+def tokenize_batches(
+    batches: list[tuple[str, Path]],
+    tokenizer_dir: Path,
+    bins_dir: Path,
+    settings: ShardSettings,
+    workers: int | None = None,
+    log=None,
+    check: Callable[[int], None] | None = None,
+) -> dict:
+    """Publishes the next version of bins_dir/train/ and bins_dir/val/ (docs/format.md, "Versions") holding every
+    batch of `batches` ((key, deduped folder) pairs, all of them, in order); writes _rejected.json and _stats.json
+    (cumulative over the published version) and returns the stats.
+
+    With the tokenizer and the encoding settings (ShardSettings.ENCODING) of the latest version, only the batches
+    after its own are encoded and appended; otherwise (first build, retrained tokenizer, changed settings, a
+    published batch missing) a new generation encodes every batch. Nothing new: no version (`new_version` False).
+    `check(version)` runs on the complete new version before any dataset.json names it; if it raises, nothing is
+    published. The tokenizer is pinned when the run starts (a task that finds it changed raises
+    StaleUpstreamError). Superseded versions past retention are removed at the end.
+    """
+    t0 = time.perf_counter()
+    bins_dir = Path(bins_dir)
+    bins_dir.mkdir(parents=True, exist_ok=True)
+    settings = ShardSettings.model_validate(settings.model_dump())  # plain settings travel to the workers
+    keys = _batch_keys(batches)
+    published = recover(bins_dir, log)
+    pin, tokenizer_bytes = pin_tokenizer(tokenizer_dir)
+    reason = rebuild_reason(published, pin.sha256, settings.encoding(), keys)
+    kept = published.batches if reason is None else ()
+    generation = published.generation if reason is None else (published.generation + 1 if published else 1)
+    added = list(batches[len(kept) :])
+    workers = default_workers() if workers is None else max(1, workers)
+    totals = {key: _load_batch_totals(bins_dir, generation, key) for key in kept}
+    tasks = 0
+    if added or reason is not None:
+        if log:
+            log.info(f"tokenized_bins: generation {generation} ({reason or 'append'}), encoding {len(added)} batches")
+        try:
+            enc = encoder(pin)
+            dtype = token_dtype_for(enc.vocab_size, settings.token_dtype)
+            new_totals, new_shards, tasks = _encode_batches(
+                added, pin, enc, dtype, settings, bins_dir, generation, workers, log
+            )
+            totals.update(new_totals)
+            shards = {s: (list(published.manifests[s]["shards"]) if kept else []) + new_shards[s] for s in SPLITS}
+            for s in SPLITS:
+                if not shards[s]:  # an empty split still gets one (empty) shard, so it loads
+                    shards[s] = ShardWriter(
+                        bins_dir / s,
+                        settings.training_type,
+                        enc.vocab_size,
+                        dtype,
+                        settings.shard_tokens,
+                        first_index=next_shard_index(bins_dir / s),
+                    ).empty_shard()
+            tokenizer = {
+                "file": [write_tokenizer_copy(bins_dir / s, tokenizer_bytes, pin.sha256) for s in SPLITS][0],
+                "sha256": pin.sha256,
+                "vocab_size": enc.vocab_size,
+            }
+            version = {
+                "version": published.version + 1 if published else 1,
+                "generation": generation,
+                "batches": list(keys),
+                "encoding": settings.encoding(),
+            }
+            manifests = version_manifests(
+                version=version,
+                training_type=settings.training_type,
+                vocab_size=enc.vocab_size,
+                token_dtype=dtype,
+                tokenizer=tokenizer,
+                special=enc.special,
+                shards=shards,
+                supervised={s: sum(t.splits[s].supervised for t in totals.values()) for s in SPLITS},
+            )
+            publish(bins_dir, manifests, tokenizer_dir, check)
+        except BaseException:
+            recover(bins_dir, log)  # what this run wrote, no version names it
+            raise
+        published = Published.of(manifests)
+    removed = apply_retention(bins_dir, settings.retention_hours, settings.keep_versions, log=log)
+    latest = published.manifests[SPLITS[0]]
+    stats = stage_stats(
+        settings,
+        {key: totals[key] for key in published.batches},
+        published.manifests,
+        vocab_size=latest["vocab_size"],
+        token_dtype=np.dtype(latest["token_dtype"]),
+        seconds=time.perf_counter() - t0,
+        workers=workers,
+        tasks=tasks,
+    )
+    stats.update(
+        {
+            "version": published.version,
+            "generation": published.generation,
+            "new_version": bool(added or reason is not None),
+            "rebuild_reason": reason,
+            "batches_added": [key for key, _ in added],
+            "versions": list_versions(bins_dir / SPLITS[0]),
+            "versions_removed": removed,
+        }
+    )
+    rejected = write_rejected(bins_dir, (e for key in published.batches for e in totals[key].rejected))
+    write_stats(bins_dir, stats)
+    if log:
+        log.info(
+            f"tokenized_bins: version {published.version} (generation {published.generation}, "
+            f"{len(published.batches)} batches, {len(added)} added): {stats['docs_out']:,} records, "
+            f"{stats['tokens']:,} tokens, dropped {rejected:,}"
+        )
+    return stats
 
 
 def tokenize_corpus(
     in_dir: Path, tokenizer_dir: Path, out_dir: Path, settings: ShardSettings, workers: int | None = None, log=None
 ) -> dict:
-    """Writes out_dir/train/ and out_dir/val/ (docs/format.md), _rejected.json and _stats.json.
-
-    The tokenizer is pinned when the run starts (its SHA-256, recorded in dataset.json); a task that finds
-    tokenizer.json changed raises StaleUpstreamError and nothing is published.
-    """
-    t0 = time.perf_counter()
-    out_dir = Path(out_dir)
-    settings = ShardSettings.model_validate(settings.model_dump())  # plain settings travel to the workers
-    pin, tokenizer_bytes = pin_tokenizer(tokenizer_dir)
-    enc = encoder(pin)
-    dtype = token_dtype_for(enc.vocab_size, settings.token_dtype)
-    workers = default_workers() if workers is None else max(1, workers)
-    ranges = plan_ranges(Path(in_dir), settings.task_bytes, workers)
-    threads = workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
-    encoded = out_dir / ENCODED_DIR
-    encoded.mkdir(parents=True, exist_ok=True)
-    tasks = [
-        EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}.pkl")) for i, r in enumerate(ranges)
-    ]
-    totals = RunTotals(settings.training_type)
-    progress = Progress("tokenized_bins", total=sum(r.end - r.start for r in ranges), unit="bytes", log=log)
-    writers = SplitWriters(out_dir, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
-    rejected = None
-    try:
-        rejected = RejectedWriter(out_dir)
-        for task, result in zip(tasks, map_ordered(encode_task, tasks, workers)):
-            load_splits(result)
-            totals.add(result)
-            rejected.extend(result.rejected)
-            writers.add(result.splits)
-            progress.advance(task.range.end - task.range.start)
-        rejected.close()
-        manifests = writers.publish(
-            tokenizer_bytes, pin.sha256, enc.special, {s: totals.splits[s].supervised for s in SPLITS}
-        )
-    except BaseException:
-        writers.abort()
-        if rejected is not None:
-            rejected.abort()
-        raise
-    finally:
-        shutil.rmtree(encoded, ignore_errors=True)
-    progress.finish()
-    stats = stage_stats(
-        settings,
-        totals,
-        manifests,
-        enc=enc,
-        token_dtype=dtype,
-        bytes_on_disk=writers.bytes_per_key(),
-        seconds=time.perf_counter() - t0,
-        workers=workers,
-        tasks=len(tasks),
-    )
-    write_stats(out_dir, stats)
-    if log:
-        log.info(
-            f"tokenized_bins: {stats['docs_out']:,} records, {stats['tokens']:,} tokens "
-            f"({stats['tokens_per_second']:,.0f}/s), dropped {rejected.count:,}"
-        )
-    return stats
+    """tokenize_batches over one deduped folder, as the single batch named after it (a non-incremental build)."""
+    return tokenize_batches([(Path(in_dir).name, Path(in_dir))], tokenizer_dir, out_dir, settings, workers, log)

@@ -1,5 +1,5 @@
-"""What a tokenize run measured: counts as tasks finish, then the stage's `_stats.json` (plain data; the asset turns
-it into Dagster metadata)."""
+"""What tokenize runs measured: counts per input batch as tasks finish (kept beside the shards), then the stage's
+`_stats.json` over every batch of the published version (plain data; the asset turns it into Dagster metadata)."""
 
 from __future__ import annotations
 
@@ -55,23 +55,83 @@ class FirstRecord:
 
 
 @dataclass
-class RunTotals:
-    """Counts over every task result, in task order."""
+class BatchTotals:
+    """Counts of one input batch over its task results, in task order; saved with the shards (`to_json`) so a
+    later run that appends batches reports the whole dataset without reading this batch again."""
 
     training_type: str
     docs_in: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     splits: dict[str, SplitTotals] = field(default_factory=lambda: {s: SplitTotals() for s in SPLITS})
+    rejected: list[dict] = field(default_factory=list)  # the records the training type cannot render
     first: FirstRecord | None = None
+    sample: dict | None = None  # the first train record, decoded (set by `finish`)
 
     def add(self, result: TaskResult) -> None:
         self.docs_in += result.docs_in
         for r, c in result.reasons.items():
             self.reasons[r] = self.reasons.get(r, 0) + c
+        self.rejected.extend(result.rejected)
         for s, ch in result.splits.items():
             self.splits[s].add(ch)
             if self.first is None and s == "train" and ch.records:
                 self.first = FirstRecord.of(ch, self.training_type)
+
+    def finish(self, enc: Encoder) -> None:
+        if self.first is not None:
+            self.sample = {
+                "id": self.first.id,
+                "tokens": int(len(self.first.ids)),
+                "markdown": sample_markdown(enc.tok, self.first.ids, self.first.mask),
+            }
+
+    @property
+    def docs_out(self) -> int:
+        return sum(t.records for t in self.splits.values())
+
+    def tokens_per_doc(self) -> np.ndarray:
+        return np.concatenate([a for t in self.splits.values() for a in t.tokens_per_doc] or [np.zeros(0, np.int32)])
+
+    def counts(self) -> dict:
+        """docs_in, docs_out, dropped_<reason> and tokens of the batch (the stats' `batches` entries)."""
+        return {
+            "docs_in": self.docs_in,
+            "docs_out": self.docs_out,
+            **{f"dropped_{r}": c for r, c in sorted(self.reasons.items())},
+            "tokens": int(self.tokens_per_doc().sum()),
+        }
+
+    def to_json(self) -> dict:
+        splits = {
+            s: {
+                **{a: getattr(t, a) for a in ("records", *SplitChunk.COUNTS)},
+                "tokens_per_doc": np.concatenate(t.tokens_per_doc).tolist() if t.tokens_per_doc else [],
+            }
+            for s, t in self.splits.items()
+        }
+        return {
+            "training_type": self.training_type,
+            "docs_in": self.docs_in,
+            "reasons": self.reasons,
+            "splits": splits,
+            "sample": self.sample,
+            "rejected": self.rejected,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> BatchTotals:
+        splits = {}
+        for s, d in data["splits"].items():
+            tpd = np.asarray(d["tokens_per_doc"], dtype=np.int32)
+            splits[s] = SplitTotals(**{k: v for k, v in d.items() if k != "tokens_per_doc"}, tokens_per_doc=[tpd])
+        return cls(
+            data["training_type"],
+            data["docs_in"],
+            data["reasons"],
+            splits,
+            rejected=data["rejected"],
+            sample=data["sample"],
+        )
 
 
 def histogram(tokens_per_doc: np.ndarray) -> list[dict]:
@@ -106,35 +166,44 @@ def _share(part: int, whole: int, digits: int = 4) -> float:
 
 def stage_stats(
     settings: ShardSettings,
-    totals: RunTotals,
+    batches: dict[str, BatchTotals],
     manifests: dict[str, dict],
     *,
-    enc: Encoder,
+    vocab_size: int,
     token_dtype: np.dtype,
-    bytes_on_disk: dict[str, int],
     seconds: float,
     workers: int,
     tasks: int,
 ) -> dict:
-    """The stage's _stats.json: docs_in/docs_out/dropped_<reason>, tokens and shares, per split, the first record."""
+    """The stage's _stats.json for the published version whose split manifests are `manifests`, holding `batches`
+    (in order): docs_in/docs_out/dropped_<reason>, tokens and shares, per split, per batch, the first record."""
     split_totals = [m["totals"] for m in manifests.values()]
     tokens = sum(t["tokens"] for t in split_totals)
     records = sum(t["records"] for t in split_totals)
     supervised = sum(t["supervised_tokens"] for t in split_totals)
-    per_split = totals.splits.values()
-    tpd = np.concatenate([a for t in per_split for a in t.tokens_per_doc]) if records else np.zeros(0, np.int32)
+    per_split = [t for b in batches.values() for t in b.splits.values()]
+    tpd = np.concatenate([b.tokens_per_doc() for b in batches.values()] or [np.zeros(0, np.int32)])
     text_chars = sum(t.text_chars for t in per_split)
     text_tokens = sum(t.text_tokens for t in per_split)
     punct = sum(t.punct for t in per_split)
     dropout = sum(t.dropout for t in per_split)
     no_metadata = sum(t.no_metadata for t in per_split)
+    reasons: dict[str, int] = {}
+    for b in batches.values():
+        for r, c in b.reasons.items():
+            reasons[r] = reasons.get(r, 0) + c
+    bytes_on_disk: dict[str, int] = {}
+    for m in manifests.values():
+        for sh in m["shards"]:
+            for fname, info in sh["files"].items():
+                bytes_on_disk[fname] = bytes_on_disk.get(fname, 0) + info["bytes"]
     stats = {
-        "docs_in": totals.docs_in,
+        "docs_in": sum(b.docs_in for b in batches.values()),
         "docs_out": records,
-        **{f"dropped_{r}": c for r, c in sorted(totals.reasons.items())},
+        **{f"dropped_{r}": c for r, c in sorted(reasons.items())},
         "training_type": settings.training_type,
         "settings": settings.model_dump(),
-        "vocab_size": enc.vocab_size,
+        "vocab_size": vocab_size,
         "token_dtype": token_dtype.name,
         "records": records,
         "tokens": tokens,
@@ -156,6 +225,7 @@ def stage_stats(
             "max": int(tpd.max()) if tpd.size else 0,
             "histogram": histogram(tpd),
         },
+        "batches": {key: b.counts() for key, b in batches.items()},
         "seconds": round(seconds, 3),
         "tokens_per_second": round(tokens / seconds, 1) if seconds else 0.0,
         "workers": workers,
@@ -166,10 +236,7 @@ def stage_stats(
         stats[f"{s}_tokens"], stats[f"{s}_records"] = t["tokens"], t["records"]
         stats[f"{s}_shards"] = len(manifests[s]["shards"])
         stats[s] = {"tokens": t["tokens"], "records": t["records"], "shards": stats[f"{s}_shards"]}
-    if totals.first is not None:
-        stats["sample"] = {
-            "id": totals.first.id,
-            "tokens": int(len(totals.first.ids)),
-            "markdown": sample_markdown(enc.tok, totals.first.ids, totals.first.mask),
-        }
+    sample = next((b.sample for b in batches.values() if b.sample is not None), None)
+    if sample is not None:
+        stats["sample"] = sample
     return stats

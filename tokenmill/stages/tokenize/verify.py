@@ -4,6 +4,7 @@ tokenizer (or by two, when tokenizer.json changed during a run) fail it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,12 @@ from tokenmill_loader.format import GROUP_KEY, KEYS, RESPONSE_KEYS, TOKENIZER_FI
 SAMPLE_RECORDS = 32  # per split, evenly spread over its records
 
 
-def find_records(records_dir: Path, ids: set[str]) -> dict[str, dict]:
-    """The records with these ids (lines are matched on their id head; only those are parsed)."""
+def find_records(records_dirs: Path | Sequence[Path], ids: set[str]) -> dict[str, dict]:
+    """The records with these ids in a folder of part files or several (lines are matched on their id head; only
+    those are parsed)."""
     found: dict[str, dict] = {}
-    for part in record_shards(records_dir):
+    dirs = [records_dirs] if isinstance(records_dirs, (str, Path)) else records_dirs
+    for part in (p for d in dirs for p in record_shards(d)):
         with open(part, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 rid = line_id(line)
@@ -67,13 +70,16 @@ def _shard_record(dataset: Dataset, shard_index: int, record: int, key: str) -> 
     return np.asarray(data[start:end])
 
 
-def reencode_problems(dataset: Dataset, records_dir: Path, settings: ShardSettings) -> tuple[int, list[str]]:
+def reencode_problems(
+    dataset: Dataset, records_dir: Path | Sequence[Path], settings: ShardSettings
+) -> tuple[int, list[str]]:
     """(records re-encoded, problems) for a split validated by tokenmill_loader.format.validate_dataset."""
     folder, manifest = dataset.folder, dataset.manifest
     tt = dataset.training_type
     if tt != settings.training_type:
         return 0, [f"{folder}: dataset.json says training_type {tt}, the stage's settings {settings.training_type}"]
-    pin = TokenizerPin(str(folder / TOKENIZER_FILE), (manifest.get("tokenizer") or {}).get("sha256", ""))
+    tokenizer = manifest.get("tokenizer") or {}
+    pin = TokenizerPin(str(folder / tokenizer.get("file", TOKENIZER_FILE)), tokenizer.get("sha256", ""))
     try:
         enc = encoder(pin)
     except (TokenmillError, OSError) as e:

@@ -1,0 +1,203 @@
+"""Versions of tokenized_bins: what is published, publishing a new version, recovery and retention.
+
+Each split folder (`<bins>/<split>/`) is a stable directory. Shard folders and version manifests
+(`dataset.v<K>.json`) are immutable once written; `dataset.json` is a copy of the latest version's manifest and is
+replaced last, atomically, so it is the commit point: a version is published once a split's dataset.json holds it.
+A kill at any point leaves the previous version readable; `recover` then removes what no published version names
+(unpublished manifests, shards, tokenizer copies, temporary files) and re-points a split left behind the other.
+A superseded version is removed by `apply_retention` only after it has been superseded for `retention_hours`
+(its successor's manifest mtime, set when that successor was published) and when it is not one of the newest
+`keep_versions`; the latest version is never removed. Only one run writes a data root at a time (its lock).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenmill.common.failpoints import failpoint
+from tokenmill.common.io import atomic_write_json, read_json
+from tokenmill.errors import CorruptOutputError
+from tokenmill_loader.format import (
+    DATASET_FILE,
+    SHARD_DIR,
+    SPLITS,
+    TOKENIZER_EXTRA_FILES,
+    TOKENIZER_FILE,
+    list_versions,
+    version_file,
+)
+
+BATCHES_DIR = "_batches"  # per-batch counts of the latest generation, so a later run reports the whole dataset
+TMP_PREFIX = ".tmp-"  # what a run writes before renaming it into place (shards, files)
+STAGE = "tokenized_bins"
+
+
+@dataclass(frozen=True)
+class Published:
+    """The latest published version: its number, generation, batches, tokenizer and encoding settings."""
+
+    version: int
+    generation: int
+    batches: tuple[str, ...]
+    tokenizer_sha256: str
+    encoding: dict
+    manifests: dict[str, dict]  # split -> its manifest
+
+    @classmethod
+    def of(cls, manifests: dict[str, dict]) -> Published:
+        m = manifests[SPLITS[0]]
+        return cls(
+            m["version"],
+            m["generation"],
+            tuple(m["batches"]),
+            (m.get("tokenizer") or {}).get("sha256", ""),
+            m.get("encoding") or {},
+            manifests,
+        )
+
+
+def batch_summary_file(bins_dir: Path, generation: int, batch: str) -> Path:
+    return Path(bins_dir) / BATCHES_DIR / f"g{generation:06d}.{batch}.json"
+
+
+def _copy_atomic(src: Path, dst: Path) -> None:
+    tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}-{uuid.uuid4().hex[:8]}")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _remove(path: Path, actions: list[str], why: str) -> None:
+    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink(missing_ok=True)
+    actions.append(f"removed {why} {path.parent.name}/{path.name}")
+
+
+def _manifest_version(path: Path) -> int | None:
+    return read_json(path).get("version") if path.exists() else None
+
+
+def _point_split(split_dir: Path, version: int) -> None:
+    """The split's latest files: tokenizer.json (and the tokenizer's extra files), then dataset.json, last."""
+    manifest = split_dir / version_file(version)
+    tokenizer = read_json(manifest)["tokenizer"]["file"]
+    _copy_atomic(split_dir / tokenizer, split_dir / TOKENIZER_FILE)
+    _copy_atomic(manifest, split_dir / DATASET_FILE)
+
+
+def recover(bins_dir: Path, log=None) -> Published | None:
+    """Brings bins_dir back to its latest published version (None: nothing published yet); logs each action."""
+    bins_dir = Path(bins_dir)
+    actions: list[str] = []
+    split_dirs = {s: bins_dir / s for s in SPLITS}
+    for d in (bins_dir, bins_dir / BATCHES_DIR, *split_dirs.values()):
+        for p in sorted(d.glob(f"{TMP_PREFIX}*")) + sorted(d.glob(".*.tmp-*")) if d.is_dir() else []:
+            _remove(p, actions, "unfinished")
+    pointed = {s: _manifest_version(d / DATASET_FILE) for s, d in split_dirs.items()}
+    latest = max((v for v in pointed.values() if v is not None), default=None)
+    if latest is not None:
+        for s, d in split_dirs.items():
+            if pointed[s] != latest:
+                if not (d / version_file(latest)).exists():
+                    raise CorruptOutputError(
+                        f"{d / version_file(latest)}: missing, while another split publishes version {latest}"
+                    )
+                _point_split(d, latest)
+                actions.append(f"re-pointed {s}/{DATASET_FILE} to version {latest}")
+    for d in split_dirs.values():
+        for v in list_versions(d):
+            if latest is None or v > latest:
+                _remove(d / version_file(v), actions, "unpublished")
+    _remove_unreferenced(bins_dir, actions)
+    published = Published.of({s: read_json(d / DATASET_FILE) for s, d in split_dirs.items()}) if latest else None
+    keep = {batch_summary_file(bins_dir, published.generation, b) for b in published.batches} if published else set()
+    for p in sorted((bins_dir / BATCHES_DIR).glob("*.json")):
+        if p not in keep:
+            _remove(p, actions, "unpublished")
+    if log:
+        for a in actions:
+            log.info(f"recovered {STAGE}: {a}")
+    return published
+
+
+def _remove_unreferenced(bins_dir: Path, actions: list[str]) -> None:
+    """Shard folders and tokenizer copies that no version manifest of their split names."""
+    for s in SPLITS:
+        d = bins_dir / s
+        if not d.is_dir():
+            continue
+        names = {TOKENIZER_FILE, *TOKENIZER_EXTRA_FILES}
+        manifests = [d / version_file(v) for v in list_versions(d)] + [d / DATASET_FILE]
+        for path in manifests:
+            if path.exists():
+                m = read_json(path)
+                names.update(sh["name"] for sh in m["shards"])
+                names.add((m.get("tokenizer") or {}).get("file", TOKENIZER_FILE))
+        for p in sorted(d.iterdir()):
+            is_copy = p.name.startswith("tokenizer-") and p.suffix == ".json"
+            if (SHARD_DIR.fullmatch(p.name) or is_copy) and p.name not in names:
+                _remove(p, actions, "unreferenced")
+
+
+def next_shard_index(split_dir: Path) -> int:
+    """Shard numbers continue across versions and generations (after `recover`, only named shards remain)."""
+    names = os.listdir(split_dir) if split_dir.is_dir() else []
+    return max((int(m.group(1)) for m in map(SHARD_DIR.fullmatch, names) if m), default=-1) + 1
+
+
+def publish(
+    bins_dir: Path,
+    manifests: dict[str, dict],
+    tokenizer_dir: Path,
+    check: Callable[[int], None] | None = None,
+) -> None:
+    """Writes each split's version manifest (its shards and tokenizer copy already in place), runs `check` on the
+    complete version, then points every split at it. A check that raises publishes nothing (`recover` then removes
+    the version's files)."""
+    bins_dir = Path(bins_dir)
+    version = manifests[SPLITS[0]]["version"]
+    extras = [Path(tokenizer_dir) / f for f in TOKENIZER_EXTRA_FILES if (Path(tokenizer_dir) / f).is_file()]
+    for s, m in manifests.items():
+        atomic_write_json(bins_dir / s / version_file(version), m)
+    failpoint(f"{STAGE}:version_written")
+    if check is not None:
+        check(version)
+    for s in SPLITS:
+        split_dir = bins_dir / s
+        for extra in extras:
+            _copy_atomic(extra, split_dir / extra.name)
+        _point_split(split_dir, version)
+        failpoint(f"{STAGE}:split_published")
+    now = time.time()
+    for s in SPLITS:  # retention counts from here: when the previous version stopped being the latest
+        os.utime(bins_dir / s / version_file(version), (now, now))
+
+
+def apply_retention(bins_dir: Path, hours: float, keep_versions: int, now: float | None = None, log=None) -> list[int]:
+    """Removes the superseded versions past retention (and then whatever only they named); returns them."""
+    bins_dir = Path(bins_dir)
+    now = time.time() if now is None else now
+    versions = sorted(set.intersection(*(set(list_versions(bins_dir / s)) for s in SPLITS)))
+    if not versions:
+        return []
+    newest = versions[-keep_versions:]
+    removed = []
+    for older, newer in zip(versions, versions[1:]):
+        superseded_at = min(os.stat(bins_dir / s / version_file(newer)).st_mtime for s in SPLITS)
+        if older not in newest and now - superseded_at > hours * 3600:
+            removed.append(older)
+    actions: list[str] = []
+    for v in removed:
+        for s in SPLITS:
+            _remove(bins_dir / s / version_file(v), actions, "expired")
+    _remove_unreferenced(bins_dir, actions)
+    if log and removed:
+        log.info(f"{STAGE}: retention ({hours} h, newest {keep_versions} kept) removed versions {removed}")
+    return removed
