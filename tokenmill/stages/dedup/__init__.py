@@ -11,13 +11,14 @@ another process or machine:
   clusters     union-find over the pairs, keep rule -> clusters.jsonl and the decisions per chunk
   report       report.json: parameters, counts, per-source counts, histogram, sample clusters
   apply        write_deduped: survivors and removed.jsonl, one task per chunk
-  stage        build_dedup_report: the steps in order
+  index        the dedup index: one segment per batch (what later batches are deduplicated against)
+  stage        build_dedup_report: the steps in order; dedup_batch: the same over a batch after the index
 """
 
 from tokenmill.stages.dedup.apply import write_deduped
 from tokenmill.stages.dedup.layout import CLUSTERS_FILE, DECISION_DIR, REPORT_FILE
 from tokenmill.stages.dedup.settings import DedupSettings
-from tokenmill.stages.dedup.stage import Partitions, build_dedup_report
+from tokenmill.stages.dedup.stage import Partitions, build_dedup_report, dedup_batch
 
 __all__ = [
     "CLUSTERS_FILE",
@@ -26,5 +27,6 @@ __all__ = [
     "DedupSettings",
     "Partitions",
     "build_dedup_report",
+    "dedup_batch",
     "write_deduped",
 ]

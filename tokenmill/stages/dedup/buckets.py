@@ -1,11 +1,14 @@
 """Steps 3-4: LSH band buckets -> candidate pairs, partitioned by band and by band-hash range.
 
 lsh_inputs (one task per chunk): the items of the chunk's group representatives with a non-empty key, each band
-sorted by (hash, doc), so a bucket task reads only its hash range of every chunk; with each item its order words
-(signature values of the rows after the band: how the members of an oversized bucket are ordered).
+sorted by (hash, ordinal), so a bucket task reads only its hash range of every chunk; with each item its order words
+(signature values of the rows after the band: how the members of an oversized bucket are ordered). Ordinals, not
+global indices: an index segment's chunk (see index.py) keeps its files while its global position changes.
 bucket_pairs (one task per band and hash range): candidate pairs of every bucket, written in sorted batches of at
 most PAIR_BATCH pairs, with a histogram of their first documents (the parent cuts verification ranges with it).
-A bucket never spans two hash ranges, so partitioned buckets are exactly the unpartitioned ones.
+A bucket never spans two hash ranges, so partitioned buckets are exactly the unpartitioned ones. With an index
+(dedup_batch), the documents below `probe_from` are the earlier batches' kept records: they are read only where a
+bucket holds a document of the batch, and two of them are never paired (they were compared when they were added).
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ class LshInputTask:
 
 
 def lsh_inputs(task: LshInputTask) -> int:
-    """Writes lsh/<stem>.hash.npy and .doc.npy: (bands, items) of the chunk's representatives, and .order.npy
-    (bands, items, words) their order words; returns items."""
+    """Writes lsh/<stem>.hash.npy and .doc.npy (ordinals in the chunk): (bands, items) of the chunk's
+    representatives, and .order.npy (bands, items, words) their order words; returns items."""
     fix_mmap_threshold()
     non_rep = np.zeros(task.records, dtype=bool)
     for path in task.exact_files:
@@ -64,7 +67,7 @@ def lsh_inputs(task: LshInputTask) -> int:
     hashes = np.empty((bands.shape[0], int(keep.sum())), dtype=np.uint64)
     docs = np.empty(hashes.shape, dtype=np.int64)
     words = np.empty((bands.shape[0], hashes.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
-    d = item_doc[keep] + task.first
+    d = item_doc[keep]
     for b in range(bands.shape[0]):
         h = np.asarray(bands[b])[keep]
         order = np.lexsort((d, h))
@@ -85,7 +88,8 @@ def hash_ranges(parts: int) -> list[tuple[int, int]]:
 @dataclass(frozen=True)
 class BucketTask:
     out_dir: Path
-    stems: tuple[str, ...]
+    lsh_files: tuple[Path, ...]  # per chunk: its LSH files without the suffix (Chunk.step_file(out_dir, LSH_DIR, ""))
+    firsts: tuple[int, ...]  # per chunk: global index of its first record
     band: int
     part: int
     lo: int
@@ -94,6 +98,7 @@ class BucketTask:
     neighbours: int
     bins: int  # histogram bins: ceil(documents / BIN_DOCS)
     pair_batch: int = PAIR_BATCH
+    probe_from: int = 0  # documents below are indexed (earlier batches): only looked up, never paired together
 
 
 @dataclass(frozen=True)
@@ -106,16 +111,24 @@ class BucketResult:
 
 
 def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(hashes, docs, order words) of the band's items in the hash range, sorted by (hash, doc)."""
-    hs, ds, ws = [], [], []
+    """(hashes, docs, order words) of the band's items in the hash range, sorted by (hash, doc); an indexed item
+    only where a document of the batch shares its hash."""
     band = (task.band,)
-    for stem in task.stems:
-        with NpyRows(task.out_dir / LSH_DIR / f"{stem}.hash.npy") as f:
+    sources = sorted(zip(task.lsh_files, task.firsts), key=lambda s: s[1] < task.probe_from)  # the batch first
+    hs, ds, ws = [], [], []
+    probe = None
+    for base, first in sources:
+        if first < task.probe_from and probe is None:
+            probe = np.unique(np.concatenate(hs)) if hs else np.empty(0, dtype=np.uint64)
+        with NpyRows(f"{base}.hash.npy") as f:
             a, b = f.searchsorted(band, task.lo), f.searchsorted(band, task.hi)
-            hs.append(f.read(band, a, b))
-        for kind, out in (("doc", ds), ("order", ws)):
-            with NpyRows(task.out_dir / LSH_DIR / f"{stem}.{kind}.npy") as f:
-                out.append(f.read(band, a, b))
+            h = f.read(band, a, b)
+        rows = slice(None) if probe is None else np.flatnonzero(np.isin(h, probe))
+        hs.append(h[rows])
+        with NpyRows(f"{base}.doc.npy") as f:
+            ds.append(f.read(band, a, b)[rows] + first)
+        with NpyRows(f"{base}.order.npy") as f:
+            ws.append(f.read(band, a, b)[rows])
     h = np.concatenate(hs) if hs else np.empty(0, dtype=np.uint64)
     d = np.concatenate(ds) if ds else np.empty(0, dtype=np.int64)
     w = np.concatenate(ws) if ws else np.empty((0, -(-ORDER_ROWS // 4)), dtype=np.uint64)
@@ -154,6 +167,7 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
         a = int(starts[lo])
         b = int(starts[hi]) if hi < len(starts) else len(h)
         p, st = mh.bucket_pairs(h[a:b], d[a:b], task.max_bucket, task.neighbours, words[a:b])
+        p = p[(p[:, 0] >= task.probe_from) | (p[:, 1] >= task.probe_from)]
         for k in stats:
             stats[k] += st[k]
         collisions += len(p)

@@ -5,6 +5,15 @@ are read by index from the per-chunk document tables), never the whole corpus. U
 the components; within them, in keep-rule order, a group joins the most preferred kept record it has a verified
 pair with, else it is kept itself (so every removed record is within the threshold of the record it names;
 chains are cut, not merged). Writes the decisions per chunk (decisions/) and clusters.jsonl.
+
+keep="first_seen" is that walk in input order, with one difference from "first": a record with the key of an earlier
+record is an exact duplicate of that record (the first with the key) even when that one was itself removed as a
+near duplicate; "first" names the kept record of the cluster for every member. So first_seen removes a record iff
+an earlier record has its key, or it verifies against an earlier kept record (its candidates come from the LSH
+buckets), which is what dedup_batch computes batch after batch (stage.py).
+
+With an index (dedup_batch), the documents below `base_docs` are the earlier batches' records: they come first in
+every keep rule's order, so they are never removed and a record of the batch duplicating one of them names it.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ class ClusterTask:
     exact_files: tuple[Path, ...]
     verified_files: tuple[Path, ...]
     keep: str
+    base_docs: int = 0  # documents below are indexed (earlier batches)
 
 
 @dataclass
@@ -57,6 +67,7 @@ class Clusters:
     sizes: np.ndarray
     components: int
     components_with_several_kept: int
+    group_best: np.ndarray  # the most preferred record of each document's exact group (local index)
 
 
 def _load(files, dtype) -> np.ndarray:
@@ -65,18 +76,18 @@ def _load(files, dtype) -> np.ndarray:
 
 
 def _preference(docs: dict, rule: str) -> np.ndarray:
-    """Rank of every document under the keep rule (0 = most preferred); ties are impossible (ids are unique,
-    and the input position breaks any remaining tie)."""
+    """Rank of every document under the keep rule (0 = most preferred), indexed documents first; ties are
+    impossible (ids are unique, and the input position breaks any remaining tie)."""
     idx = np.arange(len(docs["meta_count"]))
     id_rank = np.argsort(np.argsort(docs["ids"], kind="stable"), kind="stable")
-    if rule == "first":
+    if rule in ("first", "first_seen"):
         keys = (idx,)
     elif rule == "longest":
         keys = (idx, id_rank, docs["loc"], docs["path"], -docs["text_len"])
     else:  # richest_meta
         keys = (idx, id_rank, docs["loc"], docs["path"], -docs["meta_count"])
     rank = np.empty(len(idx), dtype=np.int64)
-    rank[np.lexsort(keys)] = idx
+    rank[np.lexsort((*keys, ~docs["indexed"]))] = idx
     return rank
 
 
@@ -132,11 +143,30 @@ def _id(docs: dict, d: int) -> str:
     return docs["ids"][d].decode("utf-8")
 
 
+def kept_role(docs: dict, d: int) -> str:
+    """A cluster's surviving record: "kept", or "indexed" when an earlier batch kept it (dedup_batch)."""
+    return "indexed" if docs["indexed"][d] else "kept"
+
+
 def _write_clusters(
-    out_dir, docs, star, comp, comp_size, removed, level, similarity, verified, verified_sims, cluster_roots, rank
+    out_dir,
+    docs,
+    star,
+    comp,
+    comp_size,
+    removed,
+    level,
+    similarity,
+    verified,
+    verified_sims,
+    cluster_roots,
+    rank,
+    kept_doc,
 ) -> int:
     """clusters.jsonl: one line per cluster (one kept record and the records removed as its duplicates),
-    ordered by the kept record's input position; `component` links clusters that union-find joined."""
+    ordered by the kept record's input position; `component` links clusters that union-find joined. A removed
+    member names what it duplicates (`duplicate_of`) where that is not the cluster's kept record (first_seen: an
+    exact copy of a near duplicate)."""
     lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
     edges: dict[int, list] = {}
     links: dict[int, list] = {}  # verified pairs between two clusters of one component (a chain cut)
@@ -155,18 +185,13 @@ def _write_clusters(
     with JsonlWriter(out_dir / CLUSTERS_FILE) as w:
         for i, run in enumerate(runs):
             kept = int(run[0])
-            members = [{"id": _id(docs, kept), "role": "kept", "source": _source(docs, kept)}]
+            members = [{"id": _id(docs, kept), "role": kept_role(docs, kept), "source": _source(docs, kept)}]
             for d in run[1:].tolist():
                 lv, sim = lvl[d]
-                members.append(
-                    {
-                        "id": _id(docs, d),
-                        "role": "removed",
-                        "level": LEVEL_NAMES[lv],
-                        "similarity": round(sim, 4),
-                        "source": _source(docs, d),
-                    }
-                )
+                member = {"id": _id(docs, d), "role": "removed", "level": LEVEL_NAMES[lv], "similarity": round(sim, 4)}
+                if kept_doc[d] != kept:
+                    member["duplicate_of"] = _id(docs, int(kept_doc[d]))
+                members.append({**member, "source": _source(docs, d)})
             levels = {m.get("level") for m in members[1:]}
             w.write(
                 {
@@ -196,6 +221,7 @@ def build_clusters(task: ClusterTask) -> Clusters:
     ver = _load(task.verified_files, VERIFIED_DTYPE)  # files in range order, each sorted: sorted
     doc = np.union1d(exact["doc"], np.concatenate([ver["a"], ver["b"]]))
     docs, docs["paths"] = Corpus(task.out_dir, list(task.chunks)).rows(doc)
+    docs["indexed"] = doc < task.base_docs
     rep = doc.copy()
     rep[np.searchsorted(doc, exact["doc"])] = exact["rep"]
     reps, group = np.unique(rep, return_inverse=True)
@@ -221,8 +247,13 @@ def build_clusters(task: ClusterTask) -> Clusters:
     center, center_sim, best = _assign(group, n_groups, rank, g_edges, verified_sims)
     star = center[group]  # cluster = center group
     kept_doc = best[star]
+    group_best = best[group]
+    exact_member = group_best != np.arange(n_docs)
+    if task.keep == "first_seen":  # an exact copy names the first record with its key, kept or not
+        kept_doc = np.where(exact_member, group_best, kept_doc)
     removed = np.flatnonzero(kept_doc != np.arange(n_docs))
-    level = np.where(group[removed] == star[removed], 0, 1).astype(np.uint8)
+    exact_level = exact_member if task.keep == "first_seen" else group == star
+    level = np.where(exact_level[removed], 0, 1).astype(np.uint8)
     similarity = np.where(level == 0, 1.0, center_sim[group[removed]])
     star_size = np.bincount(star, minlength=n_groups)
     cluster_roots = np.flatnonzero(star_size >= 2)
@@ -244,6 +275,7 @@ def build_clusters(task: ClusterTask) -> Clusters:
         star_size[cluster_roots],
         int((comp_size >= 2).sum()),
         int((kept_per_comp >= 2).sum()),
+        group_best,
     )
 
 
@@ -278,4 +310,5 @@ def write_clusters(out_dir: Path, c: Clusters) -> int:
         c.verified_sims,
         c.cluster_roots,
         c.docs["rank"],
+        c.kept_doc,
     )

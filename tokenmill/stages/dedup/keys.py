@@ -220,8 +220,7 @@ def digest_ranges(parts: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class ExactTask:
-    keys_dir: Path
-    stems: tuple[str, ...]
+    key_files: tuple[Path, ...]  # per chunk: its key files without the suffix (Chunk.step_file(out_dir, KEYS_DIR, ""))
     firsts: tuple[int, ...]
     lo: int
     hi: int
@@ -239,12 +238,12 @@ def exact_groups(task: ExactTask) -> ExactResult:
     rep being the group's first document (its representative for LSH), sorted by doc."""
     fix_mmap_threshold()
     digests, docs = [], []
-    for stem, first in zip(task.stems, task.firsts):
-        with NpyRows(task.keys_dir / f"{stem}.digest_prefix.npy") as prefix:
+    for base, first in zip(task.key_files, task.firsts):
+        with NpyRows(f"{base}.digest_prefix.npy") as prefix:
             a, b = prefix.searchsorted((), task.lo), prefix.searchsorted((), task.hi)
-        with NpyRows(task.keys_dir / f"{stem}.digest.npy") as f:
+        with NpyRows(f"{base}.digest.npy") as f:
             digests.append(f.read((), a, b))
-        with NpyRows(task.keys_dir / f"{stem}.digest_ordinal.npy") as f:
+        with NpyRows(f"{base}.digest_ordinal.npy") as f:
             docs.append(f.read((), a, b) + first)
     digest = np.concatenate(digests) if digests else np.empty((0, 32), dtype=np.uint8)
     doc = np.concatenate(docs) if docs else np.empty(0, dtype=np.int64)

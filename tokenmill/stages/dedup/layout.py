@@ -27,7 +27,7 @@ SIGNATURE_DIR = "signatures"  # per chunk: <stem>.npy signatures, <stem>.bands.n
 DOCS_DIR = "docs"  # per chunk: <stem>.npy document table, <stem>.paths.json its source paths
 KEYS_DIR = "keys"  # per chunk: the keys (<stem>.key.bin + offsets) and the digest index sorted by digest
 EXACT_DIR = "exact"  # per digest range: members of exact groups (doc, rep), sorted by doc
-LSH_DIR = "lsh"  # per chunk: (bands, items) band hashes, docs and order words of group representatives, by band
+LSH_DIR = "lsh"  # per chunk: (bands, items) band hashes, ordinals and order words of group representatives, by band
 CANDIDATE_DIR = "candidates"  # per band, hash range and batch: (2, pairs) candidate pairs sorted by first doc
 VERIFIED_DIR = "verified"  # per first-doc range: verified pairs (a, b, similarity)
 DECISION_DIR = "decisions"  # per chunk with removals: ordinal, id, kept id, level, similarity
@@ -48,10 +48,16 @@ class Chunk:
     chunk: int
     first: int = 0
     records: int = 0
+    root: str = ""  # an index segment holding this chunk's step files (an earlier batch's); "": the stage folder
 
     @property
     def stem(self) -> str:
         return f"{Path(self.name).stem}-c{self.chunk:04d}"
+
+    def step_file(self, out_dir: Path, step: str, suffix: str) -> Path:
+        """The chunk's file `<step>/<stem><suffix>` (step: DOCS_DIR, KEYS_DIR, ...), in the stage folder or in the
+        index segment the chunk belongs to."""
+        return Path(self.root or out_dir) / step / f"{self.stem}{suffix}"
 
 
 def plan_chunks(in_dir: Path, chunk_bytes: int) -> list[Chunk]:
@@ -208,8 +214,11 @@ class Corpus:
             pos = by_chunk[bounds[ci] : bounds[ci + 1]]
             yield ci, pos, o[pos]
 
+    def _file(self, c: int, step: str, suffix: str) -> Path:
+        return self.chunks[c].step_file(self.out_dir, step, suffix)
+
     def _paths(self, c: int) -> list[str]:
-        return json.loads((self.out_dir / DOCS_DIR / f"{self.chunks[c].stem}.paths.json").read_text(encoding="utf-8"))
+        return json.loads(self._file(c, DOCS_DIR, ".paths.json").read_text(encoding="utf-8"))
 
     def rows(self, docs: np.ndarray) -> tuple[dict, list[str]]:
         """The document-table fields of `docs` (ascending global indices) as arrays, with `path` as an index into
@@ -220,7 +229,7 @@ class Corpus:
             sel = c == ci
             # read whole (one chunk's table, ~40 bytes a record) rather than mapped: mapped pages a task touched
             # would count in its resident memory, and the involved documents are spread over every page
-            part = np.load(self.out_dir / DOCS_DIR / f"{self.chunks[ci].stem}.npy")[o[sel]]
+            part = np.load(self._file(ci, DOCS_DIR, ".npy"))[o[sel]]
             parts.append((sel, part, self._paths(ci)))
         fields = {
             k: np.empty(len(docs), dtype=np.int64)
@@ -246,7 +255,7 @@ class Corpus:
         """Key length (code points) of each document."""
         out = np.empty(len(docs), dtype=np.int64)
         for ci, pos, o in self.per_chunk(docs):
-            out[pos] = np.load(self.out_dir / DOCS_DIR / f"{self.chunks[ci].stem}.npy", mmap_mode="r")["key_len"][o]
+            out[pos] = np.load(self._file(ci, DOCS_DIR, ".npy"), mmap_mode="r")["key_len"][o]
         return out
 
     def signature_bytes(self, docs: np.ndarray, sizes: np.ndarray, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
@@ -256,15 +265,14 @@ class Corpus:
         out = np.zeros((len(docs), num_perm), dtype=np.uint8)
         found = np.zeros(len(docs), dtype=bool)
         for ci, pos, o in self.per_chunk(docs):
-            stem = self.chunks[ci].stem
-            items = np.load(self.out_dir / SIGNATURE_DIR / f"{stem}.items.npz")
+            items = np.load(self._file(ci, SIGNATURE_DIR, ".items.npz"))
             code = items["item_doc"].astype(np.int64) * 256 + items["item_n"]  # sorted by (doc, size)
             if len(code) == 0:
                 continue
             want = o * 256 + sizes[pos]
             row = np.minimum(np.searchsorted(code, want), len(code) - 1)
             hit = code[row] == want
-            sig = np.load(self.out_dir / SIGNATURE_DIR / f"{stem}.npy", mmap_mode="r")
+            sig = np.load(self._file(ci, SIGNATURE_DIR, ".npy"), mmap_mode="r")
             v = np.asarray(sig[row[hit]])
             del sig
             v ^= v >> np.uint32(16)
@@ -279,12 +287,11 @@ class Corpus:
         c = int(np.searchsorted(self.firsts, doc, side="right")) - 1
         o = doc - int(self.firsts[c])
         if c not in self._key_files:
-            stem = self.chunks[c].stem
-            offsets = np.load(self.out_dir / KEYS_DIR / f"{stem}.key_offsets.npy", mmap_mode="r")
+            offsets = np.load(self._file(c, KEYS_DIR, ".key_offsets.npy"), mmap_mode="r")
             self._key_files[c] = (
                 os.open(offsets.filename, os.O_RDONLY),
                 offsets.offset,
-                os.open(self.out_dir / KEYS_DIR / f"{stem}.key.bin", os.O_RDONLY),
+                os.open(self._file(c, KEYS_DIR, ".key.bin"), os.O_RDONLY),
             )
             del offsets
         fd_offsets, header, fd_keys = self._key_files[c]

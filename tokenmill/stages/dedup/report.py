@@ -11,7 +11,7 @@ import numpy as np
 
 from tokenmill.common.io import atomic_write_json, write_stats
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.clusters import Clusters, _id, _source
+from tokenmill.stages.dedup.clusters import Clusters, _id, _source, kept_role
 from tokenmill.stages.dedup.layout import (
     CLUSTERS_FILE,
     DECISION_DIR,
@@ -29,11 +29,13 @@ SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clu
 
 
 def _texts(chunks: list[Chunk], docs: dict, wanted: list[int]) -> dict:
-    """{local index: text} of the wanted documents, re-read from their chunks."""
+    """{local index: text} of the wanted documents, re-read from their chunks (an indexed record's text is in its
+    batch's deduped_jsonl, not here: None)."""
     by_chunk: dict[int, dict[int, int]] = {}
     for d in wanted:
-        by_chunk.setdefault(int(docs["chunk"][d]), {})[int(docs["ordinal"][d])] = d
-    out = {}
+        if not chunks[int(docs["chunk"][d])].root:
+            by_chunk.setdefault(int(docs["chunk"][d]), {})[int(docs["ordinal"][d])] = d
+    out = dict.fromkeys(wanted)
     for c, ordinals in sorted(by_chunk.items()):
         for ordinal, line in chunk_lines(chunks[c]):
             if ordinal in ordinals:
@@ -106,7 +108,7 @@ def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
         rows = [
             {
                 "id": _id(docs, kept),
-                "role": "kept",
+                "role": kept_role(docs, kept),
                 "level": "",
                 "similarity": 1.0,
                 "source": _source(docs, kept),
@@ -151,8 +153,8 @@ class RunSummary:
     settings: DedupSettings
     bands: int
     rows: int
-    chunks: list[Chunk]
-    sketches: list  # ChunkSketch per chunk
+    chunks: list[Chunk]  # the index's chunks (dedup_batch), then the input's
+    sketches: list  # ChunkSketch per input chunk
     exact_groups: int
     candidate_pairs: int
     signature_rejected: int
@@ -161,6 +163,39 @@ class RunSummary:
     partitions: dict  # tasks per partitioned step
     started: float  # time.perf_counter() when the stage started
     timings: dict = field(default_factory=dict)
+    index: dict | None = None  # dedup_batch: the index read and the segment written (counts), see stage.py
+
+
+def _incremental(run: RunSummary, c: Clusters, n_exact: int, n_near: int) -> tuple[dict, dict]:
+    """(report section, stats) of a batch deduplicated against the index: removals split into cross-batch (the
+    record duplicates an indexed one) and within-batch, with the keep rule's difference from a one-shot build."""
+    cross = c.docs["indexed"][c.kept_doc[c.removed]]
+    exact_cross, near_cross = int((cross & (c.level == 0)).sum()), int((cross & (c.level == 1)).sum())
+    counts = {
+        "dropped_exact_cross_batch": exact_cross,
+        "dropped_near_cross_batch": near_cross,
+        "dropped_exact_within_batch": n_exact - exact_cross,
+        "dropped_near_within_batch": n_near - near_cross,
+        "index_segments": len(run.index["segments"]),
+        **{f"index_{k}": v for k, v in run.index.items() if k != "segments"},
+    }
+    keep_rule = (
+        "first_seen: the greedy walk of a one-shot build with keep=first_seen, continued from the index, so the "
+        "batches together keep exactly what one build over all of them keeps"
+        if run.settings.keep == "first_seen"
+        else f"{run.settings.keep} within the batch, among the records no indexed record removes; a one-shot "
+        f"build applies it to each cluster over all batches (an earlier batch's record can lose to a later one "
+        f"there, never here)"
+    )
+    section = {
+        "segments": run.index["segments"],
+        "keep_rule": keep_rule,
+        "cross_batch": "a record with the key of an indexed record is its exact duplicate; else one verifying at "
+        "or above the threshold against an indexed kept record (same LSH bands) is a near duplicate of the "
+        "earliest such; indexed records are never removed (first seen wins across batches)",
+        "counts": counts,
+    }
+    return section, counts
 
 
 def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) -> dict:
@@ -239,7 +274,8 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
     }
     shingle_sizes = sum((Counter({int(k): v for k, v in sk.shingle_sizes.items()}) for sk in run.sketches), Counter())
     shards = {}
-    for ch in run.chunks:
+    inputs = [ch for ch in run.chunks if not ch.root]
+    for ch in inputs:
         sh = shards.setdefault(ch.name, {"name": ch.name, "bytes": Path(ch.path).stat().st_size, "records": 0})
         sh["records"] += ch.records
     s = run.settings
@@ -263,7 +299,7 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
                     "records": ch.records,
                     "stem": ch.stem,
                 }
-                for ch in run.chunks
+                for ch in inputs
             ],
         },
         "files": {
@@ -285,6 +321,9 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
         },
         "partitions": run.partitions,
     }
+    incremental = {}
+    if run.index is not None:
+        report["incremental"], incremental = _incremental(run, c, n_exact, n_near)
     atomic_write_json(out_dir / REPORT_FILE, report)
     stats = {
         "docs_in": n_docs,
@@ -295,6 +334,7 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
         **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
         "bands": run.bands,
         "rows": run.rows,
+        **incremental,
         "timings": {k: round(v, 3) for k, v in run.timings.items()},
     }
     write_stats(out_dir, stats)

@@ -67,12 +67,14 @@ class DedupSettings(StageSettings):
     fold_chinese: bool = Field(
         False, description="Fold traditional to simplified Chinese in the key (needs the optional 'opencc' package)"
     )
-    keep: Literal["richest_meta", "first", "longest"] = Field(
+    keep: Literal["richest_meta", "first", "longest", "first_seen"] = Field(
         "richest_meta",
         description="Survivor of a cluster: 'richest_meta' (most non-empty meta fields, then "
         "earliest source (path in natural order, then line/index), then smallest id), "
         "'first' (earliest in the input), 'longest' (longest text, then earliest "
-        "source, then smallest id)",
+        "source, then smallest id), 'first_seen' (records in input order: removed if an earlier record has the "
+        "same key, else if it is within the threshold of an earlier kept record; what batches added one by one "
+        "keep)",
     )
     max_bucket: int = Field(
         64,

@@ -4,10 +4,26 @@
 decisions/ (the removed records per chunk), signatures/ (per chunk MinHash signatures, band hashes and items) and
 _stats.json; the other step files are removed at the end. `write_deduped` (apply.py) is step 8.
 
+`dedup_batch(cleaned_dir, index_dirs, report_out, index_out, settings)` deduplicates one batch against the index
+segments of the earlier batches (index.py) and within itself: the same steps over the index's chunks followed by
+the batch's, numbered in that order, where the index's chunks only join in: their digests in the exact step,
+their band hashes where a bucket holds a record of the batch, their keys and signatures where such a pair is
+verified. It writes the same files as build_dedup_report to `report_out` (so `write_deduped` applies it unchanged)
+and the batch's index segment to `index_out`. The keep rule, across batches: an indexed record is never removed (it
+was published with its batch); a record of the batch with the key of an indexed record is its exact duplicate, one
+verifying at or above the threshold against an indexed kept record is a near duplicate of the earliest such, and
+the keep rule decides among the others. With keep="first_seen" that is exactly what one build over all batches in
+order with keep="first_seen" keeps (a greedy walk in input order, see clusters.py), as long as no LSH bucket is
+oversized (max_bucket: such a bucket's members are paired with neighbours, which depend on who is in it). With the
+other rules a one-shot build picks each cluster's survivor over all batches, so a later batch's record may win
+there, never here (first seen wins across batches).
+
 Memory: every task holds one chunk, or one partition (a digest range, a band and hash range, a range of first
 documents) sized by `Partitions`, or (clusters) only the documents that are in some exact group or verified pair.
 Tasks read their slices of the step files with positioned reads (layout.NpyRows), never mapped. This process holds
-counts, file names and the candidate pairs per BIN_DOCS documents, never per-document arrays of the corpus.
+counts, file names and the candidate pairs per BIN_DOCS documents, never per-document arrays of the corpus. With
+an index, the partitions are sized over the index and the batch together, and the clusters hold only the indexed
+records that some record of the batch duplicates: memory per task stays bounded as the index grows.
 """
 
 from __future__ import annotations
@@ -32,7 +48,16 @@ from tokenmill.stages.dedup.buckets import (
     hash_ranges,
     lsh_inputs,
 )
-from tokenmill.stages.dedup.clusters import ClusterTask, build_clusters, write_clusters, write_decisions
+from tokenmill.stages.dedup.clusters import Clusters, ClusterTask, build_clusters, write_clusters, write_decisions
+from tokenmill.stages.dedup.index import (
+    SegmentTask,
+    publish_segment,
+    read_index,
+    segment_items,
+    sketch_settings,
+    staging_folder,
+    write_segment_chunk,
+)
 from tokenmill.stages.dedup.keys import ExactTask, digest_ranges, exact_groups
 from tokenmill.stages.dedup.layout import (
     CANDIDATE_DIR,
@@ -41,6 +66,7 @@ from tokenmill.stages.dedup.layout import (
     KEYS_DIR,
     LSH_DIR,
     VERIFIED_DIR,
+    Chunk,
     folder,
     plan_chunks,
 )
@@ -84,6 +110,50 @@ def build_dedup_report(
     partitions: Partitions | None = None,
 ) -> dict:
     """Finds exact and near duplicates in `in_dir` (record JSONL) and writes the decision to `out_dir`."""
+    return _deduplicate(in_dir, out_dir, settings, workers, log, partitions)
+
+
+def dedup_batch(
+    cleaned_dir: Path,
+    index_dirs: list[Path],
+    report_out: Path,
+    index_out: Path,
+    settings: DedupSettings | None = None,
+    workers: int | None = None,
+    log=None,
+    partitions: Partitions | None = None,
+) -> dict:
+    """Deduplicates the batch `cleaned_dir` against the index segments `index_dirs` (the earlier batches', in
+    order) and within itself; writes the decision to `report_out` and the batch's index segment to `index_out`."""
+    return _deduplicate(cleaned_dir, report_out, settings, workers, log, partitions, (list(index_dirs), index_out))
+
+
+def _segment_tasks(c: Clusters, chunks: list[Chunk], out_dir: Path, staged: Path, rows: int) -> list[SegmentTask]:
+    """Per chunk of the batch: the records left out of the index (exact duplicates: not the best of their exact
+    group, or in a group with an indexed record) and those indexed without LSH data (removed as near duplicates)."""
+    involved = np.arange(len(c.doc))
+    dropped = ~c.docs["indexed"] & (c.group_best != involved)
+    near = np.zeros(len(c.doc), dtype=bool)
+    near[c.removed] = True
+    near &= ~dropped
+    chunk, ordinal = c.docs["chunk"], c.docs["ordinal"]
+    return [
+        SegmentTask(ch, out_dir, staged, ordinal[dropped & (chunk == ci)], ordinal[near & (chunk == ci)], rows)
+        for ci, ch in enumerate(chunks)
+        if not ch.root
+    ]
+
+
+def _deduplicate(
+    in_dir: Path,
+    out_dir: Path,
+    settings: DedupSettings | None,
+    workers: int | None,
+    log,
+    partitions: Partitions | None,
+    index: tuple[list[Path], Path] | None = None,
+) -> dict:
+    """The steps over `in_dir`, after the index segments when `index` (segments, segment to write) is given."""
     # a plain DedupSettings (not the asset's Dagster config subclass) travels to the workers
     settings = DedupSettings.model_validate(settings.model_dump()) if settings else DedupSettings()
     partitions = partitions or Partitions()
@@ -93,6 +163,9 @@ def build_dedup_report(
     workers = default_workers() if workers is None else workers
     bands, rows = settings.band_shape()
     timings = {}
+    sketch = sketch_settings(settings, bands, rows)
+    indexed, manifests = read_index(index[0], sketch) if index else ([], [])
+    base = sum(c.records for c in indexed)
 
     def step(name: str, fn, tasks: list, pool: int, fold=None):
         """The results of fn over the tasks, each passed through `fold` (if given) as it arrives."""
@@ -111,9 +184,9 @@ def build_dedup_report(
     sketches = step(
         "signatures", sketch_chunk, [SketchTask(c, out_dir, settings, bands, rows) for c in chunks], workers
     )
-    firsts = np.concatenate(([0], np.cumsum([sk.records for sk in sketches]))).tolist()
-    chunks = [replace(c, first=f, records=sk.records) for c, f, sk in zip(chunks, firsts, sketches)]
-    n_docs, stems = firsts[-1], tuple(c.stem for c in chunks)
+    firsts = np.concatenate(([base], base + np.cumsum([sk.records for sk in sketches], dtype=np.int64))).tolist()
+    chunks = indexed + [replace(c, first=f, records=sk.records) for c, f, sk in zip(chunks, firsts, sketches)]
+    n_docs = firsts[-1]
 
     # 2. exact groups, per digest range
     digest_parts = digest_ranges(max(1, math.ceil(n_docs / partitions.exact_docs)))
@@ -122,19 +195,22 @@ def build_dedup_report(
         "exact",
         exact_groups,
         [
-            ExactTask(out_dir / KEYS_DIR, stems, tuple(firsts[:-1]), lo, hi, path)
+            ExactTask(
+                tuple(c.step_file(out_dir, KEYS_DIR, "") for c in chunks), tuple(c.first for c in chunks), lo, hi, path
+            )
             for (lo, hi), path in zip(digest_parts, exact_files)
         ],
         io_workers(workers, len(digest_parts)),
     )
 
     # 3-4. LSH buckets over one representative per exact group, per band and hash range
-    rep_items = sum(
+    batch = [c for c in chunks if not c.root]
+    rep_items = segment_items(manifests) + sum(
         step(
             "buckets",
             lsh_inputs,
-            [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files, rows) for c in chunks],
-            io_workers(workers, len(chunks)),
+            [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files, rows) for c in batch],
+            io_workers(workers, len(batch)),
         )
     )
     hash_parts = hash_ranges(max(1, math.ceil(rep_items / partitions.bucket_items)))
@@ -144,8 +220,21 @@ def build_dedup_report(
         np.add(hist, r.first_doc_histogram, out=hist)
         return replace(r, first_doc_histogram=None)
 
+    lsh_files, chunk_firsts = tuple(c.step_file(out_dir, LSH_DIR, "") for c in chunks), tuple(c.first for c in chunks)
     tasks = [
-        BucketTask(out_dir, stems, b, k, lo, hi, settings.max_bucket, settings.bucket_neighbours, len(hist))
+        BucketTask(
+            out_dir,
+            lsh_files,
+            chunk_firsts,
+            b,
+            k,
+            lo,
+            hi,
+            settings.max_bucket,
+            settings.bucket_neighbours,
+            len(hist),
+            probe_from=base,
+        )
         for b in range(bands)
         for k, (lo, hi) in enumerate(hash_parts)
     ]
@@ -168,12 +257,30 @@ def build_dedup_report(
 
     # 6. clusters and keep decisions over the pairs
     t0 = time.perf_counter()
-    clusters = build_clusters(ClusterTask(out_dir, tuple(chunks), exact_files, verified_files, settings.keep))
+    clusters = build_clusters(ClusterTask(out_dir, tuple(chunks), exact_files, verified_files, settings.keep, base))
     write_decisions(out_dir, chunks, clusters)
     timings["clusters"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     clusters_written = write_clusters(out_dir, clusters)
     timings["outputs"] = time.perf_counter() - t0
+
+    # the batch's index segment
+    index_summary = None
+    if index:
+        index_out = Path(index[1])
+        staged = staging_folder(index_out)
+        try:
+            tasks = _segment_tasks(clusters, chunks, out_dir, staged, rows)
+            parts = step("index", write_segment_chunk, tasks, io_workers(workers, len(tasks)))
+            added = publish_segment(staged, index_out, sketch, parts)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        index_summary = {
+            "segments": [Path(p).name for p in index[0]],  # names (the batch keys): paths differ between data roots
+            "records": base,
+            "kept": sum(m["kept"] for m in manifests),
+            **added,
+        }
 
     # 7. report
     run = RunSummary(
@@ -199,6 +306,7 @@ def build_dedup_report(
         },
         started=t_start,
         timings=timings,
+        index=index_summary,
     )
     stats = write_report(out_dir, run, clusters, clusters_written)
     for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR):

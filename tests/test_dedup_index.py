@@ -1,0 +1,263 @@
+"""The dedup index and per-batch dedup: batches added one by one keep what one build with keep=first_seen keeps,
+an earlier batch's record is never removed, records are conserved, outputs are identical for any worker count."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from test_dedup import _poem, _rec, _substitute, _write
+
+from tokenmill.common.io import REMOVED_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.errors import ConfigError, StaleUpstreamError
+from tokenmill.stages.dedup import (
+    CLUSTERS_FILE,
+    REPORT_FILE,
+    DedupSettings,
+    Partitions,
+    build_dedup_report,
+    dedup_batch,
+    write_deduped,
+)
+from tokenmill.stages.dedup import keys as K
+from tokenmill.stages.dedup.index import SEGMENT_FILE
+
+WORDS = "river stone light morning harbor window garden silver quiet letter winter orchard lantern meadow".split()
+
+
+def _prose(rng: random.Random, words: int = 24) -> str:
+    """Latin text of about 150 characters (3-grams: its key is over 100 characters)."""
+    return " ".join(rng.choice(WORDS) for _ in range(words)).capitalize() + "."
+
+
+def _swap_word(text: str, k: int, word: str = "copper") -> str:
+    parts = text.split(" ")
+    parts[k] = word
+    return " ".join(parts)
+
+
+def _batches(seed: int = 0) -> tuple[list[list[dict]], dict]:
+    """Three batches of CJK poems and Latin prose with planted duplicates within and across batches; `plan` names
+    the planted cases by role."""
+    rng = random.Random(seed)
+    poems = [_poem(rng, 40) for _ in range(60)]
+    prose = [_prose(rng) for _ in range(40)]
+    chain_a = _poem(rng, 40)
+    chain_b = _substitute(chain_a, 10)  # J(a, b) = 0.90 (2-grams)
+    chain_c = _substitute(_substitute(chain_b, 25), 32)  # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
+    batches: list[list[dict]] = [[], [], []]
+    plan: dict[str, str] = {}
+
+    def add(b: int, text: str, role: str | None = None, meta: dict | None = None) -> None:
+        path = f"b{b}/{'poems' if b % 2 else 'prose'}.json"
+        rec = _rec(path, len(batches[b]), text, meta)
+        batches[b].append(rec)
+        if role:
+            plan[role] = rec["id"]
+
+    for i, t in enumerate(poems[:40]):
+        add(0, t, f"poem{i}")
+    for i, t in enumerate(prose[:25]):
+        add(0, t, f"prose{i}")
+    add(0, f"{poems[0][:20]}，{poems[0][20:]}。", "exact_within_1")  # exact copy within batch 1
+    add(0, _substitute(poems[1], 5), "near_within_1")
+    add(0, chain_a, "chain_a")
+    # batch 2: copies of batch 1, its own new records and their copies, the chain's middle link
+    add(1, poems[2], "exact_cross_2")
+    add(1, _swap_word(prose[3], 7).upper(), "near_cross_2")  # case folded away by the key, one word replaced
+    add(1, _substitute(poems[1], 30), "near_of_removed_2")  # near poems[1] (kept) and near_within_1 (removed)
+    add(1, poems[1][:5] + "龍" + poems[1][6:], "exact_of_removed_2")  # the key of near_within_1, removed in batch 1
+    add(1, chain_b, "chain_b")
+    for i, t in enumerate(poems[40:55]):
+        add(1, t, f"poem{40 + i}")
+    for i, t in enumerate(prose[25:35]):
+        add(1, t, f"prose{25 + i}")
+    add(1, poems[41] + "！", "exact_within_2")
+    add(1, _swap_word(prose[26], 3), "near_within_2")
+    # batch 3: the chain's last link, copies of batch 2's removed and kept records, new records
+    add(2, chain_c, "chain_c")
+    add(2, _substitute(poems[2], 30), "near_cross_3")
+    add(2, _substitute(poems[1], 30) + "。", "exact_of_cross_removed_3")  # key of near_of_removed_2
+    add(2, poems[42], "exact_cross_3")
+    for i, t in enumerate(poems[55:]):
+        add(2, t, f"poem{55 + i}")
+    for i, t in enumerate(prose[35:]):
+        add(2, t, f"prose{35 + i}")
+    add(2, _swap_word(prose[36], 10), "near_within_3")
+    return batches, plan
+
+
+def _run_batches(root: Path, batches: list[list[dict]], settings: DedupSettings, **kw) -> list[dict]:
+    """dedup_batch then write_deduped per batch under root/<asset>/<batch>; returns each batch's stats."""
+    out = []
+    for b, records in enumerate(batches):
+        key = f"g1-b{b + 1:04d}"
+        cleaned = _write(root / "cleaned" / key, records, per_shard=40)
+        segments = [root / "index" / f"g1-b{k + 1:04d}" for k in range(b)]
+        stats = dedup_batch(cleaned, segments, root / "report" / key, root / "index" / key, settings, **kw)
+        applied = write_deduped(cleaned, root / "report" / key, root / "deduped" / key, workers=kw.get("workers"))
+        out.append({**stats, "applied": applied})
+    return out
+
+
+def _decisions(folders: list[Path]) -> tuple[set, dict]:
+    """(kept ids, {removed id: (duplicate_of, level, similarity)}) over deduped folders."""
+    kept = {r["id"] for f in folders for shard in record_shards(f) for r in iter_jsonl(shard)}
+    removed = {
+        r["id"]: (r["duplicate_of"], r["level"], r["similarity"]) for f in folders for r in iter_jsonl(f / REMOVED_FILE)
+    }
+    return kept, removed
+
+
+def test_batches_keep_what_one_first_seen_build_keeps(tmp_path):
+    batches, plan = _batches()
+    settings = DedupSettings(keep="first_seen", chunk_bytes=2000)
+    stats = _run_batches(tmp_path / "inc", batches, settings, workers=1)
+    keys = sorted((tmp_path / "inc" / "deduped").iterdir())
+    kept, removed = _decisions(keys)
+
+    _write(tmp_path / "all", [r for b in batches for r in b], per_shard=40)
+    build_dedup_report(tmp_path / "all", tmp_path / "rep", settings, workers=1)
+    write_deduped(tmp_path / "all", tmp_path / "rep", tmp_path / "out", workers=1)
+    assert (kept, removed) == _decisions([tmp_path / "out"])
+
+    expected = {
+        "exact_within_1": (plan["poem0"], "exact"),
+        "near_within_1": (plan["poem1"], "near"),
+        "exact_cross_2": (plan["poem2"], "exact"),
+        "near_cross_2": (plan["prose3"], "near"),
+        "near_of_removed_2": (plan["poem1"], "near"),
+        "exact_of_removed_2": (plan["near_within_1"], "exact"),  # an exact copy names the record with its key
+        "chain_b": (plan["chain_a"], "near"),
+        "exact_within_2": (plan["poem41"], "exact"),
+        "near_within_2": (plan["prose26"], "near"),
+        "near_cross_3": (plan["poem2"], "near"),
+        "exact_of_cross_removed_3": (plan["near_of_removed_2"], "exact"),
+        "exact_cross_3": (plan["poem42"], "exact"),
+        "near_within_3": (plan["prose36"], "near"),
+    }
+    assert {plan[role]: want for role, want in expected.items()} == {i: r[:2] for i, r in removed.items()}
+    assert plan["chain_c"] in kept  # only within the threshold of chain_b, which batch 2 removed
+    assert all(r[2] >= 0.8 for r in removed.values())
+    # the split: what batch 3 removed against the index vs within itself
+    assert (stats[2]["dropped_exact_cross_batch"], stats[2]["dropped_near_cross_batch"]) == (2, 1)
+    assert (stats[2]["dropped_exact_within_batch"], stats[2]["dropped_near_within_batch"]) == (0, 1)
+    report = read_json(tmp_path / "inc" / "report" / "g1-b0003" / REPORT_FILE)
+    assert "first_seen" in report["incremental"]["keep_rule"] and report["incremental"]["cross_batch"]
+    roles = {
+        m["role"]
+        for line in iter_jsonl(tmp_path / "inc" / "report" / "g1-b0003" / CLUSTERS_FILE)
+        for m in line["members"]
+    }
+    assert roles == {"indexed", "kept", "removed"}
+
+
+def test_counts_add_up_and_no_exact_duplicate_across_batches(tmp_path):
+    batches, _ = _batches(seed=1)
+    stats = _run_batches(tmp_path, batches, DedupSettings(keep="first_seen"), workers=1)
+    for s, records in zip(stats, batches):
+        assert (
+            s["docs_in"] == len(records) == s["docs_out"] + s["dropped_exact_duplicate"] + s["dropped_near_duplicate"]
+        )
+        assert s["dropped_exact_duplicate"] == s["dropped_exact_cross_batch"] + s["dropped_exact_within_batch"]
+        assert s["dropped_near_duplicate"] == s["dropped_near_cross_batch"] + s["dropped_near_within_batch"]
+        assert (s["applied"]["docs_in"], s["applied"]["docs_out"]) == (s["docs_in"], s["docs_out"])
+        # indexed: every record but the exact duplicates; with LSH data: the kept ones
+        assert s["index_records_added"] == s["docs_in"] - s["dropped_exact_duplicate"]
+        assert s["index_kept_added"] == s["docs_out"]
+    assert [s["index_records"] for s in stats] == [
+        0,
+        stats[0]["index_records_added"],
+        stats[0]["index_records_added"] + stats[1]["index_records_added"],
+    ]
+    total_in = sum(len(b) for b in batches)
+    assert total_in == sum(s["docs_out"] + s["dropped_exact_duplicate"] + s["dropped_near_duplicate"] for s in stats)
+    kept_texts = [
+        r["text"] for f in sorted((tmp_path / "deduped").iterdir()) for sh in record_shards(f) for r in iter_jsonl(sh)
+    ]
+    digests = [K.key_digest(k) for k in K.dedup_keys(kept_texts)]
+    assert len(set(digests)) == len(digests) == sum(s["docs_out"] for s in stats)
+
+
+def test_an_earlier_batch_record_is_never_removed(tmp_path):
+    """richest_meta: a one-shot build keeps the later, richer copy; batch by batch the indexed record stays and
+    the later copy is removed as its duplicate."""
+    rng = random.Random(5)
+    t, u = _poem(rng, 40), _poem(rng, 40)
+    first = [_rec("a.json", 0, t, {}), _rec("a.json", 1, u, {})]
+    later = [
+        _rec("b.json", 0, t + "。", {"title": "x", "author": "y"}),
+        _rec("b.json", 1, _substitute(u, 9), {"title": "x"}),
+    ]
+    _run_batches(tmp_path, [first, later], DedupSettings(), workers=1)
+    kept, removed = _decisions([tmp_path / "deduped" / "g1-b0001", tmp_path / "deduped" / "g1-b0002"])
+    assert kept == {first[0]["id"], first[1]["id"]}
+    assert {i: r[:2] for i, r in removed.items()} == {
+        later[0]["id"]: (first[0]["id"], "exact"),
+        later[1]["id"]: (first[1]["id"], "near"),
+    }
+    _write(tmp_path / "all", first + later)
+    build_dedup_report(tmp_path / "all", tmp_path / "rep", DedupSettings(), workers=1)
+    write_deduped(tmp_path / "all", tmp_path / "rep", tmp_path / "out", workers=1)
+    assert later[0]["id"] in _decisions([tmp_path / "out"])[0]  # what the incremental rule documents as differing
+
+
+def test_identical_outputs_for_any_worker_count_and_partition(tmp_path):
+    batches, _ = _batches(seed=2)
+    settings = DedupSettings(keep="first_seen", chunk_bytes=600)  # > IO_POOL_MIN_TASKS chunks: pools are used
+    tiny = Partitions(exact_docs=16, bucket_items=64, verify_pairs=8)
+    runs = []
+    for name, kw in (("w1", {"workers": 1}), ("w2", {"workers": 2, "partitions": tiny})):
+        _run_batches(tmp_path / name, batches, settings, **kw)
+        files = {}
+        for asset in ("report", "index", "deduped"):
+            for p in sorted((tmp_path / name / asset).rglob("*")):
+                if p.is_file() and p.name != "_timings.json":
+                    files[str(p.relative_to(tmp_path / name))] = p.read_bytes()
+        runs.append(files)
+    assert runs[0].keys() == runs[1].keys() and any("segment.json" in k for k in runs[0])
+    differ = [k for k in runs[0] if runs[0][k] != runs[1][k] and not k.endswith(REPORT_FILE)]
+    assert differ == []
+    for k in (k for k in runs[0] if k.endswith(REPORT_FILE)):  # the partition counts differ, nothing else
+        a, b = (json.loads(r[k]) for r in runs)
+        a.pop("partitions"), b.pop("partitions")
+        assert a == b
+
+
+def test_empty_batch_and_index_errors(tmp_path):
+    batches, _ = _batches(seed=3)
+    (tmp_path / "cleaned" / "g1-b0002").mkdir(parents=True)
+    (tmp_path / "cleaned" / "g1-b0002" / "part-00000.jsonl").write_text("")
+    settings = DedupSettings(keep="first_seen")
+    stats = [_run_batches(tmp_path, batches[:1], settings, workers=1)[0]]
+    segments = [tmp_path / "index" / "g1-b0001"]
+    for key in ("g1-b0002", "g1-b0003"):  # an empty shard, then no shard at all
+        (tmp_path / "cleaned" / key).mkdir(parents=True, exist_ok=True)
+        stats.append(
+            dedup_batch(
+                tmp_path / "cleaned" / key,
+                segments,
+                tmp_path / "report" / key,
+                tmp_path / "index" / key,
+                settings,
+                workers=1,
+            )
+        )
+        applied = write_deduped(tmp_path / "cleaned" / key, tmp_path / "report" / key, tmp_path / "deduped" / key)
+        assert stats[-1]["docs_in"] == stats[-1]["docs_out"] == applied["docs_out"] == 0
+        assert stats[-1]["index_records_added"] == 0 and (tmp_path / "index" / key / SEGMENT_FILE).exists()
+        segments.append(tmp_path / "index" / key)
+    # the batch after the empty ones still sees batch 1
+    later = _write(tmp_path / "cleaned" / "g1-b0004", batches[0][:3])
+    s = dedup_batch(later, segments, tmp_path / "report" / "x", tmp_path / "index" / "g1-b0004", settings, workers=1)
+    assert s["docs_out"] == 0 and s["dropped_exact_cross_batch"] == 3
+    assert not list((tmp_path / "index").glob(".*"))  # no staging folder left behind
+
+    with pytest.raises(ConfigError, match=r"g1-b0001.*num_perm"):
+        dedup_batch(later, segments, tmp_path / "r2", tmp_path / "i2", DedupSettings(keep="first_seen", num_perm=64))
+    (tmp_path / "index" / "g1-b0002" / SEGMENT_FILE).unlink()
+    with pytest.raises(StaleUpstreamError, match="g1-b0002"):
+        dedup_batch(later, segments, tmp_path / "r3", tmp_path / "i3", settings, workers=1)
+    assert not (tmp_path / "i3").exists()

@@ -1,0 +1,175 @@
+"""The dedup index: one segment per batch, holding what later batches need to deduplicate against its records.
+
+A segment is a folder laid out like the stage folder's step files, so the steps read an indexed chunk as they read
+one of the batch (`Chunk.root` names the segment), one chunk per chunk of the batch:
+
+  segment.json                    format_version, the settings the signatures depend on, per chunk: name, chunk,
+                                  records (indexed), kept, items; written last
+  docs/<stem>.npy, .paths.json    document table of the indexed records (id, meta count, lengths, source)
+  keys/<stem>.digest*.npy         SHA-256 digests of the indexed records' keys, sorted, with prefix and ordinal
+  keys/<stem>.key.bin, .key_offsets.npy   the keys of the kept records (verification re-reads them; a near
+                                  duplicate's key is empty: only its digest is looked up)
+  signatures/<stem>.npy, .items.npz   MinHash signatures of the kept records (the verification pre-filter)
+  lsh/<stem>.hash.npy, .doc.npy, .order.npy   band hashes of the kept records, each band sorted by hash
+
+The indexed records of a batch are those that are not exact duplicates: every record whose key no earlier record
+(indexed or of the batch) has, kept or removed as a near duplicate. Each key digest is in one segment at most.
+A segment is written to a temporary folder renamed into place: it is complete or absent.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import atomic_write_json, read_json
+from tokenmill.errors import ConfigError, StaleUpstreamError
+from tokenmill.stages.dedup.buckets import LshInputTask, lsh_inputs
+from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chunk, fix_mmap_threshold, folder
+from tokenmill.stages.dedup.settings import DedupSettings
+
+SEGMENT_FILE = "segment.json"
+INDEX_FORMAT = 1
+# the settings an indexed record's key, signatures and band hashes depend on: every segment must share them
+SKETCH_SETTINGS = (
+    "threshold",
+    "num_perm",
+    "seed",
+    "ngram",
+    "ngram_bounds",
+    "shingle_hash",
+    "strip_symbols",
+    "fold_chinese",
+)
+
+
+def sketch_settings(settings: DedupSettings, bands: int, rows: int) -> dict:
+    return {**{k: getattr(settings, k) for k in SKETCH_SETTINGS}, "bands": bands, "rows": rows}
+
+
+def read_index(index_dirs: list[Path], sketch: dict) -> tuple[list[Chunk], list[dict]]:
+    """The chunks of the index segments in order (global numbering from 0) and their manifests; a missing segment
+    or one sketched with other settings is refused naming it."""
+    chunks, manifests, first = [], [], 0
+    for seg in map(Path, index_dirs):
+        if not (seg / SEGMENT_FILE).exists():
+            raise StaleUpstreamError(f"{seg}: not a dedup index segment (no {SEGMENT_FILE}); materialize that batch")
+        manifest = read_json(seg / SEGMENT_FILE)
+        if manifest.get("format_version") != INDEX_FORMAT:
+            raise StaleUpstreamError(
+                f"{seg / SEGMENT_FILE}: format_version {manifest.get('format_version')!r}, this code reads "
+                f"{INDEX_FORMAT}; rebuild the index"
+            )
+        differ = sorted(k for k in sketch if manifest["settings"].get(k) != sketch[k])
+        if differ:
+            raise ConfigError(
+                f"{seg / SEGMENT_FILE}: built with other dedup settings ({', '.join(differ)}: "
+                f"{[manifest['settings'].get(k) for k in differ]}, now {[sketch[k] for k in differ]}); keep the "
+                "settings of the index or rebuild it from the first batch"
+            )
+        for c in manifest["chunks"]:
+            chunks.append(Chunk(-1, c["name"], "", 0, 0, c["chunk"], first, c["records"], str(seg)))
+            first += c["records"]
+        manifests.append(manifest)
+    return chunks, manifests
+
+
+@dataclass(frozen=True)
+class SegmentTask:
+    chunk: Chunk  # a chunk of the batch
+    out_dir: Path  # the stage folder holding its step files
+    segment: Path  # the segment folder being written
+    dropped: np.ndarray  # ordinals of the chunk's records not indexed (exact duplicates)
+    near: np.ndarray  # ordinals of indexed records removed as near duplicates (no key, signature or band)
+    rows: int
+
+
+@dataclass(frozen=True)
+class SegmentChunk:
+    name: str
+    chunk: int
+    records: int
+    kept: int
+    items: int
+
+
+def write_segment_chunk(task: SegmentTask) -> SegmentChunk:
+    """Copies the indexed records' rows of the chunk's step files into the segment (renumbered 0..n-1)."""
+    fix_mmap_threshold()
+    c, seg = task.chunk, task.segment
+
+    def src(step: str, suffix: str) -> Path:
+        return c.step_file(task.out_dir, step, suffix)
+
+    def dst(step: str, suffix: str) -> Path:
+        return folder(seg, step) / f"{c.stem}{suffix}"
+
+    table = np.load(src(DOCS_DIR, ".npy"))
+    indexed = np.ones(len(table), dtype=bool)
+    indexed[task.dropped] = False
+    kept = indexed.copy()
+    kept[task.near] = False
+    renumber = np.cumsum(indexed) - 1
+    np.save(dst(DOCS_DIR, ".npy"), table[indexed])
+    shutil.copyfile(src(DOCS_DIR, ".paths.json"), dst(DOCS_DIR, ".paths.json"))
+
+    ordinal = np.load(src(KEYS_DIR, ".digest_ordinal.npy"))
+    by_digest = indexed[ordinal]  # digest order kept: renumbering preserves the (digest, ordinal) order
+    for suffix in (".digest.npy", ".digest_prefix.npy"):
+        np.save(dst(KEYS_DIR, suffix), np.load(src(KEYS_DIR, suffix))[by_digest])
+    np.save(dst(KEYS_DIR, ".digest_ordinal.npy"), renumber[ordinal[by_digest]])
+    offsets = np.load(src(KEYS_DIR, ".key_offsets.npy"))
+    lengths = np.diff(offsets)
+    key_bytes = np.fromfile(src(KEYS_DIR, ".key.bin"), dtype=np.uint8)
+    dst(KEYS_DIR, ".key.bin").write_bytes(key_bytes[np.repeat(kept, lengths)].tobytes())
+    new_offsets = np.zeros(int(indexed.sum()) + 1, dtype=np.int64)
+    np.cumsum((lengths * kept)[indexed], out=new_offsets[1:])
+    np.save(dst(KEYS_DIR, ".key_offsets.npy"), new_offsets)
+
+    items = np.load(src(SIGNATURE_DIR, ".items.npz"))
+    item_doc, item_n = items["item_doc"], items["item_n"]
+    sketched = kept[item_doc]
+    np.save(dst(SIGNATURE_DIR, ".npy"), np.load(src(SIGNATURE_DIR, ".npy"))[sketched])
+    np.save(dst(SIGNATURE_DIR, ".bands.npy"), np.load(src(SIGNATURE_DIR, ".bands.npy"))[:, sketched])
+    np.savez(dst(SIGNATURE_DIR, ".items.npz"), item_doc=renumber[item_doc[sketched]], item_n=item_n[sketched])
+    n_items = lsh_inputs(LshInputTask(seg, c.stem, 0, int(indexed.sum()), (), task.rows))
+    dst(SIGNATURE_DIR, ".bands.npy").unlink()  # lsh/ holds them, sorted per band
+    return SegmentChunk(c.name, c.chunk, int(indexed.sum()), int(kept.sum()), n_items)
+
+
+def staging_folder(index_out: Path) -> Path:
+    path = index_out.parent / f".{index_out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    return path
+
+
+def publish_segment(staged: Path, index_out: Path, sketch: dict, parts: list[SegmentChunk]) -> dict:
+    """Writes segment.json into the staged folder and renames it to `index_out` (replacing an older one); returns
+    the segment's counts."""
+    manifest = {
+        "format_version": INDEX_FORMAT,
+        "settings": sketch,
+        "records": sum(p.records for p in parts),
+        "kept": sum(p.kept for p in parts),
+        "chunks": [
+            {"name": p.name, "chunk": p.chunk, "records": p.records, "kept": p.kept, "items": p.items} for p in parts
+        ],
+    }
+    atomic_write_json(staged / SEGMENT_FILE, manifest)
+    size = sum(f.stat().st_size for f in staged.rglob("*") if f.is_file())
+    if index_out.exists():
+        old = index_out.parent / f".{index_out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(index_out, old)
+        shutil.rmtree(old)
+    os.replace(staged, index_out)
+    return {"records_added": manifest["records"], "kept_added": manifest["kept"], "bytes_added": size}
+
+
+def segment_items(manifests: list[dict]) -> int:
+    """LSH items of the indexed kept records (what the bucket step reads of the index)."""
+    return sum(c["items"] for m in manifests for c in m["chunks"])
