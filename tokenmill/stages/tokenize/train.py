@@ -36,6 +36,7 @@ import numpy as np
 from tokenmill.common.io import atomic_write_text, record_shards
 from tokenmill.common.progress import Progress
 from tokenmill.errors import CorruptOutputError, SourceError
+from tokenmill.exports.transformers_tokenizer import write_transformers_config
 from tokenmill.stages.tokenize.settings import TokenizerSettings
 from tokenmill.stages.tokenize.tokenizer import hash64, load_tokenizer, tokenizer_file
 from tokenmill_loader.format import SPECIAL_TOKENS, TOKENIZER_FILE
@@ -205,6 +206,7 @@ def write_trained(sample: Sample, settings: TokenizerSettings, out_dir: Path, lo
     with _tokenizers_threads(False):
         tok.train_from_iterator(sample.train, trainer=trainer, length=len(sample.train))
     atomic_write_text(out_dir / TOKENIZER_FILE, tok.to_str())
+    write_transformers_config(out_dir)
     return {"mode": "trained", "sample_records": len(sample.train), "sample_chars": chars}
 
 
@@ -220,6 +222,7 @@ def write_existing(settings: TokenizerSettings, out_dir: Path) -> dict:
         tmp = out_dir / f".{TOKENIZER_FILE}.tmp"
         shutil.copyfile(src, tmp)
         os.replace(tmp, out_dir / TOKENIZER_FILE)
+    write_transformers_config(out_dir)
     return {
         "mode": "existing",
         "source": str(src),
