@@ -2,9 +2,11 @@
 
 Both sides import this module: tokenmill's `tokenized_bins` stage writes with these names and builders, and
 `Store` reads through `validate_dataset` / `read_shard` / `read_manifest`; the asset check `token_shards_consistent`
-calls `validate_dataset`. It needs the standard library and numpy only (no torch, no Dagster), so a writer or a
-validator can use it without the training stack. A change here is a format change: bump FORMAT_VERSION (a new
-optional field that older readers ignore, like a shard's max_token_id, is not).
+calls `validate_dataset`. A split may hold several versions, each an immutable manifest (`version_file`,
+`read_manifest(folder, version)`); dataset.json is the latest. It needs the standard library and numpy only (no
+torch, no Dagster), so a writer or a validator can use it without the training stack. A change here is a format
+change: bump FORMAT_VERSION (a new optional field that older readers ignore, like a shard's max_token_id or a
+manifest's version, generation, batches and encoding, is not).
 """
 
 from __future__ import annotations

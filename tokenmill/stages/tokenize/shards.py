@@ -226,15 +226,13 @@ class SplitWriters:
             w.abort()
 
 
-def write_tokenizer_copy(split_dir: Path, tokenizer_bytes: bytes, sha256: str) -> str:
-    """The immutable, content-named copy of the tokenizer a version is encoded with; returns its file name."""
-    name = versioned_tokenizer_file(sha256)
-    path = Path(split_dir) / name
+def write_tokenizer_copy(split_dir: Path, tokenizer_bytes: bytes, sha256: str) -> None:
+    """The immutable, content-named copy of the tokenizer a version is encoded with."""
+    path = Path(split_dir) / versioned_tokenizer_file(sha256)
     if not path.exists():
-        tmp = path.with_name(f".tmp-{name}")
+        tmp = path.with_name(f".tmp-{path.name}")
         tmp.write_bytes(tokenizer_bytes)
         os.replace(tmp, path)
-    return name
 
 
 def version_manifests(

@@ -14,7 +14,7 @@ import numpy as np
 from tokenmill.common.io import atomic_write_text, read_json, write_stats
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
-from tokenmill.errors import ConfigError, CorruptOutputError
+from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize.encode import Encoder, EncodeTask, encode_task, encoder, load_splits, plan_ranges
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
 from tokenmill.stages.tokenize.shards import (
@@ -38,7 +38,7 @@ from tokenmill.stages.tokenize.versions import (
     publish,
     recover,
 )
-from tokenmill_loader.format import PLAIN_NAME, SPLITS, TOKENIZER_FILE, list_versions
+from tokenmill_loader.format import PLAIN_NAME, SPLITS, TOKENIZER_FILE, list_versions, versioned_tokenizer_file
 
 
 def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, log=None) -> dict:
@@ -89,9 +89,11 @@ ENCODED_DIR = f"{TMP_PREFIX}encoded"  # the encode tasks' arrays, each file remo
 
 def _batch_keys(batches: list[tuple[str, Path]]) -> tuple[str, ...]:
     keys = tuple(key for key, _ in batches)
-    for key in keys:
+    for key, folder in batches:
         if not isinstance(key, str) or not PLAIN_NAME.fullmatch(key):
             raise ConfigError(f"tokenized_bins: batch key {key!r} is not a plain name ([A-Za-z0-9_][A-Za-z0-9_.-]*)")
+        if not Path(folder).is_dir():
+            raise StaleUpstreamError(f"{folder}: missing (the records of batch {key})")
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
     if duplicates:
         raise ConfigError(f"tokenized_bins: batch keys {duplicates} are given twice")
@@ -228,8 +230,10 @@ def tokenize_batches(
                         settings.shard_tokens,
                         first_index=next_shard_index(bins_dir / s),
                     ).empty_shard()
+            for s in SPLITS:
+                write_tokenizer_copy(bins_dir / s, tokenizer_bytes, pin.sha256)
             tokenizer = {
-                "file": [write_tokenizer_copy(bins_dir / s, tokenizer_bytes, pin.sha256) for s in SPLITS][0],
+                "file": versioned_tokenizer_file(pin.sha256),
                 "sha256": pin.sha256,
                 "vocab_size": enc.vocab_size,
             }

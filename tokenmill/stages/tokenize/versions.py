@@ -184,13 +184,12 @@ def apply_retention(bins_dir: Path, hours: float, keep_versions: int, now: float
     """Removes the superseded versions past retention (and then whatever only they named); returns them."""
     bins_dir = Path(bins_dir)
     now = time.time() if now is None else now
-    versions = sorted(set.intersection(*(set(list_versions(bins_dir / s)) for s in SPLITS)))
-    if not versions:
-        return []
+    versions = sorted({v for s in SPLITS for v in list_versions(bins_dir / s)})
     newest = versions[-keep_versions:]
     removed = []
     for older, newer in zip(versions, versions[1:]):
-        superseded_at = min(os.stat(bins_dir / s / version_file(newer)).st_mtime for s in SPLITS)
+        manifests = [bins_dir / s / version_file(newer) for s in SPLITS]
+        superseded_at = min(os.stat(p).st_mtime for p in manifests if p.exists())
         if older not in newest and now - superseded_at > hours * 3600:
             removed.append(older)
     actions: list[str] = []
