@@ -110,6 +110,15 @@ class BucketResult:
     first_doc_histogram: np.ndarray | None  # candidate pairs per BIN_DOCS documents of their first document
 
 
+def _found(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """Positions of the values that are in `sorted_keys` (a binary search each: np.isin hashes both sides, ~20x
+    slower here)."""
+    if len(sorted_keys) == 0:
+        return np.empty(0, dtype=np.int64)
+    pos = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
+    return np.flatnonzero(sorted_keys[pos] == values)
+
+
 def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hashes, docs, order words) of the band's items in the hash range, sorted by (hash, doc); an indexed item
     only where a document of the batch shares its hash."""
@@ -119,11 +128,11 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     probe = None
     for base, first in sources:
         if first < task.probe_from and probe is None:
-            probe = np.unique(np.concatenate(hs)) if hs else np.empty(0, dtype=np.uint64)
+            probe = np.sort(np.concatenate(hs)) if hs else np.empty(0, dtype=np.uint64)
         with NpyRows(f"{base}.hash.npy") as f:
             a, b = f.searchsorted(band, task.lo), f.searchsorted(band, task.hi)
             h = f.read(band, a, b)
-        rows = slice(None) if probe is None else np.flatnonzero(np.isin(h, probe))
+        rows = slice(None) if probe is None else _found(h, probe)
         hs.append(h[rows])
         with NpyRows(f"{base}.doc.npy") as f:
             ds.append(f.read(band, a, b)[rows] + first)
