@@ -9,6 +9,7 @@ from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from assets.exports import EXPORT_ASSETS
@@ -263,3 +264,48 @@ def test_exports_are_byte_identical_when_rerun(exported, roots, tmp_path):
         first = {p.relative_to(root / asset): p.read_bytes() for p in (root / asset).rglob("*") if p.is_file()}
         second = {p.relative_to(again / asset): p.read_bytes() for p in (again / asset).rglob("*") if p.is_file()}
         assert first == second and len(first) >= 3, asset
+
+
+def test_trl_dpo_tokenization_of_the_records_gives_the_exported_ids(exported, roots):
+    """TRL's DPOTrainer tokenizes conversational prompt/chosen/rejected itself with the chat template (prompt with
+    add_generation_prompt, then prompt + response cut after the prompt): with tokenmill's tokenizer that gives
+    exactly hf_parquet's dpo columns."""
+    from datasets import load_dataset
+    from transformers import AutoTokenizer
+
+    root = roots["dpo"]
+    tok = AutoTokenizer.from_pretrained(str(root / "tokenizer"))
+    by_id = {rec["id"]: rec for part in record_shards(root / "deduped_jsonl") for rec in iter_jsonl(part)}
+    rows = load_dataset("parquet", data_files=str(root / "hf_parquet" / "tokenized" / "train" / "*.parquet"))["train"]
+    for row, rid in zip(rows, split_record_ids(root / "tokenized_bins" / "train")):
+        rec = by_id[rid]
+        prompt = [{"role": "user", "content": rec["prompt"]}]
+        prompt_ids = tok.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
+        assert row["prompt_ids"] == prompt_ids
+        for key in ("chosen", "rejected"):
+            full = tok.apply_chat_template(prompt + [{"role": "assistant", "content": rec[key]}], return_dict=True)
+            assert row[f"{key}_ids"] == full["input_ids"][len(prompt_ids) :]
+
+
+def test_an_empty_split_exports_as_empty_files(roots, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    root = tmp_path / "empty_val"
+    for key in ("deduped_jsonl", "tokenizer"):
+        shutil.copytree(roots["sft"] / key, root / key)
+    settings = ShardSettings(training_type="sft", val_fraction=0.0)
+    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins", settings, workers=1)
+    assert materialize(root).success
+    assert (root / "nanogpt_bins" / "val.bin").stat().st_size == 0
+    # numpy cannot map an empty file, so megatron-core opens an empty split only with mmap=False
+    ds = IndexedDataset(str(root / "megatron_indexed" / "val_sequence_document"), mmap=False)
+    assert len(ds) == 0 and list(ds.document_indices) == [0]
+    # datasets refuses a split of 0 rows ("corresponds to no data"); the file still holds the columns
+    empty = pq.read_table(root / "hf_parquet" / "tokenized" / "val")
+    assert empty.num_rows == 0 and empty.column_names == ["input_ids", "attention_mask", "labels"]
+
+
+def test_definitions_with_the_exports_load():
+    defs = dg.Definitions(assets=EXPORT_ASSETS, resources={"data_root": DataRoot(root="unused")})
+    dg.Definitions.validate_loadable(defs)
+    assert {a.group_names_by_key[a.key] for a in EXPORT_ASSETS} == {"exports"}

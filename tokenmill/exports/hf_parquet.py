@@ -6,12 +6,14 @@
         seq, conditional, sft: input_ids, attention_mask (1 over the record), labels (-100 where masked), the
                                columns TRL's SFTTrainer takes as already tokenized (its collator pads and keeps
                                labels)
-        dpo:                   prompt_ids, chosen_ids, rejected_ids (TRL's DPOTrainer's tokenized columns; chosen
-                               and rejected are the trained responses, `<|end|></s>` included)
+        dpo:                   prompt_ids, chosen_ids, rejected_ids (chosen and rejected are the trained responses,
+                               `<|end|></s>` included): what TRL's DPOTrainer builds from conversational text with
+                               tokenmill's chat template, and what its DataCollatorForPreference reads
         grpo:                  none: TRL's GRPOTrainer generates completions from text prompts (use records/)
 
 Records are streamed in row groups of ROW_GROUP_ROWS; tokenized rows are built from whole chunks of the loader's
 streams (offsets, no per-token Python).
+An empty split is one file of 0 rows holding the columns (pyarrow reads it; `datasets` refuses a split without rows).
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ def usage(folder: Path, tokenizer_dir: Path) -> str:
         "```\n\n"
         "`meta` and `source` are JSON strings (`json.loads`). Tokenized columns: "
         f"{', '.join(f'`{c}`' for c in SEQUENCE_COLUMNS)} (-100 = masked) for seq/conditional/sft, which TRL's "
-        f"SFTTrainer takes as already tokenized; {', '.join(f'`{c}`' for c in DPO_COLUMNS)} for dpo (TRL's "
-        "DPOTrainer); none for grpo (TRL's GRPOTrainer generates from text prompts)."
+        f"SFTTrainer takes as already tokenized; {', '.join(f'`{c}`' for c in DPO_COLUMNS)} for dpo (what TRL's "
+        "DPOTrainer builds from conversational prompt/chosen/rejected with this tokenizer, and its "
+        "DataCollatorForPreference reads); none for grpo (TRL's GRPOTrainer generates from text prompts)."
     )

@@ -7,7 +7,8 @@
 A sequence is one item of the key (a record's tokens; for grpo `responses`/`masks` one response) and a document is
 one record: its sequences `document_indices[d]:document_indices[d + 1]`, so grpo's responses of a record form one
 document. Token ids are uint16 when the vocabulary fits (Megatron's own choice below 65,500 ids), else int32
-(Megatron has no uint32); masks are uint8, grpo rewards float32.
+(Megatron has no uint32); masks are uint8, grpo rewards float32. An empty split gives an empty .bin, which
+megatron-core opens only with `mmap=False` (numpy cannot map an empty file).
 """
 
 from __future__ import annotations
