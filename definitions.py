@@ -3,14 +3,14 @@
 import dagster as dg
 
 from assets.clean import cleaned_jsonl
-from assets.dedup import dedup_report, deduped_jsonl
+from assets.dedup import dedup_batch_assets, deduped_jsonl
 from assets.raw import raw_records
 from assets.telemetry import funnel_telemetry
 from assets.tokenize import tokenized_bins, tokenizer
 from automation import daily_refresh, source_sensor, whole_graph_job
 from resources import Compute, CorpusSource, DataRoot, compute_from_env, data_root_from_env, source_from_env
 
-ASSETS = [raw_records, cleaned_jsonl, dedup_report, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry]
+ASSETS = [raw_records, cleaned_jsonl, dedup_batch_assets, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry]
 
 
 def build_defs(source: CorpusSource, data_root: DataRoot, compute: Compute | None = None) -> dg.Definitions:

@@ -61,6 +61,12 @@ def publish_only_if_passed(check: dg.AssetCheckResult) -> Iterator[dg.AssetCheck
     staged folder is published (`yield from publish_only_if_passed(check)`)."""
     if not check.passed:
         yield check
+        refuse_unless_passed(check)
+
+
+def refuse_unless_passed(check: dg.AssetCheckResult) -> None:
+    """Raises CheckFailedError (the step fails, the staged output is not published) when the check failed."""
+    if not check.passed:
         raise CheckFailedError(
             f"check {check.check_name} failed on the staged output, which was not published "
             f"(the previous output stays): { ({k: getattr(v, 'value', v) for k, v in check.metadata.items()}) }"
@@ -113,8 +119,11 @@ def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheck
     )
 
 
-def token_shards_consistent(folder: Path, deduped_dir: Path, tokenizer_dir: Path) -> dg.AssetCheckResult:
-    result = validate_token_shards(folder, deduped_dir, tokenizer_dir)
+def token_shards_consistent(
+    folder: Path, deduped_dir: Path, tokenizer_dir: Path, version: int | None = None
+) -> dg.AssetCheckResult:
+    """tokenized_bins' latest version, or `version` (a complete one about to be published)."""
+    result = validate_token_shards(folder, deduped_dir, tokenizer_dir, version=version)
     return dg.AssetCheckResult(
         check_name=TOKEN_SHARDS_CONSISTENT.name,
         passed=not result["problems"],

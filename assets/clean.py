@@ -2,10 +2,11 @@
 
 import dagster as dg
 
+from assets.batches import SOURCE_BATCHES, batch_output
 from assets.checks import CLEANED_RECORDS_VALID, cleaned_records_valid, publish_only_if_passed
 from assets.metadata import cleaned_jsonl_metadata, compute_metadata
 from resources import Compute, DataRoot
-from tokenmill.common.io import staged_output
+from tokenmill.common.io import REJECTED_FILE, gather_batch_files, staged_output
 from tokenmill.stages.clean import CleanSettings, clean_corpus
 
 
@@ -18,18 +19,22 @@ class CleanConfig(CleanSettings, dg.Config):
     kinds={"python", "jsonl"},
     deps=["raw_records"],
     code_version="1",
+    partitions_def=SOURCE_BATCHES,
     check_specs=[CLEANED_RECORDS_VALID],
 )
 def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_root: DataRoot, compute: Compute):
-    """raw_records cleaned: mojibake repaired, Unicode normalized, control characters and extra whitespace gone,
-    title/author/dynasty header lines moved into meta, boilerplate lines stripped by a corpus-wide detector (document
-    frequency x positional consistency x template look x shortness, so frequent genuine lines stay), and empty,
-    too short, garbled or repetitive records rejected to `_rejected.jsonl` with a reason."""
-    with compute.activated(context, data_root) as usage, staged_output(data_root.path("cleaned_jsonl")) as out:
-        stats = clean_corpus(data_root.path("raw_records"), out, config, log=context.log)
+    """One batch of raw_records cleaned: mojibake repaired, Unicode normalized, control characters and extra
+    whitespace gone, title/author/dynasty header lines moved into meta, boilerplate lines stripped by a batch-wide
+    detector (document frequency x positional consistency x template look x shortness, so frequent genuine lines
+    stay), and empty, too short, garbled or repetitive records rejected to `_rejected.jsonl` with a reason (the
+    stage folder's `_rejected.jsonl` gathers every batch's)."""
+    key = context.partition_key
+    folder = batch_output(data_root, "cleaned_jsonl", key)
+    with compute.activated(context, data_root) as usage, staged_output(folder) as out:
+        stats = clean_corpus(data_root.path("raw_records") / key, out, config, log=context.log)
         check = cleaned_records_valid(out)
         yield from publish_only_if_passed(check)
+    gather_batch_files(data_root.path("cleaned_jsonl"), REJECTED_FILE)
     yield dg.MaterializeResult(
-        metadata={**cleaned_jsonl_metadata(stats, data_root.path("cleaned_jsonl")), **compute_metadata(usage)},
-        check_results=[check],
+        metadata={**cleaned_jsonl_metadata(stats, folder), **compute_metadata(usage)}, check_results=[check]
     )

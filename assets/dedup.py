@@ -1,34 +1,77 @@
-"""dedup_report and deduped_jsonl: two-level deduplication (exact key hash, then MinHash + LSH + exact Jaccard)."""
+"""dedup_report, dedup_index and deduped_jsonl: two-level deduplication (exact key hash, then MinHash + LSH + exact
+Jaccard) of each source batch within itself and against every record kept from the batches before it."""
 
 import dagster as dg
 
+from assets.batches import SOURCE_BATCHES, batch_output
 from assets.checks import DEDUPED_NO_EXACT_DUPLICATES, deduped_no_exact_duplicates, publish_only_if_passed
 from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jsonl_metadata
 from resources import Compute, DataRoot
-from tokenmill.common.io import REMOVED_FILE, read_json, staged_output
-from tokenmill.stages.dedup import CLUSTERS_FILE, REPORT_FILE, DedupSettings, build_dedup_report, write_deduped
+from tokenmill.batches import read_registry
+from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, staged_output
+from tokenmill.errors import StaleUpstreamError
+from tokenmill.stages.dedup import CLUSTERS_FILE, REPORT_FILE, DedupSettings, dedup_batch, write_deduped
 
 
 class DedupConfig(DedupSettings, dg.Config):
     """dedup_report run config: the DedupSettings fields (validated before the run starts)."""
 
 
-@dg.asset(group_name="dedup", kinds={"python", "numpy"}, deps=["cleaned_jsonl"], code_version="1")
-def dedup_report(
-    context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot, compute: Compute
-) -> dg.MaterializeResult:
-    """Which cleaned records are duplicates, and of which record: exact (SHA-256 of a normalized key) and near
-    (character shingles, MinHash, LSH bands chosen for the threshold, every candidate verified by exact Jaccard),
-    clustered by union-find; one record per cluster is kept by a documented rule. `report.json` and
-    `clusters.jsonl` hold the full report; `deduped_jsonl` applies it."""
-    with compute.activated(context, data_root) as usage, staged_output(data_root.path("dedup_report")) as out:
-        stats = build_dedup_report(data_root.path("cleaned_jsonl"), out, config, log=context.log)
-        report = read_json(out / REPORT_FILE)
-    return dg.MaterializeResult(
+@dg.multi_asset(
+    name="dedup_report",  # the op's run config stays `ops: dedup_report: config: ...`
+    specs=[
+        dg.AssetSpec(
+            "dedup_report",
+            group_name="dedup",
+            kinds={"python", "numpy"},
+            deps=["cleaned_jsonl"],
+            code_version="1",
+            description="Which records of one batch are duplicates, and of which record: exact (SHA-256 of a "
+            "normalized key) and near (shingles, MinHash, LSH bands chosen for the threshold, every candidate "
+            "verified by exact Jaccard), within the batch by the keep rule and against every record kept from "
+            "earlier batches (first seen wins: a kept record is never removed later). `report.json` and "
+            "`clusters.jsonl` hold the full report; `deduped_jsonl` applies it.",
+        ),
+        dg.AssetSpec(
+            "dedup_index",
+            group_name="dedup",
+            kinds={"numpy"},
+            deps=["cleaned_jsonl"],
+            code_version="1",
+            description="The persistent dedup index, one segment per batch: exact-key digests, LSH band hashes and "
+            "what verification needs for every record the batch kept, so later batches are deduplicated against "
+            "them without re-reading earlier batches.",
+        ),
+    ],
+    partitions_def=SOURCE_BATCHES,
+)
+def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot, compute: Compute):
+    key = context.partition_key
+    earlier = [data_root.path("dedup_index") / k for k in read_registry(data_root.path("")).earlier(key)]
+    if missing := [p.name for p in earlier if not p.exists()]:
+        raise StaleUpstreamError(
+            f"dedup of batch {key} needs the dedup index of every earlier batch; materialize {', '.join(missing)} first"
+        )
+    report_dir, index_dir = batch_output(data_root, "dedup_report", key), batch_output(data_root, "dedup_index", key)
+    with (
+        compute.activated(context, data_root) as usage,
+        staged_output(report_dir) as report_out,
+        staged_output(index_dir) as index_out,
+    ):
+        stats = dedup_batch(
+            data_root.path("cleaned_jsonl") / key, earlier, report_out, index_out, config, log=context.log
+        )
+        report = read_json(report_out / REPORT_FILE)
+    yield dg.MaterializeResult(
+        asset_key="dedup_report",
         metadata={
-            **dedup_report_metadata(stats, report, data_root.path("dedup_report"), CLUSTERS_FILE, REPORT_FILE),
+            **dedup_report_metadata(stats, report, report_dir, CLUSTERS_FILE, REPORT_FILE),
             **compute_metadata(usage),
-        }
+        },
+    )
+    yield dg.MaterializeResult(
+        asset_key="dedup_index",
+        metadata={"path": dg.MetadataValue.path(str(index_dir)), "earlier_segments": len(earlier)},
     )
 
 
@@ -37,19 +80,22 @@ def dedup_report(
     kinds={"python", "jsonl"},
     deps=["dedup_report", "cleaned_jsonl"],
     code_version="1",
+    partitions_def=SOURCE_BATCHES,
     check_specs=[DEDUPED_NO_EXACT_DUPLICATES],
 )
 def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot, compute: Compute):
-    """The cleaned records minus the duplicates `dedup_report` found (lines copied unchanged, same shard names);
-    `removed.jsonl` names, for every removed id, the id it duplicates, the level and the similarity."""
-    with compute.activated(context, data_root) as usage, staged_output(data_root.path("deduped_jsonl")) as out:
-        stats = write_deduped(data_root.path("cleaned_jsonl"), data_root.path("dedup_report"), out, log=context.log)
-        check = deduped_no_exact_duplicates(out, data_root.path("dedup_report"))
+    """One batch of cleaned records minus the duplicates `dedup_report` found (lines copied unchanged, same shard
+    names); `removed.jsonl` names, for every removed id, the id it duplicates, the level and the similarity (the
+    stage folder's `removed.jsonl` gathers every batch's)."""
+    key = context.partition_key
+    folder = batch_output(data_root, "deduped_jsonl", key)
+    report_dir = data_root.path("dedup_report") / key
+    with compute.activated(context, data_root) as usage, staged_output(folder) as out:
+        stats = write_deduped(data_root.path("cleaned_jsonl") / key, report_dir, out, log=context.log)
+        check = deduped_no_exact_duplicates(out, report_dir)
         yield from publish_only_if_passed(check)
+    gather_batch_files(data_root.path("deduped_jsonl"), REMOVED_FILE)
     yield dg.MaterializeResult(
-        metadata={
-            **deduped_jsonl_metadata(stats, data_root.path("deduped_jsonl"), REMOVED_FILE),
-            **compute_metadata(usage),
-        },
+        metadata={**deduped_jsonl_metadata(stats, folder, REMOVED_FILE), **compute_metadata(usage)},
         check_results=[check],
     )

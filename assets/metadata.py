@@ -14,7 +14,8 @@ from pathlib import Path
 import dagster as dg
 import pandas as pd
 
-from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.batches import REGISTRY_FILE, read_registry
+from tokenmill.common.io import iter_jsonl, record_shards
 
 CELL_CHARS = 100  # characters of free text shown in one table cell
 
@@ -55,15 +56,15 @@ def dagster_table(frame: pd.DataFrame) -> dg.MetadataValue:
 
 
 def source_metadata(path: Path) -> dict:
-    """Which corpus an output was built from (raw_records' source path and fingerprint of its ingestible files),
+    """Which corpus an output was built from (the source path and generation of the data root's batch registry),
     so the UI tells corpora apart when one instance has seen several."""
     for root in Path(path).parents:
-        raw_stats = root / "raw_records" / STATS_FILE
-        if raw_stats.exists():
-            stats = read_json(raw_stats)
+        if (root / REGISTRY_FILE).exists():
+            registry = read_registry(root)
             return {
-                "source": dg.MetadataValue.path(stats["source"]),
-                "source_fingerprint": dg.MetadataValue.text(stats.get("source_fingerprint", "unknown")),
+                "source": dg.MetadataValue.path(registry.source),
+                "source_generation": dg.MetadataValue.int(registry.generation),
+                "source_batches": dg.MetadataValue.int(len(registry.batches)),
             }
     return {}
 
@@ -125,6 +126,7 @@ def funnel_metadata(funnel: dict, history: dict, chart_png: bytes, folder: Path)
     return {
         **source_metadata(folder),
         "funnel": dg.MetadataValue.md(funnel_md),
+        "batches": dagster_table(batches_frame(funnel)),
         "chart": dg.MetadataValue.md(f"![funnel](data:image/png;base64,{base64.b64encode(chart_png).decode()})"),
         "history_row": dg.MetadataValue.json(history),
         "raw_records": history["input"],
@@ -135,6 +137,24 @@ def funnel_metadata(funnel: dict, history: dict, chart_png: bytes, folder: Path)
         "path": dg.MetadataValue.path(str(folder / "funnel.json")),
         "chart_path": dg.MetadataValue.path(str(folder / "funnel.png")),
     }
+
+
+def batches_frame(funnel: dict) -> pd.DataFrame:
+    """One row per source batch: records after each stage, tokens, and whether the batch conserves records."""
+    labels = [s["stage"] for s in funnel["stages"]]
+    rows = []
+    for batch in funnel["batches"]:
+        out = {s["stage"]: s["docs_out"] for s in batch["stages"]}
+        rows.append(
+            {
+                "batch": batch["batch"],
+                "input": batch["stages"][0]["docs_in"] if batch["stages"] else 0,
+                **{label: out.get(label, 0) for label in labels},
+                "tokens": batch["tokens"],
+                "conserved": str(all(s["conserved"] and s["linked"] for s in batch["stages"])),
+            }
+        )
+    return pd.DataFrame(rows, columns=["batch", "input", *labels, "tokens", "conserved"])
 
 
 RAW_FILE_ROWS = 50  # per-file rows in the raw_records UI table; _stats.json lists every file

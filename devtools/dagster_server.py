@@ -124,16 +124,24 @@ class DagsterDev:
             raise RuntimeError(f"GraphQL errors: {payload['errors']}")
         return payload["data"]
 
-    def run_job(self, job_name: str, location: str = "tokenmill", timeout: float = 900) -> str:
-        """Launches a job through GraphQL, waits for it to finish, returns the run id (raises unless SUCCESS)."""
+    def run_job(
+        self, job_name: str, location: str = "tokenmill", timeout: float = 900, partition: str | None = None
+    ) -> str:
+        """Launches a job (for one partition) through GraphQL, waits for it to finish, returns the run id (raises
+        unless SUCCESS)."""
         from dagster_graphql import DagsterGraphQLClient
 
         client = DagsterGraphQLClient("127.0.0.1", port_number=self.port)
-        run_id = client.submit_job_execution(job_name, repository_location_name=location)
+        tags = {"dagster/partition": partition} if partition else None
+        run_id = client.submit_job_execution(job_name, repository_location_name=location, tags=tags)
         return self.wait_for_run(run_id, timeout)
 
-    def materialize(self, asset_keys: list[str], location: str = "tokenmill", timeout: float = 900) -> str:
-        """Launches a materialization of just these assets (the implicit asset job) and waits for success."""
+    def materialize(
+        self, asset_keys: list[str], location: str = "tokenmill", timeout: float = 900, partition: str | None = None
+    ) -> str:
+        """Launches a materialization of just these assets (the implicit asset job; for one partition, as the UI's
+        partition dialog does) and waits for success."""
+        tags = [{"key": "dagster/partition", "value": partition}] if partition else []
         data = self.graphql(
             LAUNCH_ASSETS_MUTATION,
             {
@@ -143,7 +151,8 @@ class DagsterDev:
                         "repositoryName": "__repository__",
                         "jobName": "__ASSET_JOB",
                         "assetSelection": [{"path": [k]} for k in asset_keys],
-                    }
+                    },
+                    "executionMetadata": {"tags": tags},
                 }
             },
         )

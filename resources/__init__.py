@@ -102,7 +102,7 @@ class Compute(dg.ConfigurableResource):
     @contextlib.contextmanager
     def activated(self, context: dg.AssetExecutionContext, data_root: DataRoot) -> Iterator[Usage]:
         """Runs the stage's task lists on this engine for the block; yields the Usage for the asset's metadata."""
-        label, log = context.asset_key.to_user_string(), context.log
+        label, log = context.op_execution_context.op.name, context.log  # the asset key; a multi-asset's op name
         if self.engine == "local":
             engine = LocalEngine(self.workers, label, log)
         else:

@@ -1,82 +1,49 @@
-"""Schedule and sensor, evaluated with Dagster's test contexts."""
+"""The schedule and the sensor, evaluated with Dagster's test contexts: each registers the source's new files as a
+batch and requests one run for it."""
 
-import os
+from pathlib import Path
 
 import dagster as dg
+from support import run_config, write_batch_file
 
 from automation import WHOLE_GRAPH_JOB, daily_refresh, source_sensor
 from definitions import build_defs
-from resources import Compute, CorpusSource, DataRoot
+from resources import CorpusSource, DataRoot
+from tokenmill.batches import read_registry
 
 
-def evaluate(source_dir, instance, cursor, data_root=None):
-    resources = {
-        "source": CorpusSource(path=str(source_dir)),
-        "data_root": DataRoot(root=str(data_root or source_dir.parent / "data")),
-    }
-    with dg.build_sensor_context(instance=instance, cursor=cursor, resources=resources) as context:
-        result = source_sensor(str(source_dir))(context)
-        return result, context.cursor
+def sensor_tick(source: Path, data: Path, instance):
+    resources = {"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data))}
+    with dg.build_sensor_context(instance=instance, resources=resources) as context:
+        return source_sensor(str(source))(context)
 
 
-def run_requests(result):
-    return [result] if isinstance(result, dg.RunRequest) else []
-
-
-def test_sensor_requests_one_run_per_new_file_set(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n')
-    with dg.instance_for_test() as instance:
-        first, cursor = evaluate(tmp_path, instance, None)
-        assert len(run_requests(first)) == 1
-        again, cursor_again = evaluate(tmp_path, instance, cursor)
-        assert run_requests(again) == [] and cursor_again == cursor
-
-        (tmp_path / "b.jsonl").write_text('{"text": "two"}\n')
-        added, cursor2 = evaluate(tmp_path, instance, cursor)
-        assert len(run_requests(added)) == 1 and added.run_key != first.run_key
-        assert run_requests(evaluate(tmp_path, instance, cursor2)[0]) == []
-
-        (tmp_path / "a.jsonl").write_text('{"text": "one, changed"}\n')
-        st = (tmp_path / "a.jsonl").stat()
-        os.utime(tmp_path / "a.jsonl", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-        changed, cursor3 = evaluate(tmp_path, instance, cursor2)
-        assert len(run_requests(changed)) == 1 and changed.tags["tokenmill/changed_files"] == "1"
-
-        (tmp_path / "b.jsonl").unlink()
-        removed, _ = evaluate(tmp_path, instance, cursor3)
-        assert len(run_requests(removed)) == 1 and removed.tags["tokenmill/removed_files"] == "1"
-
-
-def test_sensor_ignores_files_the_readers_skip(tmp_path):
-    (tmp_path / "a.jsonl").write_text('{"text": "one"}\n')
-    with dg.instance_for_test() as instance:
-        _, cursor = evaluate(tmp_path, instance, None)
-        (tmp_path / "README.md").write_text("notes")
-        (tmp_path / ".hidden.jsonl").write_text('{"text": "x"}\n')
-        result, _ = evaluate(tmp_path, instance, cursor)
-        assert isinstance(result, dg.SkipReason)
-
-
-def test_sensor_switched_on_after_a_run_with_nothing_new_requests_nothing(tmp_path):
+def test_sensor_requests_one_run_per_new_batch_and_none_otherwise(tmp_path):
     source, data = tmp_path / "src", tmp_path / "data"
     source.mkdir()
-    (source / "a.jsonl").write_text('{"text": "one two three four five six seven eight nine ten"}\n')
+    write_batch_file(source / "a.jsonl", 30, seed=1)
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
     with dg.instance_for_test() as instance:
-        dg.materialize(
-            [defs.get_assets_def("raw_records")],
-            instance=instance,
-            resources={
-                "source": CorpusSource(path=str(source)),
-                "data_root": DataRoot(root=str(data)),
-                "compute": Compute(),
-            },
+        first = sensor_tick(source, data, instance)
+        assert isinstance(first, dg.RunRequest) and first.partition_key == first.run_key == "g1-b000001"
+        assert instance.get_dynamic_partitions("source_batch") == ["g1-b000001"]
+        result = defs.resolve_job_def("tokenmill_all").execute_in_process(
+            instance=instance, partition_key="g1-b000001", run_config=run_config()
         )
-        result, cursor = evaluate(source, instance, None, data)
-        assert isinstance(result, dg.SkipReason) and "unchanged" in str(result.skip_message)
-        (source / "b.jsonl").write_text('{"text": "eleven"}\n')
-        request, _ = evaluate(source, instance, cursor, data)
-        assert run_requests(request) and request.tags["tokenmill/changed_files"] == "1"
+        assert result.success
+        assert isinstance(sensor_tick(source, data, instance), dg.SkipReason)  # switched on again: nothing new
+        (source / "README.md").write_text("notes")
+        (source / ".hidden.jsonl").write_text('{"text": "x"}\n')
+        assert isinstance(sensor_tick(source, data, instance), dg.SkipReason)
+        write_batch_file(source / "b.jsonl", 30, seed=2)
+        second = sensor_tick(source, data, instance)
+        assert isinstance(second, dg.RunRequest) and second.partition_key == "g1-b000002"
+        assert sensor_tick(source, data, instance).run_key == second.run_key  # the same request until it ran
+        assert read_registry(data).batch("g1-b000002").files.keys() == {"b.jsonl"}
+        (source / "a.jsonl").write_text('{"text": "edited"}\n')
+        changed = sensor_tick(source, data, instance)
+        assert isinstance(changed, dg.SkipReason) and "a.jsonl (batch g1-b000001)" in changed.skip_message
+        assert "--rebuild" in changed.skip_message
 
 
 def test_sensor_description_names_the_watched_path(tmp_path):
@@ -85,13 +52,18 @@ def test_sensor_description_names_the_watched_path(tmp_path):
 
 def test_sensor_skips_missing_source(tmp_path):
     with dg.instance_for_test() as instance:
-        result, _ = evaluate(tmp_path / "nope", instance, None)
-        assert isinstance(result, dg.SkipReason)
+        assert isinstance(sensor_tick(tmp_path / "nope", tmp_path / "data", instance), dg.SkipReason)
 
 
-def test_daily_schedule_targets_the_whole_graph_and_is_stopped_by_default():
+def test_daily_schedule_registers_new_files_and_is_stopped_by_default(tmp_path):
     assert daily_refresh.default_status == dg.DefaultScheduleStatus.STOPPED
     assert daily_refresh.job_name == WHOLE_GRAPH_JOB
-    context = dg.build_schedule_context(scheduled_execution_time=None)
-    requests = list(daily_refresh.evaluate_tick(context).run_requests)
-    assert len(requests) == 1
+    source = tmp_path / "src"
+    source.mkdir()
+    write_batch_file(source / "a.jsonl", 5, seed=1)
+    resources = {"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(tmp_path / "data"))}
+    with dg.instance_for_test() as instance:
+        repository = build_defs(resources["source"], resources["data_root"]).get_repository_def()
+        with dg.build_schedule_context(instance=instance, resources=resources, repository_def=repository) as context:
+            (request,) = daily_refresh.evaluate_tick(context).run_requests
+        assert request.partition_key == "g1-b000001"

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+from support import BATCH, materialize_batch
 
 from tokenmill.common.io import (
     REJECTED_FILE,
@@ -495,23 +496,13 @@ def test_accuracy_on_demo_corpus(demo_source, demo_manifest, tmp_path):
 
 
 def test_cleaned_jsonl_asset(demo_source, tmp_path):
-    import dagster as dg
-
     from assets.clean import cleaned_jsonl
     from assets.raw import raw_records
-    from resources import Compute, CorpusSource, DataRoot
 
-    result = dg.materialize(
-        [raw_records, cleaned_jsonl],
-        resources={
-            "source": CorpusSource(path=str(demo_source)),
-            "data_root": DataRoot(root=str(tmp_path / "data")),
-            "compute": Compute(),
-        },
-    )
+    result = materialize_batch([raw_records, cleaned_jsonl], tmp_path / "data", demo_source)
     assert result.success
     meta = result.asset_materializations_for_node("cleaned_jsonl")[0].metadata
-    stats = read_json(tmp_path / "data" / "cleaned_jsonl" / STATS_FILE)
+    stats = read_json(tmp_path / "data" / "cleaned_jsonl" / BATCH / STATS_FILE)
     assert meta["docs_in"].value == stats["docs_in"]
     assert meta["docs_out"].value == stats["docs_out"] == stats["docs_in"] - stats["rejected"]
     assert all(f"dropped_{r}" in meta for r in REASONS)
@@ -520,5 +511,6 @@ def test_cleaned_jsonl_asset(demo_source, tmp_path):
     for key in ("examples", "length_distribution", "seconds", "path"):
         assert key in meta
     # no stray .jsonl besides the shards and _rejected.jsonl (check_contracts globs **/*.jsonl)
-    names = {p.name for p in (tmp_path / "data" / "cleaned_jsonl").iterdir()}
+    names = {p.name for p in (tmp_path / "data" / "cleaned_jsonl" / BATCH).iterdir()}
+    assert (tmp_path / "data" / "cleaned_jsonl" / REJECTED_FILE).exists()  # every batch's, gathered
     assert all(n.startswith("part-") or n in (REJECTED_FILE, STATS_FILE, TIMINGS_FILE) for n in names), names

@@ -66,7 +66,10 @@ def test_a_run_on_a_busy_data_root_fails_before_any_materialization(tmp_path, de
     try:
         defs = build_defs(CorpusSource(path=str(demo_source)), DataRoot(root=str(data)))
         with dg.instance_for_test() as instance:
-            result = defs.resolve_job_def("tokenmill_all").execute_in_process(instance=instance, raise_on_error=False)
+            instance.add_dynamic_partitions("source_batch", ["g1-b000001"])
+            result = defs.resolve_job_def("tokenmill_all").execute_in_process(
+                instance=instance, partition_key="g1-b000001", raise_on_error=False
+            )
             assert not result.success
             assert not result.get_asset_materialization_events()
             failure = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.RESOURCE_INIT_FAILURE)
@@ -77,9 +80,9 @@ def test_a_run_on_a_busy_data_root_fails_before_any_materialization(tmp_path, de
     assert not any(p.name != LOCK_FILE for p in data.iterdir())  # nothing written while it was refused
 
 
-def test_two_whole_jobs_on_one_data_root_run_one_after_the_other(tmp_path, demo_source):
-    """The reported case (two `dagster job execute` 5 s apart on one TOKENMILL_DATA): with a lock wait the
-    second queues, both succeed, and the data root holds one consistent dataset."""
+def test_two_updates_on_one_data_root_run_one_after_the_other(tmp_path, demo_source):
+    """The reported case (two runs 2 s apart on one TOKENMILL_DATA): with a lock wait the second queues, both
+    succeed, and the data root holds one consistent dataset."""
     env = {
         **os.environ,
         "TOKENMILL_SOURCE": str(demo_source),
@@ -90,15 +93,7 @@ def test_two_whole_jobs_on_one_data_root_run_one_after_the_other(tmp_path, demo_
     }
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    cmd = [
-        os.path.join(os.path.dirname(sys.executable), "dagster"),
-        "job",
-        "execute",
-        "-m",
-        "definitions",
-        "-j",
-        "tokenmill_all",
-    ]
+    cmd = [sys.executable, "-m", "tokenmill.cli", "update"]
     subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "dagster"), "instance", "migrate"],
         env=env,

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import BATCH, materialize_batch
 
 from tokenmill.common.io import REMOVED_FILE, STATS_FILE, iter_jsonl, record_id, record_shards
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
@@ -418,20 +419,14 @@ def test_empty_input(tmp_path):
 
 
 def test_materialize_dedup_assets(tmp_path):
-    import dagster as dg
-
-    from assets.dedup import dedup_report, deduped_jsonl
-    from resources import Compute, CorpusSource, DataRoot
+    from assets.dedup import dedup_batch_assets, deduped_jsonl
 
     recs, truth = _corpus()
-    _write(tmp_path / "cleaned_jsonl", recs, per_shard=100)
-    result = dg.materialize(
-        [dedup_report, deduped_jsonl],
-        resources={
-            "source": CorpusSource(path=str(tmp_path)),
-            "data_root": DataRoot(root=str(tmp_path)),
-            "compute": Compute(),
-        },
+    _write(tmp_path / "cleaned_jsonl" / BATCH, recs, per_shard=100)
+    result = materialize_batch(
+        [dedup_batch_assets, deduped_jsonl],
+        tmp_path,
+        tmp_path / "cleaned_jsonl",
         run_config={"ops": {"dedup_report": {"config": {"sample_clusters": 4}}}},
     )
     assert result.success
@@ -440,15 +435,19 @@ def test_materialize_dedup_assets(tmp_path):
     assert md["bands_x_rows"].value == "16 x 8"
     assert "removed" in md["sample_clusters"].value and "0.947" in md["parameters"].value
     assert len(md["per_source"].value.records) == 2
+    assert (tmp_path / "dedup_index" / BATCH / "segment.json").exists()
     md2 = result.asset_materializations_for_node("deduped_jsonl")[0].metadata
     assert md2["docs_in"].value == md2["docs_out"].value + 50
-    stats = json.loads((tmp_path / "deduped_jsonl" / STATS_FILE).read_text())
+    stats = json.loads((tmp_path / "deduped_jsonl" / BATCH / STATS_FILE).read_text())
     assert stats["docs_in"] == stats["docs_out"] + stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
     assert not any(
         p.name.endswith(".jsonl")
         and p.name not in ("part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl", REMOVED_FILE)
-        for p in (tmp_path / "deduped_jsonl").iterdir()
+        for p in (tmp_path / "deduped_jsonl" / BATCH).iterdir()
     )
+    assert (tmp_path / "deduped_jsonl" / REMOVED_FILE).read_bytes() == (
+        tmp_path / "deduped_jsonl" / BATCH / REMOVED_FILE
+    ).read_bytes()  # every batch's removed records, gathered
 
 
 def test_demo_corpus_planted_duplicates_are_found(tmp_path, demo_source, demo_manifest):

@@ -13,6 +13,7 @@ from definitions import build_defs
 from resources import Compute, CorpusSource, DataRoot
 from tokenmill.cli import main as cli_main
 from tokenmill.common.io import read_json, record_shards
+from tokenmill.update import register_batches, run_batches
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -22,27 +23,28 @@ def graph_run(tmp_path_factory, demo_source):
     data = tmp_path_factory.mktemp("data")
     defs = build_defs(CorpusSource(path=str(demo_source)), DataRoot(root=str(data)))
     with dg.instance_for_test() as instance:
-        result = defs.resolve_job_def("tokenmill_all").execute_in_process(instance=instance)
-        yield defs, result, data
+        (key,) = register_batches(instance, data, demo_source.resolve())
+        ((_, result),) = run_batches(defs.resolve_job_def("tokenmill_all"), instance, [key], raise_on_error=True)
+        yield defs, result, data, key
 
 
-def audit(data: Path) -> dict:
+def audit(data: Path, key: str) -> dict:
     """Every blocking check's evaluation of an existing data root (the functions the assets run on staged output)."""
     from assets import checks
 
     return {
         e.check_name: e
         for e in [
-            checks.raw_records_not_empty(data / "raw_records"),
-            checks.cleaned_records_valid(data / "cleaned_jsonl"),
-            checks.deduped_no_exact_duplicates(data / "deduped_jsonl", data / "dedup_report"),
+            checks.raw_records_not_empty(data / "raw_records" / key),
+            checks.cleaned_records_valid(data / "cleaned_jsonl" / key),
+            checks.deduped_no_exact_duplicates(data / "deduped_jsonl" / key, data / "dedup_report" / key),
             checks.token_shards_consistent(data / "tokenized_bins", data / "deduped_jsonl", data / "tokenizer"),
         ]
     }
 
 
 def test_every_check_passes_and_funnel_adds_up(graph_run, demo_manifest):
-    _, result, data = graph_run
+    _, result, data, _ = graph_run
     assert result.success
     evaluations = result.get_asset_check_evaluations()
     assert len(evaluations) == 5 and all(e.passed for e in evaluations), [
@@ -62,7 +64,7 @@ def test_every_check_passes_and_funnel_adds_up(graph_run, demo_manifest):
 
 @pytest.mark.skipif(not (SHARED / "tools" / "check_contracts.py").exists(), reason="../shared is not here")
 def test_contracts_hold(graph_run):
-    _, _, data = graph_run
+    _, _, data, _ = graph_run
     out = subprocess.run(
         [sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(data)], capture_output=True, text=True
     )
@@ -70,7 +72,7 @@ def test_contracts_hold(graph_run):
 
 
 def test_lineage_from_token_position_to_source(graph_run, capsys):
-    _, _, data = graph_run
+    _, _, data, _ = graph_run
     manifest = read_json(data / "tokenized_bins" / "train" / "dataset.json")
     position = manifest["totals"]["tokens"] // 2
     assert cli_main(["lineage", str(position), "--data", str(data)]) == 0
@@ -88,7 +90,7 @@ def test_lineage_from_token_position_to_source(graph_run, capsys):
 
 
 def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
-    defs, _, data = graph_run
+    _, _, data, key = graph_run
     import shutil
 
     broken = tmp_path / "broken"
@@ -106,7 +108,7 @@ def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
     tokens[3] = np.iinfo(tokens.dtype).max
     tokens.flush()
     del tokens
-    evaluations = audit(broken)
+    evaluations = audit(broken, key)
     assert not evaluations["deduped_no_exact_duplicates"].passed
     assert not evaluations["token_shards_consistent"].passed
     assert evaluations["raw_records_not_empty"].passed and evaluations["cleaned_records_valid"].passed
@@ -118,7 +120,7 @@ def test_loader_reads_what_the_pipeline_wrote(graph_run):
 
     from tokenmill_loader import RecordDataset, TokenDataset, open_store
 
-    _, _, data = graph_run
+    _, _, data, _ = graph_run
     train = data / "tokenized_bins" / "train"
     store = open_store(train, verify=True)
     manifest = read_json(train / "dataset.json")
@@ -145,17 +147,20 @@ def test_loader_reads_what_the_pipeline_wrote(graph_run):
 def test_a_failing_blocking_check_keeps_the_previous_output(graph_run, tmp_path):
     """Cleaning that rejects every record fails cleaned_records_valid on the staged output: the evaluation is
     recorded, the step fails, and the published cleaned_jsonl is still the previous good one."""
-    defs, _, data = graph_run
+    _, _, data, key = graph_run
     import shutil
 
     root = tmp_path / "data"
     shutil.copytree(data, root, symlinks=True)
-    before = {p.name: p.read_bytes() for p in sorted((root / "cleaned_jsonl").iterdir())}
+    published = root / "cleaned_jsonl" / key
+    before = {p.name: p.read_bytes() for p in sorted(published.iterdir())}
     rerun = build_defs(CorpusSource(path="unused"), DataRoot(root=str(root)))
     with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source_batch", [key])
         result = dg.materialize(
             [rerun.get_assets_def("cleaned_jsonl")],
             instance=instance,
+            partition_key=key,
             raise_on_error=False,
             resources={"data_root": DataRoot(root=str(root)), "compute": Compute()},
             run_config={"ops": {"cleaned_jsonl": {"config": {"min_chars": 10**6}}}},
@@ -164,8 +169,8 @@ def test_a_failing_blocking_check_keeps_the_previous_output(graph_run, tmp_path)
     (evaluation,) = result.get_asset_check_evaluations()
     assert evaluation.check_name == "cleaned_records_valid" and not evaluation.passed
     assert not result.get_asset_materialization_events()
-    assert {p.name: p.read_bytes() for p in sorted((root / "cleaned_jsonl").iterdir())} == before
-    assert not [p for p in root.iterdir() if ".staging-" in p.name]
+    assert {p.name: p.read_bytes() for p in sorted(published.iterdir())} == before
+    assert not [p for p in (root / "cleaned_jsonl").iterdir() if ".staging-" in p.name]
 
 
 def test_update_reports_a_missing_source_in_one_line(tmp_path, monkeypatch, capsys):

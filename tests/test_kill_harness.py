@@ -11,8 +11,9 @@ import time
 import uuid
 from pathlib import Path
 
+from support import published_files
+
 from tokenmill.common.failpoints import ENV as FAILPOINT_ENV
-from tokenmill.common.io import TIMINGS_FILE
 from tokenmill.common.lock import LOCK_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,19 +26,25 @@ STAGES = [
     "tokenized_bins",
     "funnel_telemetry",
 ]
-# one swap step per stage, rotating, then whole-process-group kills: 10 points across every stage
-POINTS = [f"{stage}:{step}" for stage, step in zip(STAGES, itertools.cycle(["staged", "versioned", "pointed"]))]
-POINTS += ["cleaned_jsonl:versioned@group", "dedup_report:pointed@group", "tokenized_bins:staged@group"]
+# one publish step per stage, rotating (tokenized_bins publishes versions: its own two points), then whole-process-
+# group kills: 11 points across every stage
+SWAPPED = [stage for stage in STAGES if stage != "tokenized_bins"]
+POINTS = [f"{stage}:{step}" for stage, step in zip(SWAPPED, itertools.cycle(["staged", "versioned", "pointed"]))]
+POINTS += ["tokenized_bins:version_written", "tokenized_bins:split_published"]
+POINTS += ["cleaned_jsonl:versioned@group", "dedup_report:pointed@group", "tokenized_bins:version_written@group"]
 
 RUN_GRAPH = """
 import sys
+from pathlib import Path
 import dagster as dg
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
+from tokenmill.update import register_batches, run_batches
 defs = build_defs(CorpusSource(path=sys.argv[1]), DataRoot(root=sys.argv[2]))
 with dg.instance_for_test() as instance:
-    result = defs.resolve_job_def("tokenmill_all").execute_in_process(instance=instance, raise_on_error=False)
-sys.exit(0 if result.success else 1)
+    pending = register_batches(instance, Path(sys.argv[2]), Path(sys.argv[1]).resolve()) or ["g1-b000001"]
+    results = [r for _, r in run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending)]
+sys.exit(0 if all(r.success for r in results) else 1)
 """
 
 
@@ -60,13 +67,21 @@ def run_graph(source, data, marker, failpoint=None) -> int:
 
 
 def snapshot(data: Path) -> dict[str, bytes]:
-    """Every data file of every stage (through the stage links; not the run's `_timings.json`)."""
-    files = {}
-    for stage in STAGES:
-        for path in sorted((data / stage).resolve().rglob("*")):
-            if path.is_file() and path.name != TIMINGS_FILE:
-                files[f"{stage}/{path.relative_to((data / stage).resolve())}"] = path.read_bytes()
-    return files
+    """Every data file of every stage, through the published links (not the run's `_timings.json`)."""
+    return {name: data for name, data in published_files(data).items() if name.split("/")[0] in STAGES}
+
+
+def leftovers(data: Path) -> list[str]:
+    """Hidden entries of the data root and its stage folders that no published link names (unfinished work)."""
+    found = []
+    for folder in [data, *(p for p in data.iterdir() if p.is_dir() and not p.name.startswith("."))]:
+        published = {os.readlink(p) for p in folder.iterdir() if p.is_symlink()}
+        found += [
+            f"{folder.name}/{p.name}"
+            for p in folder.iterdir()
+            if p.name.startswith(".") and p.name not in published and p.name not in (LOCK_FILE, ".batches.lock")
+        ]
+    return sorted(found)
 
 
 def survivors(marker: str, grace_seconds: float = 10.0) -> list[int]:
@@ -101,17 +116,16 @@ def test_rerun_after_a_kill_at_any_point_matches_a_clean_run(tmp_path, demo_sour
         killed = run_graph(demo_source, data, marker, failpoint=point)
         rerun = run_graph(demo_source, data, marker)
         after = snapshot(data)
-        leftovers = sorted(p.name for p in data.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE)
+        left = leftovers(data)
         orphans = survivors(marker)
         for pid in orphans:
             os.kill(pid, signal.SIGKILL)
         differing = sorted(name for name in after.keys() | clean.keys() if after.get(name) != clean.get(name))
-        published = sorted(os.readlink(data / stage) for stage in STAGES)
         checks = [
             (f"not killed ({killed})", killed != -signal.SIGKILL),
             (f"rerun failed ({rerun})", rerun != 0),
             (f"differs from a clean run: {differing}", bool(differing)),
-            (f"left behind: {leftovers}", leftovers != published),
+            (f"left behind: {left}", bool(left)),
             (f"orphan processes: {orphans}", bool(orphans)),
         ]
         problems += [f"{point}: {problem}" for problem, failed in checks if failed]

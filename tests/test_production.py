@@ -1,5 +1,6 @@
-"""The production instance (deploy/dagster.yaml) against the real PostgreSQL server: the whole job, a schedule tick
-and a sensor tick recorded there, and runs launched together on one data root executed one after the other."""
+"""The production instance (deploy/dagster.yaml) against the real PostgreSQL server: `tokenmill update`, a schedule
+tick and a sensor tick recorded there (a new file becomes a batch and a run), and runs launched together on one data
+root executed one after the other."""
 
 import os
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+from support import write_batch_file
 
 from automation import DATA_ROOT_TAG, WHOLE_GRAPH_JOB
 
@@ -33,6 +35,8 @@ def connect(database: str):
 
 @pytest.fixture
 def production_env(tmp_path, demo_source, monkeypatch):
+    source = tmp_path / "source"
+    shutil.copytree(demo_source, source)
     """A fresh database, DAGSTER_HOME holding deploy/dagster.yaml, and the environment a deployment sets."""
     database = f"tokenmill_test_{uuid.uuid4().hex[:8]}"
     admin = connect("postgres")
@@ -43,7 +47,7 @@ def production_env(tmp_path, demo_source, monkeypatch):
     env = {
         "DAGSTER_HOME": str(home),
         "TOKENMILL_PG_URL": f"{PG_SERVER.replace('postgresql://', 'postgresql+psycopg2://')}/{database}",
-        "TOKENMILL_SOURCE": str(demo_source),
+        "TOKENMILL_SOURCE": str(source),
         "TOKENMILL_DATA": str(tmp_path / "data"),
         "TOKENMILL_SCHEDULE_CRON": "* * * * *",
         "TOKENMILL_WORKERS": "1",
@@ -66,10 +70,13 @@ def dagster(*args, env):
     )
 
 
-def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(production_env):
+def test_update_schedule_and_sensor_on_postgres_one_run_per_data_root(production_env):
     env = production_env
-    executed = dagster("job", "execute", "-j", WHOLE_GRAPH_JOB, env=env)
-    assert executed.returncode == 0, executed.stderr[-3000:]
+    updated = subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli", "update"], env=env, cwd=REPO, capture_output=True, text=True
+    )
+    assert updated.returncode == 0, updated.stderr[-3000:]
+    write_batch_file(Path(env["TOKENMILL_SOURCE"]) / "added.jsonl", 20, seed=7)  # the next batch
 
     daemon = subprocess.Popen(
         [str(BIN / "dagster-daemon"), "run", "-m", "definitions"],
@@ -79,12 +86,13 @@ def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(product
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    rerun_first_batch = ("job", "launch", "-j", WHOLE_GRAPH_JOB, "--tags", '{"dagster/partition": "g1-b000001"}')
     try:
         for args in (
             ("schedule", "start", "tokenmill_daily"),
             ("sensor", "start", "source_files_sensor"),
-            ("job", "launch", "-j", WHOLE_GRAPH_JOB),
-            ("job", "launch", "-j", WHOLE_GRAPH_JOB),
+            rerun_first_batch,
+            rerun_first_batch,
         ):
             done = dagster(*args, env=env)
             assert done.returncode == 0, (args, done.stderr[-3000:])
@@ -99,7 +107,8 @@ def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(product
                 }
                 records = instance.get_run_records()
                 finished = all(r.dagster_run.is_finished for r in records)
-                if finished and len(records) >= 5 and all(ticks.values()):
+                batches = {r.dagster_run.tags.get("dagster/partition") for r in records}
+                if finished and len(records) >= 4 and "g1-b000002" in batches and all(ticks.values()):
                     break
                 time.sleep(3)
             else:
@@ -112,6 +121,7 @@ def test_whole_job_schedule_and_sensor_on_postgres_one_run_per_data_root(product
             windows = sorted((r.start_time, r.end_time) for r in records)
             for (_, end), (next_start, _) in zip(windows, windows[1:]):
                 assert next_start >= end, f"runs on one data root overlapped: {windows}"
+            assert instance.get_dynamic_partitions("source_batch") == ["g1-b000001", "g1-b000002"]
     finally:
         os.killpg(daemon.pid, signal.SIGINT)
         try:

@@ -7,11 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dagster as dg
 import pytest
+from support import BATCH, materialize_batch
 
 from assets.raw import raw_records
-from resources import Compute, CorpusSource, DataRoot
 from tokenmill.common.io import (
     REJECTED_FILE,
     STATS_FILE,
@@ -57,24 +56,14 @@ def write(path: Path, data) -> Path:
 
 def materialize_raw(source: Path, data: Path, **config):
     run_config = {"ops": {"raw_records": {"config": config}}} if config else None
-    with dg.instance_for_test() as instance:
-        return dg.materialize(
-            [raw_records],
-            instance=instance,
-            run_config=run_config,
-            resources={
-                "source": CorpusSource(path=str(source)),
-                "data_root": DataRoot(root=str(data)),
-                "compute": Compute(),
-            },
-        )
+    return materialize_batch([raw_records], data, source, run_config)
 
 
 def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
     result = materialize_raw(demo_source, tmp_path / "data")
     assert result.success
     meta = result.asset_materializations_for_node("raw_records")[0].metadata
-    out = tmp_path / "data" / "raw_records"
+    out = tmp_path / "data" / "raw_records" / BATCH
     recs = records(out)
     assert meta["docs_out"].value == len(recs) == demo_manifest["records"]
     assert meta["docs_in"].value == demo_manifest["records"] + len(demo_manifest["rejected_raw"])
@@ -101,7 +90,7 @@ def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
     # ids are stable across runs (same input, same ids, same bytes)
     again = materialize_raw(demo_source, tmp_path / "data2")
     assert again.success
-    for a, b in zip(record_shards(out), record_shards(tmp_path / "data2" / "raw_records"), strict=True):
+    for a, b in zip(record_shards(out), record_shards(tmp_path / "data2" / "raw_records" / BATCH), strict=True):
         assert a.read_bytes() == b.read_bytes()
 
 

@@ -16,13 +16,16 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from ray.cluster_utils import Cluster  # noqa: E402
+from support import BATCH, published_files  # noqa: E402
 
 from definitions import build_defs  # noqa: E402
 from devtools.dagster_server import DagsterDev  # noqa: E402
+from resources import DEFAULT_SOURCE as DEMO_SOURCE  # noqa: E402
 from resources import Compute, CorpusSource, DataRoot  # noqa: E402
 from tokenmill.common.compute import RayEngine, RayOptions, activated  # noqa: E402
 from tokenmill.common.parallel import map_ordered  # noqa: E402
 from tokenmill.errors import ComputeError  # noqa: E402
+from tokenmill.update import register_batches, run_batches  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 SKIPPED = {"_timings.json"}  # seconds and worker counts; every other file must be byte-identical
@@ -36,13 +39,8 @@ def free_port() -> int:
 
 
 def files(root: Path) -> dict[str, bytes]:
-    """Every published file under the data root (stage symlinks followed), but the timings."""
-    out = {}
-    for stage in sorted(p for p in root.iterdir() if p.is_symlink()):
-        for f in sorted(stage.rglob("*")):
-            if f.is_file() and f.name not in SKIPPED:
-                out[str(f.relative_to(root))] = f.read_bytes()
-    return out
+    """Every published file under the data root (stage and batch links followed), but the timings."""
+    return published_files(root, frozenset(SKIPPED))
 
 
 def same_files(expected: dict[str, bytes], root: Path) -> list[str]:
@@ -51,11 +49,12 @@ def same_files(expected: dict[str, bytes], root: Path) -> list[str]:
 
 
 def run_job(source: Path, root: Path, compute: Compute, raise_on_error: bool = True):
+    """The source as its first batch through the whole graph (again when it already ran: a rerun)."""
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(root)), compute)
     with dg.instance_for_test() as instance:
-        return defs.resolve_job_def("tokenmill_all").execute_in_process(
-            instance=instance, raise_on_error=raise_on_error
-        )
+        pending = register_batches(instance, root, source.resolve()) or [BATCH]
+        ((_, result),) = run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending, None, raise_on_error)
+        return result
 
 
 def step_usage(result, asset: str) -> dict:
@@ -141,11 +140,14 @@ def test_one_node_through_the_launchpad_same_files(cluster, local_files, tmp_pat
 
     data = tmp_path / "data"
     with DagsterDev(tmp_path / "home", env={"TOKENMILL_DATA": str(data), "TOKENMILL_RAY_ADDRESS": ""}) as server:
+        with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
+            (batch,) = register_batches(instance, data, DEMO_SOURCE)
         client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
         run_id = client.submit_job_execution(
             "tokenmill_all",
             repository_location_name="tokenmill",
             run_config={"resources": {"compute": {"config": {"engine": "ray", "ray_address": cluster.address}}}},
+            tags={"dagster/partition": batch},
         )
         server.wait_for_run(run_id)
         usage = server.latest_metadata("tokenized_bins")
@@ -222,7 +224,7 @@ def test_lost_node_fails_naming_the_step_and_a_rerun_succeeds(cluster, second_no
         pytest.fail(f"in {LOSS_ATTEMPTS} attempts the node never went down while an encode task ran on it")
     text = error_text(result.failure_data_for_node("tokenized_bins").error)
     assert "ComputeError" in text and f"step {STEP}" in text, text
-    assert not (root / "tokenized_bins").exists()
+    assert not (root / "tokenized_bins" / "train" / "dataset.json").exists()
 
     rerun = run_job(demo_source, root, Compute(engine="ray", ray_address=cluster.address))
     assert rerun.success

@@ -13,8 +13,9 @@ def launch(demo_source, data, dedup_config: dict):
     defs = build_defs(CorpusSource(path=str(demo_source)), DataRoot(root=str(data)))
     run_config = {"ops": {"dedup_report": {"config": dedup_config}}}
     with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source_batch", ["g1-b000001"])
         result = defs.resolve_job_def("tokenmill_all").execute_in_process(
-            run_config=run_config, instance=instance, raise_on_error=False
+            run_config=run_config, instance=instance, partition_key="g1-b000001", raise_on_error=False
         )
         failures = [
             e.event_specific_data.error.to_string()

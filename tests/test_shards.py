@@ -13,7 +13,7 @@ import pytest
 
 import tokenmill.stages.tokenize.shards as shards_mod
 import tokenmill.stages.tokenize.stage as stage_mod
-from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json
+from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json, write_stats
 from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer
 from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
@@ -444,7 +444,8 @@ def test_assets_materialize(tmp_path, tok_dir):
     from resources import Compute, CorpusSource, DataRoot
 
     root = tmp_path / "data"
-    write_parts(root / "deduped_jsonl", [poem(i) for i in range(150)])
+    write_parts(root / "deduped_jsonl" / "g1-b000001", [poem(i) for i in range(150)])
+    write_stats(root / "deduped_jsonl" / "g1-b000001", {"docs_in": 150, "docs_out": 150})  # a published batch
     res = dg.materialize(
         [tokenizer, tokenized_bins],
         resources={

@@ -21,16 +21,23 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
     upd = sub.add_parser(
         "update",
-        help="materialize every asset from TOKENMILL_SOURCE into TOKENMILL_DATA (the "
-        "tokenmill_all job in this process; runs are kept when DAGSTER_HOME is set)",
+        help="register the new files of TOKENMILL_SOURCE as a source batch and bring every asset in "
+        "TOKENMILL_DATA up to date (the tokenmill_all job per pending batch, in this process; runs are kept in "
+        "the instance when DAGSTER_HOME is set)",
     )
     upd.add_argument("-c", "--config", default=None, help="run config YAML (ops: <asset>: config: ...)")
+    upd.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="rebuild from the source as it is now (a new generation: needed after files already ingested "
+        "changed or were removed; trains a new tokenizer; readers keep the dataset versions they opened)",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "update":
         from tokenmill.update import update
 
-        return update(args.config)
+        return update(args.config, rebuild=args.rebuild)
     if args.command == "lineage":
         from tokenmill.lineage import locate_token
 

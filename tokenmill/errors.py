@@ -27,6 +27,11 @@ class CorruptOutputError(TokenmillError):
     """A file a tokenmill stage wrote does not parse or does not match its manifest (file and line named)."""
 
 
+class SourceChangedError(TokenmillError):
+    """Source files already ingested in a batch changed or disappeared, or the data root holds another corpus:
+    only a full rebuild (`tokenmill update --rebuild`) can take them back out (files and batches named)."""
+
+
 class StaleUpstreamError(TokenmillError):
     """An upstream stage's output is missing or was built for other inputs/settings: materialize it first."""
 

@@ -39,8 +39,24 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
 
 
 def record_shards(folder: str | os.PathLike) -> list[Path]:
-    """The record shards of a stage folder in order (part-*.jsonl; rejected/removed files excluded)."""
-    return sorted(Path(folder).glob("part-*.jsonl"))
+    """The record shards of a stage folder in order (part-*.jsonl; rejected/removed files excluded). A stage
+    partitioned by source batch holds one folder per batch: every batch's shards, in batch order."""
+    folder = Path(folder)
+    return sorted(folder.glob("part-*.jsonl")) or sorted(folder.glob("*/part-*.jsonl"))
+
+
+def batch_folders(stage_dir: str | os.PathLike) -> list[Path]:
+    """The published batch folders of a stage partitioned by source batch, in batch order."""
+    stage_dir = Path(stage_dir)
+    if not stage_dir.is_dir() or stage_dir.is_symlink():  # unbuilt, or one folder for the whole corpus
+        return []
+    return sorted(p for p in stage_dir.iterdir() if not p.name.startswith(".") and (p / STATS_FILE).exists())
+
+
+def gather_batch_files(stage_dir: str | os.PathLike, name: str) -> None:
+    """`stage_dir/name`: every batch folder's `name` (rejected or removed records) in batch order, so the stage
+    folder lists what it dropped in one place, as an unpartitioned stage does."""
+    concat_files([p / name for p in batch_folders(stage_dir) if (p / name).exists()], Path(stage_dir) / name, False)
 
 
 def shard_name(index: int) -> str:
@@ -172,14 +188,14 @@ def staged_output(final_dir: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    failpoint(f"{final_dir.name}:staged")
+    failpoint(f"{final_dir.name}:staged", f"{final_dir.parent.name}:staged")
     version = final_dir.with_name(f".{final_dir.name}{VERSION_MARK}{token}")
     os.replace(staging, version)
-    failpoint(f"{final_dir.name}:versioned")
+    failpoint(f"{final_dir.name}:versioned", f"{final_dir.parent.name}:versioned")
     if final_dir.exists() and not final_dir.is_symlink():  # a plain folder from an earlier release
         os.replace(final_dir, final_dir.with_name(f".{final_dir.name}{VERSION_MARK}0-legacy-{token}"))
     _point(final_dir, version)
-    failpoint(f"{final_dir.name}:pointed")
+    failpoint(f"{final_dir.name}:pointed", f"{final_dir.parent.name}:pointed")
     recover_stage(final_dir)
 
 
@@ -213,18 +229,39 @@ def recover_stage(final_dir: str | os.PathLike) -> list[str]:
     return actions
 
 
+def remove_stage(final_dir: str | os.PathLike) -> None:
+    """Removes a stage folder and every version, staging folder and pointer of it (hold the data root's lock)."""
+    final_dir = Path(final_dir)
+    for leftover in final_dir.parent.glob(f".{final_dir.name}.*"):
+        shutil.rmtree(leftover) if leftover.is_dir() and not leftover.is_symlink() else leftover.unlink()
+    if final_dir.is_symlink() or final_dir.is_file():
+        final_dir.unlink()
+    elif final_dir.exists():
+        shutil.rmtree(final_dir)
+
+
 def recover_data_root(data_root: str | os.PathLike) -> list[str]:
-    """`recover_stage` for every stage folder under the data root, including ones only leftovers still name."""
+    """`recover_stage` for every stage folder under the data root, including ones only leftovers still name, and
+    for every batch folder of the stages partitioned by source batch."""
     data_root = Path(data_root)
     if not data_root.is_dir():
         return []
+    actions = _recover_folders(data_root)
+    for entry in sorted(data_root.iterdir()):
+        if entry.is_dir() and not entry.is_symlink() and not entry.name.startswith("."):
+            actions += [f"{entry.name}/{action}" for action in _recover_folders(entry)]
+    return actions
+
+
+def _recover_folders(parent: Path) -> list[str]:
+    """`recover_stage` for every published folder in `parent` that leftovers name."""
     stages = set()
-    for entry in data_root.iterdir():
+    for entry in parent.iterdir():
         name = entry.name
         for mark in (STAGING_MARK, VERSION_MARK, LEGACY_OLD_MARK, ".link-"):
             if name.startswith(".") and mark in name:
                 stages.add(name[1 : name.index(mark)])
-    return [f"{stage}: {action}" for stage in sorted(stages) for action in recover_stage(data_root / stage)]
+    return [f"{stage}: {action}" for stage in sorted(stages) for action in recover_stage(parent / stage)]
 
 
 def record_id(path: str, line: int | None = None, index: int | None = None) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json
+from tokenmill.batches import read_registry
+from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, batch_folders, read_json
 from tokenmill.errors import StaleUpstreamError
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
@@ -18,10 +20,29 @@ RECORD_STAGES = (
 
 
 def stage_stats(data_root: Path, key: str) -> dict:
+    """A stage's stats; for a stage partitioned by source batch, the sum over its batches (see `batch_stats`)."""
+    batches = batch_stats(data_root, key)
+    if batches:
+        return summed(batches.values())
     path = Path(data_root) / key / STATS_FILE
     if not path.exists():
         raise StaleUpstreamError(f"{path}: stage '{key}' has not been materialized (no {STATS_FILE})")
     return read_json(path)
+
+
+def batch_stats(data_root: Path, key: str) -> dict[str, dict]:
+    """{batch key: stats} of a stage partitioned by source batch, in batch order ({} for other stages)."""
+    return {folder.name: read_json(folder / STATS_FILE) for folder in batch_folders(Path(data_root) / key)}
+
+
+def summed(stats: list[dict] | Iterable[dict]) -> dict:
+    """The record counts (docs_in, docs_out, dropped_<reason>, tokens) of several batches added up."""
+    total: dict[str, int] = {}
+    for s in stats:
+        for k, v in s.items():
+            if (k in ("docs_in", "docs_out", "tokens") or k.startswith("dropped_")) and isinstance(v, int):
+                total[k] = total.get(k, 0) + v
+    return total
 
 
 def dropped_counts(stats: dict) -> dict[str, int]:
@@ -37,15 +58,14 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in Path(folder).resolve().rglob("*") if f.is_file() and f.name != TIMINGS_FILE)
 
 
-def build_funnel(data_root: Path) -> dict:
-    """Stage counts, drops per reason, token figures and conservation (in = out + dropped) per stage."""
-    data_root = Path(data_root)
-    stages, previous_out = [], None
-    for key, label in RECORD_STAGES:
-        s = stage_stats(data_root, key)
+def stage_rows(per_stage: list[tuple[str, str, dict]]) -> list[dict]:
+    """One funnel row per (key, label, stats): counts, drops by reason, conservation and the link to the stage
+    before (a stage must account for every record it saw, and see every record the previous one kept)."""
+    rows, previous_out = [], None
+    for key, label, s in per_stage:
         dropped = dropped_counts(s)
         docs_in, docs_out = int(s["docs_in"]), int(s["docs_out"])
-        stages.append(
+        rows.append(
             {
                 "stage": key,
                 "label": label,
@@ -53,18 +73,47 @@ def build_funnel(data_root: Path) -> dict:
                 "docs_out": docs_out,
                 "dropped": dropped,
                 "dropped_total": sum(dropped.values()),
-                # a stage must account for every record it saw, and see every record the previous one kept
                 "conserved": docs_in == docs_out + sum(dropped.values()),
                 "linked": previous_out is None or docs_in == previous_out,
             }
         )
         previous_out = docs_out
+    return rows
+
+
+def per_batch_funnel(data_root: Path, keys: list[str], tokenized: dict) -> list[dict]:
+    """The funnel of each source batch: its stage rows (tokenized_bins' from the per-batch counts it records)."""
+    per_stage = {key: batch_stats(data_root, key) for key, _ in RECORD_STAGES}
+    per_stage["tokenized_bins"] = tokenized.get("batches", {})
+    out = []
+    for batch in keys:
+        rows = [(key, label, per_stage[key][batch]) for key, label in RECORD_STAGES if batch in per_stage[key]]
+        out.append(
+            {
+                "batch": batch,
+                "stages": stage_rows(rows),
+                "tokens": int(per_stage["tokenized_bins"].get(batch, {}).get("tokens", 0)),
+            }
+        )
+    return out
+
+
+def build_funnel(data_root: Path) -> dict:
+    """Stage counts, drops per reason, token figures and conservation (in = out + dropped) per stage, in total and
+    per source batch, with the source the data root was built from."""
+    data_root = Path(data_root)
+    stages = stage_rows([(key, label, stage_stats(data_root, key)) for key, label in RECORD_STAGES])
     tok = stage_stats(data_root, "tokenized_bins")
+    registry = read_registry(data_root)
+    batches = per_batch_funnel(data_root, registry.keys, tok)
     tokens = int(tok.get("tokens", 0))
     supervised = int(tok.get("supervised_tokens", tokens))
     masked = int(tok.get("masked_tokens", tokens - supervised))
     return {
+        "source": registry.source,
+        "generation": registry.generation,
         "stages": stages,
+        "batches": batches,
         "records_with_metadata": tok.get("records_with_metadata"),
         "metadata_dropout": tok.get("metadata_dropout"),
         "tokens": {
@@ -77,7 +126,8 @@ def build_funnel(data_root: Path) -> dict:
         },
         "split": {name: tok.get(name, {}) for name in ("train", "val")},
         "bytes_on_disk": {key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES if (data_root / key).exists()},
-        "conserved": all(s["conserved"] and s["linked"] for s in stages),
+        "conserved": all(s["conserved"] and s["linked"] for s in stages)
+        and all(s["conserved"] and s["linked"] for b in batches for s in b["stages"]),
     }
 
 

@@ -8,6 +8,7 @@ import shutil
 import time
 import zlib
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import SourceError
 from tokenmill.stages.raw.discover import (
+    Listing,
     SourceFile,
     list_source,
     plan_tasks,
@@ -266,8 +268,10 @@ def ingest(
     workers: int | None = None,
     log=None,
     exclude: Path | None = None,
+    only: Collection[str] | None = None,
 ) -> dict:
-    """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`.
+    """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`; with `only`,
+    just those files (paths relative to the source: one source batch), ids as in a read of the whole source.
 
     Writes part-XXXXX.jsonl, _rejected.jsonl (every bad line/record/file with a reason) and _stats.json;
     returns the stats. Raises SourceError before any work when `source` does not exist.
@@ -279,8 +283,15 @@ def ingest(
     # the plain class, also for the asset's config: workers never import the asset module (dagster)
     settings = RawSettings(**settings.model_dump()) if settings is not None else RawSettings()
     exclude = Path(exclude).resolve() if exclude else None
-    fingerprint = source_fingerprint(source_state(source, exclude))
+    state = source_state(source, exclude)
     listing = list_source(source, exclude, settings.follow_outside_symlinks)
+    if only is not None:
+        only = set(only)
+        if missing := sorted(only - {f.rel for f in listing.files}):
+            raise SourceError(f"files of this source batch are gone from {source}: {', '.join(missing[:5])}")
+        state = {rel: meta for rel, meta in state.items() if rel in only}
+        listing = Listing([f for f in listing.files if f.rel in only], listing.skipped)
+    fingerprint = source_fingerprint(state)
     if not listing.files:
         raise SourceError(
             f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "

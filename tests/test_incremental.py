@@ -1,0 +1,157 @@
+"""Incremental runs: source batches, the sensor, `tokenmill update`, and a corpus added in batches against one build."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pytest
+from support import run_config, write_batch_file
+
+from definitions import build_defs
+from resources import CorpusSource, DataRoot
+from tokenmill.batches import read_registry, register_new_files
+from tokenmill.common.io import iter_jsonl, read_json, record_shards
+from tokenmill.errors import SourceChangedError
+from tokenmill.stages.raw.discover import source_state
+from tokenmill.update import register_batches, run_batches
+from tokenmill_loader import open_store
+from tokenmill_loader.format import read_record_ids
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def update(instance, source: Path, data: Path, config: dict, rebuild: bool = False) -> list[str]:
+    """What `tokenmill update` does, in this process: register the new files, run each pending batch."""
+    defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
+    pending = register_batches(instance, data, source, rebuild)
+    for key, result in run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending, config):
+        assert result.success, key
+    return pending
+
+
+def kept_tokens(data: Path) -> dict[str, list[int]]:
+    """{record id: its tokens} over both splits of the latest dataset version."""
+    out = {}
+    for split in ("train", "val"):
+        store = open_store(data / "tokenized_bins" / split)
+        folder = data / "tokenized_bins" / split
+        ids = [
+            rid
+            for shard in json.loads((folder / "dataset.json").read_text())["shards"]
+            for rid in read_record_ids(folder / shard["name"])
+        ]
+        for i, rid in enumerate(ids):
+            out[rid] = store.read_record(i, "sequence").tolist()
+    return out
+
+
+@pytest.fixture(scope="module")
+def batches_and_one_build(tmp_path_factory):
+    """The same three files added one batch at a time, and built at once (first_seen, the same tokenizer)."""
+    root = tmp_path_factory.mktemp("incremental")
+    source, data, whole = root / "src", root / "data", root / "whole"
+    source.mkdir()
+    first = write_batch_file(source / "a.jsonl", 60, seed=1)
+    with dg.instance_for_test() as instance:
+        assert update(instance, source, data, run_config()) == ["g1-b000001"]
+        versions = [open_store(data / "tokenized_bins" / "train").version]
+        (source / "README.md").write_text("notes the readers skip")
+        assert update(instance, source, data, run_config()) == []  # nothing new: no run
+        second = write_batch_file(source / "b.jsonl", 60, seed=2, copies_of=first[:6])
+        assert update(instance, source, data, run_config()) == ["g1-b000002"]
+        versions.append(open_store(data / "tokenized_bins" / "train").version)
+        write_batch_file(source / "c.jsonl", 60, seed=3, copies_of=first[6:10] + second[:6])
+        assert update(instance, source, data, run_config()) == ["g1-b000003"]
+        versions.append(open_store(data / "tokenized_bins" / "train").version)
+        update(instance, source, whole, run_config(str(data / "tokenizer" / "tokenizer.json")))
+    return source, data, whole, versions
+
+
+def records(stage_dir: Path) -> dict[str, dict]:
+    return {r["id"]: r for shard in record_shards(stage_dir) for r in iter_jsonl(shard)}
+
+
+def test_batches_keep_what_one_first_seen_build_keeps(batches_and_one_build):
+    _, data, whole, _ = batches_and_one_build
+    assert read_registry(data).keys == ["g1-b000001", "g1-b000002", "g1-b000003"]
+    kept, kept_once = records(data / "deduped_jsonl"), records(whole / "deduped_jsonl")
+    assert set(kept) == set(kept_once)
+    removed = {r["id"]: r for r in iter_jsonl(data / "deduped_jsonl" / "removed.jsonl")}
+    removed_once = {r["id"]: r for r in iter_jsonl(whole / "deduped_jsonl" / "removed.jsonl")}
+    assert set(removed) == set(removed_once) and len(removed) >= 12  # the planted copies, across batches
+    assert all(r["duplicate_of"] in kept for r in removed.values())
+    assert kept_tokens(data) == kept_tokens(whole)
+
+
+def test_no_exact_duplicate_across_batches(batches_and_one_build):
+    _, data, _, _ = batches_and_one_build
+    texts = [r["text"] for r in records(data / "deduped_jsonl").values()]
+    assert len(texts) == len(set(texts))
+
+
+def test_records_are_conserved_per_batch_and_in_total(batches_and_one_build, shared_dir):
+    _, data, _, versions = batches_and_one_build
+    funnel = read_json(data / "funnel_telemetry" / "funnel.json")
+    assert funnel["conserved"] and funnel["source"] and funnel["generation"] == 1
+    assert [b["batch"] for b in funnel["batches"]] == ["g1-b000001", "g1-b000002", "g1-b000003"]
+    for stage in funnel["stages"]:
+        per_batch = [s for b in funnel["batches"] for s in b["stages"] if s["stage"] == stage["stage"]]
+        assert sum(s["docs_in"] for s in per_batch) == stage["docs_in"]
+        assert sum(s["docs_out"] for s in per_batch) == stage["docs_out"]
+        assert all(s["docs_in"] == s["docs_out"] + s["dropped_total"] for s in per_batch)
+    assert versions == sorted(set(versions)) and len(versions) == 3  # one new version per batch
+    checked = subprocess.run(
+        [sys.executable, str(shared_dir / "tools" / "check_contracts.py"), str(data)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout
+
+
+def test_a_changed_or_removed_file_is_named_and_needs_a_rebuild(tmp_path):
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    (source / "a.jsonl").write_text('{"text": "one"}\n')
+    assert register_new_files(data, source, source_state(source)) == "g1-b000001"
+    (source / "a.jsonl").write_text('{"text": "one, changed"}\n')
+    with pytest.raises(SourceChangedError, match=r"a.jsonl \(batch g1-b000001\).*--rebuild"):
+        register_new_files(data, source, source_state(source))
+    (source / "a.jsonl").unlink()
+    with pytest.raises(SourceChangedError, match=r"1 removed: a.jsonl"):
+        register_new_files(data, source, source_state(source))
+    with pytest.raises(SourceChangedError, match="built from"):
+        register_new_files(data, tmp_path, source_state(source))
+
+
+def cli(source: Path, data: Path, home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(data), "DAGSTER_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "tokenmill.cli", "update", *args], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
+def test_update_command_adds_batches_and_rebuilds_on_request(tmp_path):
+    source, data, home = tmp_path / "src", tmp_path / "data", tmp_path / "home"
+    source.mkdir()
+    home.mkdir()
+    write_batch_file(source / "a.jsonl", 40, seed=1)
+    first = cli(source, data, home)
+    assert first.returncode == 0, first.stderr
+    assert "batch g1-b000001" in first.stdout and "version 1" in first.stdout
+    reader = open_store(data / "tokenized_bins" / "train")
+    before = reader.read_record(0, "sequence").copy()
+    assert "up to date" in cli(source, data, home).stdout
+    write_batch_file(source / "b.jsonl", 40, seed=2)
+    second = cli(source, data, home)
+    assert second.returncode == 0 and "batch g1-b000002" in second.stdout and "version 2" in second.stdout
+    (source / "a.jsonl").unlink()
+    refused = cli(source, data, home)
+    assert refused.returncode == 2 and "a.jsonl (batch g1-b000001)" in refused.stderr and "--rebuild" in refused.stderr
+    rebuilt = cli(source, data, home, "--rebuild")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "batch g2-b000001" in rebuilt.stdout and "generation 2" in rebuilt.stdout
+    np.testing.assert_array_equal(reader.read_record(0, "sequence"), before)  # the open reader keeps its version
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        assert instance.get_dynamic_partitions("source_batch") == ["g2-b000001"]
