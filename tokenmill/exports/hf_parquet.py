@@ -95,10 +95,11 @@ class ParquetShards:
             self._open()
         if self._writer is not None:
             self._close_file()
-        return {"rows": self.rows, "files": len(self.files), "bytes": sum(self.sizes().values())}
-
-    def sizes(self) -> dict[str, int]:
-        return {name: (self.folder / name).stat().st_size for name in self.files}
+        return {
+            "rows": self.rows,
+            "files": len(self.files),
+            "bytes": sum((self.folder / name).stat().st_size for name in self.files),
+        }
 
 
 def _json_column(values: list) -> list[str]:
@@ -136,7 +137,8 @@ def _lists(starts: np.ndarray, values: np.ndarray) -> pa.ListArray:
 
 
 def _record_chunks(store: Store, key: str):
-    """(relative starts with end, values) of ROW_GROUP_ROWS records of `key` at a time, read as one stream slice."""
+    """ROW_GROUP_ROWS records of `key` at a time: (their starts relative to `begin`, then the end; begin; end), the
+    stream slice [begin, end) that holds them."""
     starts = store.doc_starts(key)
     ends = np.append(starts[1:], store.num_items(key))
     for r0 in range(0, len(starts), ROW_GROUP_ROWS):
@@ -164,8 +166,8 @@ def _split_prompt(store: Store, key: str, rel: np.ndarray, begin: int, end: int)
     """A dpo key's chunk cut into its masked prompt and its trained response (docs/format.md: 0s then 1s)."""
     tokens = store.read(key, begin, end).astype(np.int32)
     trained = store.read(f"{key}_mask", begin, end).astype(bool)
-    per_record_trained = np.add.reduceat(trained, rel[:-1]) if len(tokens) else np.zeros(0, np.int64)
-    response_starts = np.concatenate([[0], np.cumsum(per_record_trained)])
+    trained_before = np.concatenate([[0], np.cumsum(trained, dtype=np.int64)])  # trained tokens before position p
+    response_starts = trained_before[rel]
     prompt_starts = rel - response_starts
     return _lists(prompt_starts, tokens[~trained]), _lists(response_starts, tokens[trained])
 
