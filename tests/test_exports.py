@@ -19,7 +19,7 @@ from tokenmill.errors import ConfigError
 from tokenmill.stages.clean import clean_corpus
 from tokenmill.stages.dedup import build_dedup_report, write_deduped
 from tokenmill.stages.raw import ingest
-from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer
+from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_batches, train_tokenizer
 from tokenmill_loader import open_store
 from tokenmill_loader.format import SPLITS
 
@@ -63,34 +63,42 @@ def source_record(i: int) -> dict:
     }
 
 
+BATCHES = ("b1", "b2")  # deduped_jsonl is partitioned by source batch: <stage>/<batch>/part-*.jsonl
+
+
 def build_data_root(root: Path, source: Path, training_type: str, upstream: Path | None = None) -> Path:
-    """raw -> clean -> dedup -> tokenizer (small vocabulary) -> tokenized_bins with the plain stage functions, each
-    into root/<asset key> like the assets; `upstream` reuses another root's deduped_jsonl and tokenizer."""
+    """raw -> clean -> dedup per source batch, tokenizer (small vocabulary) -> tokenized_bins over the batches, with
+    the plain stage functions, each into root/<asset key>[/<batch>] like the assets; `upstream` reuses another
+    root's deduped_jsonl and tokenizer."""
     if upstream is None:
-        ingest(source, root / "raw_records", workers=1)
-        clean_corpus(root / "raw_records", root / "cleaned_jsonl", workers=1)
-        build_dedup_report(root / "cleaned_jsonl", root / "dedup_report", workers=1)
-        write_deduped(root / "cleaned_jsonl", root / "dedup_report", root / "deduped_jsonl", workers=1)
+        for b in BATCHES:
+            ingest(source / b, root / "raw_records" / b, workers=1)
+            clean_corpus(root / "raw_records" / b, root / "cleaned_jsonl" / b, workers=1)
+            build_dedup_report(root / "cleaned_jsonl" / b, root / "dedup_report" / b, workers=1)
+            write_deduped(root / "cleaned_jsonl" / b, root / "dedup_report" / b, root / "deduped_jsonl" / b, workers=1)
         train_tokenizer(root / "deduped_jsonl", root / "tokenizer", TokenizerSettings(vocab_size=600))
     else:
         for key in ("deduped_jsonl", "tokenizer"):
             shutil.copytree(upstream / key, root / key)
+    batches = [(b, root / "deduped_jsonl" / b) for b in BATCHES]
     settings = ShardSettings(training_type=training_type, val_fraction=0.2)
-    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins", settings, workers=1)
+    tokenize_batches(batches, root / "tokenizer", root / "tokenized_bins", settings, workers=1)
     return root
 
 
 @pytest.fixture(scope="module")
 def roots(tmp_path_factory) -> dict[str, Path]:
-    """One data root per training type the exports treat differently, all from the same 240 source records."""
+    """One data root per training type the exports treat differently, all from the same 240 source records in two
+    source batches."""
     base = tmp_path_factory.mktemp("exports")
-    source = base / "source" / "chats.jsonl"
-    source.parent.mkdir()
-    source.write_text("".join(json.dumps(source_record(i), ensure_ascii=False) + "\n" for i in range(240)))
-    sft = build_data_root(base / "sft", source.parent, "sft")
+    for b, part in zip(BATCHES, (range(0, 130), range(130, 240))):
+        (base / "source" / b).mkdir(parents=True)
+        lines = "".join(json.dumps(source_record(i), ensure_ascii=False) + "\n" for i in part)
+        (base / "source" / b / f"chats-{b}.jsonl").write_text(lines)
+    sft = build_data_root(base / "sft", base / "source", "sft")
     return {
         "sft": sft,
-        **{tt: build_data_root(base / tt, source.parent, tt, upstream=sft) for tt in ("seq", "dpo", "grpo")},
+        **{tt: build_data_root(base / tt, base / "source", tt, upstream=sft) for tt in ("seq", "dpo", "grpo")},
     }
 
 
@@ -294,7 +302,8 @@ def test_an_empty_split_exports_as_empty_files(roots, tmp_path):
     for key in ("deduped_jsonl", "tokenizer"):
         shutil.copytree(roots["sft"] / key, root / key)
     settings = ShardSettings(training_type="sft", val_fraction=0.0)
-    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins", settings, workers=1)
+    batches = [(b, root / "deduped_jsonl" / b) for b in BATCHES]
+    tokenize_batches(batches, root / "tokenizer", root / "tokenized_bins", settings, workers=1)
     assert materialize(root).success
     assert (root / "nanogpt_bins" / "val.bin").stat().st_size == 0
     # numpy cannot map an empty file, so megatron-core opens an empty split only with mmap=False
