@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.exports import EXPORTS_GROUP
 from resources import CorpusSource, DataRoot
 from tokenmill.batches import PARTITIONS_NAME, read_registry, register_new_files
 from tokenmill.errors import SourceChangedError
@@ -19,7 +20,6 @@ WHOLE_GRAPH_JOB = "tokenmill_all"
 DATA_ROOT_TAG = "tokenmill/data_root"
 SOURCE_TAG = "tokenmill/source"
 DAILY_CRON = os.environ.get("TOKENMILL_SCHEDULE_CRON", "0 3 * * *")
-EXPORTS_GROUP = "exports"  # exports run only when selected
 
 
 def whole_graph_job(data_root: str, source: str) -> dg.UnresolvedAssetJobDefinition:
@@ -29,7 +29,7 @@ def whole_graph_job(data_root: str, source: str) -> dg.UnresolvedAssetJobDefinit
     # start-up time and SQLite contention on the embedded instance.
     return dg.define_asset_job(
         WHOLE_GRAPH_JOB,
-        selection=dg.AssetSelection.all() - dg.AssetSelection.groups(EXPORTS_GROUP),
+        selection=dg.AssetSelection.all() - dg.AssetSelection.groups(EXPORTS_GROUP),  # exports: when selected
         description="Materialize one source batch, raw records to funnel telemetry (exports excluded).",
         executor_def=dg.in_process_executor,
         tags={DATA_ROOT_TAG: data_root, SOURCE_TAG: source},

@@ -4,6 +4,7 @@ import dagster as dg
 
 from assets.clean import cleaned_jsonl
 from assets.dedup import dedup_batch_assets, deduped_jsonl
+from assets.exports import EXPORT_ASSETS
 from assets.raw import raw_records
 from assets.telemetry import funnel_telemetry
 from assets.tokenize import tokenized_bins, tokenizer
@@ -16,7 +17,7 @@ ASSETS = [raw_records, cleaned_jsonl, dedup_batch_assets, deduped_jsonl, tokeniz
 def build_defs(source: CorpusSource, data_root: DataRoot, compute: Compute | None = None) -> dg.Definitions:
     """The code location for one source, data root and compute engine (tests build their own)."""
     return dg.Definitions(
-        assets=ASSETS,
+        assets=[*ASSETS, *EXPORT_ASSETS],
         jobs=[whole_graph_job(str(data_root.path("")), source.path)],
         schedules=[daily_refresh],
         sensors=[source_sensor(source.path)],
