@@ -19,6 +19,7 @@ from tokenmill.common.io import (
     record_id,
     record_shards,
 )
+from tokenmill.common.samples import SAMPLE_CHARS, SAMPLES_PER_REASON
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.settings import validate_run_settings
 from tokenmill.stages.clean import REASONS, CleanSettings, clean_corpus
@@ -212,8 +213,12 @@ def test_each_filter_rejects_with_its_reason(tmp_path):
     }
     assert {i: rej[ids[i]]["reason"] for i in want} == want
     assert set(recs) == {ids[7], ids[8], ids[9]}  # a 20-character jueju is valid
-    for r in rej.values():
-        assert set(r) == {"id", "source", "reason", "detail"} and r["detail"]
+    for r in rej.values():  # every drop of these few is among its reason's first: each keeps its text
+        assert set(r) == {"id", "source", "reason", "detail", "text", "text_chars"} and r["detail"]
+    assert rej[ids[4]]["text"].startswith("Buy cheap watches now!\n") and rej[ids[6]]["text_chars"] == 2000
+    assert len(rej[ids[6]]["text"]) == SAMPLE_CHARS + 1  # cut, with an ellipsis
+    assert "'Buy cheap watches now!' x 12" in rej[ids[4]]["detail"]  # the rule's evidence
+    assert "'哈哈' x 199" in rej[ids[5]]["detail"] and "'\ufffd'" in rej[ids[3]]["detail"]
     assert stats["rejected_by_reason"] == {
         "empty": 2,
         "too_short": 1,
@@ -222,6 +227,42 @@ def test_each_filter_rejects_with_its_reason(tmp_path):
         "too_long": 1,
     }
     assert all(f"dropped_{r}" in stats for r in REASONS)
+
+
+def test_rejected_file_and_stats_keep_a_bounded_sample_per_reason_with_text(tmp_path):
+    """The first SAMPLES_PER_REASON drops of each reason in the batch (shard order) keep their text in
+    _rejected.jsonl and in the stats; the others are one short line each; the same for any worker count."""
+    short = [f"tiny {i}" for i in range(25)]
+    spam = ["\n".join([f"Spam line {i}"] * 8) for i in range(3)]
+    texts = short[:12] + spam + short[12:] + [PROSE]
+    ids, _, rej, stats = clean(tmp_path, texts, per_shard=7)
+    _, _, _, stats2 = clean(tmp_path, texts, per_shard=7, workers=2, name="w2")
+    assert (tmp_path / "out" / REJECTED_FILE).read_bytes() == (tmp_path / "w2" / REJECTED_FILE).read_bytes()
+    assert stats2["rejected_samples"] == stats["rejected_samples"]
+    order = [rid for rid in ids if rid in rej]
+    with_text = [rid for rid in order if "text" in rej[rid]]
+    too_short = [rid for rid in order if rej[rid]["reason"] == "too_short"]
+    assert with_text == [rid for rid in order if rid in too_short[:SAMPLES_PER_REASON] or rid not in too_short]
+    samples = stats["rejected_samples"]
+    assert set(samples) == {"too_short", "repetition"} and len(samples["repetition"]) == 3
+    assert samples["too_short"] == [rej[rid] for rid in too_short[:SAMPLES_PER_REASON]]
+    assert samples["too_short"][0]["text"] == "tiny 0" and samples["too_short"][0]["text_chars"] == 6
+    assert "'Spam line 1' x 8" in samples["repetition"][1]["detail"]
+
+
+def test_repair_examples_show_what_changed():
+    """A record whose text is clean but whose meta was repaired shows the meta before and after (the text alone
+    would read the same twice); an invisible repair shows the characters it removed."""
+    from tokenmill.stages.clean.report import Examples
+
+    examples = Examples(5)
+    old = {"id": "a", "text": PROSE, "meta": {"title": "Tea\u200b time", "author": "Ann"}}
+    new = {**old, "meta": {"title": "Tea time", "author": "Ann"}}
+    examples.add("repair", new, PROSE, PROSE, old=old)
+    examples.add("repair", new, "Zero\u200bwidth " + PROSE, "Zerowidth " + PROSE, old=old)
+    meta_only, text = examples.by_kind["repair"]
+    assert meta_only["before"] == 'meta.title: "Tea<U+200B> time"' and meta_only["after"] == 'meta.title: "Tea time"'
+    assert text["before"].startswith("Zero<U+200B>width") and text["after"].startswith("Zerowidth")
 
 
 def test_filters_keep_genuine_poetry_with_refrains():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import REJECTED_FILE, concat_files, record_shards, write_stats
+from tokenmill.common.io import REJECTED_FILE, JsonlWriter, dumps, record_shards, write_stats
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.clean.boilerplate import merge_line_stats, prune_candidates
 from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
@@ -65,6 +67,10 @@ class Totals:
     chars_in: int = 0
     chars_out: int = 0
     pass_seconds: dict = field(default_factory=dict)
+    samples: list = field(default_factory=list)
+    """Each shard's FinishResult.samples, in shard order."""
+    rejected_samples: dict = field(default_factory=dict)
+    """reason -> the batch's first rejected entries with their text (as written in _rejected.jsonl)."""
 
     def _add_common(self, res: PrepareResult | FinishResult) -> None:
         for k, v in res.seconds.items():
@@ -86,6 +92,7 @@ class Totals:
         self.reasons.update(res.reasons)
         self.strip_hist.update(res.strip_hist)
         self.hist_out += res.hist_out
+        self.samples.append(res.samples)
         for h, (n, line, info) in res.stripped.items():
             if h in self.stripped:
                 self.stripped[h][0] += n
@@ -136,7 +143,31 @@ def run_pass2(
         totals.add_finished(res)
         progress.advance(1)
     progress.finish()
-    concat_files([p.rejected for p in paths], out_dir / REJECTED_FILE)
+    totals.rejected_samples = write_rejected([p.rejected for p in paths], totals.samples, out_dir / REJECTED_FILE)
+
+
+def write_rejected(parts: list[Path], shard_samples: list[dict], dest: Path) -> dict:
+    """`dest`: the shards' rejected side files in order, the batch's first SAMPLES_PER_REASON entries of each
+    reason written with their record's text (the others stay short: the file grows with the drops, not with their
+    texts); returns those entries by reason. Only the shards that hold a chosen entry are read line by line."""
+    chosen = ReasonSamples().merge(
+        {reason: [(k, *item) for item in items] for reason, items in samples.items()}
+        for k, samples in enumerate(shard_samples)
+    )
+    texts: dict[int, dict[int, dict]] = {}  # shard -> line index -> entry
+    for items in chosen.by_reason.values():
+        for k, line, entry in items:
+            texts.setdefault(k, {})[line] = entry
+    with JsonlWriter(dest) as out:
+        for k, part in enumerate(parts):
+            with open(part, "rb") as f:
+                if k not in texts:
+                    shutil.copyfileobj(f, out.buffer)
+                    continue
+                for line_no, line in enumerate(f):
+                    entry = texts[k].get(line_no)
+                    out.buffer.write(line if entry is None else (dumps(entry) + "\n").encode("utf-8"))
+    return {reason: [entry for *_, entry in items] for reason, items in chosen.as_dict().items()}
 
 
 def _boilerplate_stats(s: CleanSettings, merged: LineTable | None, totals: Totals) -> dict:
@@ -183,6 +214,7 @@ def build_stats(
         "length_hist_before": totals.hist_in.tolist(),
         "length_hist_after": totals.hist_out.tolist(),
         "examples": pick_examples(totals.examples, s.examples),
+        "rejected_samples": totals.rejected_samples,
         "shards": shards,
         "pass_seconds": totals.pass_seconds,
         "workers": default_workers() if workers is None else workers,

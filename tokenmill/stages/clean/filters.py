@@ -18,6 +18,8 @@ PLACEHOLDER_RE = re.compile(
 )
 PRIVATE_OR_BOX_RE = re.compile(r"[\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff\U000f0000-\U0010ffff]")
 CJK_CHARS_PER_WORD = 1.6  # n-gram checks start at min_tokens words, i.e. about 80 CJK characters for 50 words
+EVIDENCE_ITEMS = 3  # distinct placeholder matches named in a rejection's detail
+EVIDENCE_CHARS = 60  # characters of a repeated line or n-gram named in a rejection's detail
 
 
 def count_chars(text: str) -> int:
@@ -70,7 +72,8 @@ def check_placeholder_glyphs(text: str, max_ratio: float):
         return None
     r = placeholder_ratio(text)
     if r > max_ratio:
-        return "placeholder_glyphs", f"placeholder ratio {r:.3f} > {max_ratio}"
+        found = list(dict.fromkeys(m.group() for m in PLACEHOLDER_RE.finditer(text)))[:EVIDENCE_ITEMS]
+        return "placeholder_glyphs", f"placeholder ratio {r:.3f} > {max_ratio}: {', '.join(map(repr, found))}"
     return None
 
 
@@ -155,11 +158,15 @@ def check_repetition(
     if len(raw_lines) >= min_lines and len(set(raw_lines)) < len(raw_lines):
         st = repetition_stats(text, (), None, 0)
         if st["lines"] >= min_lines:
+            line, k = Counter(s for s in (ln.strip() for ln in raw_lines) if s).most_common(1)[0]
+            repeated = f": {_quote(line)} x {k}"
             if st["dup_line_frac"] > max_dup_line_frac:
-                return "repetition", f"duplicate-line fraction {st['dup_line_frac']:.2f} > {max_dup_line_frac}"
+                return "repetition", (
+                    f"duplicate-line fraction {st['dup_line_frac']:.2f} > {max_dup_line_frac}{repeated}"
+                )
             if st["dup_line_char_frac"] > max_dup_line_char_frac:
                 return "repetition", (
-                    f"duplicate-line char fraction {st['dup_line_char_frac']:.2f} > {max_dup_line_char_frac}"
+                    f"duplicate-line char fraction {st['dup_line_char_frac']:.2f} > {max_dup_line_char_frac}{repeated}"
                 )
     if len(text) < min_tokens:
         return None
@@ -167,8 +174,22 @@ def check_repetition(
     for n, limit in top_ngram_fracs.items():
         v = st.get(f"top_{n}gram_frac", 0.0)
         if v > limit:
-            return "repetition", f"top {n}-gram token fraction {v:.2f} > {limit}"
+            gram, k = top_ngram(tokens_of(text), n)
+            return "repetition", f"top {n}-gram token fraction {v:.2f} > {limit}: {_quote(gram)} x {k}"
     return None
+
+
+def top_ngram(toks: list[str] | str, n: int) -> tuple[str, int]:
+    """The most frequent n-gram of `tokens_of` output (words joined by spaces) and how often it occurs."""
+    grams = Counter(
+        toks[i : i + n] if isinstance(toks, str) else " ".join(toks[i : i + n]) for i in range(len(toks) - n + 1)
+    )
+    return grams.most_common(1)[0]
+
+
+def _quote(text: str) -> str:
+    """A repeated line or n-gram quoted in a rejection's detail, cut to EVIDENCE_CHARS."""
+    return repr(text if len(text) <= EVIDENCE_CHARS else text[:EVIDENCE_CHARS] + "…")
 
 
 def record_filters(settings: CleanSettings) -> tuple:

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenmill.common.io import JsonlWriter, dumps
+from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.stages.clean.boilerplate import BoilerplateTable
 from tokenmill.stages.clean.filters import first_failure, record_filters
 from tokenmill.stages.clean.line_stats import LineTable
+from tokenmill.stages.clean.prepare import coerce_text
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
 from tokenmill.stages.clean.settings import CleanSettings
 from tokenmill.stages.clean.staging import StagedBatch, rejected_line
@@ -49,6 +51,8 @@ class FinishResult:
     strip_hist: dict
     """Records by lines stripped from them (capped at 5)."""
     seconds: dict
+    samples: dict
+    """reason -> [(line index in the rejected side file, the entry with its text)], the shard's first ones."""
 
 
 class _Stripper:
@@ -104,6 +108,7 @@ def finish_task(task: FinishTask) -> FinishResult:
     stripper = _Stripper(task.boilerplate, task.settings)
     examples = Examples(task.settings.examples)
     reasons, strip_hist, len_all = Counter(), Counter(), []
+    samples = ReasonSamples()
     docs_in = docs_out = chars_out = 0
     with JsonlWriter(task.out) as out, JsonlWriter(task.rejected) as rej, open(task.stage, "rb") as stage:
         out_b, rej_b = out.buffer, rej.buffer  # the staged lines are bytes already
@@ -114,7 +119,11 @@ def finish_task(task: FinishTask) -> FinishResult:
             timer.lap("strip_boilerplate")
             for i, r in enumerate(b.rej_lines):
                 if r is not None:
-                    reasons[json.loads(r)["reason"]] += 1
+                    entry = json.loads(r)
+                    reasons[entry["reason"]] += 1
+                    if samples.wants(entry["reason"]):  # the text as it stood when the rule rejected it
+                        text = coerce_text(json.loads(b.out_lines[i]).get("text"))
+                        samples.add(entry["reason"], (rej.count, with_text(entry, text)))
                     rej_b.write(r)
                     rej_b.write(b"\n")
                     rej.count += 1
@@ -138,4 +147,5 @@ def finish_task(task: FinishTask) -> FinishResult:
         stripper.stripped,
         dict(strip_hist),
         timer.sec,
+        samples.by_reason,
     )

@@ -100,7 +100,7 @@ def read_batches(path: Path) -> Iterator[list[tuple[bytes, dict]]]:
         yield batch
 
 
-def _coerce_text(value) -> str:
+def coerce_text(value) -> str:
     if isinstance(value, str):
         return value
     if value is None:
@@ -211,7 +211,7 @@ def _assemble(rec: dict, text: str, original: str, meta: dict, moved: bool, s: C
 
 def prepare_batch(batch: list[tuple[bytes, dict]], s: CleanSettings, timer: Timer, counts: Counter) -> list[Prepared]:
     """Rules 0-6 on a batch of (raw line, record)."""
-    texts = [_coerce_text(rec.get("text")) for _, rec in batch]
+    texts = [coerce_text(rec.get("text")) for _, rec in batch]
     originals = list(texts)
     b = _Batch(
         texts,
@@ -273,7 +273,7 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
                 if e.new is not None and e.text:
                     staged.out_lines.append(dumps(e.new).encode("utf-8"))
                     if e.reject is None:
-                        examples.add(e.kind, e.new, e.before, e.text)
+                        examples.add(e.kind, e.new, e.before, e.text, old=rec)
                 else:
                     staged.out_lines.append(line)
                 staged.rej_lines.append(None if e.reject is None else rejected_line(e.new or rec, e.reject))

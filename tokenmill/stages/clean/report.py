@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+import unicodedata
 
 import numpy as np
 
@@ -64,14 +66,36 @@ def _short(text: str) -> str:
     return text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + "…"
 
 
+def visible(text: str) -> str:
+    """Text whose invisible characters show: controls, zero-width and bidi marks, combining marks (an NFC repair
+    looks identical otherwise) written as <U+XXXX>; a lone surrogate of the input as U+FFFD (not valid JSON text).
+    Newlines and tabs stay."""
+    text = SURROGATE_RE.sub("\ufffd", text)
+    return "".join(
+        c if (c.isprintable() or c in "\n\t") and not unicodedata.combining(c) else f"<U+{ord(c):04X}>" for c in text
+    )
+
+
 def _diff_window(before: str, after: str) -> tuple[str, str]:
     """Short excerpts of before/after around their first difference (a repair deep in a long text shows)."""
     i = next((k for k, (a, b) in enumerate(zip(before, after)) if a != b), min(len(before), len(after)))
     start = max(0, i - EXAMPLE_CHARS // 4)
     pre = "…" if start else ""
-    # lone surrogates of the input cannot go into _stats.json: shown as U+FFFD
-    before = SURROGATE_RE.sub("\ufffd", before[start : start + EXAMPLE_CHARS + 1])
-    return pre + _short(before), pre + _short(after[start:])
+    window = EXAMPLE_CHARS + 1
+    return pre + _short(visible(before[start : start + window])), pre + _short(visible(after[start : start + window]))
+
+
+def _field_changes(old: dict, new: dict) -> tuple[str, str]:
+    """Before/after of the fields other than the text that changed (meta values, chat fields), one per line."""
+    old_meta, new_meta = old.get("meta") or {}, new.get("meta") or {}
+    fields = [(f"meta.{k}", old_meta.get(k), new_meta.get(k)) for k in dict.fromkeys([*old_meta, *new_meta])]
+    fields += [(k, old.get(k), new.get(k)) for k in new if k not in ("id", "text", "meta", "source")]
+    changed = [(name, a, b) for name, a, b in fields if a != b]
+
+    def show(values) -> str:
+        return _short("\n".join(f"{name}: {visible(json.dumps(v, ensure_ascii=False))}" for name, v in values))
+
+    return show((name, a) for name, a, _ in changed), show((name, b) for name, _, b in changed)
 
 
 class Examples:
@@ -80,10 +104,12 @@ class Examples:
     def __init__(self, n: int):
         self.n, self.by_kind = n, {}
 
-    def add(self, kind: str, rec: dict, before: str, after: str) -> None:
+    def add(self, kind: str, rec: dict, before: str, after: str, old: dict | None = None) -> None:
+        """`rec` is the record as written, `old` the input record: when the text is unchanged, the example shows
+        the other fields that changed."""
         shelf = self.by_kind.setdefault(kind, [])
         if len(shelf) < self.n:
-            b, a = _diff_window(before, after)
+            b, a = _diff_window(before, after) if before != after or old is None else _field_changes(old, rec)
             shelf.append(
                 {
                     "id": rec.get("id"),
