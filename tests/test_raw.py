@@ -21,6 +21,7 @@ from tokenmill.common.io import (
     record_id,
     record_shards,
 )
+from tokenmill.common.samples import SAMPLES_PER_REASON
 from tokenmill.errors import SourceError
 from tokenmill.stages.raw import RawSettings, ingest
 
@@ -337,6 +338,22 @@ def test_bad_jsonl_lines_are_rejected_with_line_numbers(tmp_path):
         "undecodable_bytes": 2,
     }
     assert stats["docs_in"] == 9 and stats["files"][0]["rejected"] == 6
+
+
+def test_rejected_samples_first_of_each_reason_in_the_stats(tmp_path):
+    """The stats keep the batch's first SAMPLES_PER_REASON rejected entries of each reason (file order, whatever
+    the worker count), each with its snippet of the bad input, so the asset page shows why records went."""
+    for f in range(3):
+        bad = [f'{{"text": "cut {f}.{i}' for i in range(6)] + [f'{{"body": "{f}"}}', '{"text": "ok"}']
+        write(tmp_path / "src" / f"f{f}.jsonl", "\n".join(bad) + "\n")
+    stats, _, rej = run(tmp_path / "src", tmp_path, task_mb=0.0001)  # one task per file
+    stats2, _, _ = run(tmp_path / "src", tmp_path, workers=2, task_mb=0.0001)
+    samples = stats["rejected_samples"]
+    assert stats["tasks"] == 3 and samples == stats2["rejected_samples"]
+    malformed = [r for r in rej if r["reason"] == "malformed_json"]
+    assert len(malformed) == 18 and samples["malformed_json"] == malformed[:SAMPLES_PER_REASON]
+    assert samples["malformed_json"][-1]["snippet"] == '{"text": "cut 1.3'
+    assert [s["snippet"] for s in samples["no_text_field"]] == [f'{{"body": "{f}"}}' for f in range(3)]
 
 
 def test_whole_file_failures(tmp_path):

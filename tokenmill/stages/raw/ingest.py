@@ -23,6 +23,7 @@ from tokenmill.common.io import (
 )
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import SourceError
 from tokenmill.stages.raw.discover import (
     Listing,
@@ -80,6 +81,8 @@ class TaskResult:
     shards: list[int]
     """Records per shard written by the task, in order."""
     files: list[FileReport]
+    samples: dict
+    """reason -> the task's first rejected entries (each with its snippet of the bad input)."""
 
 
 class _ShardSink:
@@ -106,8 +109,8 @@ class _ShardSink:
 class _FileIngest:
     """One source file of a task: its values become records in the sink, its bad input rejected entries."""
 
-    def __init__(self, src: SourceFile, sink: _ShardSink, rejected, settings: RawSettings):
-        self.src, self.sink, self.rejected, self.settings = src, sink, rejected, settings
+    def __init__(self, src: SourceFile, sink: _ShardSink, rejected, samples: ReasonSamples, settings: RawSettings):
+        self.src, self.sink, self.rejected, self.samples, self.settings = src, sink, rejected, samples, settings
         self.report = FileReport(src.rel, bytes=src.size)
         self.reasons: Counter = Counter()
 
@@ -120,6 +123,7 @@ class _FileIngest:
             "snippet": bad.snippet,
         }
         self.rejected.write(dumps(entry) + "\n")
+        self.samples.add(bad.reason, entry)
         self.reasons[bad.reason] += 1
         self.report.rejected += 1
 
@@ -206,16 +210,17 @@ def ingest_task(task: IngestTask) -> TaskResult:
     """Reads the files of one task into its folder (shards + rejected.jsonl); returns per-file counts."""
     folder = Path(task.folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sink = _ShardSink(folder, task.settings.records_per_shard)
+    sink, samples = _ShardSink(folder, task.settings.records_per_shard), ReasonSamples()
     with open(folder / REJECTED_FILE, "w", encoding="utf-8") as rejected:
-        reports = [_FileIngest(src, sink, rejected, task.settings).run() for src in task.files]
+        reports = [_FileIngest(src, sink, rejected, samples, task.settings).run() for src in task.files]
     sink.close()
-    return TaskResult(str(folder), sink.counts, reports)
+    return TaskResult(str(folder), sink.counts, reports, samples.by_reason)
 
 
-def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[FileReport]]:
-    """Renames each task's shards into one global sequence, in task order; concatenates the rejected parts."""
-    n_shard, rejected_parts, reports = 0, [], []
+def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[FileReport], dict]:
+    """Renames each task's shards into one global sequence, in task order; concatenates the rejected parts;
+    returns the shard count, the per-file reports and the batch's first rejected entries per reason."""
+    n_shard, rejected_parts, reports, samples = 0, [], [], ReasonSamples()
     for res in results:
         folder = Path(res.folder)
         for i, _ in enumerate(res.shards):
@@ -223,14 +228,16 @@ def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[File
             n_shard += 1
         rejected_parts.append(folder / REJECTED_FILE)
         reports += res.files
+        samples.merge([res.samples])
         progress.advance(len(res.files))
     concat_files(rejected_parts, out_dir / REJECTED_FILE)
     progress.finish()
-    return n_shard, reports
+    return n_shard, reports, samples.as_dict()
 
 
 def _stats(
     reports: list[FileReport],
+    samples: dict,
     skipped: list[str],
     shards: int,
     tasks: int,
@@ -249,6 +256,7 @@ def _stats(
         **{f"dropped_{r}": by_reason.get(r, 0) for r in sorted(set(REASONS) | set(by_reason))},
         "rejected": n_rejected,
         "rejected_by_reason": dict(sorted(by_reason.items())),
+        "rejected_samples": samples,
         "files_read": len(reports),
         "files": [asdict(f) for f in reports],
         "skipped_files": skipped,
@@ -309,12 +317,12 @@ def ingest(
     ]
     progress = Progress("raw_records", total=len(listing.files), unit="files", log=log)
     try:
-        shards, reports = _collect(map_ordered(ingest_task, tasks, workers), out_dir, progress)
+        shards, reports, samples = _collect(map_ordered(ingest_task, tasks, workers), out_dir, progress)
     finally:
         for t in tasks:
             shutil.rmtree(t.folder, ignore_errors=True)
     stats = {
-        **_stats(reports, listing.skipped, shards, len(tasks), source, settings, t0),
+        **_stats(reports, samples, listing.skipped, shards, len(tasks), source, settings, t0),
         "source_fingerprint": fingerprint,
     }
     write_stats(out_dir, stats)
