@@ -3,7 +3,8 @@
 
 usage: python benchmarks/bench_graph.py [SOURCE_DIR ...] [--skip-reference]
 Default source: ../shared/corpora/chinese-poetry. The reference is ../shared/reference/seed_reference.py
-(single process); tokenmill runs `dagster job execute` of the whole job with a throwaway instance.
+(single process); tokenmill runs `tokenmill update` (the source as its first batch through the whole job) with a
+throwaway instance.
 Memory is the peak of the summed RSS of the process and all its children, sampled every 0.1 s.
 """
 
@@ -80,8 +81,7 @@ def main() -> None:
     source = args.sources[0]
     env = {**os.environ, "TOKENMILL_SOURCE": source, "TOKENMILL_DATA": str(work / "data")}
     env.pop("DAGSTER_HOME", None)
-    dagster = str(Path(sys.executable).with_name("dagster"))
-    cmd = [dagster, "job", "execute", "-m", "definitions", "-j", "tokenmill_all"]
+    cmd = [sys.executable, "-m", "tokenmill.cli", "update"]
     results["tokenmill"] = run_measured(cmd, env, work / "tokenmill.log")
     print(f"source: {source}\nlogs and outputs: {work}")
     for name, (secs, mib, rc) in results.items():

@@ -25,9 +25,12 @@ import mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 from .format import (
     ALL_TOKEN_KEYS,
@@ -59,6 +62,8 @@ from .format import (
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
     """numpy -> torch with widely supported dtypes: uint16 -> int32, uint32 -> int64, others kept."""
+    import torch  # here, not at import: numpy readers of a Store (checks, exports) skip torch's ~4 s import
+
     if a.dtype == np.uint16:
         a = a.astype(np.int32)
     elif a.dtype == np.uint32:
