@@ -155,3 +155,41 @@ def test_update_command_adds_batches_and_rebuilds_on_request(tmp_path):
     np.testing.assert_array_equal(reader.read_record(0, "sequence"), before)  # the open reader keeps its version
     with dg.DagsterInstance.from_config(str(home)) as instance:
         assert instance.get_dynamic_partitions("source_batch") == ["g2-b000001"]
+
+
+def test_the_tokenizer_is_frozen_until_a_retrain_starts_a_new_generation(batches_and_one_build, tmp_path):
+    import shutil
+
+    from assets.tokenize import tokenized_bins, tokenizer
+    from resources import Compute
+
+    _, built, _, _ = batches_and_one_build
+    data = tmp_path / "data"
+    shutil.copytree(built, data, symlinks=True)
+    before = open_store(data / "tokenized_bins" / "train")
+    tokens_before = before.read_record(0, "sequence").copy()
+
+    def materialize(tokenizer_config: dict):
+        config = run_config()
+        config["ops"]["tokenizer"]["config"].update(tokenizer_config)
+        return dg.materialize(
+            [tokenizer, tokenized_bins],
+            run_config={"ops": {k: v for k, v in config["ops"].items() if k in ("tokenizer", "tokenized_bins")}},
+            resources={"data_root": DataRoot(root=str(data)), "compute": Compute()},
+            raise_on_error=False,
+        )
+
+    refused = materialize({"vocab_size": 700})
+    assert not refused.success
+    error = refused.failure_data_for_node("tokenizer").error
+    assert "tokenizer.retrain" in str(error.cause or error.message) and "vocab_size: 600 -> 700" in str(
+        error.cause or error.message
+    )
+    retrained = materialize({"vocab_size": 700, "retrain": True})
+    assert retrained.success
+    after = open_store(data / "tokenized_bins" / "train")
+    assert after.version == before.version + 1
+    assert read_json(data / "tokenized_bins" / "train" / "dataset.json")["generation"] == 2
+    np.testing.assert_array_equal(before.read_record(0, "sequence"), tokens_before)  # still on its version
+    pinned = open_store(data / "tokenized_bins" / "train", version=before.version)
+    np.testing.assert_array_equal(pinned.read_record(0, "sequence"), tokens_before)
