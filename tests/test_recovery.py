@@ -74,3 +74,13 @@ def test_recovery_after_a_kill(tmp_path, kill_point):
     assert (tmp_path / "stage" / "part.txt").read_text() == expected
     assert len(hidden(tmp_path)) == (1 if (tmp_path / "stage").is_symlink() else 0)
     assert recover_data_root(tmp_path) == []  # nothing left to do
+
+
+def test_recovery_reaches_the_batch_folders_of_a_partitioned_stage(tmp_path):
+    data = tmp_path / "data"
+    with staged_output(data / "raw_records" / "g1-b000001") as out:
+        (out / "part-00000.jsonl").write_text("{}\n")
+    (data / "raw_records" / ".g1-b000002.staging-20260101T000000000000000-abcdef").mkdir()
+    actions = recover_data_root(data)
+    assert actions == ["raw_records/g1-b000002: removed unfinished .g1-b000002.staging-20260101T000000000000000-abcdef"]
+    assert (data / "raw_records" / "g1-b000001" / "part-00000.jsonl").exists()
