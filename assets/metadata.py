@@ -6,7 +6,6 @@ them here. Tables are built as pandas DataFrames and shown as Dagster tables or 
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 from pathlib import Path
@@ -18,16 +17,51 @@ from tokenmill.batches import REGISTRY_FILE, read_registry
 from tokenmill.common.io import iter_jsonl, record_shards
 
 CELL_CHARS = 100  # characters of free text shown in one table cell
+SAMPLE_CELL_CHARS = 160  # characters of a dropped record's text in the drop samples tables
+SAMPLES_SHOWN = 5  # drop samples per reason in the UI tables (_stats.json and the rejected file keep more)
+# a token's whitespace made visible in the tokenizer examples
+PIECE_MARKS = str.maketrans({" ": "␣", "\n": "↵", "\t": "⇥"})
 
 
-def cell(text, width: int = CELL_CHARS) -> str:
-    """One markdown table cell: newlines shown as ' / ', pipes escaped, long text cut with an ellipsis."""
-    text = str("" if text is None else text).replace("\n", " / ").replace("|", "\\|")
+def plain_cell(text, width: int = CELL_CHARS) -> str:
+    """One Dagster table cell (plain text): line breaks of any kind shown as ' / ', long text cut with an ellipsis."""
+    text = " / ".join(str("" if text is None else text).splitlines())
     return text if len(text) <= width else text[:width] + "…"
 
 
+def cell(text, width: int = CELL_CHARS) -> str:
+    """One markdown table cell: `plain_cell`, then pipes and angle brackets escaped (`<s>` would be read as an
+    HTML tag and vanish)."""
+    return plain_cell(text, width).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def where(entry: dict) -> str:
+    """path:line (or :index) of a drop entry: a stage's rejected entry names its `source`, raw_records' its own."""
+    src = entry.get("source") or entry
+    at = src.get("line", src.get("index"))
+    return f"{src.get('path')}:{'' if at is None else at}"
+
+
+def drop_samples_table(samples: dict, text_key: str = "text") -> dg.MetadataValue:
+    """The first dropped records of each reason: where, the rule's detail and the text (raw_records: the snippet
+    of the bad input) as a Dagster table."""
+    rows = [
+        {
+            "reason": reason,
+            "record": plain_cell(where(e), 60),
+            "detail": plain_cell(e.get("detail"), 80),
+            "text": plain_cell(e.get(text_key), SAMPLE_CELL_CHARS),
+        }
+        for reason, entries in sorted(samples.items())
+        for e in entries[:SAMPLES_SHOWN]
+    ]
+    return dagster_table(pd.DataFrame(rows, columns=["reason", "record", "detail", "text"]))
+
+
 def markdown_table(frame: pd.DataFrame) -> dg.MetadataValue:
-    """A small DataFrame as a markdown table (free-text cells go through `cell` first)."""
+    """A small DataFrame as a markdown table (free-text cells go through `cell` first). The UI shows markdown
+    inline only under 1,000 characters (longer hides behind "Show Markdown"): longer tables are `dagster_table`s,
+    which always show inline, as plain text."""
     if frame.empty:
         return dg.MetadataValue.md("nothing to show")
     header = "| " + " | ".join(map(str, frame.columns)) + " |\n|" + "---|" * len(frame.columns)
@@ -81,22 +115,22 @@ def stage_counts(stats: dict, path: Path) -> dict:
     }
 
 
-def funnel_metadata(funnel: dict, history: dict, chart_png: bytes, folder: Path) -> dict:
-    """The funnel as two tables (records per stage, tokens) and the chart, inline in the UI."""
+FUNNEL_BAR = 24  # characters of the input's bar in the inline funnel chart
+
+
+def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
+    """The funnel inline in the UI: records per stage with bars, drops per reason and tokens as tables, and the
+    counts as numeric entries, which the asset page's Plots view draws across materializations."""
     first = funnel["stages"][0]
     raw = first["docs_in"] or 1
-    stages = pd.DataFrame(
-        [("input records", f"{first['docs_in']:,}", "100.00%", "")]
-        + [
-            (
-                s["label"],
-                f"{s['docs_out']:,}",
-                f"{100 * s['docs_out'] / raw:.2f}%",
-                ", ".join(f"{k}: {v:,}" for k, v in s["dropped"].items() if v) or "-",
-            )
-            for s in funnel["stages"]
-        ],
-        columns=["stage", "records", "share of raw", "dropped"],
+    counts = [("input records", first["docs_in"])] + [(s["label"], s["docs_out"]) for s in funnel["stages"]]
+    chart = pd.DataFrame(
+        [(label, f"{n:,}", f"{100 * n / raw:.2f}%", "█" * round(FUNNEL_BAR * n / raw)) for label, n in counts],
+        columns=["stage", "records", "share of input", ""],
+    )
+    dropped = pd.DataFrame(
+        [(s["label"], reason, n) for s in funnel["stages"] for reason, n in s["dropped"].items() if n],
+        columns=["stage", "reason", "records"],
     )
     t = funnel["tokens"]
     tokens = [
@@ -116,20 +150,15 @@ def funnel_metadata(funnel: dict, history: dict, chart_png: bytes, folder: Path)
         if funnel["conserved"]
         else "**A stage does not conserve records: see funnel.json.**"
     )
-    funnel_md = "\n\n".join(
-        [
-            markdown_table(stages).value,
-            markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value,
-            conservation,
-        ]
-    )
+    token_md = markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value
     return {
         **source_metadata(folder),
-        "funnel": dg.MetadataValue.md(funnel_md),
+        "funnel": markdown_table(chart),
+        "dropped": dagster_table(dropped),
+        "token_counts": dg.MetadataValue.md(f"{token_md}\n\n{conservation}"),
         "batches": dagster_table(batches_frame(funnel)),
-        "chart": dg.MetadataValue.md(f"![funnel](data:image/png;base64,{base64.b64encode(chart_png).decode()})"),
         "history_row": dg.MetadataValue.json(history),
-        "raw_records": history["input"],
+        "input_records": first["docs_in"],
         **{f"records_{s['stage']}": s["docs_out"] for s in funnel["stages"]},
         "tokens": t["total"],
         "supervised_share": round(t["supervised_share"], 4),
@@ -194,6 +223,7 @@ def raw_records_metadata(stats: dict, path: Path) -> dict:
     return {
         **stage_counts(stats, path),
         "rejected_by_reason": dg.MetadataValue.json(stats["rejected_by_reason"]),
+        "rejected_samples": drop_samples_table(stats["rejected_samples"], "snippet"),
         "files_read": stats["files_read"],
         "skipped_files": len(stats["skipped_files"]),
         "files": dagster_table(_raw_files_frame(stats["files"])),
@@ -203,19 +233,28 @@ def raw_records_metadata(stats: dict, path: Path) -> dict:
     }
 
 
-CLEAN_TOP_LINES = 15  # boilerplate lines shown in the cleaned_jsonl UI table; _stats.json keeps 50
+CLEAN_TOP_LINES = 15  # boilerplate lines shown in the cleaned_jsonl UI table; _stats.json keeps 50 with scores
+BOILERPLATE_LINE_CHARS = 60  # the table has four columns: a longer line pushes the last ones out of the page
 
 
 def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
     """cleaned_jsonl: the counts, repairs, the top boilerplate lines, before/after examples, length histogram."""
     bp = stats["boilerplate"]
     top = pd.DataFrame(
-        bp["top_lines"][:CLEAN_TOP_LINES], columns=["line", "count", "score", "df", "position", "template", "short"]
+        [
+            {
+                "line": plain_cell(e["line"], BOILERPLATE_LINE_CHARS),
+                "stripped": e["count"],
+                "score": e["score"],
+                "in docs": e["df"],
+            }
+            for e in bp["top_lines"][:CLEAN_TOP_LINES]
+        ],
+        columns=["line", "stripped", "score", "in docs"],
     )
-    top["line"] = top["line"].map(cell)
     examples = pd.DataFrame(
         [
-            {"id": e["id"], "change": e["kind"], "before": cell(e["before"]), "after": cell(e["after"])}
+            {"id": e["id"], "change": e["kind"], "before": plain_cell(e["before"]), "after": plain_cell(e["after"])}
             for e in stats["examples"]
         ],
         columns=["id", "change", "before", "after"],
@@ -234,7 +273,8 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
         "boilerplate_lines_stripped": bp["lines_stripped"],
         "boilerplate_docs_touched": bp["docs_touched"],
         "boilerplate_top_lines": dagster_table(top),
-        "examples": markdown_table(examples),
+        "rejected_samples": drop_samples_table(stats["rejected_samples"]),
+        "examples": dagster_table(examples),
         "length_distribution": markdown_table(lengths),
         "chars_in": stats["chars_in"],
         "chars_out": stats["chars_out"],
@@ -315,9 +355,30 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
     }
 
 
+def removed_samples_frame(clusters: list[dict]) -> pd.DataFrame:
+    """Sample clusters of the dedup report, one row per record: the kept one, then those removed as its
+    duplicates, with level, similarity and text."""
+    rows = [
+        {
+            "cluster": i + 1,
+            "role": m["role"],
+            "level": m["level"],
+            "similarity": f"{m['similarity']:.3f}",
+            "text": plain_cell(m["text"], SAMPLE_CELL_CHARS),
+        }
+        for i, c in enumerate(clusters)
+        for m in c["members"]
+    ]
+    return pd.DataFrame(rows, columns=["cluster", "role", "level", "similarity", "text"])
+
+
 def deduped_jsonl_metadata(stats: dict, folder: Path, removed_file: str) -> dict:
-    """deduped_jsonl: the counts, and where the removed records are listed."""
-    return {**stage_counts(stats, folder), "removed_path": dg.MetadataValue.path(str(folder / removed_file))}
+    """deduped_jsonl: the counts, removed records next to the one kept, and where every removed record is listed."""
+    return {
+        **stage_counts(stats, folder),
+        "removed_samples": dagster_table(removed_samples_frame(stats["removed_samples"])),
+        "removed_path": dg.MetadataValue.path(str(folder / removed_file)),
+    }
 
 
 TOKENIZER_EXAMPLE_PIECES = 16  # tokens shown per example text in the tokenizer UI table
@@ -329,9 +390,11 @@ def tokenizer_metadata(stats: dict, folder: Path) -> dict:
     examples = pd.DataFrame(
         [
             {
-                "text": cell(e["text"], 40),
+                "text": plain_cell(e["text"], 40),
                 "tokens": e["tokens"],
-                "first tokens": cell(" · ".join(e["pieces"][:TOKENIZER_EXAMPLE_PIECES])),
+                "first tokens": plain_cell(
+                    " · ".join(p.translate(PIECE_MARKS) for p in e["pieces"][:TOKENIZER_EXAMPLE_PIECES])
+                ),
             }
             for e in stats["examples"]
         ],
@@ -344,7 +407,7 @@ def tokenizer_metadata(stats: dict, folder: Path) -> dict:
         "sample_records": stats["sample_records"],
         "sample_chars": stats["sample_chars"],
         "chars_per_token_held_out": stats["chars_per_token"] or 0.0,
-        "examples": markdown_table(examples),
+        "examples": dagster_table(examples),
         "special_tokens": dg.MetadataValue.json(stats["special_tokens"]),
         "tokenizer_sha256": stats["tokenizer_sha256"],
         "train_seconds": stats["train_seconds"],

@@ -42,8 +42,8 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> 
     history = history_row(funnel)
     with staged_output(data_root.path("funnel_telemetry")) as out:
         atomic_write_json(out / "funnel.json", funnel)
-        chart = funnel_chart_png(funnel, previous_history_rows(context), out / "funnel.png").read_bytes()
-    metadata = funnel_metadata(funnel, history, chart, data_root.path("funnel_telemetry"))
+        funnel_chart_png(funnel, previous_history_rows(context), out / "funnel.png")
+    metadata = funnel_metadata(funnel, history, data_root.path("funnel_telemetry"))
     return dg.MaterializeResult(
         metadata={**metadata, "seconds": round(time.perf_counter() - start, 3)},
         check_results=[funnel_conserved(funnel)],

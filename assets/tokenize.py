@@ -25,10 +25,10 @@ def tokenizer(
     context: dg.AssetExecutionContext, config: TokenizerConfig, data_root: DataRoot, compute: Compute
 ) -> dg.MaterializeResult:
     """Byte-level BPE (HF tokenizers) trained on a bounded, deterministic sample of deduped_jsonl (records with the
-    smallest id hash; 1 record in 20 held out to measure chars per token), with special tokens <s>, </s>, <pad>,
-    <|title|>, <|author|>, <|content|>, <|system|>, <|user|>, <|assistant|>, <|end|> at ids 0-9; or an existing
-    tokenizer.json when `tokenizer_path` is set. Frozen once trained: later batches reuse it (`retrain: true`
-    trains a new one and starts a new generation of tokenized_bins)."""
+    smallest id hash; 1 record in 20 held out to measure chars per token), with special tokens `<s>`, `</s>`,
+    `<pad>`, `<|title|>`, `<|author|>`, `<|content|>`, `<|system|>`, `<|user|>`, `<|assistant|>`, `<|end|>` at ids
+    0-9; or an existing tokenizer.json when `tokenizer_path` is set. Frozen once trained: later batches reuse it
+    (`retrain: true` trains a new one and starts a new generation of tokenized_bins)."""
     folder = data_root.path("tokenizer")
     if (stats := frozen_tokenizer_stats(folder, config)) is not None:
         context.log.info(f"tokenizer: frozen, reusing {folder} (set retrain: true to train a new one)")

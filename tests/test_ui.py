@@ -44,7 +44,8 @@ def test_whole_job_through_graphql(served_run, demo_manifest):
     raw = server.latest_metadata("raw_records")
     assert raw["docs_out"] == demo_manifest["records"]
     funnel = server.latest_metadata("funnel_telemetry")
-    assert funnel["raw_records"] == demo_manifest["records"] + len(demo_manifest["rejected_raw"])
+    assert funnel["input_records"] == demo_manifest["records"] + len(demo_manifest["rejected_raw"])
+    assert funnel["records_raw_records"] == demo_manifest["records"]
     assert funnel["conserved"] is True
     assert funnel["tokens"] > 0
     assert "after dedup" in funnel["funnel"]

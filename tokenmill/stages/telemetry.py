@@ -131,7 +131,13 @@ def build_funnel(data_root: Path) -> dict:
     }
 
 
-def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
+# one look per funnel row, drawn in order: each later row has a smaller marker of another shape on top, so a row
+# whose counts equal the next one's (nothing dropped: tokenized = after dedup) still shows around it
+HISTORY_MARKERS = ("o", "s", "D", "^", "v", "P")
+HISTORY_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def funnel_figure(funnel: dict, history: list[dict]):
     """Bars of the funnel, and how the stage counts moved over past materializations (oldest first)."""
     os.environ.setdefault("MPLBACKEND", "Agg")
     # matplotlib's font cache and config go to tokenmill's documented cache folder, not ~/.cache and ~/.config
@@ -148,12 +154,28 @@ def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
     bars.set_title("records per stage")
     bars.set_xlim(0, max(counts) * 1.25 or 1)
     runs = history + [{label: c for label, c in zip(labels, counts)}]
-    for label in labels:
-        lines.plot(range(1, len(runs) + 1), [r.get(label) for r in runs], marker="o", label=label)
+    for i, label in enumerate(labels):
+        lines.plot(
+            range(1, len(runs) + 1),
+            [r.get(label) for r in runs],
+            marker=HISTORY_MARKERS[i % len(HISTORY_MARKERS)],
+            markersize=4 + 2.5 * (len(labels) - 1 - i),
+            linestyle=HISTORY_LINESTYLES[i % len(HISTORY_LINESTYLES)],
+            zorder=2 + i,
+            label=label,
+        )
     lines.set_title(f"last {len(runs)} materializations")
     lines.set_xlabel("materialization")
     lines.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
+    """`funnel_figure` saved as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = funnel_figure(funnel, history)
     fig.savefig(path)
     plt.close(fig)
     return path

@@ -153,6 +153,7 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
         "dropped_near_duplicate": sum(r.levels[1] for r in results),
         "seconds": round(time.perf_counter() - t_start, 3),
         "shards": len(shards),
+        "removed_samples": report["samples"],  # a few clusters: removed texts next to the kept one
     }
     write_stats(out_dir, stats)
     return stats

@@ -1,0 +1,186 @@
+"""What the asset pages show (assets/metadata.py): drops with their text, the funnel inline, tables that fit.
+
+The Dagster UI (1.13) shows a markdown entry inline only under 1,000 characters, a Dagster table always inline
+as plain text, and plots every numeric entry across materializations (the Plots view).
+"""
+
+import re
+from pathlib import Path
+
+import dagster as dg
+
+from assets.metadata import (
+    cell,
+    cleaned_jsonl_metadata,
+    deduped_jsonl_metadata,
+    drop_samples_table,
+    funnel_metadata,
+    tokenizer_metadata,
+)
+from definitions import ASSETS
+from tokenmill.stages.telemetry import funnel_figure, history_row
+
+UI_INLINE_MD_CHARS = 1000  # Dagster's MetadataEntry: `entry.mdStr.length < 1000` renders inline
+
+
+def table_rows(value: dg.MetadataValue) -> list[dict]:
+    assert isinstance(value, dg.TableMetadataValue), type(value)
+    return [dict(r.data) for r in value.records]
+
+
+def stage(key, label, docs_in, docs_out, dropped):
+    return {"stage": key, "label": label, "docs_in": docs_in, "docs_out": docs_out, "dropped": dropped}
+
+
+FUNNEL = {
+    "stages": [
+        stage("raw_records", "raw records", 2864, 2851, {f"reason_{i}": 1 for i in range(13)}),
+        stage("cleaned_jsonl", "after cleaning", 2851, 2801, {"too_short": 12, "repetition": 38}),
+        stage("deduped_jsonl", "after dedup", 2801, 2700, {"exact_duplicate": 55, "near_duplicate": 46}),
+        stage("tokenized_bins", "tokenized", 2700, 2700, {}),
+    ],
+    "batches": [],
+    "tokens": {
+        "total": 1000,
+        "supervised": 900,
+        "masked": 100,
+        "supervised_share": 0.9,
+        "masked_share": 0.1,
+        "isolated_punctuation_share": 0.01,
+    },
+    "split": {"train": {"tokens": 950, "records": 2600}, "val": {"tokens": 50, "records": 100}},
+    "conserved": True,
+}
+
+
+def test_funnel_shows_inline_with_input_and_output_counts_apart(tmp_path):
+    meta = funnel_metadata(FUNNEL, history_row(FUNNEL), tmp_path)
+    for key in ("funnel", "token_counts"):  # markdown short enough to show inline, never behind "Show Markdown"
+        assert isinstance(meta[key], dg.MarkdownMetadataValue) and len(meta[key].value) < UI_INLINE_MD_CHARS, key
+    funnel = meta["funnel"].value
+    for label in ("input records", "raw records", "after cleaning", "after dedup", "tokenized"):
+        assert re.search(rf"\| {label} \| [\d,]+ \| [\d.]+% \| █+ \|", funnel), label
+    assert "chart" not in meta  # a PNG in markdown is far over the inline limit; the file stays at chart_path
+    dropped = table_rows(meta["dropped"])  # any number of reasons, always inline
+    assert len(dropped) == 13 + 2 + 2 and {"stage": "after dedup", "reason": "near_duplicate", "records": 46} in dropped
+    # numeric entries: the Plots view draws each across materializations; the input is not named after a stage
+    assert meta["input_records"] == 2864 and meta["records_raw_records"] == 2851
+    assert "raw_records" not in meta
+
+
+def test_history_chart_keeps_a_row_equal_to_the_next_visible():
+    """tokenized == after dedup in every run: the earlier row is drawn larger, under, in another shape."""
+    fig = funnel_figure(FUNNEL, [history_row(FUNNEL)] * 3)
+    lines = fig.axes[1].get_lines()
+    assert [ln.get_label() for ln in lines] == ["input", "raw records", "after cleaning", "after dedup", "tokenized"]
+    dedup, tokenized = lines[3], lines[4]
+    assert list(dedup.get_ydata()) == list(tokenized.get_ydata())
+    for under, over in zip(lines, lines[1:]):
+        assert under.get_markersize() > over.get_markersize() and under.get_zorder() < over.get_zorder()
+        assert (under.get_marker(), under.get_linestyle()) != (over.get_marker(), over.get_linestyle())
+
+
+def clean_stats(**extra) -> dict:
+    return {
+        "docs_in": 10,
+        "docs_out": 8,
+        "dropped_too_short": 2,
+        "seconds": 0.1,
+        "mojibake_repaired": 0,
+        "docs_meta_extracted": 0,
+        "chars_in": 100,
+        "chars_out": 80,
+        "boilerplate": {
+            "lines_stripped": 3,
+            "docs_touched": 3,
+            "top_lines": [
+                {"line": "Home | About | Contact " * 5, "count": 3, "score": 0.9, "df": 3, "position": 1.0}
+                | {"template": 0.8, "short": 1.0}
+            ],
+        },
+        "examples": [{"id": "a", "kind": "repair", "before": "x\ny", "after": "x y", "meta": {}}],
+        "length_buckets": ["0-9"],
+        "length_hist_before": [10],
+        "length_hist_after": [8],
+        "rejected_samples": {
+            "too_short": [
+                {
+                    "id": f"r{i}",
+                    "source": {"path": "a.jsonl", "line": i},
+                    "reason": "too_short",
+                    "detail": "2 chars < min_chars 20",
+                    "text": f"hi\n{i}",
+                    "text_chars": 4,
+                }
+                for i in range(8)
+            ]
+        },
+        **extra,
+    }
+
+
+def test_boilerplate_table_is_plain_text_that_fits():
+    meta = cleaned_jsonl_metadata(clean_stats(), Path("/tmp/cleaned"))
+    (row,) = table_rows(meta["boilerplate_top_lines"])
+    assert set(row) == {"line", "stripped", "score", "in docs"}  # four columns: none pushed off the page
+    assert row["line"].startswith("Home | About | Contact") and "\\|" not in row["line"]
+    assert len(row["line"]) <= 61
+
+
+def test_drop_samples_show_text_and_evidence_per_reason():
+    meta = cleaned_jsonl_metadata(clean_stats(), Path("/tmp/cleaned"))
+    rows = table_rows(meta["rejected_samples"])
+    assert len(rows) == 5  # SAMPLES_SHOWN of the 8 kept in the stats
+    assert rows[1] == {
+        "reason": "too_short",
+        "record": "a.jsonl:1",
+        "detail": "2 chars < min_chars 20",
+        "text": "hi / 1",
+    }
+    raw = drop_samples_table(
+        {"malformed_json": [{"path": "b.jsonl", "line": 3, "detail": "Expecting value", "snippet": '{"text": "cut'}]},
+        "snippet",
+    )
+    assert table_rows(raw) == [
+        {"reason": "malformed_json", "record": "b.jsonl:3", "detail": "Expecting value", "text": '{"text": "cut'}
+    ]
+
+
+def test_removed_duplicates_shown_next_to_the_kept_record():
+    members = [
+        {"role": "kept", "level": "", "similarity": 1.0, "text": "Seize him, AEdiles!"},
+        {"role": "removed", "level": "near", "similarity": 0.8123, "text": "Seize him, AEdiles!!"},
+    ]
+    stats = {"docs_in": 2, "docs_out": 1, "dropped_near_duplicate": 1, "seconds": 0.1}
+    meta = deduped_jsonl_metadata({**stats, "removed_samples": [{"members": members}]}, Path("/tmp/d"), "removed.jsonl")
+    rows = table_rows(meta["removed_samples"])
+    assert [(r["cluster"], r["role"], r["similarity"]) for r in rows] == [(1, "kept", "1.000"), (1, "removed", "0.812")]
+    assert rows[1]["text"] == "Seize him, AEdiles!!"
+
+
+def test_tokenizer_examples_keep_one_row_per_text():
+    stats = {
+        "docs_in": 1,
+        "docs_out": 1,
+        "seconds": 0.1,
+        "mode": "trained",
+        "vocab_size": 300,
+        "sample_records": 1,
+        "sample_chars": 10,
+        "chars_per_token": 3.0,
+        "special_tokens": {"bos": "<s>"},
+        "tokenizer_sha256": "0",
+        "train_seconds": 0.1,
+        "examples": [{"text": "床前明月光\n疑是地上霜", "tokens": 4, "pieces": ["床前", "\n", " the", "|"]}],
+    }
+    rows = table_rows(tokenizer_metadata(stats, Path("/tmp/tok"))["examples"])
+    assert rows == [{"text": "床前明月光 / 疑是地上霜", "tokens": 4, "first tokens": "床前 · ↵ · ␣the · |"}]
+
+
+def test_angle_brackets_survive_markdown():
+    """The UI reads `<s>` in markdown as an HTML tag and drops it: cells escape it, descriptions quote it."""
+    assert cell("<s> a | b </s>") == "&lt;s&gt; a \\| b &lt;/s&gt;"
+    for asset in ASSETS:
+        for key, spec in zip(asset.keys, asset.specs):
+            outside_code = re.sub(r"`[^`]*`", "", spec.description or "")
+            assert not re.search(r"<[^>\s]*>", outside_code), (key, outside_code)
