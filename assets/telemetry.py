@@ -13,13 +13,14 @@ from tokenmill.stages.telemetry import build_funnel, funnel_chart_png, history_r
 HISTORY_RUNS = 10  # materializations shown in the "how counts moved" chart
 
 
-def previous_history_rows(context: dg.AssetExecutionContext) -> list[dict]:
-    """Stage counts of the last materializations, oldest first, from this asset's own metadata."""
+def previous_history_rows(context: dg.AssetExecutionContext, source: str) -> list[dict]:
+    """Stage counts of the last materializations built from `source`, oldest first, from this asset's own
+    metadata (an instance that has seen other corpora never draws them on one line)."""
     result = context.instance.fetch_materializations(context.asset_key, limit=HISTORY_RUNS - 1)
     rows = []
     for record in result.records:
         entry = record.asset_materialization.metadata.get("history_row") if record.asset_materialization else None
-        if entry is not None:
+        if entry is not None and entry.value.get("source") == source:
             rows.append(entry.value)
     return rows[::-1]
 
@@ -39,10 +40,10 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> 
     """
     start = time.perf_counter()
     funnel = build_funnel(data_root.path(""))
-    history = history_row(funnel)
+    history = {**history_row(funnel), "source": funnel["source"]}
     with staged_output(data_root.path("funnel_telemetry")) as out:
         atomic_write_json(out / "funnel.json", funnel)
-        funnel_chart_png(funnel, previous_history_rows(context), out / "funnel.png")
+        funnel_chart_png(funnel, previous_history_rows(context, funnel["source"]), out / "funnel.png")
     metadata = funnel_metadata(funnel, history, data_root.path("funnel_telemetry"))
     return dg.MaterializeResult(
         metadata={**metadata, "seconds": round(time.perf_counter() - start, 3)},
