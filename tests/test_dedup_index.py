@@ -257,6 +257,10 @@ def test_empty_batch_and_index_errors(tmp_path):
 
     with pytest.raises(ConfigError, match=r"g1-b0001.*num_perm"):
         dedup_batch(later, segments, tmp_path / "r2", tmp_path / "i2", DedupSettings(keep="first_seen", num_perm=64))
+    with pytest.raises(ConfigError, match=r"g1-b0001.*shingles"):  # another shingle scheme: other signatures
+        dedup_batch(
+            later, segments, tmp_path / "r2", tmp_path / "i2", DedupSettings(keep="first_seen", shingles="chars")
+        )
     (tmp_path / "index" / "g1-b0002" / SEGMENT_FILE).unlink()
     with pytest.raises(StaleUpstreamError, match="g1-b0002"):
         dedup_batch(later, segments, tmp_path / "r3", tmp_path / "i3", settings, workers=1)

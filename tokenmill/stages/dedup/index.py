@@ -34,14 +34,16 @@ from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chu
 from tokenmill.stages.dedup.settings import DedupSettings
 
 SEGMENT_FILE = "segment.json"
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: document tables hold by_word, keys of word-shingled records are spaced
 # the settings an indexed record's key, signatures and band hashes depend on: every segment must share them
 SKETCH_SETTINGS = (
     "threshold",
     "num_perm",
     "seed",
+    "shingles",
     "ngram",
     "ngram_bounds",
+    "word_ngram_bounds",
     "shingle_hash",
     "strip_symbols",
     "fold_chinese",

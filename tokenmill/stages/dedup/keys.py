@@ -91,16 +91,19 @@ def _t2s_converter() -> Callable[[str], str]:
     raise RuntimeError("opencc is installed but has no t2s configuration")
 
 
-def dedup_key(text: str, strip_symbols: bool = True, fold_chinese: bool = False) -> str:
+def dedup_key(text: str, strip_symbols: bool = True, fold_chinese: bool = False, spaced: bool = False) -> str:
     """The string that exact dedup hashes and near dedup shingles (never written to the output).
 
     NFKC (full-width -> ASCII, compatibility forms), case-fold, then punctuation, whitespace, control
     and format characters (and symbols, by default) removed; optionally traditional -> simplified
     Chinese. A text made only of removed characters keys on its whitespace-free NFKC form instead,
-    so two different all-punctuation texts are not called duplicates.
+    so two different all-punctuation texts are not called duplicates. `spaced`: whitespace between two kept
+    characters becomes one space (the word boundaries of word shingles); without the spaces it is the key.
     """
     folded = unicodedata.normalize("NFKC", text).casefold()
-    key = folded.translate(_drop_table(strip_symbols))
+    drop = _drop_table(strip_symbols)
+    key = " ".join(w for w in (part.translate(drop) for part in folded.split()) if w) if spaced else ""
+    key = key or folded.translate(drop)
     if not key:
         key = "".join(folded.split())
     if fold_chinese and key:
@@ -154,12 +157,20 @@ def _fold_batch(keys: list[str]) -> list[str]:
     return out if len(out) == len(keys) else [_t2s_converter()(k) if k else k for k in keys]
 
 
-def dedup_keys(texts: Sequence[str], strip_symbols: bool = True, fold_chinese: bool = False) -> list[str]:
+@functools.lru_cache(maxsize=1)
+def _whitespace() -> np.ndarray:
+    """The code points str.split() splits on (all of them dropped from the key: Z* or Cc)."""
+    return np.asarray([cp for cp in range(0x3001) if chr(cp).isspace()], dtype=np.uint32)
+
+
+def dedup_keys(
+    texts: Sequence[str], strip_symbols: bool = True, fold_chinese: bool = False, spaced: bool = False
+) -> list[str]:
     """dedup_key for a batch, vectorized: one code-point array, one table lookup; a text with an unsafe
     character (see _key_map) or nothing left takes dedup_key itself, so the result always equals
-    [dedup_key(t, strip_symbols, fold_chinese) for t in texts]."""
+    [dedup_key(t, strip_symbols, fold_chinese, spaced) for t in texts]."""
     if fold_chinese:
-        return _fold_batch(dedup_keys(texts, strip_symbols))
+        return _fold_batch(dedup_keys(texts, strip_symbols, spaced=spaced))
     if not texts:
         return []
     table = _key_map(strip_symbols)
@@ -171,17 +182,50 @@ def dedup_keys(texts: Sequence[str], strip_symbols: bool = True, fold_chinese: b
     doc = np.repeat(np.arange(len(texts)), lengths)
     unsafe = np.bincount(doc[mapped == _UNSAFE], minlength=len(texts)) > 0
     keep = mapped >= 0
-    kept_len = np.bincount(doc[keep], minlength=len(texts))
-    fast = ~unsafe & (kept_len > 0)
-    kept_chars = mapped[keep & fast[doc]].astype("<u4").tobytes().decode("utf-32-le")
+    fast = ~unsafe & (np.bincount(doc[keep], minlength=len(texts)) > 0)
+    at = np.flatnonzero(keep & fast[doc])
+    chars = mapped[at]
+    if spaced:  # a space before each kept character with whitespace between it and the previous one of its text
+        seen = np.concatenate(([0], np.cumsum(np.isin(cps, _whitespace()))))
+        gap = np.zeros(len(at), dtype=bool)
+        gap[1:] = (doc[at[1:]] == doc[at[:-1]]) & (seen[at[1:]] > seen[at[:-1] + 1])
+        chars = np.insert(chars, np.flatnonzero(gap), 0x20)
+        at = np.insert(at, np.flatnonzero(gap), at[gap])
+    kept_len = np.bincount(doc[at], minlength=len(texts))
+    kept_chars = chars.astype("<u4").tobytes().decode("utf-32-le")
     out, pos = [], 0
     for i, (f, n) in enumerate(zip(fast.tolist(), kept_len.tolist())):
         if f:
             out.append(kept_chars[pos : pos + n])
             pos += n
         else:
-            out.append(dedup_key(texts[i], strip_symbols))
+            out.append(dedup_key(texts[i], strip_symbols, spaced=spaced))
     return out
+
+
+# scripts written without spaces between words (their texts are shingled by characters): Thai, Lao, Tibetan, Myanmar,
+# Khmer, CJK radicals and symbols, kana, bopomofo, CJK ideographs (BMP, compatibility and planes 2-3), half-width kana
+_UNSPACED = np.asarray(
+    [0x0E00, 0x10A0, 0x1780, 0x1800, 0x2E80, 0x3130, 0x31F0, 0x3200, 0x3400, 0x4DC0, 0x4E00, 0xA000,
+     0xF900, 0xFB00, 0xFF66, 0xFFA0, 0x20000, 0x40000],
+    dtype=np.uint32,
+)  # fmt: skip
+
+
+def by_words(keys: Sequence[str]) -> np.ndarray:
+    """Whether each key is shingled by words: it is non-empty and at most half of its code points are in a script
+    written without spaces (_UNSPACED)."""
+    lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+    cps = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4")
+    unspaced = np.searchsorted(_UNSPACED, cps, side="right") % 2 == 1
+    doc = np.repeat(np.arange(len(keys)), lengths)
+    chars = np.bincount(doc[cps != 0x20], minlength=len(keys))
+    return (lengths > 0) & (2 * np.bincount(doc[unspaced], minlength=len(keys)) <= chars)
+
+
+def exact_key(key: str) -> str:
+    """The key of a spaced key (dedup_key(spaced=True)): what exact dedup hashes, the same with or without spaces."""
+    return key.replace(" ", "")
 
 
 def key_digest(key: str) -> bytes:
@@ -205,7 +249,7 @@ def write_keys(keys_dir: Path, stem: str, keys: list[str]) -> None:
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     (keys_dir / f"{stem}.key.bin").write_bytes(b"".join(encoded))
     np.save(keys_dir / f"{stem}.key_offsets.npy", offsets)
-    digest = np.frombuffer(b"".join(key_digest(k) for k in keys), dtype=np.uint8).reshape(len(keys), 32)
+    digest = np.frombuffer(b"".join(key_digest(exact_key(k)) for k in keys), dtype=np.uint8).reshape(len(keys), 32)
     order = np.argsort(np.ascontiguousarray(digest).view(np.dtype((np.void, 32))).ravel(), kind="stable")
     np.save(keys_dir / f"{stem}.digest.npy", digest[order])
     np.save(keys_dir / f"{stem}.digest_prefix.npy", digest[order, :8].copy().view(">u8").ravel().astype(np.uint64))

@@ -251,12 +251,13 @@ class Corpus:
         fields["chunk"], fields["ordinal"] = c, o
         return fields, paths
 
-    def key_lens(self, docs: np.ndarray) -> np.ndarray:
-        """Key length (code points) of each document."""
-        out = np.empty(len(docs), dtype=np.int64)
+    def shingle_units(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(units, by_word): each document's key length in shingle units (code points, or words) and the unit."""
+        units, by_word = np.empty(len(docs), dtype=np.int64), np.empty(len(docs), dtype=bool)
         for ci, pos, o in self.per_chunk(docs):
-            out[pos] = np.load(self._file(ci, DOCS_DIR, ".npy"), mmap_mode="r")["key_len"][o]
-        return out
+            table = np.load(self._file(ci, DOCS_DIR, ".npy"), mmap_mode="r")
+            units[pos], by_word[pos] = table["key_len"][o], table["by_word"][o]
+        return units, by_word
 
     def signature_bytes(self, docs: np.ndarray, sizes: np.ndarray, num_perm: int) -> tuple[np.ndarray, np.ndarray]:
         """(rows, found): each document's MinHash signature at its shingle size, a byte per position (the value
@@ -282,7 +283,8 @@ class Corpus:
         return out, found
 
     def key(self, doc: int) -> str:
-        """The dedup key of one document, read with two positioned reads (not mapped, so a task's resident memory
+        """The dedup key of one document as shingled (signatures.shingle_keys), read with two positioned reads (not
+        mapped, so a task's resident memory
         holds the keys it uses, not the pages of the key files it touched)."""
         c = int(np.searchsorted(self.firsts, doc, side="right")) - 1
         o = doc - int(self.firsts[c])

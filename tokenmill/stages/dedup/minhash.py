@@ -38,8 +38,8 @@ MAX_HASH32 = np.uint32(0xFFFFFFFF)
 
 
 def ngram_size(length: int, ngram: int, bounds: Sequence[int]) -> int:
-    """Shingle size for a key of `length` code points: `ngram` when fixed (> 0), else by length:
-    2 below bounds[0], 3 below bounds[1], else 5 (see DedupSettings.ngram)."""
+    """Shingle size for a key of `length` units (code points, or words): `ngram` when fixed (> 0), else by
+    length: 2 below bounds[0], 3 below bounds[1], else 5 (see DedupSettings.ngram)."""
     if ngram > 0:
         return ngram
     if length < bounds[0]:
@@ -49,15 +49,33 @@ def ngram_size(length: int, ngram: int, bounds: Sequence[int]) -> int:
     return 5
 
 
-def ngram_sizes_for(length: int, ngram: int, bounds: Sequence[int], slack: float) -> list[int]:
-    """Every shingle size a document of `length` is sketched with: the sizes for lengths in
-    [length * slack, length / slack], so two documents near a length boundary that could reach the
-    threshold always share one size (a pair is compared with the size of its longer member)."""
-    if ngram > 0:
-        return [ngram]
-    lo = ngram_size(int(length * slack), ngram, bounds)
-    hi = ngram_size(int(np.ceil(length / slack)) if slack > 0 else length, ngram, bounds)
-    return [n for n in (2, 3, 5) if lo <= n <= hi]
+WORD = 0x80  # flag of a shingle code (item_n, band salt) for word shingles; the low bits hold the size
+
+
+def shingle_code(n: int, by_word: bool) -> int:
+    """The one-byte code of a shingle kind: n characters, or n words with the WORD flag (n <= 64)."""
+    return WORD | n if by_word else n
+
+
+def shingle_kind(code: int) -> tuple[int, bool]:
+    """(size, by_word) of a shingle code."""
+    return code & ~WORD, bool(code & WORD)
+
+
+def shingle_label(code: int) -> str:
+    n, by_word = shingle_kind(code)
+    return f"{n} {'words' if by_word else 'chars'}"
+
+
+def word_shingles(key: str, n: int) -> list[str]:
+    """Word n-grams of a spaced key (words joined by single spaces, see keys.dedup_key) in order, each the key's
+    substring from its first word to its last; a key of fewer than n words is one shingle; an empty key has none."""
+    if not key:
+        return []
+    words = key.split(" ")
+    if len(words) <= n:
+        return [key]
+    return [" ".join(words[i : i + n]) for i in range(len(words) - n + 1)]
 
 
 def shingles(key: str, n: int) -> list[str]:
@@ -163,6 +181,62 @@ def shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") -> tupl
     for i in np.flatnonzero(~full & (lengths > 0)):  # keys shorter than n: one shingle, the key
         out[offsets[i]] = shingle_hash32(keys[i])
     return out, offsets
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base**k mod 2^64 for k in 0..n-1."""
+    out = np.full(n, np.uint64(base), dtype=np.uint64)
+    out[0] = 1
+    with np.errstate(over="ignore"):
+        return np.cumprod(out, dtype=np.uint64)
+
+
+def word_shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") -> tuple[np.ndarray, np.ndarray]:
+    """All word-shingle hashes of spaced `keys` (`word_shingles`, each hashed with shingle_hash32): (hashes uint32,
+    offsets int64 of len(keys)+1). Vectorized for hash_name="poly": the polynomial of a substring [i, j) is
+    SEED * P^(j-i) + P^(j-1) * (S[j] - S[i]) with S[k] = sum_{m<k} c_m P^-m (P is odd, so invertible mod 2^64)."""
+    words = np.fromiter((k.count(" ") + 1 if k else 0 for k in keys), dtype=np.int64, count=len(keys))
+    counts = np.where(words >= n, words - n + 1, np.minimum(words, 1))
+    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    if hash_name == "sha1":
+        out = np.fromiter(
+            (sha1_hash32(s) for k in keys for s in word_shingles(k, n)), dtype=np.uint32, count=int(offsets[-1])
+        )
+        return out, offsets
+    if hash_name != "poly":
+        raise ValueError(f"unknown shingle hash {hash_name!r} (poly or sha1)")
+    if offsets[-1] == 0:
+        return np.empty(0, dtype=np.uint32), offsets
+    cps = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4").astype(np.uint64)
+    lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+    doc_end = np.cumsum(lengths)
+    doc_start = doc_end - lengths
+    # word w of the concatenation spans [starts[w], ends[w]); words are numbered doc by doc
+    space = np.flatnonzero(cps == 0x20)
+    nonempty = lengths > 0
+    starts = np.sort(np.concatenate([doc_start[nonempty], space + 1]))
+    ends = np.sort(np.concatenate([doc_end[nonempty], space]))
+    first_word = np.concatenate(([0], np.cumsum(words)[:-1]))
+    doc = np.repeat(np.arange(len(keys)), counts)
+    k = np.arange(int(offsets[-1])) - offsets[doc]
+    lo = starts[first_word[doc] + k]
+    hi = ends[first_word[doc] + np.minimum(k + n - 1, words[doc] - 1)]
+    with np.errstate(over="ignore"):
+        inverse = pow(_POLY_P, -1, 1 << 64)
+        prefix = np.zeros(len(cps) + 1, dtype=np.uint64)
+        np.cumsum(cps * _powers(inverse, len(cps)), out=prefix[1:])
+        p_pow = _powers(_POLY_P, len(cps) + 1)
+        h = np.uint64(_POLY_SEED) * p_pow[hi - lo] + p_pow[np.maximum(hi - 1, 0)] * (prefix[hi] - prefix[lo])
+    h = _fmix64_np(h)
+    h >>= np.uint64(32)
+    return h.astype(np.uint32), offsets
+
+
+def coded_shingle_hashes(keys: Sequence[str], code: int, hash_name: str = "poly") -> tuple[np.ndarray, np.ndarray]:
+    """shingle_hashes or word_shingle_hashes, by the shingle code."""
+    n, by_word = shingle_kind(code)
+    return (word_shingle_hashes if by_word else shingle_hashes)(keys, n, hash_name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -365,6 +439,13 @@ def shingle_set(key: str, n: int) -> np.ndarray:
     for j in range(n):
         win[:, j] = cps[j : j + m]
     return np.unique(win.view(np.dtype((np.void, 4 * n))).ravel())
+
+
+def coded_shingle_set(key: str, code: int) -> np.ndarray:
+    """The distinct shingles of `key` for a shingle code, sorted: shingle_set for characters, the word shingles
+    themselves (a str array, compared exactly) for words."""
+    n, by_word = shingle_kind(code)
+    return np.unique(np.asarray(word_shingles(key, n), dtype=str)) if by_word else shingle_set(key, n)
 
 
 def jaccard(a, b) -> float:

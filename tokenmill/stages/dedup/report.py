@@ -22,7 +22,7 @@ from tokenmill.stages.dedup.layout import (
     chunk_lines,
     parse,
 )
-from tokenmill.stages.dedup.settings import DedupSettings
+from tokenmill.stages.dedup.settings import CHAR_SIZES, WORD_SIZES, DedupSettings
 from tokenmill.stages.dedup.verify import FILTER_MISS, min_agreement
 
 SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clusters.jsonl lists them all
@@ -203,12 +203,24 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         f"{x:g}": round(mh.catch_probability(x, bands, rows), 4)
         for x in sorted({0.5, 0.7, 0.8, 0.85, 0.9, s.threshold})
     }
+    unit = (
+        "words for texts mostly in space-separated scripts, characters for CJK, Thai, Lao, Khmer, Myanmar, Tibetan"
+        if s.shingles == "by_script"
+        else "characters"
+    )
     ngram_rule = (
-        f"{s.ngram}-grams"
+        f"{s.ngram}-grams of {unit}"
         if s.ngram > 0
-        else f"by key length: 2-grams below {s.ngram_bounds[0]} chars, 3-grams below {s.ngram_bounds[1]}, "
-        f"else 5-grams; documents within the threshold's length ratio of a bound are sketched at both "
-        f"sizes; a pair is compared at its longer key's size"
+        else f"shingles of {unit}; characters by key length: {CHAR_SIZES[0]}-grams below {s.ngram_bounds[0]} "
+        f"chars, {CHAR_SIZES[1]}-grams below {s.ngram_bounds[1]}, else {CHAR_SIZES[2]}-grams"
+        + (
+            f"; words by word count: {WORD_SIZES[0]}-grams below {s.word_ngram_bounds[0]} words, {WORD_SIZES[1]}-"
+            f"grams below {s.word_ngram_bounds[1]}, else {WORD_SIZES[2]}-grams"
+            if s.shingles == "by_script"
+            else ""
+        )
+        + "; documents within the threshold's length ratio of a bound are sketched at both sizes; a pair is "
+        "compared at its longer key's size (never across units)"
     )
     return {
         "threshold": s.threshold,
@@ -220,7 +232,7 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         "ngram": s.ngram,
         "ngram_bounds": list(s.ngram_bounds),
         "ngram_rule": ngram_rule,
-        "shingle_sizes": dict(sorted(shingle_sizes.items())),
+        "shingle_sizes": {mh.shingle_label(code): n for code, n in sorted(shingle_sizes.items())},
         "catch_probability": catch,
         "signature_filter": {
             "min_agreement": min_agreement(s.threshold, s.num_perm),
@@ -272,7 +284,7 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
         "cross_file_duplicates": int(sum(p["cross_file"] for p in sources)),
         "empty_keys": int(sum(sk.empty_keys for sk in run.sketches)),
     }
-    shingle_sizes = sum((Counter({int(k): v for k, v in sk.shingle_sizes.items()}) for sk in run.sketches), Counter())
+    shingle_sizes = sum((Counter(sk.shingle_sizes) for sk in run.sketches), Counter())
     shards = {}
     inputs = [ch for ch in run.chunks if not ch.root]
     for ch in inputs:
@@ -309,7 +321,8 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
             "clusters_written": clusters_written,
             "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
             "is document item_doc[i] (0-based record of the chunk) sketched with "
-            "item_n[i]-grams (both in <chunk>.items.npz); <chunk>.bands.npy: uint64 "
+            "shingles of code item_n[i] (both in <chunk>.items.npz; the code is the size, plus 128 for words); "
+            "<chunk>.bands.npy: uint64 "
             "(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc="
             + (
                 "tokenmill.stages.dedup.minhash.shingle_hash32"

@@ -79,7 +79,8 @@ def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
         ("id", f"S{max([len(i) for i in ids] + [1])}"),
         ("meta_count", "<i4"),
         ("text_len", "<i8"),
-        ("key_len", "<i8"),
+        ("key_len", "<i8"),  # shingle units: code points, or words when by_word
+        ("by_word", "?"),
         ("path", "<i4"),
         ("loc", "<i8"),
         ("loc_kind", "i1"),
@@ -90,12 +91,13 @@ def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
     return table, texts, list(path_index)
 
 
-def _signatures(keys: list[str], key_lens: np.ndarray, settings: DedupSettings, batch: int):
-    """(item_doc, item_n, signatures): one row per (document, shingle size) to sketch."""
-    item_doc, item_n = settings.items(key_lens)
+def _signatures(keys: list[str], units: np.ndarray, by_word: np.ndarray, settings: DedupSettings, batch: int):
+    """(item_doc, item_n, signatures): one row per (document, shingle code) to sketch."""
+    item_doc, item_n = settings.items(units, by_word)
+    key_lens = np.asarray([len(k) for k in keys], dtype=np.int64)
     sig = np.empty((len(item_doc), settings.num_perm), dtype=np.uint32)
-    for n in np.unique(item_n).tolist():
-        sel_all = np.flatnonzero(item_n == n)
+    for code in np.unique(item_n).tolist():
+        sel_all = np.flatnonzero(item_n == code)
         # batches of about `batch` shingles bound the worker's memory whatever the chunk holds
         cut = np.searchsorted(
             np.cumsum(key_lens[item_doc[sel_all]]), np.arange(batch, int(key_lens.sum()) + batch, batch)
@@ -103,24 +105,37 @@ def _signatures(keys: list[str], key_lens: np.ndarray, settings: DedupSettings, 
         for sel in np.split(sel_all, np.unique(cut[cut < len(sel_all)])):
             if len(sel) == 0:
                 continue
-            hashes, offsets = mh.shingle_hashes([keys[d] for d in item_doc[sel].tolist()], n, settings.shingle_hash)
+            docs = [keys[d] for d in item_doc[sel].tolist()]
+            hashes, offsets = mh.coded_shingle_hashes(docs, code, settings.shingle_hash)
             sig[sel] = mh.signatures(hashes, offsets, settings.num_perm, settings.seed)
     return item_doc, item_n, sig
+
+
+def shingle_keys(texts: list[str], s: DedupSettings) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(keys, units, by_word): the keys as shingled (spaced, see keys.dedup_key, when shingled by words; their
+    exact_key is the key either way), their length in shingle units (words or code points) and the unit."""
+    if s.shingles == "chars":
+        keys = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese)
+        return keys, np.asarray([len(k) for k in keys], dtype=np.int64), np.zeros(len(keys), dtype=bool)
+    spaced = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese, spaced=True)
+    by_word = K.by_words(spaced)
+    keys = [k if w else K.exact_key(k) for k, w in zip(spaced, by_word.tolist())]
+    units = np.asarray([k.count(" ") + 1 if w else len(k) for k, w in zip(keys, by_word.tolist())], dtype=np.int64)
+    return keys, units, by_word
 
 
 def sketch_chunk(task: SketchTask) -> ChunkSketch:
     fix_mmap_threshold()
     chunk, s = task.chunk, task.settings
     table, texts, paths = _document_table(chunk)
-    keys = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese)
+    keys, units, by_word = shingle_keys(texts, s)
     del texts
-    key_lens = np.asarray([len(k) for k in keys], dtype=np.int64)
-    table["key_len"] = key_lens
+    table["key_len"], table["by_word"] = units, by_word
     stem = chunk.stem
     np.save(folder(task.out_dir, DOCS_DIR) / f"{stem}.npy", table)
     (task.out_dir / DOCS_DIR / f"{stem}.paths.json").write_text(json.dumps(paths, ensure_ascii=False), encoding="utf-8")
     K.write_keys(folder(task.out_dir, KEYS_DIR), stem, keys)
-    item_doc, item_n, sig = _signatures(keys, key_lens, s, task.shingle_batch or SHINGLE_BATCH)
+    item_doc, item_n, sig = _signatures(keys, units, by_word, s, task.shingle_batch or SHINGLE_BATCH)
     sig_dir = folder(task.out_dir, SIGNATURE_DIR)
     np.save(sig_dir / f"{stem}.npy", sig)
     np.save(sig_dir / f"{stem}.bands.npy", mh.band_hashes(sig, task.bands, task.rows, salt=item_n.astype(np.uint64)))
@@ -132,5 +147,5 @@ def sketch_chunk(task: SketchTask) -> ChunkSketch:
         int(len(item_doc)),
         dict(Counter(item_n.tolist())),
         {paths[p]: n for p, n in per_path.items()},
-        int((key_lens == 0).sum()),
+        int((units == 0).sum()),
     )

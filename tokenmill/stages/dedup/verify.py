@@ -1,12 +1,12 @@
 """Step 5, one task per range of first documents: candidate pairs -> verified pairs.
 
 A task reads the slice of its range from every candidate batch (sorted by first document) and drops the pairs seen
-in several bands. A signature pre-filter rejects the pairs whose MinHash signatures, at the pair's shingle size
-(the size of its longer key), agree on fewer positions than a pair at the threshold does except with probability
-FILTER_MISS (low-entropy text: nearly every LSH candidate; natural text: a few); the rest are compared exactly,
-by their shingle sets. Key lengths, signature rows and keys are read by index from the per-chunk files, one chunk
-mapped at a time, so the task holds its pairs, a byte per signature position of their documents, and one shingle
-set at a time per side, whatever the corpus size.
+in several bands. A signature pre-filter rejects the pairs whose MinHash signatures, at the pair's shingle code (the
+size of its longer key, in characters or words; pairs shingled in different units are rejected), agree on fewer
+positions than a pair at the threshold does except with probability FILTER_MISS (low-entropy text: nearly every LSH
+candidate; natural text: a few); the rest are compared exactly, by their shingle sets. Key lengths, signature rows
+and keys are read by index from the per-chunk files, one chunk mapped at a time, so the task holds its pairs, a byte
+per signature position of their documents, and one shingle set at a time per side, whatever the corpus size.
 """
 
 from __future__ import annotations
@@ -100,9 +100,11 @@ def verify_range(task: VerifyTask) -> VerifyResult:
     s = task.settings
     pairs = range_candidates(task.out_dir, task.candidate_files, task.lo, task.hi)
     corpus = Corpus(task.out_dir, list(task.chunks))
-    lens = corpus.key_lens(pairs.ravel()).reshape(-1, 2)
-    sizes = s.pair_ngrams(lens[:, 0], lens[:, 1])
-    passed = signature_agreement(corpus, pairs, sizes, s.num_perm) >= min_agreement(s.threshold, s.num_perm)
+    units, by_word = corpus.shingle_units(pairs.ravel())
+    sizes = s.pair_codes(units.reshape(-1, 2), by_word.reshape(-1, 2))
+    passed = (sizes > 0) & (
+        signature_agreement(corpus, pairs, sizes, s.num_perm) >= min_agreement(s.threshold, s.num_perm)
+    )
     pairs, sizes = pairs[passed], sizes[passed]
     sims = np.empty(len(pairs), dtype=np.float64)
     held: tuple[int, int, np.ndarray] | None = None  # (doc, size, shingle set): pairs come sorted by first doc
@@ -112,8 +114,8 @@ def verify_range(task: VerifyTask) -> VerifyResult:
             key_a = corpus.key(a)
             held = None
         if held is None or held[1] != n:
-            held = (a, n, mh.shingle_set(key_a, n))
-        sims[i] = mh.jaccard(held[2], mh.shingle_set(corpus.key(b), n))
+            held = (a, n, mh.coded_shingle_set(key_a, n))
+        sims[i] = mh.jaccard(held[2], mh.coded_shingle_set(corpus.key(b), n))
     corpus.close()
     ok = sims >= s.threshold - 1e-12
     rows = np.empty(int(ok.sum()), dtype=VERIFIED_DTYPE)
