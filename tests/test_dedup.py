@@ -423,6 +423,32 @@ def test_keep_rule(tmp_path, rule):
     assert {r["duplicate_of"] for r in removed} == {expected} and len(removed) == 3
 
 
+@pytest.mark.parametrize("rule", ["richest_meta", "longest"])
+def test_keep_rule_breaks_ties_by_quality(tmp_path, rule):
+    """Equal meta and length: the capitalised copy beats an all-lowercase one listed first, a clean text one with
+    replacement characters, and the reason is in clusters.jsonl and the report's samples."""
+    text = "The Quiet Harbour\nWe walked along the old pier while the gulls circled over the grey water, " * 2
+    essay = (
+        "Rivers carry silt to the delta, where it settles into banks that shift with every flood season. Farmers "
+        "follow the banks, planting rice on the new ground and moving their houses when the water comes back."
+    )
+    recs = [
+        _rec("q/a.json", 0, text.lower(), {"title": "x"}),
+        _rec("q/a.json", 1, text, {"title": "x"}),
+        _rec("q/b.json", 0, essay.replace("settles", "settl\ufffd\ufffd"), {"title": "y"}),
+        _rec("q/b.json", 1, essay, {"title": "y"}),
+    ]
+    _write(tmp_path / "in", recs)
+    build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(keep=rule), workers=1)
+    clusters = {c["kept"]: c for c in iter_jsonl(tmp_path / "rep" / CLUSTERS_FILE)}
+    assert set(clusters) == {recs[1]["id"], recs[3]["id"]}
+    assert clusters[recs[1]["id"]]["reason"] == "proper casing"
+    assert clusters[recs[3]["id"]]["reason"] == "fewer replacement/garbage characters"
+    report = json.loads((tmp_path / "rep" / REPORT_FILE).read_text())
+    assert {x["kept"]: x["reason"] for x in report["samples"]} == {k: c["reason"] for k, c in clusters.items()}
+    assert "proper casing" in report["parameters"]["keep_order"]
+
+
 def test_counts_add_up_and_report(tmp_path):
     recs, truth = _corpus()
     _write(tmp_path / "in", recs, per_shard=90)

@@ -68,6 +68,7 @@ class Clusters:
     components: int
     components_with_several_kept: int
     group_best: np.ndarray  # the most preferred record of each document's exact group (local index)
+    keep: str  # the keep rule
 
 
 def _load(files, dtype) -> np.ndarray:
@@ -75,20 +76,41 @@ def _load(files, dtype) -> np.ndarray:
     return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
 
-def _preference(docs: dict, rule: str) -> np.ndarray:
-    """Rank of every document under the keep rule (0 = most preferred), indexed documents first; ties are
-    impossible (ids are unique, and the input position breaks any remaining tie)."""
-    idx = np.arange(len(docs["meta_count"]))
-    id_rank = np.argsort(np.argsort(docs["ids"], kind="stable"), kind="stable")
+# quality ties of richest_meta and longest, fewer first (signatures.text_quality), with the reason each gives
+QUALITY = (
+    ("garbage", "fewer replacement/garbage characters"),
+    ("bad_case", "proper casing"),
+    ("repeats", "fewer repeated words"),
+)
+SOURCE_ORDER = (("path", "earlier in source"), ("loc", "earlier in source"), ("id_rank", "smaller id"))
+
+
+def keep_criteria(docs: dict, rule: str) -> list[tuple[np.ndarray, str]]:
+    """The keep rule's order as (key, reason) pairs, most significant first, smaller preferred: indexed records
+    (earlier batches) first, then the rule's own criterion, quality ties (richest_meta, longest), source order."""
+    indexed = [(~docs["indexed"], "kept by an earlier batch")]
     if rule in ("first", "first_seen"):
-        keys = (idx,)
-    elif rule == "longest":
-        keys = (idx, id_rank, docs["loc"], docs["path"], -docs["text_len"])
-    else:  # richest_meta
-        keys = (idx, id_rank, docs["loc"], docs["path"], -docs["meta_count"])
+        return [*indexed, (np.arange(len(docs["meta_count"])), "earlier in input")]
+    main = (-docs["meta_count"], "richer metadata") if rule == "richest_meta" else (-docs["text_len"], "longer text")
+    quality = [(docs[k], reason) for k, reason in QUALITY]
+    id_rank = np.argsort(np.argsort(docs["ids"], kind="stable"), kind="stable")
+    source = [(id_rank if k == "id_rank" else docs[k], reason) for k, reason in SOURCE_ORDER]
+    return [*indexed, main, *quality, *source]
+
+
+def _preference(docs: dict, rule: str) -> np.ndarray:
+    """Rank of every document under the keep rule (0 = most preferred); ties are impossible (ids are unique, and
+    the input position breaks any remaining tie)."""
+    keys = [k for k, _ in keep_criteria(docs, rule)]
+    idx = np.arange(len(docs["meta_count"]))
     rank = np.empty(len(idx), dtype=np.int64)
-    rank[np.lexsort((*keys, ~docs["indexed"]))] = idx
+    rank[np.lexsort((idx, *keys[::-1]))] = idx
     return rank
+
+
+def keep_reason(criteria: list[tuple[np.ndarray, str]], kept: int, runner_up: int) -> str:
+    """Why the keep rule put `kept` before `runner_up`: the first criterion they differ on."""
+    return next((reason for key, reason in criteria if key[kept] != key[runner_up]), "earlier in input")
 
 
 def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarray, edge_sims: np.ndarray):
@@ -162,6 +184,7 @@ def _write_clusters(
     cluster_roots,
     rank,
     kept_doc,
+    keep: str,
 ) -> int:
     """clusters.jsonl: one line per cluster (one kept record and the records removed as its duplicates),
     ordered by the kept record's input position; `component` links clusters that union-find joined. A removed
@@ -182,6 +205,7 @@ def _write_clusters(
     bounds = np.flatnonzero(np.diff(star[members_sorted])) + 1
     runs = np.split(members_sorted, bounds) if len(members_sorted) else []
     runs.sort(key=lambda r: int(r[0]))
+    criteria = keep_criteria(docs, keep)
     with JsonlWriter(out_dir / CLUSTERS_FILE) as w:
         for i, run in enumerate(runs):
             kept = int(run[0])
@@ -197,6 +221,7 @@ def _write_clusters(
                 {
                     "cluster": i,
                     "kept": _id(docs, kept),
+                    "reason": keep_reason(criteria, kept, int(run[1])),
                     "size": len(run),
                     "level": levels.pop() if len(levels) == 1 else "mixed",
                     "members": members,
@@ -276,6 +301,7 @@ def build_clusters(task: ClusterTask) -> Clusters:
         int((comp_size >= 2).sum()),
         int((kept_per_comp >= 2).sum()),
         group_best,
+        task.keep,
     )
 
 
@@ -311,4 +337,5 @@ def write_clusters(out_dir: Path, c: Clusters) -> int:
         c.cluster_roots,
         c.docs["rank"],
         c.kept_doc,
+        c.keep,
     )

@@ -34,7 +34,7 @@ from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chu
 from tokenmill.stages.dedup.settings import DedupSettings
 
 SEGMENT_FILE = "segment.json"
-INDEX_FORMAT = 2  # 2: document tables hold by_word, keys of word-shingled records are spaced
+INDEX_FORMAT = 2  # 2: document tables hold by_word and the quality fields, keys of word-shingled records are spaced
 # the settings an indexed record's key, signatures and band hashes depend on: every segment must share them
 SKETCH_SETTINGS = (
     "threshold",

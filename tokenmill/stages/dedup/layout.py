@@ -189,6 +189,10 @@ class NpyRows:
         return lo
 
 
+# the numeric document-table fields (signatures._document_table) the clusters read
+TABLE_FIELDS = ("meta_count", "text_len", "key_len", "loc", "loc_kind", "garbage", "bad_case", "repeats")
+
+
 class Corpus:
     """Read access by global document index to the per-chunk document tables and keys, so a task holds only the
     documents it asks for."""
@@ -231,15 +235,12 @@ class Corpus:
             # would count in its resident memory, and the involved documents are spread over every page
             part = np.load(self._file(ci, DOCS_DIR, ".npy"))[o[sel]]
             parts.append((sel, part, self._paths(ci)))
-        fields = {
-            k: np.empty(len(docs), dtype=np.int64)
-            for k in ("meta_count", "text_len", "key_len", "loc", "loc_kind", "path")
-        }
+        fields = {k: np.empty(len(docs), dtype=np.int64) for k in (*TABLE_FIELDS, "path")}
         width = max([p.dtype["id"].itemsize for _, p, _ in parts] + [1])
         fields["ids"] = np.empty(len(docs), dtype=f"S{width}")
         path_names = []
         for sel, part, names in parts:
-            for k in ("meta_count", "text_len", "key_len", "loc", "loc_kind"):
+            for k in TABLE_FIELDS:
                 fields[k][sel] = part[k]
             fields["ids"][sel] = part["id"]
             fields["path"][sel] = part["path"] + len(path_names)

@@ -11,7 +11,7 @@ import numpy as np
 
 from tokenmill.common.io import atomic_write_json, write_stats
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.clusters import Clusters, _id, _source, kept_role
+from tokenmill.stages.dedup.clusters import Clusters, _id, _source, keep_criteria, keep_reason, kept_role
 from tokenmill.stages.dedup.layout import (
     CLUSTERS_FILE,
     DECISION_DIR,
@@ -25,6 +25,16 @@ from tokenmill.stages.dedup.layout import (
 from tokenmill.stages.dedup.settings import CHAR_SIZES, WORD_SIZES, DedupSettings
 from tokenmill.stages.dedup.verify import FILTER_MISS, min_agreement
 
+_TIES = (
+    "then fewer replacement/garbage characters, proper casing (not all one case), fewer repeated words, then earliest "
+    "source (path in natural order, line), smallest id"
+)
+KEEP_ORDER = {
+    "richest_meta": "most non-empty meta fields, " + _TIES,
+    "longest": "longest text, " + _TIES,
+    "first": "earliest in the input (no ties)",
+    "first_seen": "greedy in input order: the first record seen is kept (no ties, no quality)",
+}  # each cluster's reason (clusters.jsonl, samples) is the first of these its kept record wins on
 SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clusters.jsonl lists them all
 
 
@@ -94,17 +104,19 @@ def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
     in_sample = np.flatnonzero(np.isin(star, chosen))
     shown = {}
     sim_of = dict(zip(removed.tolist(), similarity.tolist()))
+    criteria = keep_criteria(docs, c.keep)
     for r in chosen:  # the kept record and up to SAMPLE_MEMBERS - 1 removed ones, lowest similarity first
         members = in_sample[star[in_sample] == r]
         kept = int(kept_doc[members[0]])
         others = members[members != kept]
         others = sorted(others.tolist(), key=lambda d: (sim_of[d], d))[: SAMPLE_MEMBERS - 1]
-        shown[r] = (len(members), [kept] + others)
-    texts = _texts(chunks, docs, [d for _, ds in shown.values() for d in ds])
+        runner_up = int(members[members != kept][np.argmin(docs["rank"][members[members != kept]])])
+        shown[r] = (len(members), [kept] + others, keep_reason(criteria, kept, runner_up))
+    texts = _texts(chunks, docs, [d for _, ds, _ in shown.values() for d in ds])
     lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
     out = []
     for r in chosen:
-        size, (kept, *others) = shown[r]
+        size, (kept, *others), reason = shown[r]
         rows = [
             {
                 "id": _id(docs, kept),
@@ -127,7 +139,7 @@ def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
                     "text": texts[d],
                 }
             )
-        out.append({"size": size, "kept": rows[0]["id"], "members_shown": len(rows), "members": rows})
+        out.append({"size": size, "kept": rows[0]["id"], "reason": reason, "members_shown": len(rows), "members": rows})
     return out
 
 
@@ -254,6 +266,7 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         + (", traditional->simplified" if s.fold_chinese else "")
         + "; SHA-256",
         "keep": s.keep,
+        "keep_order": KEEP_ORDER[s.keep],
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.model_dump().items()},
     }
 

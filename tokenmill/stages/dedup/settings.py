@@ -88,10 +88,11 @@ class DedupSettings(StageSettings):
     )
     keep: Literal["richest_meta", "first", "longest", "first_seen"] = Field(
         "richest_meta",
-        description="Survivor of a cluster: 'richest_meta' (most non-empty meta fields, then "
-        "earliest source (path in natural order, then line/index), then smallest id), "
-        "'first' (earliest in the input), 'longest' (longest text, then earliest "
-        "source, then smallest id), 'first_seen' (records in input order: removed if an earlier record has the "
+        description="Survivor of a cluster: 'richest_meta' (most non-empty meta fields, then quality: fewer "
+        "replacement/garbage characters, proper casing, fewer repeated words; then earliest source (path in natural "
+        "order, then line/index), then smallest id), 'first' (earliest in the input), 'longest' (longest text, then "
+        "quality as richest_meta, then earliest source, then smallest id), 'first_seen' (records in input order: "
+        "removed if an earlier record has the "
         "same key, else if it is within the threshold of an earlier kept record; what batches added one by one "
         "keep)",
     )

@@ -7,6 +7,7 @@ and sketched items (signatures/). Memory: one chunk, and shingle hashes in batch
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,9 +59,22 @@ def _meta_count(meta) -> int:
     return sum(1 for v in meta.values() if v not in (None, "", [], {}))
 
 
+_GARBAGE = re.compile("[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\u25a1]")  # replacement, controls,
+# private use, placeholder box: what a broken decode or a missing glyph leaves
+
+
+def text_quality(text: str) -> tuple[int, int, int]:
+    """(garbage characters, improper casing, repeated words) of a text: the keep rules' quality ties, fewer first.
+    Improper casing: cased letters all in one case (an all-lowercase or all-caps copy of a text)."""
+    lower, upper = text.lower(), text.upper()
+    words = lower.split()
+    repeats = sum(1 for a, b in zip(words, words[1:]) if a == b)
+    return len(_GARBAGE.findall(text)), int(lower != upper and text in (lower, upper)), repeats
+
+
 def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
     """(table, texts, source paths): id, meta_count, text_len, path (index into the paths), loc, loc_kind."""
-    ids, meta_counts, text_lens, paths, locs, kinds, texts = [], [], [], [], [], [], []
+    ids, meta_counts, text_lens, paths, locs, kinds, texts, quality = [], [], [], [], [], [], [], []
     path_index: dict[str, int] = {}
     for ordinal, line in chunk_lines(chunk):
         rec = parse(chunk, ordinal, line)
@@ -70,6 +84,7 @@ def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
         ids.append(str(rec.get("id", "")).encode("utf-8"))
         meta_counts.append(_meta_count(rec.get("meta")))
         text_lens.append(len(text))
+        quality.append(text_quality(text))
         src = rec.get("source") if isinstance(rec.get("source"), dict) else {}
         paths.append(path_index.setdefault(str(src.get("path", "")), len(path_index)))
         kind = 0 if isinstance(src.get("line"), int) else 1 if isinstance(src.get("index"), int) else 2
@@ -84,10 +99,15 @@ def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
         ("path", "<i4"),
         ("loc", "<i8"),
         ("loc_kind", "i1"),
+        ("garbage", "<i8"),
+        ("bad_case", "i1"),
+        ("repeats", "<i8"),
     ]
     table = np.zeros(len(ids), dtype=dtype)
     table["id"], table["meta_count"], table["text_len"] = ids, meta_counts, text_lens
     table["path"], table["loc"], table["loc_kind"] = paths, locs, kinds
+    if quality:
+        table["garbage"], table["bad_case"], table["repeats"] = np.asarray(quality, dtype=np.int64).T
     return table, texts, list(path_index)
 
 
