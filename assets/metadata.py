@@ -169,11 +169,13 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
 
 
 def batches_frame(funnel: dict) -> pd.DataFrame:
-    """One row per source batch: records after each stage, tokens, and whether the batch conserves records."""
-    labels = [s["stage"] for s in funnel["stages"]]
+    """One row per source batch: records after each stage, tokens, and whether the batch conserves records. Columns
+    are named by the stage's first word (raw, cleaned, deduped, tokenized) so the table fits the page."""
+    stages = {s["stage"]: s["stage"].split("_")[0] for s in funnel["stages"]}
+    labels = list(stages.values())
     rows = []
     for batch in funnel["batches"]:
-        out = {s["stage"]: s["docs_out"] for s in batch["stages"]}
+        out = {stages[s["stage"]]: s["docs_out"] for s in batch["stages"]}
         rows.append(
             {
                 "batch": batch["batch"],

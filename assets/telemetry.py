@@ -35,8 +35,9 @@ def previous_history_rows(context: dg.AssetExecutionContext, source: str) -> lis
 def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg.MaterializeResult:
     """The data funnel of the whole run: records kept and dropped per stage, tokens, split and bytes.
 
-    Built from the `_stats.json` each stage measured. `funnel.json` is machine-readable; the chart shows
-    the funnel as bars and how the counts moved over the last materializations.
+    Built from the `_stats.json` each stage measured. `funnel.json` is machine-readable; the page shows the funnel
+    with bars, the drops per reason and the tokens, its Plots view how the counts moved across materializations,
+    and `funnel.png` (chart_path) draws both.
     """
     start = time.perf_counter()
     funnel = build_funnel(data_root.path(""))

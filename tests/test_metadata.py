@@ -39,7 +39,7 @@ FUNNEL = {
         stage("deduped_jsonl", "after dedup", 2801, 2700, {"exact_duplicate": 55, "near_duplicate": 46}),
         stage("tokenized_bins", "tokenized", 2700, 2700, {}),
     ],
-    "batches": [],
+    "batches": [{"batch": "g1-b000001", "stages": [], "tokens": 0}],
     "tokens": {
         "total": 1000,
         "supervised": 900,
@@ -66,6 +66,8 @@ def test_funnel_shows_inline_with_input_and_output_counts_apart(tmp_path):
     # numeric entries: the Plots view draws each across materializations; the input is not named after a stage
     assert meta["input_records"] == 2864 and meta["records_raw_records"] == 2851
     assert "raw_records" not in meta
+    (batch,) = table_rows(meta["batches"])  # short column names: the table fits the page
+    assert list(batch) == ["batch", "input", "raw", "cleaned", "deduped", "tokenized", "tokens", "conserved"]
 
 
 def test_history_chart_keeps_a_row_equal_to_the_next_visible():
