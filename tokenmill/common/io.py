@@ -17,7 +17,11 @@ STATS_FILE = "_stats.json"
 TIMINGS_FILE = (
     "_timings.json"  # how the run went (seconds, workers): apart, so every data file is identical across reruns
 )
-RUN_FACT_KEYS = frozenset({"timings", "workers", "tasks"})
+# what one run did rather than what the data is: a rerun that adds nothing, or one after a retention pass, writes
+# the same data files as the run before it
+RUN_FACT_KEYS = frozenset(
+    {"timings", "workers", "tasks", "new_version", "batches_added", "rebuild_reason", "versions", "versions_removed"}
+)
 REJECTED_FILE = "_rejected.jsonl"
 REMOVED_FILE = "removed.jsonl"
 
