@@ -430,6 +430,11 @@ def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
     return {
         **stage_counts(stats, folder),
         "training_type": stats["training_type"],
+        "training_type_setting": stats["training_type_setting"],
+        "training_type_reason": stats["training_type_reason"],
+        **({"val_warning": stats["val_warning"]} if stats["val_warning"] else {}),
+        **({"val_moved": ", ".join(stats["val_moved"])} if stats["val_moved"] else {}),
+        "rejected_samples": drop_samples_table(stats["rejected_samples"]),
         "tokens": dg.MetadataValue.int(stats["tokens"]),
         **{
             k: stats[k]

@@ -26,8 +26,9 @@ from typing import ClassVar
 import numpy as np
 
 from tokenmill.common.io import record_shards
+from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.errors import CapacityError, CorruptOutputError
-from tokenmill.stages.tokenize.render import RENDERERS, Segments, split_of
+from tokenmill.stages.tokenize.render import RENDERERS, Segments, split_hash, title_author
 from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill.stages.tokenize.tokenizer import TokenizerPin, parse_pinned, read_pinned, special_token_ids
 from tokenmill_loader.format import KEYS, MASK, MASK_OF, SPLITS, VALUES
@@ -95,6 +96,7 @@ class EncodeTask:
     token_dtype: str
     threads: bool  # let the encoder use every core (one task at a time in this process)
     out: str  # the task's encoded arrays, written here for the run process (a file in the stage folder)
+    val_ids: frozenset[str] = frozenset()  # records put in val whatever their split hash (an empty val topped up)
 
 
 def plan_ranges(in_dir: Path, task_bytes: int, workers: int) -> list[ByteRange]:
@@ -231,9 +233,12 @@ def concat_chunks(chunks: list[SplitChunk]) -> SplitChunk:
 class TaskResult:
     docs_in: int
     reasons: dict[str, int]  # records the training type cannot render, by reason
-    rejected: list[dict]  # one entry each: id, reason, where (part file:line), source
+    # one entry each: id, reason, where (part file:line), source; the task's first SAMPLES_PER_REASON of each
+    # reason also carry their record's line (`text`, cut) so a drop can be read
+    rejected: list[dict]
     splits: dict[str, SplitChunk]  # empty as returned; load_splits reads them from splits_file
     splits_file: str = ""
+    first_train: tuple[int, str] | None = None  # (split hash, id) of the train record with the smallest hash
 
 
 def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
@@ -274,6 +279,19 @@ def _record(line: str, path: str, lineno: int) -> dict:
     return rec
 
 
+def metadata_task(rng: ByteRange) -> tuple[int, int]:
+    """(records, records with a title or author) of one byte range: what training_type auto decides on. Only the
+    lines that hold a "title" or "author" key are parsed (deduped_jsonl is written by json.dumps: keys unescaped)."""
+    records = with_metadata = 0
+    for n, line in enumerate(_lines(rng)):
+        if not line.strip():
+            continue
+        records += 1
+        if ('"title"' in line or '"author"' in line) and any(title_author(_record(line, rng.path, rng.first_line + n))):
+            with_metadata += 1
+    return records, with_metadata
+
+
 def encode_task(task: EncodeTask) -> TaskResult:
     """Worker: one byte range of one part file -> per-split SplitChunks, rejected records, counts."""
     if not task.threads:
@@ -285,6 +303,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
     dtype = np.dtype(task.token_dtype)
     rel = os.path.basename(rng.path)
     result = TaskResult(0, {}, [], {})
+    samples = ReasonSamples()
     batches = [Segments(KEYS[tt]), Segments(KEYS[tt])]
     chunks: list[list[SplitChunk]] = [[], []]
 
@@ -303,15 +322,21 @@ def encode_task(task: EncodeTask) -> TaskResult:
         if not isinstance(rid, str) or not rid:
             reason = "missing_id"
         else:
-            s = split_of(rid, settings.val_fraction)
+            h = split_hash(rid)
+            s = 1 if h < settings.val_fraction * 2.0**64 or rid in task.val_ids else 0
             reason = render(rec, batches[s], enc.special, settings)
             if reason is None:
                 batches[s].ids.append(rid)
+                if s == 0 and (result.first_train is None or (h, rid) < result.first_train):
+                    result.first_train = (h, rid)
                 if len(batches[s].ids) >= settings.batch_records:
                     flush(s)
                 continue
         result.reasons[reason] = result.reasons.get(reason, 0) + 1
-        result.rejected.append({"id": rid, "reason": reason, "where": f"{rel}:{lineno}", "source": rec.get("source")})
+        entry = {"id": rid, "reason": reason, "where": f"{rel}:{lineno}", "source": rec.get("source")}
+        if samples.add(reason, rid):  # the record as deduped_jsonl holds it: the fields the renderer lacked
+            entry = with_text(entry, line)
+        result.rejected.append(entry)
     splits = {}
     for s, split in enumerate(SPLITS):
         flush(s)

@@ -9,8 +9,9 @@ renderer checks every field it needs before it appends anything, and returns the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
-from tokenmill.stages.tokenize.settings import ShardSettings
+from tokenmill.stages.tokenize.settings import AUTO_CONDITIONAL_SHARE, ShardSettings
 from tokenmill.stages.tokenize.tokenizer import hash64
 from tokenmill_loader.format import GROUP_KEY, ROLE_TOKENS
 
@@ -53,9 +54,17 @@ class Segments:
         self.nitems[key].append(1)
 
 
+VAL_MOVED_KEY = "val_moved"  # a version's manifest: the train records moved into an empty val, by id
+
+
+def split_hash(rid: str) -> int:
+    """The record's place in the train/val split: val holds the ids whose hash is below val_fraction * 2**64."""
+    return hash64("tokenmill-split", rid)
+
+
 def split_of(rid: str, val_fraction: float) -> int:
     """0 (train) or 1 (val), by a hash of the record id: stable when records are added."""
-    return 1 if hash64("tokenmill-split", rid) < val_fraction * 2.0**64 else 0
+    return 1 if split_hash(rid) < val_fraction * 2.0**64 else 0
 
 
 def metadata_dropped(rid: str, seed: int, rate: float) -> bool:
@@ -76,14 +85,19 @@ def render_seq(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSett
     return None
 
 
+def title_author(rec: dict) -> tuple[str, str]:
+    """The record's meta.title and meta.author ("" when absent or not text): what conditional renders."""
+    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+    return _str(meta.get("title")) or "", _str(meta.get("author")) or ""
+
+
 def render_conditional(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSettings) -> str | None:
     """`<|title|>T<|author|>A<|content|>body</s>` with the prefix masked; metadata dropout keeps
     `<|content|>body</s>`."""
     text = _str(rec.get("text"))
     if not text:
         return "empty_text"
-    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
-    title, author = _str(meta.get("title")) or "", _str(meta.get("author")) or ""
+    title, author = title_author(rec)
     prefix: list[Part] = []
     if not title and not author:
         out.no_metadata += 1
@@ -156,3 +170,49 @@ RENDERERS: dict[str, Renderer] = {
     "dpo": render_dpo,
     "grpo": render_grpo,
 }
+
+
+@dataclass(frozen=True)
+class TrainingTypeChoice:
+    """The training type a dataset generation is rendered with, and why: set explicitly, or chosen by auto from
+    the records of the generation's first version (`records`, `with_metadata`: those with a title or author)."""
+
+    setting: str
+    resolved: str
+    records: int = 0
+    with_metadata: int = 0
+    inherited: bool = field(default=False, compare=False)  # taken from the published generation
+
+    MANIFEST_KEY = "training_type_choice"  # a version's manifest: what auto decided on (absent: set explicitly)
+
+    @classmethod
+    def explicit(cls, training_type: str) -> TrainingTypeChoice:
+        return cls(training_type, training_type)
+
+    @classmethod
+    def auto(cls, records: int, with_metadata: int) -> TrainingTypeChoice:
+        conditional = records > 0 and with_metadata >= AUTO_CONDITIONAL_SHARE * records
+        return cls("auto", "conditional" if conditional else "seq", records, with_metadata)
+
+    @classmethod
+    def published(cls, manifest: dict) -> TrainingTypeChoice | None:
+        """The choice a published auto generation recorded (None: its type was set explicitly)."""
+        found = manifest.get(cls.MANIFEST_KEY)
+        if not isinstance(found, dict):
+            return None
+        return cls("auto", manifest["training_type"], found["records"], found["with_title_or_author"], inherited=True)
+
+    def manifest_entry(self) -> dict:
+        if self.setting != "auto":
+            return {}
+        return {self.MANIFEST_KEY: {"records": self.records, "with_title_or_author": self.with_metadata}}
+
+    @property
+    def reason(self) -> str:
+        if self.setting != "auto":
+            return "set explicitly"
+        share = self.with_metadata / self.records if self.records else 0.0
+        return (
+            f"auto: {self.with_metadata:,} of {self.records:,} records ({share:.1%}) carry a title or author; "
+            f"conditional from {AUTO_CONDITIONAL_SHARE:.0%}"
+        )

@@ -11,6 +11,10 @@ from tokenmill.settings import StageSettings
 from tokenmill_loader.format import SPECIAL_TOKENS, TOKEN_DTYPES, TRAINING_TYPES, dtype_fits
 
 BYTE_TOKENS = 256  # a byte-level BPE starts from every byte
+# training_type auto: conditional from this share of records with a title or author. Below it the conditioning is
+# learned from too few records to matter while every other record still gets a masked <|content|>; a share rather
+# than "any record" so one stray titled record does not switch a plain-text corpus (demo corpus: 45%)
+AUTO_CONDITIONAL_SHARE = 0.1
 PRETOKENIZERS = ("punct_attach", "bytelevel")
 
 
@@ -70,14 +74,25 @@ class ShardSettings(StageSettings):
 
     asset_key: ClassVar[str] = "tokenized_bins"
 
-    training_type: Literal[TRAINING_TYPES] = Field(
-        "conditional", description="seq | conditional | sft | dpo | grpo (renderings in docs/format.md)"
+    training_type: Literal[("auto", *TRAINING_TYPES)] = Field(
+        "auto",
+        description="auto | seq | conditional | sft | dpo | grpo (renderings in docs/format.md). auto: conditional "
+        f"when at least {AUTO_CONDITIONAL_SHARE:.0%} of the records carry a title or author, else seq; chosen once "
+        "per dataset generation",
     )
     val_fraction: float = Field(
         0.05,
         ge=0.0,
         lt=1.0,
-        description="Share of documents in val, chosen by a hash of the record id (stable when records are added)",
+        description="Share of documents in val, chosen by a hash of the record id (stable when records are added). "
+        "Above 0, val never stays empty when there are 2 records or more: the record with the smallest split hash "
+        "moves there when a new generation's hash split leaves val empty",
+    )
+    min_val_records: int = Field(
+        10,
+        ge=0,
+        description="Fewer val records than this is warned about (val_warning in the stats and the UI): a val loss "
+        "averaged over a handful of documents mostly measures which documents they are. 0: never warn",
     )
     metadata_dropout: float = Field(
         0.25,
@@ -114,7 +129,8 @@ class ShardSettings(StageSettings):
     )
 
     # the settings that change the tokens of a record: another value starts a new dataset generation (every batch
-    # encoded again); the others (shard size, task cut, retention) apply to what is written from then on
+    # encoded again); the others (shard size, task cut, retention, the val warning) apply to what is written from
+    # then on. A version's manifest records them with training_type resolved (never "auto")
     ENCODING: ClassVar[tuple[str, ...]] = ("training_type", "val_fraction", "metadata_dropout", "seed", "token_dtype")
 
     def encoding(self) -> dict:

@@ -7,6 +7,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,16 @@ from tokenmill.common.io import atomic_write_text, read_json, write_stats
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
-from tokenmill.stages.tokenize.encode import Encoder, EncodeTask, encode_task, encoder, load_splits, plan_ranges
+from tokenmill.stages.tokenize.encode import (
+    Encoder,
+    EncodeTask,
+    encode_task,
+    encoder,
+    load_splits,
+    metadata_task,
+    plan_ranges,
+)
+from tokenmill.stages.tokenize.render import VAL_MOVED_KEY, TrainingTypeChoice
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
 from tokenmill.stages.tokenize.shards import (
     ShardWriter,
@@ -115,11 +125,49 @@ def rebuild_reason(published: Published | None, tokenizer_sha256: str, encoding:
     return None
 
 
+AUTO_SCAN_POOL_MIN_BYTES = 64 << 20  # below this, starting worker processes costs more than the scan itself
+
+
+def choose_training_type(
+    settings: ShardSettings, published: Published | None, batches: list[tuple[str, Path]], workers: int
+) -> TrainingTypeChoice:
+    """An explicit training type; with auto, the published generation's choice when it was made by auto, else
+    the choice from the records of every batch (AUTO_CONDITIONAL_SHARE)."""
+    if settings.training_type != "auto":
+        return TrainingTypeChoice.explicit(settings.training_type)
+    inherited = TrainingTypeChoice.published(published.manifests[SPLITS[0]]) if published else None
+    return inherited or records_choice(batches, settings.task_bytes, workers)
+
+
+def records_choice(batches: list[tuple[str, Path]], task_bytes: int, workers: int) -> TrainingTypeChoice:
+    """training_type auto over the records of `batches`: how many carry a title or author."""
+    ranges = [r for _, folder in batches for r in plan_ranges(Path(folder), task_bytes, workers)]
+    small = sum(r.end - r.start for r in ranges) < AUTO_SCAN_POOL_MIN_BYTES
+    counts = list(map_ordered(metadata_task, ranges, 1 if small else workers))
+    return TrainingTypeChoice.auto(sum(n for n, _ in counts), sum(m for _, m in counts))
+
+
+def _resolved(settings: ShardSettings, choice: TrainingTypeChoice) -> ShardSettings:
+    """The settings a generation is encoded with: training_type as chosen (never auto)."""
+    return settings.model_copy(update={"training_type": choice.resolved})
+
+
 def _load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals:
     path = batch_summary_file(bins_dir, generation, key)
     if not path.exists():
         raise CorruptOutputError(f"{path}: missing (the counts of published batch {key})")
     return BatchTotals.from_json(read_json(path))
+
+
+@dataclass
+class Encoded:
+    """What `_encode_batches` wrote: the counts per batch, the new shard entries per split, the task count, and
+    (split hash, id) of the train record with the smallest split hash (what an empty val is topped up with)."""
+
+    totals: dict[str, BatchTotals]
+    shards: dict[str, list[dict]]
+    tasks: int
+    first_train: tuple[int, str] | None
 
 
 def _encode_batches(
@@ -132,21 +180,24 @@ def _encode_batches(
     generation: int,
     workers: int,
     log=None,
-) -> tuple[dict[str, BatchTotals], dict[str, list[dict]], int]:
+    val_ids: frozenset[str] = frozenset(),
+) -> Encoded:
     """Encodes the batches, in order, into new shards of bins_dir (one task list for all of them); saves each
-    batch's counts. Returns the counts per batch, the new shard entries per split and the task count."""
+    batch's counts. `val_ids` go to val whatever their split hash."""
     encoded = bins_dir / ENCODED_DIR
     encoded.mkdir(parents=True, exist_ok=True)
     plans = [(key, plan_ranges(Path(folder), settings.task_bytes, workers)) for key, folder in batches]
     ranges = [r for _, batch_ranges in plans for r in batch_ranges]
     threads = workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
     tasks = [
-        EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}.pkl")) for i, r in enumerate(ranges)
+        EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}.pkl"), val_ids)
+        for i, r in enumerate(ranges)
     ]
     progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=log)
     results = iter(map_ordered(encode_task, tasks, workers))
     totals: dict[str, BatchTotals] = {}
     shards: dict[str, list[dict]] = {s: [] for s in SPLITS}
+    first_train = None
     try:
         for key, batch_ranges in plans:
             batch = BatchTotals(settings.training_type)
@@ -156,6 +207,8 @@ def _encode_batches(
                     result = load_splits(next(results))
                     for entry in result.rejected:
                         entry["batch"] = key
+                    if result.first_train is not None:
+                        first_train = min(first_train or result.first_train, result.first_train)
                     batch.add(result)
                     writers.add(result.splits)
                     progress.advance(rng.end - rng.start)
@@ -172,7 +225,17 @@ def _encode_batches(
     finally:
         shutil.rmtree(encoded, ignore_errors=True)
     progress.finish()
-    return totals, shards, len(tasks)
+    return Encoded(totals, shards, len(tasks), first_train)
+
+
+def _val_top_up(settings: ShardSettings, encoded: Encoded) -> frozenset[str]:
+    """The record to move into val when a generation's first version leaves it empty with val asked for and 2
+    records or more: the train record with the smallest split hash (the same for any worker count)."""
+    val = sum(t.splits["val"].records for t in encoded.totals.values())
+    train = sum(t.splits["train"].records for t in encoded.totals.values())
+    if settings.val_fraction == 0 or val or train < 2:
+        return frozenset()
+    return frozenset({encoded.first_train[1]})
 
 
 def tokenize_batches(
@@ -194,6 +257,11 @@ def tokenize_batches(
     `check(version)` runs on the complete new version before any dataset.json names it; if it raises, nothing is
     published. The tokenizer is pinned when the run starts (a task that finds it changed raises
     StaleUpstreamError). Superseded versions past retention are removed at the end.
+
+    training_type auto is chosen once per generation (`choose_training_type`); appends keep the choice. A
+    generation's first version whose hash split leaves val empty (val_fraction > 0, 2 records or more) moves the
+    train record with the smallest split hash into val (the version's manifest lists it under val_moved); appends
+    never move a published record.
     """
     t0 = time.perf_counter()
     bins_dir = Path(bins_dir)
@@ -202,29 +270,41 @@ def tokenize_batches(
     keys = _batch_keys(batches)
     published = recover(bins_dir, log)
     pin, tokenizer_bytes = pin_tokenizer(tokenizer_dir)
-    reason = rebuild_reason(published, pin.sha256, settings.encoding(), keys)
+    workers = default_workers() if workers is None else max(1, workers)
+    choice = choose_training_type(settings, published, batches, workers)
+    reason = rebuild_reason(published, pin.sha256, _resolved(settings, choice).encoding(), keys)
+    if reason is not None and choice.inherited:  # a new generation chooses again, from all its records
+        choice = records_choice(batches, settings.task_bytes, workers)
+    resolved = _resolved(settings, choice)
     kept = published.batches if reason is None else ()
     generation = published.generation if reason is None else (published.generation + 1 if published else 1)
     added = list(batches[len(kept) :])
-    workers = default_workers() if workers is None else max(1, workers)
     totals = {key: _load_batch_totals(bins_dir, generation, key) for key in kept}
     tasks = 0
     if added or reason is not None:
         if log:
-            log.info(f"tokenized_bins: generation {generation} ({reason or 'append'}), encoding {len(added)} batches")
+            log.info(
+                f"tokenized_bins: generation {generation} ({reason or 'append'}), encoding {len(added)} batches "
+                f"as {choice.resolved} ({choice.reason})"
+            )
         try:
             enc = encoder(pin)
             dtype = token_dtype_for(enc.vocab_size, settings.token_dtype)
-            new_totals, new_shards, tasks = _encode_batches(
-                added, pin, enc, dtype, settings, bins_dir, generation, workers, log
-            )
-            totals.update(new_totals)
-            shards = {s: (list(published.manifests[s]["shards"]) if kept else []) + new_shards[s] for s in SPLITS}
+            encoded = _encode_batches(added, pin, enc, dtype, resolved, bins_dir, generation, workers, log)
+            moved = _val_top_up(settings, encoded) if not kept else frozenset()
+            if moved:
+                if log:
+                    log.info(f"tokenized_bins: val is empty; moving record {min(moved)} there and encoding again")
+                recover(bins_dir)  # removes the shards and counts just written: no version names them
+                encoded = _encode_batches(added, pin, enc, dtype, resolved, bins_dir, generation, workers, log, moved)
+            tasks = encoded.tasks
+            totals.update(encoded.totals)
+            shards = {s: (list(published.manifests[s]["shards"]) if kept else []) + encoded.shards[s] for s in SPLITS}
             for s in SPLITS:
                 if not shards[s]:  # an empty split still gets one (empty) shard, so it loads
                     shards[s] = ShardWriter(
                         bins_dir / s,
-                        settings.training_type,
+                        resolved.training_type,
                         enc.vocab_size,
                         dtype,
                         settings.shard_tokens,
@@ -237,15 +317,18 @@ def tokenize_batches(
                 "sha256": pin.sha256,
                 "vocab_size": enc.vocab_size,
             }
+            moved_before = published.manifests[SPLITS[0]].get(VAL_MOVED_KEY, []) if kept else []
             version = {
                 "version": published.version + 1 if published else 1,
                 "generation": generation,
                 "batches": list(keys),
-                "encoding": settings.encoding(),
+                "encoding": resolved.encoding(),
+                **choice.manifest_entry(),
+                **({VAL_MOVED_KEY: moved_before or sorted(moved)} if moved_before or moved else {}),
             }
             manifests = version_manifests(
                 version=version,
-                training_type=settings.training_type,
+                training_type=resolved.training_type,
                 vocab_size=enc.vocab_size,
                 token_dtype=dtype,
                 tokenizer=tokenizer,
@@ -269,6 +352,7 @@ def tokenize_batches(
         seconds=time.perf_counter() - t0,
         workers=workers,
         tasks=tasks,
+        choice=choice,
     )
     stats.update(
         {

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tokenmill.common.samples import ReasonSamples
 from tokenmill.stages.tokenize.encode import Encoder, SplitChunk, TaskResult
+from tokenmill.stages.tokenize.render import VAL_MOVED_KEY, TrainingTypeChoice
 from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill_loader.format import SPLITS
 
@@ -63,15 +65,20 @@ class BatchTotals:
     docs_in: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     splits: dict[str, SplitTotals] = field(default_factory=lambda: {s: SplitTotals() for s in SPLITS})
-    rejected: list[dict] = field(default_factory=list)  # the records the training type cannot render
+    # the records the training type cannot render; the batch's first SAMPLES_PER_REASON of each reason with text
+    rejected: list[dict] = field(default_factory=list)
     first: FirstRecord | None = None
     sample: dict | None = None  # the first train record, decoded (set by `finish`)
+    samples: ReasonSamples = field(default_factory=ReasonSamples)  # while tasks are added: the entries with text
 
     def add(self, result: TaskResult) -> None:
         self.docs_in += result.docs_in
         for r, c in result.reasons.items():
             self.reasons[r] = self.reasons.get(r, 0) + c
-        self.rejected.extend(result.rejected)
+        for entry in result.rejected:  # each task kept its own first texts; the batch's first are among them
+            if "text" in entry and not self.samples.add(entry["reason"], entry["id"]):
+                entry = {k: v for k, v in entry.items() if k not in ("text", "text_chars")}
+            self.rejected.append(entry)
         for s, ch in result.splits.items():
             self.splits[s].add(ch)
             if self.first is None and s == "train" and ch.records:
@@ -160,6 +167,16 @@ def sample_markdown(tok, ids: np.ndarray, mask: np.ndarray | None) -> str:
     return "".join(out)
 
 
+def val_warning(settings: ShardSettings, val_records: int, records: int) -> str | None:
+    """Why val is too small to measure a loss on (None: it is not, or no val split was asked for)."""
+    if settings.val_fraction == 0 or val_records >= settings.min_val_records:
+        return None
+    return (
+        f"val holds {val_records:,} of {records:,} records, under min_val_records {settings.min_val_records}: "
+        f"its loss is noise; raise val_fraction ({settings.val_fraction}) or add records"
+    )
+
+
 def _share(part: int, whole: int, digits: int = 4) -> float:
     return round(part / whole, digits) if whole else 0.0
 
@@ -174,9 +191,11 @@ def stage_stats(
     seconds: float,
     workers: int,
     tasks: int,
+    choice: TrainingTypeChoice,
 ) -> dict:
     """The stage's _stats.json for the published version whose split manifests are `manifests`, holding `batches`
-    (in order): docs_in/docs_out/dropped_<reason>, tokens and shares, per split, per batch, the first record."""
+    (in order): docs_in/docs_out/dropped_<reason> (with samples), the training type and why, tokens and shares, per
+    split (val_warning when val is small), per batch, the first record."""
     split_totals = [m["totals"] for m in manifests.values()]
     tokens = sum(t["tokens"] for t in split_totals)
     records = sum(t["records"] for t in split_totals)
@@ -189,9 +208,13 @@ def stage_stats(
     dropout = sum(t.dropout for t in per_split)
     no_metadata = sum(t.no_metadata for t in per_split)
     reasons: dict[str, int] = {}
+    samples = ReasonSamples()
     for b in batches.values():
         for r, c in b.reasons.items():
             reasons[r] = reasons.get(r, 0) + c
+        for e in b.rejected:
+            if "text" in e:
+                samples.add(e["reason"], e)
     bytes_on_disk: dict[str, int] = {}
     for m in manifests.values():
         for sh in m["shards"]:
@@ -201,7 +224,10 @@ def stage_stats(
         "docs_in": sum(b.docs_in for b in batches.values()),
         "docs_out": records,
         **{f"dropped_{r}": c for r, c in sorted(reasons.items())},
-        "training_type": settings.training_type,
+        "rejected_samples": samples.as_dict(),
+        "training_type": choice.resolved,
+        "training_type_setting": choice.setting,
+        "training_type_reason": choice.reason,
         "settings": settings.model_dump(),
         "vocab_size": vocab_size,
         "token_dtype": token_dtype.name,
@@ -214,7 +240,7 @@ def stage_stats(
         "metadata_dropout": dropout,
         "metadata_dropout_share": _share(dropout, records),
         "no_metadata": no_metadata,
-        "records_with_metadata": records - no_metadata - dropout if settings.training_type == "conditional" else 0,
+        "records_with_metadata": records - no_metadata - dropout if choice.resolved == "conditional" else 0,
         "chars_per_token": round(text_chars / text_tokens, 4) if text_tokens else None,
         "isolated_punctuation_tokens": punct,
         "isolated_punctuation_share": _share(punct, tokens, 5),
@@ -236,6 +262,8 @@ def stage_stats(
         stats[f"{s}_tokens"], stats[f"{s}_records"] = t["tokens"], t["records"]
         stats[f"{s}_shards"] = len(manifests[s]["shards"])
         stats[s] = {"tokens": t["tokens"], "records": t["records"], "shards": stats[f"{s}_shards"]}
+    stats["val_moved"] = manifests["val"].get(VAL_MOVED_KEY, [])
+    stats["val_warning"] = val_warning(settings, stats["val_records"], records)
     sample = next((b.sample for b in batches.values() if b.sample is not None), None)
     if sample is not None:
         stats["sample"] = sample
