@@ -125,7 +125,8 @@ def rebuild_reason(published: Published | None, tokenizer_sha256: str, encoding:
     return None
 
 
-AUTO_SCAN_POOL_MIN_BYTES = 64 << 20  # below this, starting worker processes costs more than the scan itself
+# below this the scan runs in the run process: starting worker processes (or engine tasks) costs more than it
+AUTO_SCAN_POOL_MIN_BYTES = 64 << 20
 
 
 def choose_training_type(
@@ -143,7 +144,7 @@ def records_choice(batches: list[tuple[str, Path]], task_bytes: int, workers: in
     """training_type auto over the records of `batches`: how many carry a title or author."""
     ranges = [r for _, folder in batches for r in plan_ranges(Path(folder), task_bytes, workers)]
     small = sum(r.end - r.start for r in ranges) < AUTO_SCAN_POOL_MIN_BYTES
-    counts = list(map_ordered(metadata_task, ranges, 1 if small else workers))
+    counts = [metadata_task(r) for r in ranges] if small else list(map_ordered(metadata_task, ranges, workers))
     return TrainingTypeChoice.auto(sum(n for n, _ in counts), sum(m for _, m in counts))
 
 
