@@ -32,6 +32,9 @@ SWAPPED = [stage for stage in STAGES if stage != "tokenized_bins"]
 POINTS = [f"{stage}:{step}" for stage, step in zip(SWAPPED, itertools.cycle(["staged", "versioned", "pointed"]))]
 POINTS += ["tokenized_bins:version_written", "tokenized_bins:split_published"]
 POINTS += ["cleaned_jsonl:versioned@group", "dedup_report:pointed@group", "tokenized_bins:version_written@group"]
+# The frozen tokenizer and the append-only dataset write nothing when their batch is run again: their points are
+# reached by a first build (tests/test_versions.py kills an append with an earlier version in place).
+FIRST_BUILD_ONLY = {"tokenizer", "tokenized_bins"}
 
 RUN_GRAPH = """
 import sys
@@ -112,7 +115,9 @@ def test_rerun_after_a_kill_at_any_point_matches_a_clean_run(tmp_path, demo_sour
     data = tmp_path / "data"
     assert run_graph(demo_source, data, marker) == 0  # the good output each killed run is replacing
     problems = []
-    for point in POINTS:  # each rerun is the next kill's earlier good output
+    for n, point in enumerate(POINTS):  # each rerun is the next kill's earlier good output
+        if point.split(":")[0] in FIRST_BUILD_ONLY:
+            data = tmp_path / f"first-build-{n}"
         killed = run_graph(demo_source, data, marker, failpoint=point)
         rerun = run_graph(demo_source, data, marker)
         after = snapshot(data)
