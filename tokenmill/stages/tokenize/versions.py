@@ -84,10 +84,14 @@ def _manifest_version(path: Path) -> int | None:
     return read_json(path).get("version") if path.exists() else None
 
 
-def _point_split(split_dir: Path, version: int) -> None:
-    """The split's latest files: tokenizer.json (and the tokenizer's extra files), then dataset.json, last."""
+def _point_split(split_dir: Path, version: int, extras_from: Path) -> None:
+    """The split's latest files: tokenizer.json and the tokenizer's extra files (from `extras_from`), then
+    dataset.json, last."""
     manifest = split_dir / version_file(version)
     tokenizer = read_json(manifest)["tokenizer"]["file"]
+    for name in TOKENIZER_EXTRA_FILES:
+        if (Path(extras_from) / name).is_file():
+            _copy_atomic(Path(extras_from) / name, split_dir / name)
     _copy_atomic(split_dir / tokenizer, split_dir / TOKENIZER_FILE)
     _copy_atomic(manifest, split_dir / DATASET_FILE)
 
@@ -109,7 +113,8 @@ def recover(bins_dir: Path, log=None) -> Published | None:
                     raise CorruptOutputError(
                         f"{d / version_file(latest)}: missing, while another split publishes version {latest}"
                     )
-                _point_split(d, latest)
+                published_split = next(split_dirs[o] for o in SPLITS if pointed[o] == latest)
+                _point_split(d, latest, extras_from=published_split)
                 actions.append(f"re-pointed {s}/{DATASET_FILE} to version {latest}")
     for d in split_dirs.values():
         for v in list_versions(d):
@@ -163,17 +168,13 @@ def publish(
     the version's files)."""
     bins_dir = Path(bins_dir)
     version = manifests[SPLITS[0]]["version"]
-    extras = [Path(tokenizer_dir) / f for f in TOKENIZER_EXTRA_FILES if (Path(tokenizer_dir) / f).is_file()]
     for s, m in manifests.items():
         atomic_write_json(bins_dir / s / version_file(version), m)
     failpoint(f"{STAGE}:version_written")
     if check is not None:
         check(version)
     for s in SPLITS:
-        split_dir = bins_dir / s
-        for extra in extras:
-            _copy_atomic(extra, split_dir / extra.name)
-        _point_split(split_dir, version)
+        _point_split(bins_dir / s, version, extras_from=tokenizer_dir)
         failpoint(f"{STAGE}:split_published")
     now = time.time()
     for s in SPLITS:  # retention counts from here: when the previous version stopped being the latest
