@@ -68,11 +68,12 @@ def lsh_inputs(task: LshInputTask) -> int:
     docs = np.empty(hashes.shape, dtype=np.int64)
     words = np.empty((bands.shape[0], hashes.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
     d = item_doc[keep]
+    folded = mh.fold16(sig)  # once for every band; the sort then moves each item's few words, not its signature
     for b in range(bands.shape[0]):
         h = np.asarray(bands[b])[keep]
         order = np.lexsort((d, h))
         hashes[b], docs[b] = h[order], d[order]
-        words[b] = mh.order_words(sig[order], (b + 1) * task.rows, ORDER_ROWS)
+        words[b] = mh.order_words(folded, (b + 1) * task.rows, ORDER_ROWS)[order]
     lsh_dir = folder(task.out_dir, LSH_DIR)
     np.save(lsh_dir / f"{task.stem}.hash.npy", hashes)
     np.save(lsh_dir / f"{task.stem}.doc.npy", docs)

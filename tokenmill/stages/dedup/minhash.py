@@ -350,15 +350,20 @@ def pairs_per_bucket(lens: np.ndarray, max_bucket: int, neighbours: int) -> np.n
     return np.where(lens <= max_bucket, lens * (lens - 1) // 2, w * lens - w * (w + 1) // 2)
 
 
-def order_words(sig: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:
-    """(items, ceil(rows / 4)) uint64: the signature values of `rows` rows from `first_row` on (wrapping), each
-    folded to 16 bits, four to a word, so sorting by the words in order sorts by those values lexicographically
+def fold16(sig: np.ndarray) -> np.ndarray:
+    """(items, num_perm) uint16: each signature value folded to 16 bits (what order_words packs)."""
+    return ((sig ^ (sig >> 16)) & 0xFFFF).astype(np.uint16)
+
+
+def order_words(folded: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:
+    """(items, ceil(rows / 4)) uint64: the folded signature values (fold16) of `rows` rows from `first_row` on
+    (wrapping), four to a word, so sorting by the words in order sorts by those values lexicographically
     (members that agree on them, as near duplicates mostly do, sort next to each other)."""
-    cols = [(first_row + j) % sig.shape[1] for j in range(rows)]
-    words = np.zeros((sig.shape[0], -(-rows // 4)), dtype=np.uint64)
-    for j, c in enumerate(cols):
-        v = sig[:, c].astype(np.uint64)
-        words[:, j // 4] |= ((v ^ (v >> np.uint64(16))) & np.uint64(0xFFFF)) << np.uint64(48 - 16 * (j % 4))
+    cols = [(first_row + j) % folded.shape[1] for j in range(rows)]
+    shifted = folded[:, cols].astype(np.uint64) << np.asarray([48 - 16 * (j % 4) for j in range(rows)], np.uint64)
+    words = np.zeros((folded.shape[0], -(-rows // 4)), dtype=np.uint64)
+    for w in range(words.shape[1]):
+        np.bitwise_or.reduce(shifted[:, 4 * w : 4 * w + 4], axis=1, out=words[:, w])
     return words
 
 
