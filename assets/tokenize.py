@@ -52,8 +52,9 @@ def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_
     headerless little-endian .bin per key plus meta.json with record offsets. Each run appends the batches not yet
     in the dataset and publishes a new version of each split's manifest (dataset.json is the latest; readers keep
     the version they opened; old versions are removed after `retention_hours`); a new tokenizer or new settings
-    re-encode every batch as a new generation. training_type picks the rendering: seq, conditional (title/author
-    prefix loss-masked, metadata dropout), sft (chat template, assistant turns trained), dpo, grpo."""
+    re-encode every batch as a new generation. training_type picks the rendering: auto (the default: conditional
+    when >= 10% of records carry a title or author, else seq; chosen once per generation), seq, conditional
+    (title/author prefix loss-masked, metadata dropout), sft (chat template, assistant turns trained), dpo, grpo."""
     bins, deduped, tokenizer_dir = (data_root.path(k) for k in ("tokenized_bins", "deduped_jsonl", "tokenizer"))
     checks = []
 
