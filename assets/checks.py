@@ -9,10 +9,16 @@ from pathlib import Path
 
 import dagster as dg
 
-from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.common.io import STATS_FILE, read_json, record_shards
+from tokenmill.common.parallel import map_ordered
 from tokenmill.errors import CheckFailedError
-from tokenmill.stages.dedup.keys import dedup_keys, key_digest
-from tokenmill.validate import MAX_PROBLEMS, validate_records, validate_token_shards
+from tokenmill.validate import (
+    MAX_PROBLEMS,
+    KeyDigestTask,
+    shard_key_digests,
+    validate_records,
+    validate_token_shards,
+)
 
 MAX_REJECTED_SHARE = 0.2  # above this the source or the reader settings are wrong, not the records
 
@@ -100,18 +106,17 @@ def cleaned_records_valid(folder: Path) -> dg.AssetCheckResult:
 def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheckResult:
     settings = read_json(Path(report_dir) / "report.json")["parameters"]["settings"]
     seen, problems, records = {}, [], 0
-    for shard in record_shards(folder):
-        batch = list(iter_jsonl(shard))
-        records += len(batch)
-        keys = dedup_keys([r["text"] for r in batch], settings["strip_symbols"], settings["fold_chinese"])
-        for record, key in zip(batch, keys):
-            if not key:
+    shards = record_shards(folder)
+    tasks = [KeyDigestTask(shard, settings["strip_symbols"], settings["fold_chinese"]) for shard in shards]
+    for shard, digests in zip(shards, map_ordered(shard_key_digests, tasks)):
+        records += len(digests)
+        for record_id, digest in digests:
+            if digest is None:
                 continue  # nothing to compare: the report counts empty keys
-            digest = key_digest(key)
             if digest in seen:
-                problems.append(f"{record['id']} duplicates {seen[digest]} ({shard.name})")
+                problems.append(f"{record_id} duplicates {seen[digest]} ({shard.name})")
             else:
-                seen[digest] = record["id"]
+                seen[digest] = record_id
     return dg.AssetCheckResult(
         check_name=DEDUPED_NO_EXACT_DUPLICATES.name,
         passed=not problems,

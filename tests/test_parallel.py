@@ -54,3 +54,38 @@ def test_workers_exit_when_the_run_process_is_killed(tmp_path):
     for w in survivors:
         os.kill(w, signal.SIGKILL)
     assert not survivors, f"workers {survivors} outlived their run process"
+
+
+def worker_pid(_) -> int:
+    time.sleep(0.05)  # long enough that every worker takes a task
+    return os.getpid()
+
+
+def worker_env(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+def test_steps_share_warm_workers_until_the_environment_changes(monkeypatch):
+    """A run's steps reuse one pool (starting one costs seconds); workers that took an older environment at spawn
+    are replaced, so a task always sees the environment of the call that submitted it."""
+    first = set(map_ordered(worker_pid, range(8), workers=2))
+    assert set(map_ordered(worker_pid, range(4), workers=2)) <= first
+    monkeypatch.setenv("TOKENMILL_TEST_MARK", "changed")
+    assert list(map_ordered(worker_env, ["TOKENMILL_TEST_MARK"] * 2, workers=2)) == ["changed", "changed"]
+    assert not set(map_ordered(worker_pid, range(4), workers=2)) & first
+
+
+def fail_on_three(x: int) -> int:
+    if x == 3:
+        raise ValueError("task 3")
+    return x
+
+
+def test_a_failed_step_leaves_the_pool_usable():
+    try:
+        list(map_ordered(fail_on_three, range(8), workers=2))
+    except ValueError as e:
+        assert str(e) == "task 3"
+    else:
+        raise AssertionError("the task's error did not reach the caller")
+    assert list(map_ordered(square, range(6), workers=2)) == [0, 1, 4, 9, 16, 25]

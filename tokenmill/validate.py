@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from tokenmill.common.io import STATS_FILE, read_json, record_shards
+from tokenmill.common.io import STATS_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.common.parallel import map_ordered
+from tokenmill.stages.dedup.keys import dedup_keys, key_digest
 from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill.stages.tokenize.verify import reencode_problems
 from tokenmill_loader.format import SPLITS, TOKENIZER_FILE, DatasetError, manifest_path, sha256_file, validate_dataset
@@ -16,36 +19,63 @@ MAX_PROBLEMS = 20  # problems listed in a check's metadata; the count is always 
 
 def validate_records(stage_dir: Path) -> dict:
     """Every line of every shard is a record
-    {"id": str, "text": str, "meta": dict, "source": {"path", "line"|"index"}}."""
+    {"id": str, "text": str, "meta": dict, "source": {"path", "line"|"index"}}, with an id no earlier line has.
+    Shards are read in parallel (map_ordered); ids are compared across shards here, in shard order."""
     problems, records, ids = [], 0, set()
-    for shard in record_shards(stage_dir):
-        with open(shard, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                records += 1
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError as e:
-                    problems.append(f"{shard.name}:{n}: not JSON ({e.msg})")
-                    continue
-                except RecursionError:  # a reader lets no such record through; a check must not crash on one
-                    problems.append(f"{shard.name}:{n}: nested too deeply to parse")
-                    continue
-                src = r.get("source") if isinstance(r, dict) else None
-                if not (
-                    isinstance(r, dict)
-                    and isinstance(r.get("id"), str)
-                    and isinstance(r.get("text"), str)
-                    and isinstance(r.get("meta"), dict)
-                    and isinstance(src, dict)
-                    and "path" in src
-                    and ("line" in src or "index" in src)
-                ):
-                    problems.append(f"{shard.name}:{n}: does not match the record schema")
-                elif r["id"] in ids:
-                    problems.append(f"{shard.name}:{n}: duplicate id {r['id']}")
-                else:
-                    ids.add(r["id"])
+    shards = record_shards(stage_dir)
+    for shard, lines in zip(shards, map_ordered(shard_record_ids, shards)):
+        for n, problem, record_id in lines:
+            records += 1
+            if problem is not None:
+                problems.append(f"{shard.name}:{n}: {problem}")
+            elif record_id in ids:
+                problems.append(f"{shard.name}:{n}: duplicate id {record_id}")
+            else:
+                ids.add(record_id)
     return {"records": records, "problems": problems}
+
+
+def shard_record_ids(shard: Path) -> list[tuple[int, str | None, str | None]]:
+    """(line number, what is wrong with the line or None, the record's id) for each line of one shard."""
+    lines = []
+    with open(shard, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                lines.append((n, f"not JSON ({e.msg})", None))
+                continue
+            except RecursionError:  # a reader lets no such record through; a check must not crash on one
+                lines.append((n, "nested too deeply to parse", None))
+                continue
+            src = r.get("source") if isinstance(r, dict) else None
+            if not (
+                isinstance(r, dict)
+                and isinstance(r.get("id"), str)
+                and isinstance(r.get("text"), str)
+                and isinstance(r.get("meta"), dict)
+                and isinstance(src, dict)
+                and "path" in src
+                and ("line" in src or "index" in src)
+            ):
+                lines.append((n, "does not match the record schema", None))
+            else:
+                lines.append((n, None, r["id"]))
+    return lines
+
+
+@dataclass(frozen=True)
+class KeyDigestTask:
+    shard: Path
+    strip_symbols: bool
+    fold_chinese: bool
+
+
+def shard_key_digests(task: KeyDigestTask) -> list[tuple[str, bytes | None]]:
+    """(id, exact dedup key digest, None for an empty key) of each record of one shard, in order."""
+    batch = list(iter_jsonl(task.shard))
+    keys = dedup_keys([r["text"] for r in batch], task.strip_symbols, task.fold_chinese)
+    return [(r["id"], key_digest(key) if key else None) for r, key in zip(batch, keys)]
 
 
 def validate_token_shards(

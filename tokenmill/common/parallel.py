@@ -3,6 +3,8 @@ that `tokenmill.common.compute` made active for the current asset (a Ray cluster
 
 from __future__ import annotations
 
+import atexit
+import concurrent.futures
 import contextlib
 import multiprocessing
 import os
@@ -113,11 +115,46 @@ def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
         for task in tasks:
             yield fn(task)
         return
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(tasks)), mp_context=ctx, initializer=_exit_with_parent, initargs=(os.getpid(),)
-    ) as pool:
-        with _main_module_hidden(fn):
-            results = pool.map(fn, tasks)  # submits every task, so every worker is spawned here
+    pool = _shared_pool(workers)
+    with _main_module_hidden(fn):
+        futures = [pool.submit(fn, task) for task in tasks]  # every worker is spawned here
+    try:
         failpoint(f"tasks:{getattr(fn, '__name__', fn)}")
-        yield from results
+        for future in futures:
+            yield future.result()
+    finally:  # a failed or abandoned step leaves no task of it queued or running
+        for future in futures:
+            future.cancel()
+        concurrent.futures.wait(futures)
+
+
+_pool: ProcessPoolExecutor | None = None
+_pool_key: tuple | None = None
+
+
+def _shared_pool(workers: int) -> ProcessPoolExecutor:
+    """The process's worker pool, started once and reused by every step of every stage: starting one costs
+    ~1-2 CPU-s (each worker imports numpy, pydantic, the stage modules), and a run has a dozen steps. A new pool
+    replaces it when the worker count, the environment, the working directory or the import path changed
+    (workers take them at spawn) or a worker died."""
+    global _pool, _pool_key
+    key = (workers, tuple(sorted(os.environ.items())), os.getcwd(), tuple(sys.path))
+    if _pool is not None and (_pool_key != key or _pool._broken):
+        _close_pool()
+    if _pool is None:
+        _pool = ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent,
+            initargs=(os.getpid(),),
+        )
+        _pool_key = key
+    return _pool
+
+
+@atexit.register
+def _close_pool() -> None:
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True, cancel_futures=True)
+        _pool = None
