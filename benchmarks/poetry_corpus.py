@@ -37,6 +37,8 @@ def write_copy(src: Path, dest: Path, seed: int) -> int:
 
 def build(folder: Path, poems: int = 355_000) -> int:
     """Tang + Song, then renamed Tang copies until about `poems` poems; returns the count."""
+    if not TANG:
+        raise SystemExit(f"no poet.tang.*.json under {POETRY / '全唐诗'}: the chinese-poetry corpus is needed")
     folder.mkdir(parents=True, exist_ok=True)
     count = 0
     for src in TANG + SONG:
