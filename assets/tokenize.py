@@ -10,6 +10,7 @@ from tokenmill.common.io import batch_folders, staged_output
 from tokenmill.errors import CheckFailedError, StaleUpstreamError
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_batches, train_tokenizer
 from tokenmill.stages.tokenize.frozen import frozen_tokenizer_stats
+from tokenmill.stages.tokenize.versions import added_batches
 
 
 class TokenizerConfig(TokenizerSettings, dg.Config):
@@ -59,7 +60,10 @@ def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_
     checks = []
 
     def check(version: int) -> None:  # blocking: a version that fails is never published
-        checks.append(token_shards_consistent(bins, deduped, tokenizer_dir, version))
+        added = [
+            deduped / key for key in added_batches(bins, version)
+        ]  # earlier shards were checked, and are immutable
+        checks.append(token_shards_consistent(bins, added, tokenizer_dir, version))
         refuse_unless_passed(checks[-1])
 
     batches = [(p.name, p) for p in batch_folders(deduped)]
@@ -72,7 +76,7 @@ def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_
         yield from checks  # the failed evaluation is recorded before the step fails
         raise
     if not stats["new_version"]:  # nothing new was published: the check describes the version readers open
-        checks.append(token_shards_consistent(bins, deduped, tokenizer_dir))
+        checks.append(token_shards_consistent(bins, [batches[-1][1]], tokenizer_dir))
     yield dg.MaterializeResult(
         metadata={**tokenized_bins_metadata(stats, data_root.path("tokenized_bins")), **compute_metadata(usage)},
         check_results=checks,

@@ -39,10 +39,16 @@ def find_records(records_dirs: Path | Sequence[Path], ids: set[str]) -> dict[str
     return found
 
 
-def _sample(dataset: Dataset) -> list[tuple[int, int, str]]:
-    """(shard index, record in shard, record id) of up to SAMPLE_RECORDS records spread over the split."""
+def _sample(dataset: Dataset, batches: set[str] | None) -> list[tuple[int, int, str]]:
+    """(shard index, record in shard, record id) of up to SAMPLE_RECORDS records spread over the split, or over the
+    shards of `batches` only (the batches a version adds: earlier shards were checked when they were published, and
+    their checksums still are)."""
+    entries = dataset.manifest.get("shards", [])
     where = [
-        (si, j, rid) for si, shard in enumerate(dataset.shards) for j, rid in enumerate(read_record_ids(shard.folder))
+        (si, j, rid)
+        for si, shard in enumerate(dataset.shards)
+        if batches is None or entries[si].get("batch") in batches
+        for j, rid in enumerate(read_record_ids(shard.folder))
     ]
     if not where:
         return []
@@ -73,7 +79,8 @@ def _shard_record(dataset: Dataset, shard_index: int, record: int, key: str) -> 
 def reencode_problems(
     dataset: Dataset, records_dir: Path | Sequence[Path], settings: ShardSettings
 ) -> tuple[int, list[str]]:
-    """(records re-encoded, problems) for a split validated by tokenmill_loader.format.validate_dataset."""
+    """(records re-encoded, problems) for a split validated by tokenmill_loader.format.validate_dataset. Given
+    several record folders (batch folders of deduped_jsonl), only the shards of those batches are sampled."""
     folder, manifest = dataset.folder, dataset.manifest
     tt = dataset.training_type
     if tt != settings.training_type:
@@ -84,7 +91,8 @@ def reencode_problems(
         enc = encoder(pin)
     except (TokenmillError, OSError) as e:
         return 0, [f"{folder}: the dataset's tokenizer cannot be used: {e}"]
-    picks = _sample(dataset)
+    batches = None if isinstance(records_dir, (str, Path)) else {Path(d).name for d in records_dir}
+    picks = _sample(dataset, batches)
     records = find_records(records_dir, {rid for _, _, rid in picks})
     problems = [
         f"{records_dir}: record {rid} (in {dataset.shards[si].name} of {folder.name}) not found"

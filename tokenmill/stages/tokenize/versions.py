@@ -151,6 +151,17 @@ def _remove_unreferenced(bins_dir: Path, actions: list[str]) -> None:
                 _remove(p, actions, "unreferenced")
 
 
+def added_batches(bins_dir: Path, version: int) -> list[str]:
+    """The batches `version` adds to the published dataset (every batch of a new generation)."""
+    train = Path(bins_dir) / SPLITS[0]
+    new = read_json(train / version_file(version))
+    latest = read_json(train / DATASET_FILE) if (train / DATASET_FILE).exists() else {}
+    if latest.get("generation") != new.get("generation"):
+        return list(new["batches"])
+    published = set(latest.get("batches", []))
+    return [b for b in new["batches"] if b not in published]
+
+
 def next_shard_index(split_dir: Path) -> int:
     """Shard numbers continue across versions and generations (after `recover`, only named shards remain)."""
     names = os.listdir(split_dir) if split_dir.is_dir() else []
