@@ -30,6 +30,7 @@ SHARED = REPO.parent / "shared"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from poetry_corpus import build  # noqa: E402
+from proctree import descendants, status_mib  # noqa: E402
 
 from tokenmill.common.io import read_json  # noqa: E402
 
@@ -55,26 +56,11 @@ class Measured:
     started: float  # time.time() at launch
 
 
-def tree_rss(pid: int) -> tuple[int, int]:
-    """(summed, largest) RSS bytes of `pid` and its descendants, read from /proc (Linux)."""
-    parent, rss = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            parent[int(entry)] = int(fields[1])
-            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, IndexError, ValueError):
-            continue
-    total, largest, frontier = 0, 0, [pid]
-    while frontier:
-        p = frontier.pop()
-        total += rss.get(p, 0)
-        largest = max(largest, rss.get(p, 0))
-        frontier.extend(c for c, pp in parent.items() if pp == p)
-    return total, largest
+def tree_rss(pid: int) -> tuple[float, float]:
+    """(summed, largest) RSS MiB of `pid` and its descendants (reads only their /proc entries: the sampler runs
+    beside the measured process on the same cores)."""
+    rss = [status_mib(p, "VmRSS") for p in [pid, *descendants(pid)]]
+    return sum(rss), max(rss)
 
 
 def run_measured(cmd: list[str], env: dict, log: Path) -> Measured:
@@ -98,7 +84,7 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> Measured:
         stop.set()
         t.join()
     cpu = usage.ru_utime + usage.ru_stime
-    return Measured(time.perf_counter() - start, cpu, peak / 2**20, process_peak / 2**20, proc.returncode, started)
+    return Measured(time.perf_counter() - start, cpu, peak, process_peak, proc.returncode, started)
 
 
 def stage_table(data: Path, started: float) -> list[tuple[str, float | None, float | None]]:
