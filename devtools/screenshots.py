@@ -71,12 +71,20 @@ def take_screenshots(base_url: str, out_dir: Path, chromium: str | None = None) 
 
 
 def serve_and_shoot(out_dir: Path) -> dict[str, Path]:
+    import dagster as dg
+
     from devtools.dagster_server import DagsterDev
+    from resources import source_from_env
+    from tokenmill.update import register_batches
 
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"TOKENMILL_DATA": os.environ.get("TOKENMILL_DATA", str(Path(tmp) / "data"))}
-        with DagsterDev(Path(tmp) / "dagster_home", env=env) as server:
-            server.run_job("tokenmill_all")
+        data = Path(os.environ.get("TOKENMILL_DATA", str(Path(tmp) / "data")))
+        home = Path(tmp) / "dagster_home"
+        with DagsterDev(home, env={"TOKENMILL_DATA": str(data)}) as server:
+            with dg.DagsterInstance.from_config(str(home)) as instance:  # as `tokenmill update` registers them
+                batches = register_batches(instance, data, source_from_env().resolved())
+            for batch in batches:
+                server.run_job("tokenmill_all", partition=batch)
             return take_screenshots(server.url, out_dir)
 
 
