@@ -138,6 +138,22 @@ def fmix32(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> s3)
 
 
+def _shingle_offsets(units: np.ndarray, n: int) -> np.ndarray:
+    """Where each key's shingles start (len(units)+1): units - n + 1 windows of n units, or one shingle (the whole
+    key) when it is shorter, none when it is empty."""
+    counts = np.where(units >= n, units - n + 1, np.minimum(units, 1))
+    offsets = np.zeros(len(units) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return offsets
+
+
+def _sha1_hashes(keys: Sequence[str], n: int, split, offsets: np.ndarray, hash_name: str) -> np.ndarray:
+    """hash_name="sha1": each shingle of `split(key, n)` hashed with hashlib (slow, datasketch's default)."""
+    if hash_name != "sha1":
+        raise ValueError(f"unknown shingle hash {hash_name!r} (poly or sha1)")
+    return np.fromiter((sha1_hash32(s) for k in keys for s in split(k, n)), dtype=np.uint32, count=int(offsets[-1]))
+
+
 def shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") -> tuple[np.ndarray, np.ndarray]:
     """All shingle hashes of `keys` for shingle size n: (hashes uint32, offsets int64 of len(keys)+1).
 
@@ -145,16 +161,9 @@ def shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") -> tupl
     hash_name="sha1" hashes each shingle with hashlib (slow, equal to datasketch's default).
     """
     lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
-    counts = np.where(lengths >= n, lengths - n + 1, np.minimum(lengths, 1))
-    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    if hash_name == "sha1":
-        out = np.fromiter(
-            (sha1_hash32(s) for k in keys for s in shingles(k, n)), dtype=np.uint32, count=int(offsets[-1])
-        )
-        return out, offsets
+    offsets = _shingle_offsets(lengths, n)
     if hash_name != "poly":
-        raise ValueError(f"unknown shingle hash {hash_name!r} (poly or sha1)")
+        return _sha1_hashes(keys, n, shingles, offsets, hash_name), offsets
     out = np.empty(int(offsets[-1]), dtype=np.uint32)
     cps = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4").astype(np.uint64)
     full = lengths >= n
@@ -196,16 +205,9 @@ def word_shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") ->
     offsets int64 of len(keys)+1). Vectorized for hash_name="poly": the polynomial of a substring [i, j) is
     SEED * P^(j-i) + P^(j-1) * (S[j] - S[i]) with S[k] = sum_{m<k} c_m P^-m (P is odd, so invertible mod 2^64)."""
     words = np.fromiter((k.count(" ") + 1 if k else 0 for k in keys), dtype=np.int64, count=len(keys))
-    counts = np.where(words >= n, words - n + 1, np.minimum(words, 1))
-    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    if hash_name == "sha1":
-        out = np.fromiter(
-            (sha1_hash32(s) for k in keys for s in word_shingles(k, n)), dtype=np.uint32, count=int(offsets[-1])
-        )
-        return out, offsets
+    offsets = _shingle_offsets(words, n)
     if hash_name != "poly":
-        raise ValueError(f"unknown shingle hash {hash_name!r} (poly or sha1)")
+        return _sha1_hashes(keys, n, word_shingles, offsets, hash_name), offsets
     if offsets[-1] == 0:
         return np.empty(0, dtype=np.uint32), offsets
     cps = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4").astype(np.uint64)
@@ -218,7 +220,7 @@ def word_shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") ->
     starts = np.sort(np.concatenate([doc_start[nonempty], space + 1]))
     ends = np.sort(np.concatenate([doc_end[nonempty], space]))
     first_word = np.concatenate(([0], np.cumsum(words)[:-1]))
-    doc = np.repeat(np.arange(len(keys)), counts)
+    doc = np.repeat(np.arange(len(keys)), np.diff(offsets))
     k = np.arange(int(offsets[-1])) - offsets[doc]
     lo = starts[first_word[doc] + k]
     hi = ends[first_word[doc] + np.minimum(k + n - 1, words[doc] - 1)]
