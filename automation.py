@@ -9,10 +9,9 @@ import dagster as dg
 
 from assets.exports import EXPORTS_GROUP
 from resources import CorpusSource, DataRoot
-from tokenmill.batches import PARTITIONS_NAME, read_registry, register_new_files
-from tokenmill.errors import SourceChangedError
-from tokenmill.stages.raw.discover import source_state
-from tokenmill.update import pending_batches
+from tokenmill.batches import read_registry
+from tokenmill.errors import SourceChangedError, SourceError
+from tokenmill.update import register_batches
 
 WHOLE_GRAPH_JOB = "tokenmill_all"
 # Runs carry their data root, so the production instance's run queue admits one run per data root
@@ -46,16 +45,12 @@ def next_batch_request(
     if not path.exists():
         return dg.SkipReason(f"source {path} does not exist")
     root = data_root.path("")
-    state = source_state(path.resolve(), exclude=root)
     try:
-        new = register_new_files(root, path.resolve(), state)
-    except SourceChangedError as e:
+        pending = register_batches(instance, root, path.resolve())  # as `tokenmill update` does
+    except (SourceChangedError, SourceError) as e:
         return dg.SkipReason(str(e))
-    if new is not None:
-        instance.add_dynamic_partitions(PARTITIONS_NAME, [new])
-    pending = pending_batches(root)
     if not pending:
-        return dg.SkipReason(f"no new files among the {len(state)} files the readers ingest under {path}")
+        return dg.SkipReason(f"no new files among the files the readers ingest under {path}")
     return dg.RunRequest(
         run_key=pending[0],  # one run per batch
         partition_key=pending[0],
