@@ -193,3 +193,18 @@ def test_the_tokenizer_is_frozen_until_a_retrain_starts_a_new_generation(batches
     np.testing.assert_array_equal(before.read_record(0, "sequence"), tokens_before)  # still on its version
     pinned = open_store(data / "tokenized_bins" / "train", version=before.version)
     np.testing.assert_array_equal(pinned.read_record(0, "sequence"), tokens_before)
+
+
+def test_a_damaged_registry_is_named_and_a_rebuild_replaces_it(tmp_path):
+    from tokenmill.batches import start_generation
+    from tokenmill.errors import CorruptOutputError
+
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    data.mkdir()
+    (source / "a.jsonl").write_text('{"text": "one"}\n')
+    (data / "_batches.json").write_text('{"source": "/x", "batches": [')
+    with pytest.raises(CorruptOutputError, match=r"_batches.json: not a source batch registry.*--rebuild"):
+        register_new_files(data, source, source_state(source))
+    assert start_generation(data, source, source_state(source), after=3) == "g4-b000001"
+    assert read_registry(data).keys == ["g4-b000001"]

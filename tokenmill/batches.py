@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenmill.common.io import atomic_write_json, read_json
-from tokenmill.errors import SourceChangedError
+from tokenmill.errors import CorruptOutputError, SourceChangedError
 
 REGISTRY_FILE = "_batches.json"
 REGISTRY_LOCK = ".batches.lock"
@@ -102,8 +102,13 @@ def read_registry(data_root: Path) -> Registry:
     path = Path(data_root) / REGISTRY_FILE
     if not path.exists():
         return Registry()
-    raw = read_json(path)
-    return Registry(raw["source"], raw["generation"], [Batch(b["key"], b["files"]) for b in raw["batches"]])
+    try:
+        raw = read_json(path)
+        return Registry(raw["source"], raw["generation"], [Batch(b["key"], b["files"]) for b in raw["batches"]])
+    except (ValueError, KeyError, TypeError) as e:  # written atomically by tokenmill: edited or damaged by hand
+        raise CorruptOutputError(
+            f"{path}: not a source batch registry ({type(e).__name__}: {e}); restore it, or {REBUILD_HINT}"
+        ) from None
 
 
 def _write(data_root: Path, registry: Registry) -> None:
@@ -149,13 +154,16 @@ def register_new_files(data_root: Path, source: Path, state: dict[str, list[int]
         return key
 
 
-def start_generation(data_root: Path, source: Path, state: dict[str, list[int]]) -> tuple[list[str], str]:
-    """A full rebuild: the next generation, whose first batch holds every file of `state`. Returns (the previous
-    generation's keys, the new batch's key)."""
+def start_generation(data_root: Path, source: Path, state: dict[str, list[int]], after: int = 0) -> str:
+    """A full rebuild: the next generation (past the registry's and `after`, the latest one other outputs name),
+    whose first batch holds every file of `state`; returns its key. A damaged registry is replaced."""
     with _registry_lock(data_root):
-        old = read_registry(data_root)
-        registry = Registry(str(source), old.generation + 1)
+        try:
+            previous = read_registry(data_root).generation
+        except CorruptOutputError:
+            previous = 0
+        registry = Registry(str(source), max(previous, after) + 1)
         key = batch_key(registry.generation, 1)
         registry.batches.append(Batch(key, dict(sorted(state.items()))))
         _write(data_root, registry)
-        return old.keys, key
+        return key

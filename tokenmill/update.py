@@ -43,16 +43,19 @@ def register_batches(instance, data_root: Path, source: Path, rebuild: bool = Fa
     if not state:
         raise SourceError(f"TOKENMILL_SOURCE has no .jsonl, .json, .txt or .csv file (or .gz of these): {source}")
     if rebuild:
+        funnel = data_root / FUNNEL_FILE
         with DataRootLock(data_root).acquire("tokenmill update --rebuild"):
-            old_keys, _ = start_generation(data_root, source, state)
+            start_generation(data_root, source, state, after=read_json(funnel)["generation"] if funnel.exists() else 0)
             for stage in REBUILT_STAGES:
                 remove_stage(data_root / stage)
-        for key in old_keys:
-            instance.delete_dynamic_partition(PARTITIONS_NAME, key)
     else:
         register_new_files(data_root, source, state)
-    known = set(instance.get_dynamic_partitions(PARTITIONS_NAME))
-    instance.add_dynamic_partitions(PARTITIONS_NAME, [k for k in read_registry(data_root).keys if k not in known])
+    keys = read_registry(data_root).keys
+    known = instance.get_dynamic_partitions(PARTITIONS_NAME)
+    if rebuild:  # the earlier generations' batches leave the instance's partitions
+        for key in sorted(set(known) - set(keys)):
+            instance.delete_dynamic_partition(PARTITIONS_NAME, key)
+    instance.add_dynamic_partitions(PARTITIONS_NAME, [k for k in keys if k not in known])
     return pending_batches(data_root)
 
 
