@@ -2,11 +2,14 @@
 """Whole graph vs the seed reference, side by side in one run: wall time, CPU seconds and peak memory (process
 tree), the ratio to the reference, and each stage's seconds.
 
-usage: python benchmarks/bench_graph.py [SOURCE_DIR ...] [--poems N] [--runs K] [--skip-reference]
+usage: python benchmarks/bench_graph.py [SOURCE_DIR ...] [--poems N] [--runs K] [--launch job|materialize|both]
+                                        [--skip-reference]
 Default source: ../shared/corpora/chinese-poetry; `--poems 355000` builds the ~355k-poem corpus
 (benchmarks/poetry_corpus.py) in the work folder and uses it instead. The reference is
-../shared/reference/seed_reference.py --bulk (single process); tokenmill runs `tokenmill update` (the source as
-its first batch through the whole job) with a throwaway instance, `--runs` times, each on a fresh data root.
+../shared/reference/seed_reference.py --bulk (single process). tokenmill runs, `--runs` times each on a fresh data
+root and a throwaway instance, through each launch path asked for: `job` is `tokenmill update` (the source as its
+first batch through the tokenmill_all job); `materialize` is `dagster asset materialize -m definitions --select '*'
+--partition <batch>` (every asset, the exports included), after the batch was registered (not timed).
 Memory is the peak of the summed RSS of the process and all its children, sampled every 0.1 s; CPU seconds are
 user + sys of the process and every child it waited for (worker pools included).
 Per stage: `stage s` is what the stage recorded in its `_timings.json`; `step s` is the time from the previous
@@ -34,7 +37,8 @@ from proctree import descendants, status_mib  # noqa: E402
 
 from tokenmill.common.io import read_json  # noqa: E402
 
-# the assets of tokenmill_all in graph order, with the file whose publication marks the end of each
+BATCH = "g1-b000001"  # the first batch of a fresh data root
+# every asset with the file whose publication marks its end (the exports only under `materialize`)
 STAGES = (
     ("raw_records", "raw_records/{batch}"),
     ("cleaned_jsonl", "cleaned_jsonl/{batch}"),
@@ -43,6 +47,9 @@ STAGES = (
     ("tokenizer", "tokenizer"),
     ("tokenized_bins", "tokenized_bins/train/dataset.json"),
     ("funnel_telemetry", "funnel_telemetry"),
+    ("hf_parquet", "hf_parquet"),
+    ("megatron_indexed", "megatron_indexed"),
+    ("nanogpt_bins", "nanogpt_bins"),
 )
 
 
@@ -87,18 +94,43 @@ def run_measured(cmd: list[str], env: dict, log: Path) -> Measured:
     return Measured(time.perf_counter() - start, cpu, peak, process_peak, proc.returncode, started)
 
 
-def stage_table(data: Path, started: float) -> list[tuple[str, float | None, float | None]]:
-    """(asset, stage seconds from its _timings.json, step seconds since the previous publication) in graph order."""
-    batch = read_json(data / "_batches.json")["batches"][0]["key"]
-    rows, previous = [], started
+def stage_table(data: Path, started: float) -> list[tuple[str, float | None, float]]:
+    """(asset, stage seconds from its _timings.json, step seconds since the previous publication) for the assets
+    the run published, in publication order."""
+    published = []
     for asset, marker in STAGES:
-        path = data / marker.format(batch=batch)
-        published = path.lstat().st_mtime if os.path.lexists(path) else None
-        timings = path / "_timings.json" if path.is_dir() else data / asset / "_timings.json"
-        seconds = read_json(timings).get("seconds") if timings.exists() else None
-        rows.append((asset, seconds, None if published is None else published - previous))
-        previous = published or previous
+        path = data / marker.format(batch=BATCH)
+        if os.path.lexists(path):
+            timings = path / "_timings.json" if path.is_dir() else data / asset / "_timings.json"
+            seconds = read_json(timings).get("seconds") if timings.exists() else None
+            published.append((path.lstat().st_mtime, asset, seconds))
+    rows, previous = [], started
+    for at, asset, seconds in sorted(published):
+        rows.append((asset, seconds, at - previous))
+        previous = at
     return rows
+
+
+def registered_instance(home: Path, env: dict) -> Path:
+    """A fresh Dagster instance folder (the repo's dagster.yaml) with the source registered as the first batch,
+    as the sensor or `tokenmill update` would before a launch."""
+    home.mkdir(parents=True)
+    (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
+    register = (
+        "import dagster as dg; from pathlib import Path; from resources import data_root_from_env, source_from_env; "
+        "from tokenmill.update import register_batches; "
+        "print(register_batches(dg.DagsterInstance.get(), data_root_from_env().path(''), source_from_env().resolved()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", register],
+        env={**env, "DAGSTER_HOME": str(home)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0 or BATCH not in out.stdout:
+        sys.exit(f"registering the source failed: {out.stdout}{out.stderr}")
+    return home
 
 
 def main() -> None:
@@ -106,6 +138,7 @@ def main() -> None:
     ap.add_argument("sources", nargs="*", default=[str(SHARED / "corpora" / "chinese-poetry")])
     ap.add_argument("--poems", type=int, default=0, help="build a corpus of about this many poems and use it")
     ap.add_argument("--runs", type=int, default=1, help="tokenmill runs (the machine may be shared: measure twice)")
+    ap.add_argument("--launch", choices=("job", "materialize", "both"), default="both")
     ap.add_argument("--skip-reference", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tokenmill-bench-"))
@@ -120,16 +153,25 @@ def main() -> None:
         results["seed reference"] = run_measured(cmd, dict(os.environ), work / "ref.log")
         print((work / "ref.log").read_text()[-2500:])
     source = args.sources[0]
+    launches = ("job", "materialize") if args.launch == "both" else (args.launch,)
     for run in range(1, args.runs + 1):
-        data = work / f"data{run}"
-        env = {**os.environ, "TOKENMILL_SOURCE": source, "TOKENMILL_DATA": str(data)}
-        env.pop("DAGSTER_HOME", None)
-        measured = run_measured([sys.executable, "-m", "tokenmill.cli", "update"], env, work / f"tokenmill{run}.log")
-        results[f"tokenmill #{run}"] = measured
-        if measured.returncode == 0:
-            print(f"tokenmill #{run} per stage:        stage s    step s")
-            for asset, seconds, step in stage_table(data, measured.started):
-                print(f"  {asset:18s} {seconds or 0:10.1f} {step or 0:9.1f}")
+        for launch in launches:
+            name = f"{launch} #{run}"
+            data = work / f"data-{launch}{run}"
+            env = {**os.environ, "TOKENMILL_SOURCE": source, "TOKENMILL_DATA": str(data)}
+            env.pop("DAGSTER_HOME", None)
+            if launch == "job":
+                cmd = [sys.executable, "-m", "tokenmill.cli", "update"]
+            else:
+                env["DAGSTER_HOME"] = str(registered_instance(work / f"home-{launch}{run}", env))
+                dagster = str(Path(sys.executable).with_name("dagster"))
+                cmd = [dagster, "asset", "materialize", "-m", "definitions", "--select", "*", "--partition", BATCH]
+            measured = run_measured(cmd, env, work / f"{launch}{run}.log")
+            results[name] = measured
+            if measured.returncode == 0:
+                print(f"{name} per stage:        stage s    step s")
+                for asset, seconds, step in stage_table(data, measured.started):
+                    print(f"  {asset:18s} {seconds or 0:10.1f} {step:9.1f}")
     print(f"source: {source}\nlogs and outputs: {work}")
     for name, m in results.items():
         print(
@@ -141,7 +183,7 @@ def main() -> None:
             if m is not ref:
                 print(f"{name}: speed-up {ref.seconds / m.seconds:.2f}x (CPU {ref.cpu_seconds / m.cpu_seconds:.2f}x)")
     check = subprocess.run(
-        [sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(work / "data1")],
+        [sys.executable, str(SHARED / "tools" / "check_contracts.py"), str(work / f"data-{launches[0]}1")],
         capture_output=True,
         text=True,
     )
