@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from tokenmill.common.io import recover_data_root, staged_output
+from tokenmill.common.io import record_shards, recover_data_root, staged_output
 
 
 def publish(data, text):
@@ -84,3 +84,15 @@ def test_recovery_reaches_the_batch_folders_of_a_partitioned_stage(tmp_path):
     actions = recover_data_root(data)
     assert actions == ["raw_records/g1-b000002: removed unfinished .g1-b000002.staging-20260101T000000000000000-abcdef"]
     assert (data / "raw_records" / "g1-b000001" / "part-00000.jsonl").exists()
+
+
+def test_record_shards_of_a_partitioned_stage_are_the_published_batches_only(tmp_path):
+    """A batch folder is a link to a hidden version folder; a run may be writing a hidden staging folder beside
+    it. Readers of the whole stage (exports, lineage, checks) see each published shard once."""
+    stage = tmp_path / "deduped_jsonl"
+    for batch in ("b1", "b2"):
+        with staged_output(stage / batch) as out:
+            (out / "part-00000.jsonl").write_text("{}\n")
+    (stage / ".b3.staging-x").mkdir()
+    (stage / ".b3.staging-x" / "part-00000.jsonl").write_text("{}\n")
+    assert record_shards(stage) == [stage / "b1" / "part-00000.jsonl", stage / "b2" / "part-00000.jsonl"]

@@ -44,9 +44,11 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
 
 def record_shards(folder: str | os.PathLike) -> list[Path]:
     """The record shards of a stage folder in order (part-*.jsonl; rejected/removed files excluded). A stage
-    partitioned by source batch holds one folder per batch: every batch's shards, in batch order."""
+    partitioned by source batch holds one folder per batch: every published batch's shards, in batch order (not
+    the hidden version folders the batch names link to, nor a run's staging folder)."""
     folder = Path(folder)
-    return sorted(folder.glob("part-*.jsonl")) or sorted(folder.glob("*/part-*.jsonl"))
+    direct = sorted(folder.glob("part-*.jsonl"))
+    return direct or sorted(p for p in folder.glob("*/part-*.jsonl") if not p.parent.name.startswith("."))
 
 
 def batch_folders(stage_dir: str | os.PathLike) -> list[Path]:
