@@ -143,11 +143,12 @@ def funnel_figure(funnel: dict, history: list[dict]):
     # matplotlib's font cache and config go to tokenmill's documented cache folder, not ~/.cache and ~/.config
     cache = Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
     os.environ.setdefault("MPLCONFIGDIR", str(cache / "matplotlib"))
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: no global figure registry, and ~0.3 s less to import
 
     labels = ["input"] + [s["label"] for s in funnel["stages"]]
     counts = [funnel["stages"][0]["docs_in"]] + [s["docs_out"] for s in funnel["stages"]]
-    fig, (bars, lines) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=80)
+    fig = Figure(figsize=(10, 3.6), dpi=80)
+    bars, lines = fig.subplots(1, 2)
     bars.barh(labels[::-1], counts[::-1], color="#4f6bed")
     for y, c in enumerate(counts[::-1]):
         bars.text(c, y, f" {c:,}", va="center", fontsize=8)
@@ -173,11 +174,7 @@ def funnel_figure(funnel: dict, history: list[dict]):
 
 def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
     """`funnel_figure` saved as a PNG."""
-    import matplotlib.pyplot as plt
-
-    fig = funnel_figure(funnel, history)
-    fig.savefig(path)
-    plt.close(fig)
+    funnel_figure(funnel, history).savefig(path)
     return path
 
 
