@@ -7,7 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from resources import DataRoot
+from resources import Compute, DataRoot
 from tokenmill.common.io import staged_output
 from tokenmill.exports import hf_parquet as hf
 from tokenmill.exports import megatron, nanogpt
@@ -62,13 +62,15 @@ def megatron_indexed(data_root: DataRoot) -> dg.MaterializeResult:
 @dg.asset(
     group_name=EXPORTS_GROUP, kinds={"python", "parquet"}, deps=["deduped_jsonl", "tokenized_bins"], code_version="1"
 )
-def hf_parquet(config: ParquetConfig, data_root: DataRoot) -> dg.MaterializeResult:
+def hf_parquet(
+    context: dg.AssetExecutionContext, config: ParquetConfig, data_root: DataRoot, compute: Compute
+) -> dg.MaterializeResult:
     """deduped_jsonl's records (`records/`: id, text, meta and source as JSON strings) and, for seq, conditional,
     sft and dpo, the tokenized records in TRL's column names (`tokenized/{train,val}/`) as Parquet shards that
     `datasets.load_dataset("parquet", ...)` loads."""
     t0 = time.perf_counter()
     folder = data_root.path("hf_parquet")
-    with staged_output(folder) as out:
+    with compute.activated(context, data_root), staged_output(folder) as out:  # a file per task
         stats = hf.write_hf_parquet(data_root.path("deduped_jsonl"), data_root.path("tokenized_bins"), out, config)
     usage = hf.usage(folder, data_root.path("tokenizer"))
     return dg.MaterializeResult(metadata=export_metadata(stats, folder, usage, time.perf_counter() - t0))

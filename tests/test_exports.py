@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from assets.exports import EXPORT_ASSETS
-from resources import DataRoot
+from resources import Compute, DataRoot
 from tokenmill.common.io import iter_jsonl, read_json, record_shards
 from tokenmill.errors import ConfigError
 from tokenmill.stages.clean import clean_corpus
@@ -102,8 +102,9 @@ def roots(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def materialize(root: Path, assets=EXPORT_ASSETS, **kw) -> dg.ExecuteInProcessResult:
-    return dg.materialize(assets, resources={"data_root": DataRoot(root=str(root))}, **kw)
+def materialize(root: Path, assets=EXPORT_ASSETS, workers: int = 0, **kw) -> dg.ExecuteInProcessResult:
+    resources = {"data_root": DataRoot(root=str(root)), "compute": Compute(workers=workers)}
+    return dg.materialize(assets, resources=resources, **kw)
 
 
 def exports_of(training_type: str) -> list:
@@ -263,11 +264,12 @@ def test_transformers_tokenizer_renders_the_sft_tokens(exported, roots):
 
 
 def test_exports_are_byte_identical_when_rerun(exported, roots, tmp_path):
+    """Rerun in the run process (hf_parquet's files were written by the worker pool the first time)."""
     root = roots["sft"]
     again = tmp_path / "again"
     for key in ("deduped_jsonl", "tokenized_bins"):
         shutil.copytree(root / key, again / key, symlinks=False)
-    assert materialize(again, run_config=RUN_CONFIG).success
+    assert materialize(again, workers=1, run_config=RUN_CONFIG).success
     for asset in ("nanogpt_bins", "megatron_indexed", "hf_parquet"):
         first = {p.relative_to(root / asset): p.read_bytes() for p in (root / asset).rglob("*") if p.is_file()}
         second = {p.relative_to(again / asset): p.read_bytes() for p in (again / asset).rglob("*") if p.is_file()}
@@ -315,6 +317,6 @@ def test_an_empty_split_exports_as_empty_files(roots, tmp_path):
 
 
 def test_definitions_with_the_exports_load():
-    defs = dg.Definitions(assets=EXPORT_ASSETS, resources={"data_root": DataRoot(root="unused")})
+    defs = dg.Definitions(assets=EXPORT_ASSETS, resources={"data_root": DataRoot(root="unused"), "compute": Compute()})
     dg.Definitions.validate_loadable(defs)
     assert {a.group_names_by_key[a.key] for a in EXPORT_ASSETS} == {"exports"}

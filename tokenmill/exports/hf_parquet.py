@@ -11,15 +11,19 @@
                                tokenmill's chat template, and what its DataCollatorForPreference reads
         grpo:                  none: TRL's GRPOTrainer generates completions from text prompts (use records/)
 
-Records are streamed in row groups of ROW_GROUP_ROWS; tokenized rows are built from whole chunks of the loader's
-streams (offsets, no per-token Python).
+Each file is one task on the active engine (map_ordered: the local worker pool or Ray), written in row groups of
+ROW_GROUP_ROWS rows counted from the stream's start, so the bytes are the same whatever the worker count;
+tokenized rows are built from whole chunks of the loader's streams (offsets, no per-token Python).
 An empty split is one file of 0 rows holding the columns (pyarrow reads it; `datasets` refuses a split without rows).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -28,10 +32,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from tokenmill.common.io import iter_jsonl, record_shards
+from tokenmill.common.io import record_shards
+from tokenmill.common.parallel import map_ordered
 from tokenmill.exports.streams import open_splits, size_stats
 from tokenmill.settings import StageSettings
-from tokenmill_loader import Store
+from tokenmill_loader import Store, open_store
 
 RECORDS_DIR, TOKENIZED_DIR = "records", "tokenized"
 ROW_GROUP_ROWS = 4096  # rows held in memory at a time (a few MiB of text or tokens)
@@ -57,78 +62,65 @@ def part_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-class ParquetShards:
-    """Tables appended to part-XXXXX.parquet files of at most `rows_per_file` rows; an empty output still gets one
-    file holding the schema, so it loads as 0 rows."""
+def row_groups(start: int, end: int) -> Iterator[tuple[int, int]]:
+    """Rows [start, end) cut at multiples of ROW_GROUP_ROWS: the row groups of a file cut from one stream of row
+    groups, so a file's bytes do not depend on which task wrote it or on the files before it."""
+    while start < end:
+        stop = min(end, (start // ROW_GROUP_ROWS + 1) * ROW_GROUP_ROWS)
+        yield start, stop
+        start = stop
 
-    def __init__(self, folder: Path, schema: pa.Schema, settings: ParquetSettings):
-        self.folder, self.schema, self.settings = folder, schema, settings
-        folder.mkdir(parents=True, exist_ok=True)
-        self.files: list[str] = []
-        self.rows = 0
-        self._writer: pq.ParquetWriter | None = None
-        self._in_file = 0
 
-    def _open(self) -> None:
-        self.files.append(part_name(len(self.files)))
-        self._writer = pq.ParquetWriter(
-            self.folder / self.files[-1], self.schema, compression=self.settings.compression
-        )
-        self._in_file = 0
+@dataclass(frozen=True)
+class ParquetFile:
+    """One part-XXXXX.parquet: rows [start, end) of a records or tokenized stream (an empty stream still gets one
+    file holding the schema, so it loads as 0 rows). Each kind adds its source, `schema` and `tables()`."""
 
-    def _close_file(self) -> None:
-        self._writer.close()
-        self._writer = None
+    path: str
+    start: int
+    end: int
+    compression: str
 
-    def write(self, table: pa.Table) -> None:
-        while table.num_rows:
-            if self._writer is None:
-                self._open()
-            take = min(table.num_rows, self.settings.rows_per_file - self._in_file)
-            self._writer.write_table(table.slice(0, take), row_group_size=ROW_GROUP_ROWS)
-            table, self._in_file, self.rows = table.slice(take), self._in_file + take, self.rows + take
-            if self._in_file == self.settings.rows_per_file:
-                self._close_file()
 
-    def close(self) -> dict:
-        if not self.files:
-            self._open()
-        if self._writer is not None:
-            self._close_file()
-        return {
-            "rows": self.rows,
-            "files": len(self.files),
-            "bytes": sum((self.folder / name).stat().st_size for name in self.files),
-        }
+def write_parquet_file(task: ParquetFile) -> None:
+    """A worker task: writes one file, a row group per table."""
+    with pq.ParquetWriter(task.path, task.schema, compression=task.compression) as writer:
+        for table in task.tables():
+            writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 
 
 def _json_column(values: list) -> list[str]:
     return [json.dumps(v, ensure_ascii=False) for v in values]
 
 
-def write_records(deduped_dir: str | os.PathLike, out_dir: Path, settings: ParquetSettings) -> dict:
-    """deduped_jsonl's records (every batch's shards, in order) as records/part-*.parquet."""
-    out = ParquetShards(out_dir / RECORDS_DIR, RECORD_SCHEMA, settings)
-    batch: list[dict] = []
+@dataclass(frozen=True, kw_only=True)
+class RecordsFile(ParquetFile):
+    """Records [start, end) of deduped_jsonl's shards (`parts`: each shard and its record count, in order)."""
 
-    def flush():
-        columns = {
-            "id": [str(r["id"]) for r in batch],
-            "text": [r.get("text") for r in batch],
-            "meta": _json_column([r.get("meta") for r in batch]),
-            "source": _json_column([r.get("source") for r in batch]),
-        }
-        out.write(pa.table(columns, schema=RECORD_SCHEMA))
-        batch.clear()
+    parts: tuple[tuple[str, int], ...]
 
-    for part in record_shards(deduped_dir):
-        for rec in iter_jsonl(part):
-            batch.append(rec)
-            if len(batch) == ROW_GROUP_ROWS:
-                flush()
-    if batch:
-        flush()
-    return out.close()
+    schema: ClassVar[pa.Schema] = RECORD_SCHEMA
+
+    def _lines(self) -> Iterator[str]:
+        first = 0
+        for path, count in self.parts:
+            if first + count > self.start and first < self.end:
+                with open(path, encoding="utf-8") as f:
+                    lines = (line for line in f if line.strip())
+                    yield from itertools.islice(lines, max(0, self.start - first), self.end - first)
+            first += count
+
+    def tables(self) -> Iterator[pa.Table]:
+        lines = self._lines()
+        for a, b in row_groups(self.start, self.end):
+            batch = [json.loads(line) for line in itertools.islice(lines, b - a)]
+            columns = {
+                "id": [str(r["id"]) for r in batch],
+                "text": [r.get("text") for r in batch],
+                "meta": _json_column([r.get("meta") for r in batch]),
+                "source": _json_column([r.get("source") for r in batch]),
+            }
+            yield pa.table(columns, schema=RECORD_SCHEMA)
 
 
 def _lists(starts: np.ndarray, values: np.ndarray) -> pa.ListArray:
@@ -136,34 +128,33 @@ def _lists(starts: np.ndarray, values: np.ndarray) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(starts.astype(np.int32)), pa.array(values))
 
 
-def _record_chunks(store: Store, key: str):
-    """ROW_GROUP_ROWS records of `key` at a time: (their starts relative to `begin`, then the end; begin; end), the
-    stream slice [begin, end) that holds them."""
+def _record_range(store: Store, key: str, r0: int, r1: int) -> tuple[np.ndarray, int, int]:
+    """Records [r0, r1) of `key`: their starts relative to `begin`, then the end; and the stream slice [begin, end)
+    that holds them."""
     starts = store.doc_starts(key)
-    ends = np.append(starts[1:], store.num_items(key))
-    for r0 in range(0, len(starts), ROW_GROUP_ROWS):
-        r1 = min(len(starts), r0 + ROW_GROUP_ROWS)
-        begin, end = int(starts[r0]), int(ends[r1 - 1])
-        yield np.append(starts[r0:r1], end) - begin, begin, end
+    begin = int(starts[r0])
+    end = int(starts[r1]) if r1 < len(starts) else store.num_items(key)
+    return np.append(starts[r0:r1], end) - begin, begin, end
 
 
-def sequence_tables(store: Store):
+def sequence_table(store: Store, r0: int, r1: int) -> pa.Table:
     """seq/conditional/sft rows: input_ids, attention_mask, labels (-100 where the loss mask is 0)."""
+    rel, begin, end = _record_range(store, "sequence", r0, r1)
+    tokens = store.read("sequence", begin, end).astype(np.int32)
     masked = "loss_mask" in store.keys
-    for rel, begin, end in _record_chunks(store, "sequence"):
-        tokens = store.read("sequence", begin, end).astype(np.int32)
-        labels = np.where(store.read("loss_mask", begin, end) == 1, tokens, IGNORE_INDEX) if masked else tokens
-        yield pa.table(
-            {
-                "input_ids": _lists(rel, tokens),
-                "attention_mask": _lists(rel, np.ones(len(tokens), dtype=np.int8)),
-                "labels": _lists(rel, labels.astype(np.int32)),
-            }
-        )
+    labels = np.where(store.read("loss_mask", begin, end) == 1, tokens, IGNORE_INDEX) if masked else tokens
+    return pa.table(
+        {
+            "input_ids": _lists(rel, tokens),
+            "attention_mask": _lists(rel, np.ones(len(tokens), dtype=np.int8)),
+            "labels": _lists(rel, labels.astype(np.int32)),
+        }
+    )
 
 
-def _split_prompt(store: Store, key: str, rel: np.ndarray, begin: int, end: int):
-    """A dpo key's chunk cut into its masked prompt and its trained response (docs/format.md: 0s then 1s)."""
+def _split_prompt(store: Store, key: str, r0: int, r1: int):
+    """A dpo key's records cut into their masked prompt and their trained response (docs/format.md: 0s then 1s)."""
+    rel, begin, end = _record_range(store, key, r0, r1)
     tokens = store.read(key, begin, end).astype(np.int32)
     trained = store.read(f"{key}_mask", begin, end).astype(bool)
     trained_before = np.concatenate([[0], np.cumsum(trained, dtype=np.int64)])  # trained tokens before position p
@@ -172,43 +163,99 @@ def _split_prompt(store: Store, key: str, rel: np.ndarray, begin: int, end: int)
     return _lists(prompt_starts, tokens[~trained]), _lists(response_starts, tokens[trained])
 
 
-def dpo_tables(store: Store):
+def dpo_table(store: Store, r0: int, r1: int) -> pa.Table:
     """dpo rows: prompt_ids (from chosen), chosen_ids, rejected_ids."""
-    for (rel_c, b_c, e_c), (rel_r, b_r, e_r) in zip(_record_chunks(store, "chosen"), _record_chunks(store, "rejected")):
-        prompt, chosen = _split_prompt(store, "chosen", rel_c, b_c, e_c)
-        rejected = _split_prompt(store, "rejected", rel_r, b_r, e_r)[1]
-        yield pa.table({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected})
+    prompt, chosen = _split_prompt(store, "chosen", r0, r1)
+    rejected = _split_prompt(store, "rejected", r0, r1)[1]
+    return pa.table({"prompt_ids": prompt, "chosen_ids": chosen, "rejected_ids": rejected})
 
 
-TABLES = {"seq": sequence_tables, "conditional": sequence_tables, "sft": sequence_tables, "dpo": dpo_tables}
+TABLES = {"seq": sequence_table, "conditional": sequence_table, "sft": sequence_table, "dpo": dpo_table}
 SCHEMAS = {
-    sequence_tables: pa.schema(
+    sequence_table: pa.schema(
         [("input_ids", pa.list_(pa.int32())), ("attention_mask", pa.list_(pa.int8())), ("labels", pa.list_(pa.int32()))]
     ),
-    dpo_tables: pa.schema([(c, pa.list_(pa.int32())) for c in DPO_COLUMNS]),
+    dpo_table: pa.schema([(c, pa.list_(pa.int32())) for c in DPO_COLUMNS]),
 }
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizedFile(ParquetFile):
+    """Records [start, end) of one split of tokenized_bins (`version` pins the dataset version the export reads)."""
+
+    split_dir: str
+    version: int | None
+    training_type: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        return SCHEMAS[TABLES[self.training_type]]
+
+    def tables(self) -> Iterator[pa.Table]:
+        store = open_store(self.split_dir, version=self.version)
+        for a, b in row_groups(self.start, self.end):
+            yield TABLES[self.training_type](store, a, b).cast(self.schema)
+
+
+def _files(folder: Path, rows: int, settings: ParquetSettings) -> list[tuple[str, int, int]]:
+    """(path, first row, end row) of each file of a stream of `rows` rows: rows_per_file each, at least one."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cuts = range(0, max(rows, 1), settings.rows_per_file)
+    return [(str(folder / part_name(i)), r0, min(rows, r0 + settings.rows_per_file)) for i, r0 in enumerate(cuts)]
+
+
+def _outcome(tasks: list[ParquetFile]) -> dict:
+    return {
+        "rows": sum(t.end - t.start for t in tasks),
+        "files": len(tasks),
+        "bytes": sum(Path(t.path).stat().st_size for t in tasks),
+    }
+
+
+def _record_counts(deduped_dir: str | os.PathLike) -> tuple[tuple[str, int], ...]:
+    counts = []
+    for part in record_shards(deduped_dir):
+        with open(part, "rb") as f:
+            counts.append((str(part), sum(1 for line in f if line.strip())))
+    return tuple(counts)
 
 
 def write_hf_parquet(
     deduped_dir: str | os.PathLike, bins_dir: str | os.PathLike, out_dir: str | os.PathLike, settings: ParquetSettings
 ) -> dict:
-    """Writes records/ from `deduped_dir` and tokenized/<split>/ from `bins_dir` into `out_dir`; returns counts,
-    files and bytes per token of the tokenized part."""
+    """Writes records/ from `deduped_dir` and tokenized/<split>/ from `bins_dir` into `out_dir`, one task per file
+    on the active engine (map_ordered); returns counts, files and bytes per token of the tokenized part."""
     out_dir = Path(out_dir)
-    stats = {"records": write_records(deduped_dir, out_dir, settings)}
+    parts = _record_counts(deduped_dir)
+    records = [
+        RecordsFile(path, r0, r1, settings.compression, parts=parts)
+        for path, r0, r1 in _files(out_dir / RECORDS_DIR, sum(n for _, n in parts), settings)
+    ]
     stores = open_splits(bins_dir)
     training_type = stores["train"].training_type
-    stats["training_type"] = training_type
-    tables = TABLES.get(training_type)
-    if tables is None:
+    tokenized = {
+        split: [
+            TokenizedFile(
+                path,
+                r0,
+                r1,
+                settings.compression,
+                split_dir=str(Path(bins_dir) / split),
+                version=store.version,
+                training_type=training_type,
+            )
+            for path, r0, r1 in _files(out_dir / TOKENIZED_DIR / split, store.num_records, settings)
+        ]
+        for split, store in stores.items()
+        if training_type in TABLES
+    }
+    for _ in map_ordered(write_parquet_file, [*records, *(t for tasks in tokenized.values() for t in tasks)]):
+        pass
+    stats = {"records": _outcome(records), "training_type": training_type}
+    if not tokenized:
         stats["tokenized"] = None
         return stats
-    stats["tokenized"] = {}
-    for split, store in stores.items():
-        out = ParquetShards(out_dir / TOKENIZED_DIR / split, SCHEMAS[tables], settings)
-        for table in tables(store):
-            out.write(table.cast(SCHEMAS[tables]))
-        stats["tokenized"][split] = out.close()
+    stats["tokenized"] = {split: _outcome(tasks) for split, tasks in tokenized.items()}
     stats.update(size_stats(stores, sum(s["bytes"] for s in stats["tokenized"].values())))
     return stats
 
