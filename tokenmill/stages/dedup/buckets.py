@@ -25,8 +25,8 @@ from tokenmill.stages.dedup.layout import (
     LSH_DIR,
     SIGNATURE_DIR,
     NpyRows,
-    fix_mmap_threshold,
     folder,
+    releases_memory,
 )
 
 PAIR_BATCH = 1 << 18  # candidate pairs a bucket task holds before it writes a sorted batch (4 MB, ~10x that in
@@ -47,10 +47,10 @@ class LshInputTask:
     rows: int
 
 
+@releases_memory
 def lsh_inputs(task: LshInputTask) -> int:
     """Writes lsh/<stem>.hash.npy and .doc.npy (ordinals in the chunk): (bands, items) of the chunk's
     representatives, and .order.npy (bands, items, words) their order words; returns items."""
-    fix_mmap_threshold()
     non_rep = np.zeros(task.records, dtype=bool)
     for path in task.exact_files:
         with NpyRows(path) as rows:
@@ -146,8 +146,8 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return h[order], d[order], w[order]
 
 
+@releases_memory
 def bucket_pairs(task: BucketTask) -> BucketResult:
-    fix_mmap_threshold()
     h, d, words = _range_items(task)
     starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1]))) if len(h) else np.empty(0, dtype=np.int64)
     lens = np.diff(np.append(starts, len(h)))

@@ -30,7 +30,7 @@ import numpy as np
 from tokenmill.common.io import atomic_write_json, read_json
 from tokenmill.errors import ConfigError, StaleUpstreamError
 from tokenmill.stages.dedup.buckets import LshInputTask, lsh_inputs
-from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chunk, fix_mmap_threshold, folder
+from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chunk, folder, releases_memory
 from tokenmill.stages.dedup.settings import DedupSettings
 
 SEGMENT_FILE = "segment.json"
@@ -100,9 +100,9 @@ class SegmentChunk:
     items: int
 
 
+@releases_memory
 def write_segment_chunk(task: SegmentTask) -> SegmentChunk:
     """Copies the indexed records' rows of the chunk's step files into the segment (renumbered 0..n-1)."""
-    fix_mmap_threshold()
     c, seg = task.chunk, task.segment
 
     def src(step: str, suffix: str) -> Path:

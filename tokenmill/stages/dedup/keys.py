@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.stages.dedup.layout import NpyRows, fix_mmap_threshold
+from tokenmill.stages.dedup.layout import NpyRows, releases_memory
 
 _TABLES_VERSION = 1  # bump when the key rules change (invalidates cached tables)
 
@@ -277,10 +277,10 @@ class ExactResult:
     members: int  # documents in them
 
 
+@releases_memory
 def exact_groups(task: ExactTask) -> ExactResult:
     """Documents with equal digests in one digest range: every member of a group of two or more as (doc, rep),
     rep being the group's first document (its representative for LSH), sorted by doc."""
-    fix_mmap_threshold()
     digests, docs = [], []
     for base, first in zip(task.key_files, task.firsts):
         with NpyRows(f"{base}.digest_prefix.npy") as prefix:

@@ -22,9 +22,9 @@ from tokenmill.stages.dedup.layout import (
     SIGNATURE_DIR,
     Chunk,
     chunk_lines,
-    fix_mmap_threshold,
     folder,
     parse,
+    releases_memory,
 )
 from tokenmill.stages.dedup.settings import DedupSettings
 
@@ -144,8 +144,8 @@ def shingle_keys(texts: list[str], s: DedupSettings) -> tuple[list[str], np.ndar
     return keys, units, by_word
 
 
+@releases_memory
 def sketch_chunk(task: SketchTask) -> ChunkSketch:
-    fix_mmap_threshold()
     chunk, s = task.chunk, task.settings
     table, texts, paths = _document_table(chunk)
     keys, units, by_word = shingle_keys(texts, s)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.layout import CANDIDATE_DIR, VERIFIED_DTYPE, Chunk, Corpus, NpyRows, fix_mmap_threshold
+from tokenmill.stages.dedup.layout import CANDIDATE_DIR, VERIFIED_DTYPE, Chunk, Corpus, NpyRows, releases_memory
 from tokenmill.stages.dedup.settings import DedupSettings
 
 FILTER_MISS = 1e-9  # chance that the pre-filter rejects a pair at the threshold (above it: less)
@@ -95,8 +95,8 @@ def signature_agreement(corpus: Corpus, pairs: np.ndarray, sizes: np.ndarray, nu
     return agree
 
 
+@releases_memory
 def verify_range(task: VerifyTask) -> VerifyResult:
-    fix_mmap_threshold()
     s = task.settings
     pairs = range_candidates(task.out_dir, task.candidate_files, task.lo, task.hi)
     corpus = Corpus(task.out_dir, list(task.chunks))
