@@ -156,7 +156,8 @@ class _FileIngest:
             "meta": m.meta,
             "source": {"path": rel, item.key: item.at},
         }
-        rec.update(m.special)
+        if m.special:
+            rec.update(m.special)
         try:
             self.sink.write(rec)
         except UnicodeEncodeError as e:  # a JSON "\\ud800" escape: a lone surrogate is not text

@@ -15,6 +15,7 @@ from tokenmill.stages.raw.stream import (
     Oversized,
     Rejected,
     decode_whole,
+    nesting_depth,
     open_source,
     snip,
     too_deep,
@@ -51,7 +52,7 @@ def read_json(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Ba
         yield Bad("line", 1, "malformed_json", TOO_DEEP, snip(text))
         return
     # records are walked one by one only when the whole document nests too deeply (+1: the top-level list)
-    deep = text.count("[") + text.count("{") > MAX_JSON_DEPTH and too_deep(value, MAX_JSON_DEPTH + 1)
+    deep = nesting_depth(data) > MAX_JSON_DEPTH + 1
     del data, text
     if isinstance(value, dict):
         value = [value]  # one object: the record at index 0

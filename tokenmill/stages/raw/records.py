@@ -27,8 +27,11 @@ def _lines(value, what: str) -> str:
     """A body given as a string or a list of strings, as text (list items joined with newlines)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list) and all(isinstance(x, str) for x in value):
-        return "\n".join(value)
+    if isinstance(value, list):
+        try:
+            return "\n".join(value)  # raises TypeError at the first item that is not a string
+        except TypeError:
+            pass
     raise Rejected("no_text_field", f"'{what}' is neither a string nor a list of strings")
 
 
@@ -85,16 +88,18 @@ def _map_poetry(obj: dict, special: dict, used: set) -> Mapped:
     text = _lines(obj[key], key)
     used.add(key)
     meta = {}
-    tkey = next((k for k in TITLE_KEYS if k in obj), None)
-    if tkey is not None:
-        meta["title"] = obj[tkey]
-        used.add(tkey)
-        if tkey != "title":
-            meta["title_field"] = tkey  # e.g. "rhythmic": the ci tune name stands as the title
+    for tkey in TITLE_KEYS:
+        if tkey in obj:
+            meta["title"] = obj[tkey]
+            used.add(tkey)
+            if tkey != "title":
+                meta["title_field"] = tkey  # e.g. "rhythmic": the ci tune name stands as the title
+            break
     if "author" in obj:
         meta["author"] = obj["author"]
         used.add("author")
-    meta.update((k, v) for k, v in obj.items() if k not in used)
+    if len(used) < len(obj):  # fields beyond body, title and author (every used key is one of obj's)
+        meta.update((k, v) for k, v in obj.items() if k not in used)
     return Mapped(text, meta, special)
 
 

@@ -16,6 +16,9 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
 
 SNIPPET_CHARS = 200
 SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of an oversized line
@@ -25,9 +28,9 @@ MAX_JSON_DEPTH = 100
 TOO_DEEP = f"nested deeper than {MAX_JSON_DEPTH} levels"
 
 
-@dataclass(frozen=True)
-class Found:
-    """One input value (a JSON value, or a text for .txt) at `key` ("line" or "index") `at`."""
+class Found(NamedTuple):
+    """One input value (a JSON value, or a text for .txt) at `key` ("line" or "index") `at`. A named tuple: one
+    per record, built ~5x faster than a frozen dataclass."""
 
     key: str
     at: int
@@ -146,6 +149,23 @@ def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
         level = [c for v in level for c in (v.values() if type(v) is dict else v) if isinstance(c, (dict, list))]
         depth += 1
     return False
+
+
+# every byte but the quote and the brackets, deleted by bytes.translate when measuring nesting depth
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_STEP = np.zeros(256, np.int8)  # +1 opens a container, -1 closes one
+_STEP[list(b"[{")], _STEP[list(b"]}")] = 1, -1
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deeply the containers of a valid JSON document nest (0: a scalar), as too_deep counts them, from its
+    bytes at C speed: escapes dropped (so no quote is escaped), everything but quotes and brackets dropped,
+    brackets inside strings (after an odd number of quotes) ignored, then the deepest running balance."""
+    if b"\\" in data:  # escaped backslashes first: then every \" left is an escaped quote
+        data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    skeleton = np.frombuffer(data.translate(None, _NOT_STRUCTURE), np.uint8)
+    outside = (np.cumsum(skeleton == ord('"'), dtype=np.int64) & 1) == 0
+    return int(np.cumsum(_STEP[skeleton[outside]], dtype=np.int64).max(initial=0))
 
 
 def snip(raw) -> str:
