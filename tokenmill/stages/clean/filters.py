@@ -117,6 +117,10 @@ def _ngram_stats(text: str, out: dict, ngram_ns, thresholds, min_tokens: int) ->
     k * n tokens; capped at 1). Gopher measures characters; tokens make the bound below exact and cheap."""
     if len(text) < min_tokens or (text.isascii() and text.count(" ") + text.count("\n") + 1 < min_tokens):
         return out  # cannot hold min_tokens tokens: skip the tokenizer
+    # too short for min_tokens words (each but the last takes a separator) and, line breaks left out, for the
+    # CJK character minimum: whichever way tokens_of splits it, too few tokens
+    if len(text) < 2 * min_tokens - 1 and len(text) - text.count("\n") < CJK_CHARS_PER_WORD * min_tokens:
+        return out
     toks = tokens_of(text)
     if isinstance(toks, str) and len(toks) < CJK_CHARS_PER_WORD * min_tokens:
         return out

@@ -3,13 +3,14 @@
 Each normalized line is hashed to 64 bits; per shard, each distinct line gets its document frequency, how often
 it sits in a document's head or tail zone, and the chance of landing there at random (`LineTable`). Only these
 arrays cross process boundaries (48 bytes per distinct line per shard), never the lines themselves.
+Lines are hashed and placed a batch of documents at a time (one lower/digit/encode pass, numpy positions).
 """
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
 from zlib import adler32, crc32
 
 import numpy as np
@@ -81,72 +82,89 @@ def doc_line_hashes(text: str) -> list[int]:
     ]
 
 
-def edge_zone(n_lines: int, edge_frac: float) -> int:
-    """Lines at each end of a document counted as header/footer: the first/last `edge_frac` of lines, at least 1."""
-    return max(1, math.ceil(edge_frac * n_lines))
-
-
 HEAD, TAIL, INFORMATIVE = 1, 2, 4  # bits of a line occurrence's position code
 
 
+def batch_line_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """doc_line_hashes of every text, concatenated (uint64), and how many each text has: one lower(), one digit
+    pass and one encode over the texts joined by newlines, the hashes taken by C-level map (a joining newline
+    cannot change how lower() or the digit pass treat a text's ends, and no UTF-8 sequence holds a newline
+    byte, so the str and bytes lines stay aligned)."""
+    if not texts:
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+    low = DIGITS_RE.sub("0", "\n".join(texts).lower())  # nearly every batch holds a digit: no search first
+    raw_counts = np.fromiter(map(str.count, texts, repeat("\n")), np.int64, len(texts)) + 1
+    blines = low.encode("utf-8").split(b"\n")
+    if " " in low or "\t" in low:
+        blines = list(map(bytes.strip, blines, repeat(b" \t")))
+    lines = low.split("\n")
+    if "" in lines or any(map(str.isspace, lines)):  # blank lines are left out (rare: most texts hold none)
+        keep = np.fromiter((bool(ln) and not ln.isspace() for ln in lines), bool, len(lines))
+        blines = list(compress(blines, keep))
+        counts = np.add.reduceat(keep, np.cumsum(raw_counts) - raw_counts).astype(np.int64)
+    else:
+        counts = raw_counts
+    crc = np.fromiter(map(crc32, blines), np.uint64, len(blines))
+    return (crc << np.uint64(32)) | np.fromiter(map(adler32, blines), np.uint64, len(blines)), counts
+
+
 class LineStats:
-    """Per-shard accumulator of line statistics (pass 1): per distinct line of each document, its hash and a
-    position code; per document, the chance of landing in one edge zone at random."""
+    """Per-shard accumulator of line statistics (pass 1): per distinct line of each document, its hash, a
+    position code and the document's chance of landing in one edge zone at random, batch by batch in numpy."""
 
     def __init__(self, edge_frac: float = 0.05):
         self.edge_frac = edge_frac
-        self.hashes: list[int] = []
-        self.codes: list[int] = []
-        self.doc_entries: list[int] = []
-        self.doc_chance: list[float] = []
+        self.hashes: list[np.ndarray] = []
+        self.codes: list[np.ndarray] = []
+        self.chance: list[np.ndarray] = []
         self.docs = 0
 
-    def add_document(self, text: str) -> list[int]:
-        """Records each distinct line of one document once (document frequency), with where it sits; returns
-        the hash of every line of doc_lines(text) in order (pass 2 looks them up without hashing again)."""
-        self.docs += 1
-        hashes = doc_line_hashes(text)
-        n = len(hashes)
-        if n == 0:
-            self.doc_entries.append(0)
-            self.doc_chance.append(0.0)
-            return hashes
-        zone = edge_zone(n, self.edge_frac)
+    def add_documents(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Records each distinct line of each document once (document frequency), with where it sits; returns
+        batch_line_hashes(texts) (pass 2 looks them up without hashing again)."""
+        self.docs += len(texts)
+        hashes, n = batch_line_hashes(texts)
+        total = len(hashes)
+        if total == 0:
+            return hashes, n
+        doc = np.repeat(np.arange(len(n)), n)
+        pos = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+        # a line repeated inside a document: its first and last position decide (repeated across the document,
+        # it is locked nowhere); a distinct line's first and last position are its own
+        order = np.lexsort((pos, hashes, doc))
+        sorted_doc, sorted_hash, sorted_pos = doc[order], hashes[order], pos[order]
+        starts = np.ones(total, bool)
+        starts[1:] = (sorted_doc[1:] != sorted_doc[:-1]) | (sorted_hash[1:] != sorted_hash[:-1])
+        group = np.cumsum(starts) - 1
+        ends = np.append(np.flatnonzero(starts)[1:] - 1, total - 1)
+        first, last = np.empty(total, np.int64), np.empty(total, np.int64)
+        first[order] = sorted_pos[starts][group]
+        last[order] = sorted_pos[ends][group]
+        lines = n[doc]
+        zone = np.maximum(1, np.ceil(self.edge_frac * n)).astype(np.int64)
         # a one-line document says nothing about position; from two lines on, being first (or last) every time
         # is evidence, weighed against the chance zone/n of landing there at random
-        self.doc_chance.append(zone / n if n >= 2 else 0.0)
-        if len(set(hashes)) == n:  # every line distinct (the common case): positions are the line numbers
-            self.hashes += hashes
-            self.codes += (
-                [INFORMATIVE | HEAD] * zone + [INFORMATIVE] * (n - 2 * zone) + [INFORMATIVE | TAIL] * zone
-                if n >= 2
-                else [0]
-            )
-            self.doc_entries.append(n)
-            return hashes
-        # a line repeated inside the document: its first and last position decide (repeated across the
-        # document, it is locked nowhere)
-        where: dict[int, list] = {}
-        for i, h in enumerate(hashes):
-            w = where.get(h)
-            if w is None:
-                where[h] = [i, i]
-            else:
-                w[1] = i
-        for h, (first, last) in where.items():
-            self.hashes.append(h)
-            self.codes.append(INFORMATIVE | (HEAD if last < zone else 0) | (TAIL if first >= n - zone else 0))
-        self.doc_entries.append(len(where))
-        return hashes
+        informative = lines >= 2
+        codes = np.where(
+            informative,
+            INFORMATIVE | np.where(last < zone[doc], HEAD, 0) | np.where(first >= lines - zone[doc], TAIL, 0),
+            0,
+        ).astype(np.uint8)
+        chance = np.where(n >= 2, zone / np.maximum(n, 1), 0.0)[doc] * informative
+        entry = pos == first  # each distinct line once per document, at its first occurrence
+        self.hashes.append(hashes[entry])
+        self.codes.append(codes[entry])
+        self.chance.append(chance[entry])
+        return hashes, n
 
     def table(self) -> LineTable:
         """Per distinct line hash of the shard: df, head, tail, informative occurrences, summed chance."""
         if not self.hashes:
             return LineTable.empty(self.docs)
-        h = np.array(self.hashes, dtype=np.uint64)
-        codes = np.array(self.codes, dtype=np.uint8)
+        h = np.concatenate(self.hashes)
+        codes = np.concatenate(self.codes)
         informative = (codes & INFORMATIVE) > 0
-        chance = np.repeat(np.array(self.doc_chance), np.array(self.doc_entries)) * informative
+        chance = np.concatenate(self.chance)
         uniq, inv = np.unique(h, return_inverse=True)
         m = len(uniq)
         return LineTable(

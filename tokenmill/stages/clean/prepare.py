@@ -111,7 +111,7 @@ def coerce_text(value) -> str:
 def repair_batch(b: _Batch, s: CleanSettings, timer: Timer, counts: Counter) -> None:
     """Rules 0-6 on the live records of a batch, in place."""
     texts, live = b.texts, b.live
-    if s.max_chars:
+    if s.max_chars and max(map(len, texts), default=0) > s.max_chars:  # one C-level pass when none is too long
         for i in live:
             bad = check_too_long(texts[i], s.max_chars)
             if bad:
@@ -260,13 +260,14 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             timer.lap("read_json")
             entries = prepare_batch(batch, s, timer, counts)
             _filter(entries, filters, timer)
-            hashes, n_lines = [], []
-            for e in entries:
-                hs = stats.add_document(e.text) if (s.boilerplate and e.text) else ()
-                hashes += hs
-                n_lines.append(len(hs))
+            if s.boilerplate:
+                hashes, per_doc = stats.add_documents([e.text for e in entries if e.text])
+                it = iter(per_doc.tolist())
+                n_lines = [next(it) if e.text else 0 for e in entries]
+            else:
+                hashes, n_lines = np.zeros(0, np.uint64), [0] * len(entries)
             timer.lap("line_stats")
-            staged = StagedBatch([], [], [], n_lines, np.array(hashes, np.uint64).tobytes())
+            staged = StagedBatch([], [], [], n_lines, hashes.tobytes())
             for (line, rec), e in zip(batch, entries):
                 len_in.append(e.chars_in)
                 chars_in += e.chars_in
