@@ -9,16 +9,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from tokenmill.common.io import STATS_FILE, read_json, record_shards
-from tokenmill.common.parallel import map_ordered
+from tokenmill.common.io import STATS_FILE, read_json
 from tokenmill.errors import CheckFailedError
-from tokenmill.validate import (
-    MAX_PROBLEMS,
-    KeyDigestTask,
-    shard_key_digests,
-    validate_records,
-    validate_token_shards,
-)
+from tokenmill.validate import MAX_PROBLEMS, validate_exact_keys, validate_records, validate_token_shards
 
 MAX_REJECTED_SHARE = 0.2  # above this the source or the reader settings are wrong, not the records
 
@@ -99,28 +92,27 @@ def cleaned_records_valid(folder: Path) -> dg.AssetCheckResult:
             "records": result["records"],
             "invalid": len(result["problems"]),
             "problems": _problems_md(result["problems"]),
+            "audit": result["audit"],
         },
     )
 
 
 def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheckResult:
-    settings = read_json(Path(report_dir) / "report.json")["parameters"]["settings"]
-    seen, problems, records = {}, [], 0
-    shards = record_shards(folder)
-    tasks = [KeyDigestTask(shard, settings["strip_symbols"], settings["fold_chinese"]) for shard in shards]
-    for shard, digests in zip(shards, map_ordered(shard_key_digests, tasks)):
-        records += len(digests)
-        for record_id, digest in digests:
-            if digest is None:
-                continue  # nothing to compare: the report counts empty keys
-            if digest in seen:
-                problems.append(f"{record_id} duplicates {seen[digest]} ({shard.name})")
-            else:
-                seen[digest] = record_id
+    """A batch of deduped_jsonl against its dedup_report; the batch's dedup_index segment (its sibling in the data
+    root) holds the kept records' key digests."""
+    report_dir = Path(report_dir)
+    settings = read_json(report_dir / "report.json")["parameters"]["settings"]
+    result = validate_exact_keys(folder, settings, report_dir.parent.parent / "dedup_index" / report_dir.name)
+    problems = result["problems"]
     return dg.AssetCheckResult(
         check_name=DEDUPED_NO_EXACT_DUPLICATES.name,
         passed=not problems,
-        metadata={"records": records, "duplicate_keys": len(problems), "problems": _problems_md(problems)},
+        metadata={
+            "records": result["records"],
+            "duplicate_keys": len(problems),
+            "problems": _problems_md(problems),
+            "audit": result["audit"],
+        },
     )
 
 

@@ -10,6 +10,7 @@ from support import BATCH, materialize_batch
 
 from tokenmill.common.io import (
     REJECTED_FILE,
+    SHARDS_FILE,
     STATS_FILE,
     TIMINGS_FILE,
     dumps,
@@ -434,7 +435,9 @@ def test_output_deterministic_for_any_worker_count(tmp_path, monkeypatch):
     _, _, _, s2 = clean(tmp_path, docs, workers=2, name="w2", per_shard=40)
     names = sorted(p.name for p in (tmp_path / "w1").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "w2").iterdir())
-    assert names == sorted([f"part-{k:05d}.jsonl" for k in range(6)] + [REJECTED_FILE, STATS_FILE, TIMINGS_FILE])
+    assert names == sorted(
+        [f"part-{k:05d}.jsonl" for k in range(6)] + [REJECTED_FILE, SHARDS_FILE, STATS_FILE, TIMINGS_FILE]
+    )
     for name in names:
         if name != TIMINGS_FILE:
             assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
@@ -554,4 +557,4 @@ def test_cleaned_jsonl_asset(demo_source, tmp_path):
     # no stray .jsonl besides the shards and _rejected.jsonl (check_contracts globs **/*.jsonl)
     names = {p.name for p in (tmp_path / "data" / "cleaned_jsonl" / BATCH).iterdir()}
     assert (tmp_path / "data" / "cleaned_jsonl" / REJECTED_FILE).exists()  # every batch's, gathered
-    assert all(n.startswith("part-") or n in (REJECTED_FILE, STATS_FILE, TIMINGS_FILE) for n in names), names
+    assert all(n.startswith("part-") or n in (REJECTED_FILE, SHARDS_FILE, STATS_FILE, TIMINGS_FILE) for n in names)

@@ -98,7 +98,7 @@ def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
     # a duplicate key slipped into deduped_jsonl: an existing record under a new id
     shard = record_shards(broken / "deduped_jsonl")[0]
     record = json.loads(shard.read_text(encoding="utf-8").splitlines()[0])
-    record["id"] = "ffffffffffffffff"
+    original, record["id"] = record["id"], "ffffffffffffffff"
     with open(shard, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, ensure_ascii=False) + "\n")
     # a corrupted shard: a token id past the vocabulary
@@ -110,8 +110,57 @@ def test_planted_faults_fail_the_right_checks(graph_run, tmp_path):
     del tokens
     evaluations = audit(broken, key)
     assert not evaluations["deduped_no_exact_duplicates"].passed
+    assert (
+        f"ffffffffffffffff duplicates {original} ({shard.name})"
+        in evaluations["deduped_no_exact_duplicates"].metadata["problems"].value
+    )
     assert not evaluations["token_shards_consistent"].passed
     assert evaluations["raw_records_not_empty"].passed and evaluations["cleaned_records_valid"].passed
+
+
+def test_record_checks_read_the_figures_their_stages_wrote(graph_run):
+    """Untouched output: cleaned_records_valid and deduped_no_exact_duplicates pass from _shards.json (and the dedup
+    index segment) without parsing a record."""
+    _, _, data, key = graph_run
+    evaluations = audit(data, key)
+    for name in ("cleaned_records_valid", "deduped_no_exact_duplicates"):
+        assert evaluations[name].passed and evaluations[name].metadata["audit"].value == "figures", name
+
+
+def test_record_checks_parse_every_record_when_the_figures_do_not_vouch(graph_run, tmp_path):
+    """A shard edited in place to its own size (CRC-32 differs) is audited record by record and the duplicate
+    named by line; deduped_no_exact_duplicates without its index segment, or with figures whose ids are not the
+    segment's kept ones, re-derives every key."""
+    _, _, data, key = graph_run
+    import shutil
+
+    from assets import checks
+    from tokenmill.common.io import SHARDS_FILE, atomic_write_json
+
+    broken = tmp_path / "broken"
+    shutil.copytree(data, broken, symlinks=True)
+    cleaned = broken / "cleaned_jsonl" / key
+    shard = record_shards(cleaned)[0]
+    lines = shard.read_bytes().split(b"\n")
+    first, second = json.loads(lines[0])["id"], json.loads(lines[1])["id"]
+    lines[1] = lines[1].replace(second.encode(), first.encode(), 1)
+    size = shard.stat().st_size
+    shard.write_bytes(b"\n".join(lines))
+    assert shard.stat().st_size == size
+    evaluation = checks.cleaned_records_valid(cleaned)
+    assert not evaluation.passed and evaluation.metadata["audit"].value == "records"
+    assert f"{shard.name}:2: duplicate id {first}" in evaluation.metadata["problems"].value
+
+    deduped, report = broken / "deduped_jsonl" / key, broken / "dedup_report" / key
+    figures = read_json(deduped / SHARDS_FILE)
+    atomic_write_json(deduped / SHARDS_FILE, {**figures, "ids_crc32": figures["ids_crc32"] ^ 1})
+    evaluation = checks.deduped_no_exact_duplicates(deduped, report)
+    assert evaluation.passed and evaluation.metadata["audit"].value == "records"
+    atomic_write_json(deduped / SHARDS_FILE, figures)
+    assert checks.deduped_no_exact_duplicates(deduped, report).metadata["audit"].value == "figures"
+    shutil.rmtree(broken / "dedup_index")
+    evaluation = checks.deduped_no_exact_duplicates(deduped, report)
+    assert evaluation.passed and evaluation.metadata["audit"].value == "records"
 
 
 def test_loader_reads_what_the_pipeline_wrote(graph_run):

@@ -1,4 +1,5 @@
-"""Clean orchestration: pass 1 over every shard, the corpus-wide boilerplate merge, pass 2, the stats."""
+"""Clean orchestration: pass 1 over every shard, the corpus-wide boilerplate merge, pass 2, the stats and the
+shards' figures (SHARDS_FILE: what cleaned_records_valid reads instead of re-parsing the shards)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import REJECTED_FILE, JsonlWriter, dumps, record_shards, write_stats
+from tokenmill.common.io import (
+    REJECTED_FILE,
+    SHARDS_FILE,
+    JsonlWriter,
+    all_distinct,
+    atomic_write_json,
+    dumps,
+    record_shards,
+    shard_figures,
+    write_stats,
+)
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.common.samples import ReasonSamples
@@ -71,6 +82,10 @@ class Totals:
     """Each shard's FinishResult.samples, in shard order."""
     rejected_samples: dict = field(default_factory=dict)
     """reason -> the batch's first rejected entries with their text (as written in _rejected.jsonl)."""
+    shards: list = field(default_factory=list)
+    """Each shard's entry in SHARDS_FILE, in shard order."""
+    ids: list | None = field(default_factory=list)
+    """Each shard's record ids (uint64), None once a shard has a line without one."""
 
     def _add_common(self, res: PrepareResult | FinishResult) -> None:
         for k, v in res.seconds.items():
@@ -84,8 +99,13 @@ class Totals:
         self.chars_in += res.chars_in
         self.hist_in += res.hist_in
 
-    def add_finished(self, res: FinishResult) -> None:
+    def add_finished(self, res: FinishResult, name: str) -> None:
         self._add_common(res)
+        self.shards.append(shard_figures(name, res.size, res.docs_out, res.crc32))
+        if self.ids is None or res.ids is None:
+            self.ids = None
+        else:
+            self.ids.append(res.ids)
         self.docs_in += res.docs_in
         self.docs_out += res.docs_out
         self.chars_out += res.chars_out
@@ -139,8 +159,8 @@ def run_pass2(
     table = merged if merged is not None and len(merged) else None
     light = table is None or docs_seen < PASS2_POOL_MIN
     tasks = [FinishTask(str(p.stage), str(p.out), str(p.rejected), s, table) for p in paths]
-    for res in map_ordered(finish_task, tasks, 1 if light else workers):
-        totals.add_finished(res)
+    for p, res in zip(paths, map_ordered(finish_task, tasks, 1 if light else workers)):
+        totals.add_finished(res, p.out.name)
         progress.advance(1)
     progress.finish()
     totals.rejected_samples = write_rejected([p.rejected for p in paths], totals.samples, out_dir / REJECTED_FILE)
@@ -262,4 +282,12 @@ def clean_corpus(
             f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + {stats['rejected']} rejected"
         )
     write_stats(out_dir, stats)
+    write_shard_figures(out_dir, totals)
     return stats
+
+
+def write_shard_figures(out_dir: Path, totals: Totals) -> None:
+    """SHARDS_FILE: each shard's size, CRC-32 and records, and `unique_ids`: every record line starts with its id
+    and no two ids are equal (false: the check parses every record and names the problems)."""
+    unique = totals.ids is not None and all_distinct(np.concatenate(totals.ids or [np.zeros(0, np.uint64)]))
+    atomic_write_json(out_dir / SHARDS_FILE, {"shards": totals.shards, "unique_ids": unique})

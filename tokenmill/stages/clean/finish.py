@@ -1,5 +1,6 @@
 """Pass 2 on one shard: rule 7 on the records that hold a candidate boilerplate line (found by one vectorized
-lookup per batch), rule 8 again on those only, then the shard and its rejected side file are written.
+lookup per batch), rule 8 again on those only, then the shard and its rejected side file are written, with the
+figures the check reads instead of the shard (its size, CRC-32 and record ids).
 
 A record no line was stripped from keeps its pass-1 verdict: same text, same answer, so the filters effectively
 run after rule 7.
@@ -9,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
-from tokenmill.common.io import JsonlWriter, dumps
+from tokenmill.common.io import JsonlWriter, dumps, line_ids
 from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.stages.clean.boilerplate import BoilerplateTable
 from tokenmill.stages.clean.filters import first_failure, record_filters
@@ -53,6 +55,11 @@ class FinishResult:
     seconds: dict
     samples: dict
     """reason -> [(line index in the rejected side file, the entry with its text)], the shard's first ones."""
+    size: int
+    crc32: int
+    """The shard's bytes and CRC-32, computed as it was written."""
+    ids: np.ndarray | None
+    """Its records' ids (io.line_ids), None when a line does not start with one."""
 
 
 class _Stripper:
@@ -109,7 +116,8 @@ def finish_task(task: FinishTask) -> FinishResult:
     examples = Examples(task.settings.examples)
     reasons, strip_hist, len_all = Counter(), Counter(), []
     samples = ReasonSamples()
-    docs_in = docs_out = chars_out = 0
+    docs_in = docs_out = chars_out = size = crc = 0
+    ids: list[np.ndarray] | None = []
     with JsonlWriter(task.out) as out, JsonlWriter(task.rejected) as rej, open(task.stage, "rb") as stage:
         out_b, rej_b = out.buffer, rej.buffer  # the staged lines are bytes already
         for b in StagedBatch.load_all(stage):
@@ -117,6 +125,7 @@ def finish_task(task: FinishTask) -> FinishResult:
             docs_in += len(b.out_lines)
             n_stripped = stripper.strip(b, examples)
             timer.lap("strip_boilerplate")
+            kept = []
             for i, r in enumerate(b.rej_lines):
                 if r is not None:
                     entry = json.loads(r)
@@ -128,13 +137,21 @@ def finish_task(task: FinishTask) -> FinishResult:
                     rej_b.write(b"\n")
                     rej.count += 1
                     continue
-                out_b.write(b.out_lines[i])
-                out_b.write(b"\n")
-                out.count += 1
-                docs_out += 1
+                kept.append(b.out_lines[i])
                 chars_out += b.len_out[i]
                 len_all.append(b.len_out[i])
                 strip_hist[min(n_stripped.get(i, 0), 5)] += 1
+            if kept:
+                data = b"\n".join(kept) + b"\n"
+                out_b.write(data)
+                size, crc = size + len(data), zlib.crc32(data, crc)
+                out.count += len(kept)
+                docs_out += len(kept)
+                batch_ids = line_ids(kept) if ids is not None else None
+                if batch_ids is None:
+                    ids = None
+                else:
+                    ids.append(batch_ids)
             timer.lap("write_json")
     os.unlink(task.stage)
     return FinishResult(
@@ -148,4 +165,7 @@ def finish_task(task: FinishTask) -> FinishResult:
         dict(strip_hist),
         timer.sec,
         samples.by_reason,
+        size,
+        crc,
+        None if ids is None else np.concatenate(ids or [np.zeros(0, np.uint64)]),
     )

@@ -1,10 +1,13 @@
 """Step 8: apply the decisions: survivors to `part-*.jsonl` (same shard names as the input, lines copied byte for
 byte), every removed record to `removed.jsonl` with the id it duplicates, the level and the measured similarity,
-and `_stats.json`. One task per input chunk, reading only that chunk's decisions. Records in = kept + removed."""
+`_stats.json`, and the shards' figures (SHARDS_FILE: size, CRC-32 and records of each, and a CRC-32 of the kept ids,
+which deduped_no_exact_duplicates reads instead of re-parsing the shards). One task per input chunk, reading only
+that chunk's decisions. Records in = kept + removed."""
 
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,10 +15,14 @@ import numpy as np
 
 from tokenmill.common.io import (
     REMOVED_FILE,
+    SHARDS_FILE,
     JsonlWriter,
+    atomic_write_json,
     concat_files,
+    line_ids,
     read_json,
     record_shards,
+    shard_figures,
     write_stats,
 )
 from tokenmill.common.parallel import default_workers, map_ordered
@@ -47,6 +54,7 @@ class ApplyResult:
     levels: tuple[int, int]  # removed as exact, as near
     kept_path: str
     removed_path: str
+    kept_ids: np.ndarray | None  # io.line_ids of the kept lines (None: a line does not start with its id)
 
 
 def apply_chunk(task: ApplyTask) -> ApplyResult:
@@ -65,15 +73,13 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
             )
         }
     kept_path, removed_path = task.tmp_dir / f"{chunk.stem}.kept", task.tmp_dir / f"{chunk.stem}.removed"
-    kept = dropped = 0
+    kept, dropped = [], 0
     levels = [0, 0]
     with open(kept_path, "wb") as fk, JsonlWriter(removed_path) as fr:
         for ordinal, line in chunk_lines(chunk):
             hit = removed.get(ordinal)
             if hit is None:
-                fk.write(line.rstrip(b"\r"))
-                fk.write(b"\n")
-                kept += 1
+                kept.append(line.rstrip(b"\r"))
                 continue
             rec = parse(chunk, ordinal, line)
             rid, kept_id, lv, sim = hit
@@ -95,12 +101,14 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
             )
             dropped += 1
             levels[lv] += 1
+        if kept:
+            fk.write(b"\n".join(kept) + b"\n")
     if dropped != len(removed):
         raise StaleUpstreamError(
             f"{chunk.path}: the dedup report removes {len(removed)} records of chunk "
             f"{chunk.chunk}, {dropped} were found: rematerialize dedup_report"
         )
-    return ApplyResult(kept, dropped, (levels[0], levels[1]), str(kept_path), str(removed_path))
+    return ApplyResult(len(kept), dropped, (levels[0], levels[1]), str(kept_path), str(removed_path), line_ids(kept))
 
 
 def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | None = None, log=None) -> dict:
@@ -130,14 +138,13 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
         results.append(r)
         progress.advance(r.kept + r.removed)
     progress.finish()
-    by_shard: dict[str, list] = {}
+    by_shard: dict[str, list[ApplyResult]] = {name: [] for name in shards}
     for c, r in zip(chunks, results):
-        by_shard.setdefault(c.name, []).append(r.kept_path)
-    for name, parts in by_shard.items():
-        concat_files(parts, out_dir / name)
-    for name in shards:  # an empty input shard stays an (empty) output shard
-        if name not in by_shard:
-            (out_dir / name).touch()
+        by_shard[c.name].append(r)
+    figures = []
+    for name, parts in by_shard.items():  # an empty input shard stays an (empty) output shard
+        size, crc = concat_files([r.kept_path for r in parts], out_dir / name)
+        figures.append(shard_figures(name, size, sum(r.kept for r in parts), crc))
     concat_files([r.removed_path for r in results], out_dir / REMOVED_FILE)
     tmp_dir.rmdir()
     kept, dropped = sum(r.kept for r in results), sum(r.removed for r in results)
@@ -156,4 +163,15 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
         "removed_samples": report["samples"],  # a few clusters: removed texts next to the kept one
     }
     write_stats(out_dir, stats)
+    atomic_write_json(out_dir / SHARDS_FILE, {"shards": figures, "ids_crc32": kept_ids_crc32(results)})
     return stats
+
+
+def kept_ids_crc32(results: list[ApplyResult]) -> int | None:
+    """CRC-32 of the kept records' ids (uint64, in output order); None when a kept line does not start with its id."""
+    crc = 0
+    for r in results:
+        if r.kept_ids is None:
+            return None
+        crc = zlib.crc32(r.kept_ids.tobytes(), crc)
+    return crc
