@@ -505,6 +505,30 @@ def test_deep_nesting_is_malformed_not_a_crash(tmp_path):
     assert rss < HOSTILE_RSS_MB
 
 
+def test_nesting_depth_counts_containers_not_brackets_in_strings():
+    from tokenmill.stages.raw.stream import nesting_depth, too_deep
+
+    values = [
+        "plain",
+        [],
+        {"a": [1, {"b": []}]},
+        {"text": "[[[{{{", "k[": ['\\"]]', "\\", '"{']},
+        [["]"], [[["\\\\["]]]],
+        json.loads("[" * 150 + "]" * 150),
+    ]
+    for v in values:
+        depth = nesting_depth(json.dumps(v, ensure_ascii=False).encode())
+        assert not too_deep(v, depth) and (depth == 0 or too_deep(v, depth - 1)), v
+
+
+def test_json_brackets_inside_strings_do_not_make_a_record_deep(tmp_path):
+    src = tmp_path / "src"
+    nested = "[" * 99 + "]" * 99  # a record 100 levels deep: the most allowed
+    write(src / "a.json", json.dumps([{"text": "[" * 300, "x": json.loads(nested)}, {"text": "ok"}]))
+    ingest(src, tmp_path / "out", workers=1)
+    assert [r["text"] for r in records(tmp_path / "out")] == ["[" * 300, "ok"]
+
+
 def test_gzip_bomb_stops_at_the_limits(tmp_path):
     src = tmp_path / "src"
     write(src / "a_good.jsonl.gz", gzip.compress(b'{"text": "before the bomb"}\n'))

@@ -10,6 +10,7 @@ import unicodedata
 SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 # Latin-1 range or an HTML entity: what UTF-8 mojibake (UTF-8 bytes decoded as cp1252/latin-1) always contains.
 MOJIBAKE_HINT_RE = re.compile(r"[\u0080-\u00ff]|&#?\w+;")
+LATIN1_RE = re.compile(r"[\u0080-\u00ff]")  # U+0080..U+00FF: the raw material of mojibake
 # control characters (tab and newline kept, CR handled by whitespace), zero-width space/no-break space (BOM),
 # word joiner, direction marks and embeddings. ZWJ/ZWNJ (U+200C/D) are kept: emoji sequences, Persian and
 # Indic scripts need them.
@@ -61,10 +62,7 @@ def needs_repair(text: str) -> bool:
         return True
     if " \n" in text or "\n\n\n" in text or "&" in text or text[:1] in " \n" or text[-1:] in " \n":
         return True
-    if not text.isascii():
-        b = text.encode("utf-8")
-        return b"\xc2" in b or b"\xc3" in b  # lead bytes of U+0080..U+00FF: the raw material of mojibake
-    return False
+    return not text.isascii() and LATIN1_RE.search(text) is not None
 
 
 def repair_surrogates(text: str) -> tuple[str, int]:

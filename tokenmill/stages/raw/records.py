@@ -84,7 +84,7 @@ def render_special(special: dict) -> str:
 
 def _map_poetry(obj: dict, special: dict, used: set) -> Mapped:
     """The chinese-poetry layout: body lines under a BODY_KEYS key, title (or ci tune) and author into meta."""
-    key = next(k for k in BODY_KEYS if k in obj)
+    key = next(filter(obj.__contains__, BODY_KEYS))
     text = _lines(obj[key], key)
     used.add(key)
     meta = {}
@@ -113,7 +113,7 @@ def map_record(obj: dict, settings: RawSettings) -> Mapped:
         if not isinstance(text, str):
             raise Rejected("no_text_field", f"field '{tf}' is {type(text).__name__}, not a string")
         used.add(tf)
-    elif settings.presets and any(k in obj for k in BODY_KEYS):
+    elif settings.presets and not obj.keys().isdisjoint(BODY_KEYS):
         return _map_poetry(obj, special, used)
     elif special and settings.presets:
         text = render_special(special)
