@@ -157,10 +157,37 @@ def _fold_batch(keys: list[str]) -> list[str]:
     return out if len(out) == len(keys) else [_t2s_converter()(k) if k else k for k in keys]
 
 
+@functools.lru_cache(maxsize=2)
+def _key_table(strip_symbols: bool) -> np.ndarray:
+    """_key_map with one more entry, _UNSAFE, that every code point past it is clipped to (one lookup, no mask)."""
+    return np.append(_key_map(strip_symbols), np.int32(_UNSAFE))
+
+
+_WHITESPACE_LIMIT = 0x3001  # every code point str.split() splits on is below
+
+
 @functools.lru_cache(maxsize=1)
 def _whitespace() -> np.ndarray:
-    """The code points str.split() splits on (all of them dropped from the key: Z* or Cc)."""
-    return np.asarray([cp for cp in range(0x3001) if chr(cp).isspace()], dtype=np.uint32)
+    """Per code point below _WHITESPACE_LIMIT, and False for the one every later code point is clipped to: whether
+    str.split() splits on it (all of them dropped from the key: Z* or Cc)."""
+    return np.asarray([chr(cp).isspace() for cp in range(_WHITESPACE_LIMIT)] + [False])
+
+
+def per_text(mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """How many code points of each text `mask` (over the concatenated texts) holds; text i is bounds[i]:bounds[i+1].
+    One reduceat over the non-empty texts (a cumulative sum into int64 is several times slower)."""
+    counts = np.zeros(len(bounds) - 1, dtype=np.int64)
+    nonempty = np.flatnonzero(bounds[1:] > bounds[:-1])
+    if len(nonempty):
+        counts[nonempty] = np.add.reduceat(mask, bounds[nonempty], dtype=np.int64)
+    return counts
+
+
+def text_bounds(lengths: np.ndarray) -> np.ndarray:
+    """Where each of the concatenated texts of `lengths` starts, and where the last one ends."""
+    bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=bounds[1:])
+    return bounds
 
 
 def dedup_keys(
@@ -173,33 +200,33 @@ def dedup_keys(
         return _fold_batch(dedup_keys(texts, strip_symbols, spaced=spaced))
     if not texts:
         return []
-    table = _key_map(strip_symbols)
     cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    mapped = np.full(len(cps), _UNSAFE, dtype=np.int32)
-    inside = cps < _MAP_LIMIT
-    mapped[inside] = table[cps[inside]]
-    doc = np.repeat(np.arange(len(texts)), lengths)
-    unsafe = np.bincount(doc[mapped == _UNSAFE], minlength=len(texts)) > 0
+    bounds = text_bounds(lengths)
+    mapped = _key_table(strip_symbols)[np.minimum(cps, _MAP_LIMIT)]
     keep = mapped >= 0
-    fast = ~unsafe & (np.bincount(doc[keep], minlength=len(texts)) > 0)
-    at = np.flatnonzero(keep & fast[doc])
-    chars = mapped[at]
+    kept = per_text(keep, bounds)
+    fast = (kept > 0) & (per_text(mapped == _UNSAFE, bounds) == 0)
+    if not fast.all():
+        keep &= np.repeat(fast, lengths)
+        kept[~fast] = 0
+    at = np.flatnonzero(keep)
+    doc = np.repeat(np.arange(len(texts)), kept)
+    # the keys, joined by newlines (a newline is dropped from every key, so it never is a key's character)
+    out_at = np.arange(len(at)) + doc
+    joined = np.full(len(at) + len(texts) - 1, ord("\n"), dtype="<u4")
     if spaced:  # a space before each kept character with whitespace between it and the previous one of its text
-        seen = np.concatenate(([0], np.cumsum(np.isin(cps, _whitespace()))))
+        seen = np.cumsum(_whitespace()[np.minimum(cps, _WHITESPACE_LIMIT)])[at]
         gap = np.zeros(len(at), dtype=bool)
-        gap[1:] = (doc[at[1:]] == doc[at[:-1]]) & (seen[at[1:]] > seen[at[:-1] + 1])
-        chars = np.insert(chars, np.flatnonzero(gap), 0x20)
-        at = np.insert(at, np.flatnonzero(gap), at[gap])
-    kept_len = np.bincount(doc[at], minlength=len(texts))
-    kept_chars = chars.astype("<u4").tobytes().decode("utf-32-le")
-    out, pos = [], 0
-    for i, (f, n) in enumerate(zip(fast.tolist(), kept_len.tolist())):
-        if f:
-            out.append(kept_chars[pos : pos + n])
-            pos += n
-        else:
-            out.append(dedup_key(texts[i], strip_symbols, spaced=spaced))
+        gap[1:] = (seen[1:] > seen[:-1]) & (doc[1:] == doc[:-1])
+        out_at += np.cumsum(gap)
+        joined = np.full(len(joined) + int(gap.sum()), ord(" "), dtype="<u4")
+        gaps = per_text(gap, text_bounds(kept))
+        joined[np.arange(len(texts) - 1) + text_bounds(kept + gaps)[1:-1]] = ord("\n")
+    joined[out_at] = mapped[at]
+    out = str(joined.data, "utf-32-le").split("\n")
+    for i in np.flatnonzero(~fast).tolist():
+        out[i] = dedup_key(texts[i], strip_symbols, spaced=spaced)
     return out
 
 
@@ -212,15 +239,21 @@ _UNSPACED = np.asarray(
 )  # fmt: skip
 
 
+@functools.lru_cache(maxsize=1)
+def _unspaced() -> np.ndarray:
+    """Per code point up to _UNSPACED[-1] (every later one is clipped to it): whether it is in _UNSPACED's ranges."""
+    return np.searchsorted(_UNSPACED, np.arange(_UNSPACED[-1] + 1), side="right") % 2 == 1
+
+
 def by_words(keys: Sequence[str]) -> np.ndarray:
     """Whether each key is shingled by words: it is non-empty and at most half of its code points are in a script
     written without spaces (_UNSPACED)."""
     lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
+    bounds = text_bounds(lengths)
     cps = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4")
-    unspaced = np.searchsorted(_UNSPACED, cps, side="right") % 2 == 1
-    doc = np.repeat(np.arange(len(keys)), lengths)
-    chars = np.bincount(doc[cps != 0x20], minlength=len(keys))
-    return (lengths > 0) & (2 * np.bincount(doc[unspaced], minlength=len(keys)) <= chars)
+    unspaced = _unspaced()[np.minimum(cps, _UNSPACED[-1])]
+    chars = lengths - per_text(cps == 0x20, bounds)
+    return (lengths > 0) & (2 * per_text(unspaced, bounds) <= chars)
 
 
 def exact_key(key: str) -> str:

@@ -7,7 +7,7 @@ and sketched items (signatures/). Memory: one chunk, and shingle hashes in batch
 from __future__ import annotations
 
 import json
-import re
+import operator
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +21,8 @@ from tokenmill.stages.dedup.layout import (
     KEYS_DIR,
     SIGNATURE_DIR,
     Chunk,
-    chunk_lines,
+    chunk_records,
     folder,
-    parse,
     releases_memory,
 )
 from tokenmill.stages.dedup.settings import DedupSettings
@@ -59,32 +58,47 @@ def _meta_count(meta) -> int:
     return sum(1 for v in meta.values() if v not in (None, "", [], {}))
 
 
-_GARBAGE = re.compile("[\ufffd\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\u25a1]")  # replacement, controls,
-# private use, placeholder box: what a broken decode or a missing glyph leaves
+def _garbage_table() -> np.ndarray:
+    """Per BMP code point, and False for the one every later code point is clipped to: whether it is garbage, what
+    a broken decode or a missing glyph leaves (replacement character, controls other than tab/newline/CR, private
+    use, the placeholder box)."""
+    table = np.zeros(0x10001, dtype=bool)
+    for lo, hi in ((0x00, 0x08), (0x0B, 0x0C), (0x0E, 0x1F), (0x7F, 0x9F), (0xE000, 0xF8FF), (0x25A1, 0x25A1)):
+        table[lo : hi + 1] = True
+    table[0xFFFD] = True
+    return table
 
 
-def text_quality(text: str) -> tuple[int, int, int]:
-    """(garbage characters, improper casing, repeated words) of a text: the keep rules' quality ties, fewer first.
-    Improper casing: cased letters all in one case (an all-lowercase or all-caps copy of a text)."""
-    lower, upper = text.lower(), text.upper()
-    words = lower.split()
-    repeats = sum(1 for a, b in zip(words, words[1:]) if a == b)
-    return len(_GARBAGE.findall(text)), int(lower != upper and text in (lower, upper)), repeats
+_GARBAGE = _garbage_table()
+
+
+def text_quality(texts: list[str]) -> np.ndarray:
+    """(texts, 3) int64: garbage characters, improper casing, repeated words of each text: the keep rules' quality
+    ties, fewer first. Improper casing: cased letters all in one case (an all-lowercase or all-caps copy of a
+    text). Repeated words: words (split on whitespace, lowercased) equal to the word before."""
+    out = np.zeros((len(texts), 3), dtype=np.int64)
+    if not texts:
+        return out
+    cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
+    lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+    out[:, 0] = K.per_text(_GARBAGE[np.minimum(cps, 0x10000)], K.text_bounds(lengths))
+    for i, text in enumerate(texts):
+        lower, upper = text.lower(), text.upper()
+        words = lower.split()
+        out[i, 1:] = int(lower != upper and text in (lower, upper)), sum(map(operator.eq, words, words[1:]))
+    return out
 
 
 def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
-    """(table, texts, source paths): id, meta_count, text_len, path (index into the paths), loc, loc_kind."""
-    ids, meta_counts, text_lens, paths, locs, kinds, texts, quality = [], [], [], [], [], [], [], []
+    """(table, texts, source paths): id, meta_count, text_len, path (index into the paths), loc, loc_kind, and the
+    quality fields."""
+    ids, meta_counts, paths, locs, kinds, texts = [], [], [], [], [], []
     path_index: dict[str, int] = {}
-    for ordinal, line in chunk_lines(chunk):
-        rec = parse(chunk, ordinal, line)
+    for rec in chunk_records(chunk):
         text = rec.get("text")
-        text = text if isinstance(text, str) else ""
-        texts.append(text)
+        texts.append(text if isinstance(text, str) else "")
         ids.append(str(rec.get("id", "")).encode("utf-8"))
         meta_counts.append(_meta_count(rec.get("meta")))
-        text_lens.append(len(text))
-        quality.append(text_quality(text))
         src = rec.get("source") if isinstance(rec.get("source"), dict) else {}
         paths.append(path_index.setdefault(str(src.get("path", "")), len(path_index)))
         kind = 0 if isinstance(src.get("line"), int) else 1 if isinstance(src.get("index"), int) else 2
@@ -104,10 +118,10 @@ def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
         ("repeats", "<i8"),
     ]
     table = np.zeros(len(ids), dtype=dtype)
-    table["id"], table["meta_count"], table["text_len"] = ids, meta_counts, text_lens
+    table["id"], table["meta_count"] = ids, meta_counts
+    table["text_len"] = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
     table["path"], table["loc"], table["loc_kind"] = paths, locs, kinds
-    if quality:
-        table["garbage"], table["bad_case"], table["repeats"] = np.asarray(quality, dtype=np.int64).T
+    table["garbage"], table["bad_case"], table["repeats"] = text_quality(texts).T
     return table, texts, list(path_index)
 
 
