@@ -115,7 +115,7 @@ def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
         for task in tasks:
             yield fn(task)
         return
-    pool = _shared_pool(workers, getattr(fn, "__module__", "").rpartition(".")[0])
+    pool = _shared_pool(workers)
     with _main_module_hidden(fn):
         futures = [pool.submit(fn, task) for task in tasks]  # every worker is spawned here
     try:
@@ -132,15 +132,14 @@ _pool: ProcessPoolExecutor | None = None
 _pool_key: tuple | None = None
 
 
-def _shared_pool(workers: int, package: str) -> ProcessPoolExecutor:
-    """The worker pool of the stage package the task function lives in, started once and reused by every step
-    of the stage: starting one costs ~1-2 CPU-s (each worker imports numpy, pydantic, the stage modules), and a
-    stage has up to eight steps. Another package gets fresh workers, so process-wide settings a stage makes in
-    its workers never reach another stage's tasks (dedup fixes glibc's mmap threshold: the encoder ran 1.5x
-    slower after it). A new pool also replaces it when the worker count, the environment, the working directory
-    or the import path changed (workers take them at spawn) or a worker died."""
+def _shared_pool(workers: int) -> ProcessPoolExecutor:
+    """The run's worker pool, started once and reused by every parallel step of every stage: starting one costs
+    ~0.5 s and ~1.5 CPU-s (each worker imports numpy, pydantic and the stage modules), and a run has ~15 such steps.
+    Tasks leave no process-wide setting behind (dedup trims the heap it freed instead of fixing glibc's malloc
+    parameters). A new pool replaces it when the worker count, the environment, the working directory or the
+    import path changed (workers take them at spawn) or a worker died."""
     global _pool, _pool_key
-    key = (workers, package, tuple(sorted(os.environ.items())), os.getcwd(), tuple(sys.path))
+    key = (workers, tuple(sorted(os.environ.items())), os.getcwd(), tuple(sys.path))
     if _pool is not None and (_pool_key != key or _pool._broken):
         _close_pool()
     if _pool is None:
