@@ -372,6 +372,30 @@ def test_boilerplate_can_be_disabled(tmp_path):
     assert stats["boilerplate"]["lines_stripped"] == 0
 
 
+def test_line_statistics_of_a_batch():
+    from tokenmill.stages.clean.line_stats import LineStats, batch_line_hashes, doc_line_hashes, key_hash, line_key
+
+    texts = ["x\ny\nz", "x\nw\n\n  \n\u3000\nX\nv", "solo", "Page 3\npage 4 \n\tΣ"]
+    hashes, counts = batch_line_hashes(texts)
+    assert hashes.tolist() == [h for t in texts for h in doc_line_hashes(t)]
+    assert counts.tolist() == [3, 4, 1, 3]
+    stats = LineStats(0.05)
+    stats.add_documents(texts[:3])
+    table = stats.table()
+    row = {int(h): i for i, h in enumerate(table.hash)}
+
+    def figures(line):
+        i = row[key_hash(line_key(line))]
+        return [float(getattr(table, k)[i]) for k in ("df", "head", "tail", "informative", "chance")]
+
+    # "x" heads the first document; in the second it is repeated (first and last lines 0 and 2 of 4: no edge)
+    assert figures("x") == [2, 1, 0, 2, 1 / 3 + 1 / 4]
+    assert figures("z") == [1, 0, 1, 1, 1 / 3]
+    assert figures("v") == [1, 0, 1, 1, 1 / 4]
+    assert figures("solo") == [1, 0, 0, 0, 0]  # a one-line document says nothing about position
+    assert table.docs == 3 and len(table) == 6
+
+
 def test_template_traits():
     assert template_score("copyright © 0 example press | all rights reserved")[0] == 1.0
     assert template_score("【本文来自网络 | 转载请注明出处】")[0] == 1.0
