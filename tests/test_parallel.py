@@ -7,7 +7,8 @@ import sys
 import textwrap
 import time
 
-from tokenmill.common.parallel import map_ordered
+from tokenmill.common import parallel
+from tokenmill.common.parallel import map_ordered, start_workers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,6 +74,14 @@ def test_steps_share_warm_workers_until_the_environment_changes(monkeypatch):
     monkeypatch.setenv("TOKENMILL_TEST_MARK", "changed")
     assert list(map_ordered(worker_env, ["TOKENMILL_TEST_MARK"] * 2, workers=2)) == ["changed", "changed"]
     assert not set(map_ordered(worker_pid, range(4), workers=2)) & first
+
+
+def test_workers_started_ahead_serve_the_first_step():
+    """`tokenmill update` starts the pool before importing Dagster: the first step's tasks run on those workers."""
+    start_workers(2)
+    started = set(parallel._pool._processes)
+    assert len(started) == 2
+    assert set(map_ordered(worker_pid, range(4), workers=2)) <= started
 
 
 def fail_on_three(x: int) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 from tokenmill.batches import PARTITIONS_NAME, read_registry, register_new_files, start_generation
 from tokenmill.common.io import read_json, remove_stage
 from tokenmill.common.lock import DataRootLock
+from tokenmill.common.parallel import start_workers
 from tokenmill.errors import ConfigError, SourceError, TokenmillError
 from tokenmill.stages.raw.discover import source_state
 from tokenmill_loader.format import DATASET_FILE
@@ -131,6 +132,7 @@ def run_batches(job, instance, keys: list[str], run_config: dict | None = None, 
 
 
 def update(config_path: str | None = None, rebuild: bool = False) -> int:
+    start_workers()  # they spawn while Dagster and the definitions import (~2 s)
     import dagster as dg
 
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()

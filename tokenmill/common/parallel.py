@@ -128,6 +128,22 @@ def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
         concurrent.futures.wait(futures)
 
 
+def _ready() -> None:
+    """A warm-up task: the worker has started and imported what every task needs (numpy)."""
+    import numpy  # noqa: F401
+
+
+def start_workers(workers: int | None = None) -> None:
+    """Starts the local worker pool now, without waiting: its workers spawn and import while this process sets up
+    the run, and the first parallel step finds them ready. Nothing under another engine or with one worker."""
+    workers = default_workers() if workers is None else workers
+    if _engine is None and workers > 1:
+        pool = _shared_pool(workers)
+        with _main_module_hidden(_ready):
+            for _ in range(workers):
+                pool.submit(_ready)
+
+
 _pool: ProcessPoolExecutor | None = None
 _pool_key: tuple | None = None
 
