@@ -180,11 +180,17 @@ def _clean_special(rec: dict, s: CleanSettings) -> None:
             rec[k] = [{**t, "content": fix(t.get("content"))} if isinstance(t, dict) else fix(t) for t in v]
 
 
+def _meta_strings(meta: dict) -> str:
+    """The string values of a meta joined by newlines (all of them at once when all are strings, the usual case)."""
+    try:
+        return "\n".join(meta.values())
+    except TypeError:
+        return "\n".join(v for v in meta.values() if isinstance(v, str))
+
+
 def _assemble(rec: dict, text: str, original: str, meta: dict, moved: bool, s: CleanSettings) -> Prepared:
     """The record after rules 1-6: rebuilt (id, text, meta, source, then its other fields) only when it changed."""
-    if meta and R.meta_value_needs_cleaning(
-        "\n".join(v for v in meta.values() if isinstance(v, str)) + "\n.", s.normalization
-    ):
+    if meta and R.meta_value_needs_cleaning(_meta_strings(meta) + "\n.", s.normalization):
         meta = _clean_meta(meta, s.normalization)
     changed = text is not original and text != original
     changed = changed or (meta is not rec.get("meta") and meta != rec.get("meta"))

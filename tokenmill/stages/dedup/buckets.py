@@ -62,22 +62,25 @@ def lsh_inputs(task: LshInputTask) -> int:
     items = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.items.npz")
     item_doc = items["item_doc"]
     keep = ~non_rep[item_doc] & (np.asarray(key_len)[item_doc] > 0)
-    bands = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.bands.npy", mmap_mode="r")
+    bands = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.bands.npy")[:, keep]
     sig = np.load(task.out_dir / SIGNATURE_DIR / f"{task.stem}.npy")[keep]
-    hashes = np.empty((bands.shape[0], int(keep.sum())), dtype=np.uint64)
+    return write_lsh(folder(task.out_dir, LSH_DIR), task.stem, item_doc[keep], bands, sig, task.rows)
+
+
+def write_lsh(lsh_dir: Path, stem: str, item_doc: np.ndarray, bands: np.ndarray, sig: np.ndarray, rows: int) -> int:
+    """Writes the LSH files of a chunk's items (their ordinals, ascending; (bands, items) band hashes; signatures);
+    returns items."""
+    hashes = np.empty(bands.shape, dtype=np.uint64)
     docs = np.empty(hashes.shape, dtype=np.int64)
     words = np.empty((bands.shape[0], hashes.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
-    d = item_doc[keep]
     folded = mh.fold16(sig)  # once for every band; the sort then moves each item's few words, not its signature
     for b in range(bands.shape[0]):
-        h = np.asarray(bands[b])[keep]
-        order = np.lexsort((d, h))
-        hashes[b], docs[b] = h[order], d[order]
-        words[b] = mh.order_words(folded, (b + 1) * task.rows, ORDER_ROWS)[order]
-    lsh_dir = folder(task.out_dir, LSH_DIR)
-    np.save(lsh_dir / f"{task.stem}.hash.npy", hashes)
-    np.save(lsh_dir / f"{task.stem}.doc.npy", docs)
-    np.save(lsh_dir / f"{task.stem}.order.npy", words)
+        order = mh.stable_argsort(bands[b])  # by (hash, ordinal): the items come by ordinal
+        hashes[b], docs[b] = bands[b][order], item_doc[order]
+        words[b] = mh.order_words(folded, (b + 1) * rows, ORDER_ROWS)[order]
+    np.save(lsh_dir / f"{stem}.hash.npy", hashes)
+    np.save(lsh_dir / f"{stem}.doc.npy", docs)
+    np.save(lsh_dir / f"{stem}.order.npy", words)
     return hashes.shape[1]
 
 
@@ -125,24 +128,26 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     only where a document of the batch shares its hash."""
     band = (task.band,)
     sources = sorted(zip(task.lsh_files, task.firsts), key=lambda s: s[1] < task.probe_from)  # the batch first
-    hs, ds, ws = [], [], []
+    parts = []  # (first, hashes, docs, words) per chunk
     probe = None
     for base, first in sources:
         if first < task.probe_from and probe is None:
-            probe = np.sort(np.concatenate(hs)) if hs else np.empty(0, dtype=np.uint64)
+            probe = np.sort(np.concatenate([p[1] for p in parts])) if parts else np.empty(0, dtype=np.uint64)
         with NpyRows(f"{base}.hash.npy") as f:
             a, b = f.searchsorted(band, task.lo), f.searchsorted(band, task.hi)
             h = f.read(band, a, b)
         rows = slice(None) if probe is None else _found(h, probe)
-        hs.append(h[rows])
         with NpyRows(f"{base}.doc.npy") as f:
-            ds.append(f.read(band, a, b)[rows] + first)
+            d = f.read(band, a, b)[rows] + first
         with NpyRows(f"{base}.order.npy") as f:
-            ws.append(f.read(band, a, b)[rows])
-    h = np.concatenate(hs) if hs else np.empty(0, dtype=np.uint64)
-    d = np.concatenate(ds) if ds else np.empty(0, dtype=np.int64)
-    w = np.concatenate(ws) if ws else np.empty((0, -(-ORDER_ROWS // 4)), dtype=np.uint64)
-    order = np.lexsort((d, h))
+            parts.append((first, h[rows], d, f.read(band, a, b)[rows]))
+    # in document order each chunk's items sorted by (hash, doc) follow the previous chunk's: a stable sort by hash
+    # sorts them by (hash, doc)
+    parts.sort(key=lambda p: p[0])
+    h = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, dtype=np.uint64)
+    d = np.concatenate([p[2] for p in parts]) if parts else np.empty(0, dtype=np.int64)
+    w = np.concatenate([p[3] for p in parts]) if parts else np.empty((0, -(-ORDER_ROWS // 4)), dtype=np.uint64)
+    order = mh.stable_argsort(h)
     return h[order], d[order], w[order]
 
 

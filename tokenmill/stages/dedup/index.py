@@ -29,8 +29,8 @@ import numpy as np
 
 from tokenmill.common.io import atomic_write_json, read_json
 from tokenmill.errors import ConfigError, StaleUpstreamError
-from tokenmill.stages.dedup.buckets import LshInputTask, lsh_inputs
-from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, Chunk, folder, releases_memory
+from tokenmill.stages.dedup.buckets import write_lsh
+from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, LSH_DIR, SIGNATURE_DIR, Chunk, folder, releases_memory
 from tokenmill.stages.dedup.settings import DedupSettings
 
 SEGMENT_FILE = "segment.json"
@@ -135,12 +135,13 @@ def write_segment_chunk(task: SegmentTask) -> SegmentChunk:
 
     items = np.load(src(SIGNATURE_DIR, ".items.npz"))
     item_doc, item_n = items["item_doc"], items["item_n"]
-    sketched = kept[item_doc]
-    np.save(dst(SIGNATURE_DIR, ".npy"), np.load(src(SIGNATURE_DIR, ".npy"))[sketched])
-    np.save(dst(SIGNATURE_DIR, ".bands.npy"), np.load(src(SIGNATURE_DIR, ".bands.npy"))[:, sketched])
-    np.savez(dst(SIGNATURE_DIR, ".items.npz"), item_doc=renumber[item_doc[sketched]], item_n=item_n[sketched])
-    n_items = lsh_inputs(LshInputTask(seg, c.stem, 0, int(indexed.sum()), (), task.rows))
-    dst(SIGNATURE_DIR, ".bands.npy").unlink()  # lsh/ holds them, sorted per band
+    sketched = kept[item_doc]  # a kept record's items: its key is not empty (an empty one has none)
+    sig = np.load(src(SIGNATURE_DIR, ".npy"))[sketched]
+    np.save(dst(SIGNATURE_DIR, ".npy"), sig)
+    item_doc = renumber[item_doc[sketched]]
+    np.savez(dst(SIGNATURE_DIR, ".items.npz"), item_doc=item_doc, item_n=item_n[sketched])
+    bands = np.load(src(SIGNATURE_DIR, ".bands.npy"))[:, sketched]
+    n_items = write_lsh(folder(seg, LSH_DIR), c.stem, item_doc, bands, sig, task.rows)
     return SegmentChunk(c.name, c.chunk, int(indexed.sum()), int(kept.sum()), n_items)
 
 

@@ -352,21 +352,37 @@ def pairs_per_bucket(lens: np.ndarray, max_bucket: int, neighbours: int) -> np.n
     return np.where(lens <= max_bucket, lens * (lens - 1) // 2, w * lens - w * (w + 1) // 2)
 
 
+def stable_argsort(keys: np.ndarray) -> np.ndarray:
+    """np.argsort(keys, kind="stable") of a 1-D array: numpy's default sort (~5x faster than its stable one on 64-bit
+    keys in random order), then each run of equal keys put back in index order."""
+    order = np.argsort(keys)
+    ordered = keys[order]
+    tie = ordered[1:] == ordered[:-1]
+    if tie.any():
+        at = np.flatnonzero(np.concatenate((tie, [False])) | np.concatenate(([False], tie)))
+        run = np.cumsum(np.concatenate(([True], ~tie)))[at]
+        order[at] = order[at][np.lexsort((order[at], run))]
+    return order
+
+
 def fold16(sig: np.ndarray) -> np.ndarray:
     """(items, num_perm) uint16: each signature value folded to 16 bits (what order_words packs)."""
-    return ((sig ^ (sig >> 16)) & 0xFFFF).astype(np.uint16)
+    return (sig ^ (sig >> np.uint32(16))).astype(np.uint16)  # the cast keeps the low 16 bits
 
 
 def order_words(folded: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:
     """(items, ceil(rows / 4)) uint64: the folded signature values (fold16) of `rows` rows from `first_row` on
     (wrapping), four to a word, so sorting by the words in order sorts by those values lexicographically
     (members that agree on them, as near duplicates mostly do, sort next to each other)."""
-    cols = [(first_row + j) % folded.shape[1] for j in range(rows)]
-    shifted = folded[:, cols].astype(np.uint64) << np.asarray([48 - 16 * (j % 4) for j in range(rows)], np.uint64)
-    words = np.zeros((folded.shape[0], -(-rows // 4)), dtype=np.uint64)
-    for w in range(words.shape[1]):
-        np.bitwise_or.reduce(shifted[:, 4 * w : 4 * w + 4], axis=1, out=words[:, w])
-    return words
+    lanes = np.zeros((folded.shape[0], 4 * -(-rows // 4)), dtype="<u2")
+    j = 0
+    while j < rows:  # runs of adjacent columns: slices copy ~10x faster than a gather of columns
+        c = (first_row + j) % folded.shape[1]
+        k = min(rows - j, folded.shape[1] - c)
+        lanes[:, j : j + k] = folded[:, c : c + k]
+        j += k
+    # read as little-endian words, the lanes reversed put each word's first value in its high 16 bits
+    return np.ascontiguousarray(lanes[:, ::-1]).view("<u8")[:, ::-1].astype(np.uint64)
 
 
 def bucket_pairs(
