@@ -16,6 +16,7 @@ from assets.exports import EXPORT_ASSETS
 from resources import Compute, DataRoot
 from tokenmill.common.io import iter_jsonl, read_json, record_shards
 from tokenmill.errors import ConfigError
+from tokenmill.exports.hf_parquet import meta_source_json
 from tokenmill.stages.clean import clean_corpus
 from tokenmill.stages.dedup import build_dedup_report, write_deduped
 from tokenmill.stages.raw import ingest
@@ -295,6 +296,28 @@ def test_trl_dpo_tokenization_of_the_records_gives_the_exported_ids(exported, ro
         for key in ("chosen", "rejected"):
             full = tok.apply_chat_template(prompt + [{"role": "assistant", "content": rec[key]}], return_dict=True)
             assert row[f"{key}_ids"] == full["input_ids"][len(prompt_ids) :]
+
+
+@pytest.mark.parametrize(
+    "rec",
+    [
+        {
+            "id": "a",
+            "text": 'x, "meta": {}, "source": {}',
+            "meta": {"source": {"k": [1, 2.5]}, "t": "é"},
+            "source": {"path": "p", "line": 3},
+        },
+        {"id": "b", "text": "", "meta": {}, "source": {"path": 'q", "source": ', "index": 0}},
+        {"id": "c", "text": "t", "meta": None, "source": {"path": "p", "source": 1}},  # ambiguous: written again
+        {"id": "d", "text": "t", "meta": {}, "source": {"path": {"nested": 1}}},  # ambiguous: written again
+        {"id": "e", "text": "t", "source": {"path": "p"}, "meta": {"x": float("nan")}},  # another order
+        {"id": 5, "text": "t", "meta": {"n": -0.0}, "source": {"line": 1}},
+    ],
+)
+def test_hf_parquet_meta_and_source_json_are_what_json_dumps_writes(rec):
+    line = json.dumps(rec, ensure_ascii=False) + "\n"
+    expected = (json.dumps(rec["meta"], ensure_ascii=False), json.dumps(rec["source"], ensure_ascii=False))
+    assert meta_source_json(line, json.loads(line)) == expected
 
 
 def test_an_empty_split_exports_as_empty_files(roots, tmp_path):

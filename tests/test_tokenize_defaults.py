@@ -101,6 +101,27 @@ def test_auto_is_the_default_and_encodes_as_the_type_it_chose(tmp_path, tok_dir)
     assert build(tok_dir, tmp_path / "auto-seq", [plain])["masked_tokens"] == 0
 
 
+@pytest.mark.parametrize("first_titled", [True, False])
+def test_a_first_build_guessed_wrong_from_its_first_records_is_encoded_again_as_all_records_choose(
+    tmp_path, tok_dir, monkeypatch, first_titled
+):
+    import tokenmill.stages.tokenize.stage as stage
+
+    monkeypatch.setattr(stage, "GUESS_BYTES", 1)  # the guess reads the first record only
+    # the first record alone says one type, all 40 the other
+    recs = [record("g", i, titled=(i == 0) == first_titled) for i in range(40)]
+    chosen = "conditional" if not first_titled else "seq"
+    batch = write_batch(tmp_path / "in", "b1", recs)
+    auto = build(tok_dir, tmp_path / "auto", [batch])
+    build(tok_dir, tmp_path / "explicit", [batch], training_type=chosen)
+    assert auto["training_type"] == chosen
+    assert auto["training_type_reason"].startswith(f"auto: {1 if first_titled else 39} of 40 records")
+    a, e = published_bytes(tmp_path / "auto"), published_bytes(tmp_path / "explicit")
+    assert {k: v for k, v in a.items() if "dataset" not in k} == {k: v for k, v in e.items() if "dataset" not in k}
+    manifest = read_json(tmp_path / "auto" / "train" / "dataset.json")
+    assert manifest["training_type_choice"] == {"records": 40, "with_title_or_author": 1 if first_titled else 39}
+
+
 def test_auto_choice_is_kept_by_appends_and_made_again_by_a_new_generation(tmp_path, tok_dir):
     titled = write_batch(tmp_path / "in", "b1", [record("a", i, titled=True) for i in range(20)])
     plain = write_batch(tmp_path / "in", "b2", [record("b", i) for i in range(400)])

@@ -89,8 +89,28 @@ def write_parquet_file(task: ParquetFile) -> None:
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
 
 
-def _json_column(values: list) -> list[str]:
-    return [json.dumps(v, ensure_ascii=False) for v in values]
+RECORD_KEYS = ["id", "text", "meta", "source"]  # a deduped_jsonl record's fields, in the order its stages write them
+META_KEY, SOURCE_KEY = ', "meta": ', ', "source": '
+
+
+def meta_source_json(line: str, rec: dict) -> tuple[str, str]:
+    """A record's meta and source as JSON text (json.dumps, ensure_ascii=False): cut from its line, which a stage
+    wrote with the same dumps, when the line's layout makes the cut unambiguous (id and text strings, a flat source
+    without a "source" key: a raw quote only occurs between JSON values, so the first META_KEY and the last
+    SOURCE_KEY are the record's own); else written again."""
+    source = rec.get("source")
+    if (
+        list(rec) == RECORD_KEYS
+        and isinstance(rec["id"], str)
+        and isinstance(rec["text"], str)
+        and isinstance(source, dict)
+        and "source" not in source
+        and not any(isinstance(v, (dict, list)) for v in source.values())
+    ):
+        body = line.rstrip("\n")
+        meta_at, source_key_at = body.index(META_KEY) + len(META_KEY), body.rindex(SOURCE_KEY)
+        return body[meta_at:source_key_at], body[source_key_at + len(SOURCE_KEY) : -1]
+    return json.dumps(rec.get("meta"), ensure_ascii=False), json.dumps(source, ensure_ascii=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,13 +133,14 @@ class RecordsFile(ParquetFile):
     def tables(self) -> Iterator[pa.Table]:
         lines = self._lines()
         for a, b in row_groups(self.start, self.end):
-            batch = [json.loads(line) for line in itertools.islice(lines, b - a)]
-            columns = {
-                "id": [str(r["id"]) for r in batch],
-                "text": [r.get("text") for r in batch],
-                "meta": _json_column([r.get("meta") for r in batch]),
-                "source": _json_column([r.get("source") for r in batch]),
-            }
+            columns = {name: [] for name in RECORD_SCHEMA.names}
+            for line in itertools.islice(lines, b - a):
+                rec = json.loads(line)
+                meta, source = meta_source_json(line, rec)
+                columns["id"].append(str(rec["id"]))
+                columns["text"].append(rec.get("text"))
+                columns["meta"].append(meta)
+                columns["source"].append(source)
             yield pa.table(columns, schema=RECORD_SCHEMA)
 
 

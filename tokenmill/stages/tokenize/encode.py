@@ -239,6 +239,7 @@ class TaskResult:
     splits: dict[str, SplitChunk]  # empty as returned; load_splits reads them from splits_file
     splits_file: str = ""
     first_train: tuple[int, str] | None = None  # (split hash, id) of the train record with the smallest hash
+    with_metadata: int = 0  # records with a title or author (what training_type auto decides on)
 
 
 def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
@@ -277,6 +278,16 @@ def _record(line: str, path: str, lineno: int) -> dict:
     if not isinstance(rec, dict):
         raise CorruptOutputError(f"{path}:{lineno}: not a JSON object")
     return rec
+
+
+def head_range(in_dir: Path, nbytes: int) -> ByteRange | None:
+    """About the first `nbytes` of the folder's first part file, newline-aligned (None: no part file)."""
+    parts = record_shards(in_dir)
+    if not parts:
+        return None
+    with open(parts[0], "rb") as f:
+        size = len(f.read(nbytes) + f.readline())
+    return ByteRange(str(parts[0]), 0, size, 1)
 
 
 def metadata_task(rng: ByteRange) -> tuple[int, int]:
@@ -318,6 +329,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
         result.docs_in += 1
         lineno = rng.first_line + n
         rec = _record(line, rng.path, lineno)
+        result.with_metadata += any(title_author(rec))
         rid = rec.get("id")
         if not isinstance(rid, str) or not rid:
             reason = "missing_id"

@@ -182,6 +182,7 @@ class TrainingTypeChoice:
     records: int = 0
     with_metadata: int = 0
     inherited: bool = field(default=False, compare=False)  # taken from the published generation
+    guessed: bool = field(default=False, compare=False)  # from the first records only: to check against all
 
     MANIFEST_KEY = "training_type_choice"  # a version's manifest: what auto decided on (absent: set explicitly)
 
@@ -190,9 +191,9 @@ class TrainingTypeChoice:
         return cls(training_type, training_type)
 
     @classmethod
-    def auto(cls, records: int, with_metadata: int) -> TrainingTypeChoice:
+    def auto(cls, records: int, with_metadata: int, guessed: bool = False) -> TrainingTypeChoice:
         conditional = records > 0 and with_metadata >= AUTO_CONDITIONAL_SHARE * records
-        return cls("auto", "conditional" if conditional else "seq", records, with_metadata)
+        return cls("auto", "conditional" if conditional else "seq", records, with_metadata, guessed=guessed)
 
     @classmethod
     def published(cls, manifest: dict) -> TrainingTypeChoice | None:
@@ -213,6 +214,7 @@ class TrainingTypeChoice:
             return "set explicitly"
         share = self.with_metadata / self.records if self.records else 0.0
         return (
-            f"auto: {self.with_metadata:,} of {self.records:,} records ({share:.1%}) carry a title or author; "
+            f"auto: {self.with_metadata:,} of {self.records:,} {'first ' if self.guessed else ''}records "
+            f"({share:.1%}) carry a title or author; "
             f"conditional from {AUTO_CONDITIONAL_SHARE:.0%}"
         )

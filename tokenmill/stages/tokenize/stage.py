@@ -21,6 +21,7 @@ from tokenmill.stages.tokenize.encode import (
     EncodeTask,
     encode_task,
     encoder,
+    head_range,
     load_splits,
     metadata_task,
     plan_ranges,
@@ -132,12 +133,26 @@ AUTO_SCAN_POOL_MIN_BYTES = 64 << 20
 def choose_training_type(
     settings: ShardSettings, published: Published | None, batches: list[tuple[str, Path]], workers: int
 ) -> TrainingTypeChoice:
-    """An explicit training type; with auto, the published generation's choice when it was made by auto, else
-    the choice from the records of every batch (AUTO_CONDITIONAL_SHARE)."""
+    """An explicit training type; with auto, the published generation's choice when it was made by auto; for a
+    first build, a guess from the first records that the encode tasks' counts confirm (`confirmed_choice`: a
+    separate pass over every record costs more than encoding again in the rare case the guess was wrong); else the
+    choice from the records of every batch (AUTO_CONDITIONAL_SHARE)."""
     if settings.training_type != "auto":
         return TrainingTypeChoice.explicit(settings.training_type)
-    inherited = TrainingTypeChoice.published(published.manifests[SPLITS[0]]) if published else None
+    if published is None:
+        return guessed_choice(batches)
+    inherited = TrainingTypeChoice.published(published.manifests[SPLITS[0]])
     return inherited or records_choice(batches, settings.task_bytes, workers)
+
+
+GUESS_BYTES = 1 << 20  # the first records a first build's training type is guessed from
+
+
+def guessed_choice(batches: list[tuple[str, Path]]) -> TrainingTypeChoice:
+    """training_type auto over the first GUESS_BYTES of the first batch that has records (a guess)."""
+    heads = (head_range(Path(folder), GUESS_BYTES) for _, folder in batches)
+    counts = next((c for c in map(metadata_task, filter(None, heads)) if c[0]), (0, 0))
+    return TrainingTypeChoice.auto(*counts, guessed=True)
 
 
 def records_choice(batches: list[tuple[str, Path]], task_bytes: int, workers: int) -> TrainingTypeChoice:
@@ -169,6 +184,11 @@ class Encoded:
     shards: dict[str, list[dict]]
     tasks: int
     first_train: tuple[int, str] | None
+    with_metadata: int  # records with a title or author
+
+    def choice(self) -> TrainingTypeChoice:
+        """training_type auto over every record encoded."""
+        return TrainingTypeChoice.auto(sum(t.docs_in for t in self.totals.values()), self.with_metadata)
 
 
 def _encode_batches(
@@ -199,6 +219,7 @@ def _encode_batches(
     totals: dict[str, BatchTotals] = {}
     shards: dict[str, list[dict]] = {s: [] for s in SPLITS}
     first_train = None
+    with_metadata = 0
     try:
         for key, batch_ranges in plans:
             batch = BatchTotals(settings.training_type)
@@ -210,6 +231,7 @@ def _encode_batches(
                         entry["batch"] = key
                     if result.first_train is not None:
                         first_train = min(first_train or result.first_train, result.first_train)
+                    with_metadata += result.with_metadata
                     batch.add(result)
                     writers.add(result.splits)
                     progress.advance(rng.end - rng.start)
@@ -226,7 +248,7 @@ def _encode_batches(
     finally:
         shutil.rmtree(encoded, ignore_errors=True)
     progress.finish()
-    return Encoded(totals, shards, len(tasks), first_train)
+    return Encoded(totals, shards, len(tasks), first_train, with_metadata)
 
 
 def _val_top_up(settings: ShardSettings, encoded: Encoded) -> frozenset[str]:
@@ -292,6 +314,15 @@ def tokenize_batches(
             enc = encoder(pin)
             dtype = token_dtype_for(enc.vocab_size, settings.token_dtype)
             encoded = _encode_batches(added, pin, enc, dtype, resolved, bins_dir, generation, workers, log)
+            if choice.guessed:
+                confirmed = encoded.choice()
+                if confirmed.resolved != choice.resolved:
+                    if log:
+                        log.info(f"tokenized_bins: encoding again as {confirmed.resolved} ({confirmed.reason})")
+                    recover(bins_dir)  # removes the shards and counts just written: no version names them
+                    resolved = _resolved(settings, confirmed)
+                    encoded = _encode_batches(added, pin, enc, dtype, resolved, bins_dir, generation, workers, log)
+                choice = confirmed
             moved = _val_top_up(settings, encoded) if not kept else frozenset()
             if moved:
                 if log:

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.common.io import atomic_write_text, record_shards
+from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import CorruptOutputError, SourceError
 from tokenmill.exports.transformers_tokenizer import write_transformers_config
@@ -113,44 +114,56 @@ def parse_record(line: bytes, path, lineno: int) -> dict:
     return rec
 
 
+def id_hashes(part: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A task: the sample hash of every record id of one part file, with the record's byte offset and line number
+    (the id read from the line head; a line that does not start with it is parsed)."""
+    hashes, offsets, linenos = [], [], []
+    with open(part, "rb") as f:
+        off = 0
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                rid = line_id(line)
+                if rid is None:
+                    rid = str(parse_record(line, part, lineno).get("id", ""))
+                hashes.append(hash64("tokenizer-sample", rid))
+                offsets.append(off)
+                linenos.append(lineno)
+            off += len(line)
+    return np.array(hashes, dtype=np.uint64), np.array(offsets, dtype=np.int64), np.array(linenos, dtype=np.int64)
+
+
 def sample_corpus(in_dir: Path, settings: TokenizerSettings, log=None) -> Sample:
     """Training sample and held-out texts: in ascending id-hash order, the longest prefix of each group
     (held out: hash % 20 == 0; the rest) whose text fits the budget (at least one record).
 
-    Pass 1 hashes every line's id (read from the line head, no JSON parsing); pass 2 parses only the
-    records taken, in hash order. Independent of file order and cut; adding records moves it only at
-    the margin.
+    Pass 1 hashes every line's id (read from the line head, no JSON parsing), a task per part file on the active
+    engine; pass 2 parses only the records taken, in hash order. Independent of file order and cut; adding records
+    moves it only at the margin.
     """
     parts = record_shards(in_dir)
-    hashes: list[int] = []
-    where: list[tuple[int, int, int]] = []  # (part, byte offset, line number)
     progress = Progress("tokenizer sample", total=len(parts), unit="shards", log=log)
-    for pi, p in enumerate(parts):
-        with open(p, "rb") as f:
-            off = 0
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    rid = line_id(line)
-                    if rid is None:
-                        rid = str(parse_record(line, p, lineno).get("id", ""))
-                    hashes.append(hash64("tokenizer-sample", rid))
-                    where.append((pi, off, lineno))
-                off += len(line)
+    found = []
+    for part_keys in map_ordered(id_hashes, parts):
+        found.append(part_keys)
         progress.advance()
     progress.finish()
-    order = np.argsort(np.array(hashes, dtype=np.uint64), kind="stable")
+    hashes = np.concatenate([h for h, _, _ in found] or [np.zeros(0, np.uint64)])
+    part_of = np.repeat(np.arange(len(found)), [len(h) for h, _, _ in found])
+    offsets = np.concatenate([o for _, o, _ in found] or [np.zeros(0, np.int64)])
+    linenos = np.concatenate([n for _, _, n in found] or [np.zeros(0, np.int64)])
+    order = np.argsort(hashes, kind="stable")
     groups = {True: ([], settings.held_out_chars), False: ([], settings.sample_chars)}  # held? -> (texts, budget)
     used = {True: 0, False: 0}
     closed = {True: False, False: False}
     handles = [open(p, "rb") for p in parts]
     try:
         for i in order:
-            held = hashes[i] % HELD_OUT_MODULUS == 0
+            held = bool(hashes[i] % HELD_OUT_MODULUS == 0)
             if closed[held]:
                 if closed[not held]:
                     break
                 continue
-            pi, off, lineno = where[i]
+            pi, off, lineno = part_of[i], offsets[i], int(linenos[i])
             handles[pi].seek(off)
             text = training_text(parse_record(handles[pi].readline(), parts[pi], lineno))
             if not text:
