@@ -82,10 +82,13 @@ def text_quality(texts: list[str]) -> np.ndarray:
     cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
     out[:, 0] = K.per_text(_GARBAGE[np.minimum(cps, 0x10000)], K.text_bounds(lengths))
-    for i, text in enumerate(texts):
+    bad_case, repeats = [], []
+    for text in texts:
         lower, upper = text.lower(), text.upper()
         words = lower.split()
-        out[i, 1:] = int(lower != upper and text in (lower, upper)), sum(map(operator.eq, words, words[1:]))
+        bad_case.append(lower != upper and text in (lower, upper))
+        repeats.append(sum(map(operator.eq, words, words[1:])))
+    out[:, 1], out[:, 2] = bad_case, repeats
     return out
 
 
