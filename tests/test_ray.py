@@ -190,7 +190,7 @@ def test_worker_killed_mid_task_is_retried(cluster, second_node, local_files, de
     assert same_files(local_files, tmp_path) == []
 
 
-LOSS_ATTEMPTS = 3
+LOSS_ATTEMPTS = 5  # the demo encode tasks are short: under load a loss may land between them
 
 
 def test_lost_node_fails_naming_the_step_and_a_rerun_succeeds(cluster, second_node, local_files, demo_source, tmp_path):
