@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.common.io import record_shards
-from tokenmill.common.parallel import map_ordered
 from tokenmill.errors import TokenmillError
 from tokenmill.stages.tokenize.encode import SplitChunk, assemble, encoder
 from tokenmill.stages.tokenize.render import RENDERERS, Segments
@@ -22,30 +21,21 @@ from tokenmill_loader.format import GROUP_KEY, KEYS, RESPONSE_KEYS, TOKENIZER_FI
 SAMPLE_RECORDS = 32  # per split, evenly spread over its records
 
 
-def records_in_part(task: tuple[Path, frozenset[str]]) -> dict[str, dict]:
-    """A task: the first record of each wanted id in one part file (lines are matched on their id head; only those
-    are parsed)."""
-    part, ids = task
-    found: dict[str, dict] = {}
-    with open(part, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            rid = line_id(line)
-            if rid is None and line.strip():
-                rid = parse_record(line, part, lineno).get("id")
-            if rid in ids and rid not in found:
-                found[rid] = parse_record(line, part, lineno)
-    return found
-
-
 def find_records(records_dirs: Path | Sequence[Path], ids: set[str]) -> dict[str, dict]:
-    """The records with these ids in a folder of part files or several (the first of each id in part order), a task
-    per part file on the active engine."""
-    dirs = [records_dirs] if isinstance(records_dirs, (str, Path)) else records_dirs
-    parts = [p for d in dirs for p in record_shards(d)]
+    """The records with these ids in a folder of part files or several (lines are matched on their id head; only
+    those are parsed)."""
     found: dict[str, dict] = {}
-    for part_found in map_ordered(records_in_part, [(p, frozenset(ids)) for p in parts]):
-        for rid, rec in part_found.items():
-            found.setdefault(rid, rec)
+    dirs = [records_dirs] if isinstance(records_dirs, (str, Path)) else records_dirs
+    for part in (p for d in dirs for p in record_shards(d)):
+        with open(part, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                rid = line_id(line)
+                if rid is None and line.strip():
+                    rid = parse_record(line, part, lineno).get("id")
+                if rid in ids and rid not in found:
+                    found[rid] = parse_record(line, part, lineno)
+        if len(found) == len(ids):
+            break
     return found
 
 
