@@ -134,7 +134,7 @@ def choose_training_type(
     settings: ShardSettings, published: Published | None, batches: list[tuple[str, Path]], workers: int
 ) -> TrainingTypeChoice:
     """An explicit training type; with auto, the published generation's choice when it was made by auto; for a
-    first build, a guess from the first records that the encode tasks' counts confirm (`confirmed_choice`: a
+    first build, a guess from the first records that the encode tasks' counts confirm (`Encoded.choice`: a
     separate pass over every record costs more than encoding again in the rare case the guess was wrong); else the
     choice from the records of every batch (AUTO_CONDITIONAL_SHARE)."""
     if settings.training_type != "auto":
