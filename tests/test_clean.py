@@ -451,8 +451,7 @@ def test_special_fields_kept_and_repaired(tmp_path):
 def test_output_deterministic_for_any_worker_count(tmp_path, monkeypatch):
     import tokenmill.stages.clean.corpus as stage
 
-    monkeypatch.setattr(stage, "PASS1_POOL_MIN_BYTES", 0)  # small input: force both passes into worker processes
-    monkeypatch.setattr(stage, "PASS2_POOL_MIN", 0)
+    monkeypatch.setattr(stage, "POOL_MIN_BYTES", 0)  # small input: force both passes into worker processes
     docs, *_ = planted_corpus(200, seed=11)
     docs += ["", "\ufffd" * 30, "Ã©tÃ© " + PROSE]
     _, _, _, s1 = clean(tmp_path, docs, workers=1, name="w1", per_shard=40)

@@ -19,6 +19,7 @@ from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize
 from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
 from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer
+from tokenmill.stages.tokenize.verify import find_records
 from tokenmill.validate import validate_token_shards
 from tokenmill_loader import RecordDataset, TokenDataset, open_store
 from tokenmill_loader.format import SPECIAL_TOKENS, TRAINING_TYPES
@@ -610,3 +611,21 @@ def test_check_re_encodes_and_catches_another_tokenizer(tmp_path, tok_dir):
     # and the upstream tokenizer changed after the shards were built: stale
     stale = validate_token_shards(root / "tokenized_bins", root / "deduped_jsonl", other)
     assert any("the shards are stale" in p for p in stale["problems"])
+
+
+def test_find_records_reads_ids_from_line_heads_and_parses_other_lines(tmp_path):
+    folder = tmp_path / "deduped"
+    folder.mkdir()
+    lines = [
+        {"id": "a1", "text": "x", "meta": {}, "source": {"path": "f", "line": 1}},
+        {"id": 'q"uote\\d', "text": "escaped id", "meta": {}, "source": {"path": "f", "line": 2}},
+        {"text": "id not first", "id": "late", "meta": {}, "source": {"path": "f", "line": 3}},
+        {"id": "a10", "text": "a longer id than a1", "meta": {}, "source": {"path": "f", "line": 4}},
+    ]
+    (folder / "part-00000.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines[:2]), encoding="utf-8")
+    (folder / "part-00001.jsonl").write_text(
+        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in lines[2:]), encoding="utf-8"
+    )
+    found = find_records(folder, {"a1", 'q"uote\\d', "late", "a10", "missing"})
+    assert found == {r["id"]: r for r in lines}
+    assert find_records(folder, {"a1"}) == {"a1": lines[0]}

@@ -193,12 +193,13 @@ def validate_token_shards(
     tokenmill_loader.format.validate_dataset), the tokenizer it names is the upstream one, and a sample of records
     (from `records_dirs`: the deduped folder, or every batch folder) re-encoded with it gives the shards' tokens."""
     problems: list[str] = []
-    tokens, max_id, vocab, reencoded = 0, -1, None, 0
+    tokens, max_id, vocab = 0, -1, None
     stats_path = Path(stage_dir) / STATS_FILE
     # the settings the shards were encoded with: the version's manifest records them (older folders: _stats.json)
     stats_settings = read_json(stats_path)["settings"] if stats_path.exists() else None
     upstream = Path(tokenizer_dir) / TOKENIZER_FILE
     upstream_sha = sha256_file(upstream) if upstream.exists() else None
+    reencode = []
     for split in SPLITS:
         try:
             dataset = validate_dataset(
@@ -222,9 +223,9 @@ def validate_token_shards(
                 f"upstream {upstream} ({str(upstream_sha)[:12]}…): the shards are stale"
             )
         if settings is not None and not dataset.problems:
-            checked, found = reencode_problems(dataset, records_dirs, settings)
-            reencoded += checked
-            problems += found
+            reencode.append((dataset, settings))
+    reencoded, found = reencode_problems(reencode, records_dirs)
+    problems += found
     return {
         "tokens": tokens,
         "max_token_id": max_id,

@@ -25,7 +25,7 @@ def copy_key(store: Store, key: str, path: Path, dtype=None) -> int:
     out_dtype = np.dtype(dtype or store.dtypes[key]).newbyteorder("<")
     with open(path, "wb") as f:
         for begin in range(0, total, CHUNK_ITEMS):
-            f.write(store.read(key, begin, min(total, begin + CHUNK_ITEMS)).astype(out_dtype, copy=False).tobytes())
+            f.write(store.read(key, begin, min(total, begin + CHUNK_ITEMS)).astype(out_dtype, copy=False).data)
     return path.stat().st_size
 
 

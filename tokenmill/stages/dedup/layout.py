@@ -239,7 +239,6 @@ class Corpus:
         self.out_dir = Path(out_dir)
         self.chunks = chunks
         self.firsts = np.asarray([c.first for c in chunks], dtype=np.int64)
-        self._key_files: dict[int, tuple[int, int, int]] = {}  # chunk: offsets fd, header bytes, keys fd
 
     def locate(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(chunk index, ordinal) of each global document index."""
@@ -321,26 +320,19 @@ class Corpus:
             found[pos[hit]] = True
         return out, found
 
-    def key(self, doc: int) -> str:
-        """The dedup key of one document as shingled (signatures.shingle_keys), read with two positioned reads (not
-        mapped, so a task's resident memory
-        holds the keys it uses, not the pages of the key files it touched)."""
-        c = int(np.searchsorted(self.firsts, doc, side="right")) - 1
-        o = doc - int(self.firsts[c])
-        if c not in self._key_files:
-            offsets = np.load(self._file(c, KEYS_DIR, ".key_offsets.npy"), mmap_mode="r")
-            self._key_files[c] = (
-                os.open(offsets.filename, os.O_RDONLY),
-                offsets.offset,
-                os.open(self._file(c, KEYS_DIR, ".key.bin"), os.O_RDONLY),
-            )
+    def keys(self, docs: np.ndarray) -> list[str]:
+        """The dedup keys of documents as shingled (signatures.shingle_keys), in the order given: a chunk's offsets
+        read once for all its documents, then one positioned read per key (not mapped, so a task's resident memory
+        holds the keys it asks for, not the pages of the key files it touched)."""
+        out = [""] * len(docs)
+        for ci, pos, o in self.per_chunk(np.asarray(docs, dtype=np.int64)):
+            offsets = np.load(self._file(ci, KEYS_DIR, ".key_offsets.npy"), mmap_mode="r")
+            starts, ends = offsets[o].tolist(), offsets[o + 1].tolist()
             del offsets
-        fd_offsets, header, fd_keys = self._key_files[c]
-        start, end = np.frombuffer(os.pread(fd_offsets, 16, header + 8 * o), dtype="<i8").tolist()
-        return os.pread(fd_keys, end - start, start).decode("utf-8")
-
-    def close(self) -> None:
-        for fd_offsets, _, fd_keys in self._key_files.values():
-            os.close(fd_offsets)
-            os.close(fd_keys)
-        self._key_files.clear()
+            fd = os.open(self._file(ci, KEYS_DIR, ".key.bin"), os.O_RDONLY)
+            try:
+                for p, start, end in zip(pos.tolist(), starts, ends):
+                    out[p] = os.pread(fd, end - start, start).decode("utf-8")
+            finally:
+                os.close(fd)
+        return out

@@ -24,6 +24,7 @@ from tokenmill.stages.dedup.settings import DedupSettings
 
 FILTER_MISS = 1e-9  # chance that the pre-filter rejects a pair at the threshold (above it: less)
 AGREEMENT_BATCH = 1 << 16  # pairs compared at once (two (batch, num_perm) byte arrays)
+KEY_BATCH_PAIRS = 1 << 12  # pairs whose keys are read at once (up to twice as many keys held)
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,14 @@ def verify_range(task: VerifyTask) -> VerifyResult:
     pairs, sizes = pairs[passed], sizes[passed]
     sims = np.empty(len(pairs), dtype=np.float64)
     held: tuple[int, int, np.ndarray] | None = None  # (doc, size, shingle set): pairs come sorted by first doc
-    key_a = ""
-    for i, ((a, b), n) in enumerate(zip(pairs.tolist(), sizes.tolist())):
-        if held is None or held[0] != a:
-            key_a = corpus.key(a)
-            held = None
-        if held is None or held[1] != n:
-            held = (a, n, mh.coded_shingle_set(key_a, n))
-        sims[i] = mh.jaccard(held[2], mh.coded_shingle_set(corpus.key(b), n))
-    corpus.close()
+    for lo in range(0, len(pairs), KEY_BATCH_PAIRS):
+        block = pairs[lo : lo + KEY_BATCH_PAIRS]
+        docs = np.unique(block)
+        keys = dict(zip(docs.tolist(), corpus.keys(docs)))
+        for i, ((a, b), n) in enumerate(zip(block.tolist(), sizes[lo : lo + KEY_BATCH_PAIRS].tolist()), lo):
+            if held is None or held[:2] != (a, n):
+                held = (a, n, mh.coded_shingle_set(keys[a], n))
+            sims[i] = mh.jaccard(held[2], mh.coded_shingle_set(keys[b], n))
     ok = sims >= s.threshold - 1e-12
     rows = np.empty(int(ok.sum()), dtype=VERIFIED_DTYPE)
     rows["a"], rows["b"], rows["sim"] = pairs[ok, 0], pairs[ok, 1], sims[ok]

@@ -4,6 +4,8 @@ tokenizer (or by two, when tokenizer.json changed during a run) fail it."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,20 +24,36 @@ SAMPLE_RECORDS = 32  # per split, evenly spread over its records
 
 
 def find_records(records_dirs: Path | Sequence[Path], ids: set[str]) -> dict[str, dict]:
-    """The records with these ids in a folder of part files or several (lines are matched on their id head; only
-    those are parsed)."""
+    """The records with these ids in a folder of part files or several. Each file is searched whole for lines that
+    start with one of the ids as its stages write it (`{"id": <json.dumps of the id>`), and only those are parsed; an
+    id not found that way is looked for line by line (a line that does not start with its id is parsed)."""
     found: dict[str, dict] = {}
     dirs = [records_dirs] if isinstance(records_dirs, (str, Path)) else records_dirs
-    for part in (p for d in dirs for p in record_shards(d)):
+    parts = [p for d in dirs for p in record_shards(d)]
+    if not ids:
+        return found
+    heads = b"|".join(re.escape(json.dumps(i, ensure_ascii=False).encode("utf-8")) for i in sorted(ids))
+    wanted = re.compile(rb'\n\{"id": (?:' + heads + rb")")
+    for part in parts:
+        data = b"\n" + part.read_bytes()  # every line, the first too, follows a newline
+        for m in wanted.finditer(data):
+            start = m.start() + 1
+            end = data.find(b"\n", start)
+            line = data[start : end if end >= 0 else None]
+            try:
+                rec = json.loads(line)
+            except ValueError:  # parse_record names the line
+                rec = parse_record(line, part, data.count(b"\n", 0, start))
+            found.setdefault(rec["id"], rec)
+        if len(found) == len(ids):
+            return found
+    for part in parts:
         with open(part, "rb") as f:
             for lineno, line in enumerate(f, 1):
-                rid = line_id(line)
-                if rid is None and line.strip():
-                    rid = parse_record(line, part, lineno).get("id")
-                if rid in ids and rid not in found:
-                    found[rid] = parse_record(line, part, lineno)
-        if len(found) == len(ids):
-            break
+                if line_id(line) is None and line.strip():
+                    rec = parse_record(line, part, lineno)
+                    if rec.get("id") in ids:
+                        found.setdefault(rec["id"], rec)
     return found
 
 
@@ -44,16 +62,18 @@ def _sample(dataset: Dataset, batches: set[str] | None) -> list[tuple[int, int, 
     shards of `batches` only (the batches a version adds: earlier shards were checked when they were published, and
     their checksums still are)."""
     entries = dataset.manifest.get("shards", [])
-    where = [
-        (si, j, rid)
-        for si, shard in enumerate(dataset.shards)
-        if batches is None or entries[si].get("batch") in batches
-        for j, rid in enumerate(read_record_ids(shard.folder))
-    ]
-    if not where:
+    shards = [si for si in range(len(dataset.shards)) if batches is None or entries[si].get("batch") in batches]
+    ids = {si: read_record_ids(dataset.shards[si].folder) for si in shards}
+    ends = np.cumsum([len(ids[si]) for si in shards])
+    if not len(ends) or not ends[-1]:
         return []
-    picks = np.unique(np.linspace(0, len(where) - 1, min(SAMPLE_RECORDS, len(where))).astype(np.int64))
-    return [where[i] for i in picks]
+    picks = np.unique(np.linspace(0, ends[-1] - 1, min(SAMPLE_RECORDS, int(ends[-1]))).astype(np.int64))
+    where = []
+    for i in picks:
+        k = int(np.searchsorted(ends, i, side="right"))
+        j = int(i - (ends[k - 1] if k else 0))
+        where.append((shards[k], j, ids[shards[k]][j]))
+    return where
 
 
 def _record_slice(items_per_record: np.ndarray, item_lens: np.ndarray, record: int) -> tuple[int, int]:
@@ -77,23 +97,49 @@ def _shard_record(dataset: Dataset, shard_index: int, record: int, key: str) -> 
 
 
 def reencode_problems(
-    dataset: Dataset, records_dir: Path | Sequence[Path], settings: ShardSettings
+    checked: Sequence[tuple[Dataset, ShardSettings]], records_dir: Path | Sequence[Path]
 ) -> tuple[int, list[str]]:
-    """(records re-encoded, problems) for a split validated by tokenmill_loader.format.validate_dataset. Given
-    several record folders (batch folders of deduped_jsonl), only the shards of those batches are sampled."""
-    folder, manifest = dataset.folder, dataset.manifest
-    tt = dataset.training_type
-    if tt != settings.training_type:
-        return 0, [f"{folder}: dataset.json says training_type {tt}, the stage's settings {settings.training_type}"]
-    tokenizer = manifest.get("tokenizer") or {}
-    pin = TokenizerPin(str(folder / tokenizer.get("file", TOKENIZER_FILE)), tokenizer.get("sha256", ""))
-    try:
-        enc = encoder(pin)
-    except (TokenmillError, OSError) as e:
-        return 0, [f"{folder}: the dataset's tokenizer cannot be used: {e}"]
+    """(records re-encoded, problems) for splits validated by tokenmill_loader.format.validate_dataset, each with
+    the settings it was encoded with; the sampled records of every split are looked up in one pass. Given several
+    record folders (batch folders of deduped_jsonl), only the shards of those batches are sampled."""
     batches = None if isinstance(records_dir, (str, Path)) else {Path(d).name for d in records_dir}
-    picks = _sample(dataset, batches)
-    records = find_records(records_dir, {rid for _, _, rid in picks})
+    problems, ready = [], []
+    for dataset, settings in checked:
+        folder, manifest = dataset.folder, dataset.manifest
+        if dataset.training_type != settings.training_type:
+            problems.append(
+                f"{folder}: dataset.json says training_type {dataset.training_type}, the stage's settings "
+                f"{settings.training_type}"
+            )
+            continue
+        tokenizer = manifest.get("tokenizer") or {}
+        pin = TokenizerPin(str(folder / tokenizer.get("file", TOKENIZER_FILE)), tokenizer.get("sha256", ""))
+        try:
+            enc = encoder(pin)
+        except (TokenmillError, OSError) as e:
+            problems.append(f"{folder}: the dataset's tokenizer cannot be used: {e}")
+            continue
+        ready.append((dataset, settings, pin, enc, _sample(dataset, batches)))
+    records = find_records(records_dir, {rid for *_, picks in ready for _, _, rid in picks})
+    reencoded = 0
+    for dataset, settings, pin, enc, picks in ready:
+        n, found = _reencode(dataset, settings, pin, enc, picks, records, records_dir)
+        reencoded += n
+        problems += found
+    return reencoded, problems
+
+
+def _reencode(
+    dataset: Dataset,
+    settings: ShardSettings,
+    pin: TokenizerPin,
+    enc,
+    picks: list[tuple[int, int, str]],
+    records: dict[str, dict],
+    records_dir: Path | Sequence[Path],
+) -> tuple[int, list[str]]:
+    """(records re-encoded, problems) of one split's sample against its shards."""
+    folder, tt = dataset.folder, dataset.training_type
     problems = [
         f"{records_dir}: record {rid} (in {dataset.shards[si].name} of {folder.name}) not found"
         for si, _, rid in picks
@@ -109,7 +155,7 @@ def reencode_problems(
         seg.ids.append(rid)
     if not picks:
         return 0, problems
-    chunk: SplitChunk = assemble(seg, tt, enc, np.dtype(manifest["token_dtype"]), str(folder))
+    chunk: SplitChunk = assemble(seg, tt, enc, np.dtype(dataset.manifest["token_dtype"]), str(folder))
     for n, (si, j, rid) in enumerate(picks):
         for key in KEYS[tt]:
             a, b = _record_slice(chunk.rec_items[key], chunk.item_lens[key], n)
