@@ -132,7 +132,8 @@ def run_batches(job, instance, keys: list[str], run_config: dict | None = None, 
 
 
 def update(config_path: str | None = None, rebuild: bool = False) -> int:
-    start_workers()  # they spawn while Dagster and the definitions import (~2 s)
+    if not os.environ.get("TOKENMILL_RAY_ADDRESS"):  # a Ray run's tasks go to the cluster, not to local workers
+        start_workers()  # they spawn while Dagster and the definitions import (~2 s)
     import dagster as dg
 
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
