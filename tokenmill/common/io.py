@@ -34,9 +34,14 @@ READ_BLOCK = 1 << 20  # bytes per read when checksumming a file (memory stays fl
 REMOVED_FILE = "removed.jsonl"
 
 
+# ensure_ascii=False keeps CJK readable and files small; sort_keys off to keep field order. One encoder for every
+# line: json.dumps with these options builds a new one per call (a third of the time of a short record).
+_LINE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "))
+
+
 def dumps(obj) -> str:
-    """One JSONL line; ensure_ascii=False keeps CJK readable and files small; sort_keys off to keep field order."""
-    return json.dumps(obj, ensure_ascii=False, separators=(", ", ": "))
+    """One JSONL line."""
+    return _LINE_ENCODER.encode(obj)
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
