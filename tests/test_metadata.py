@@ -4,6 +4,7 @@ The Dagster UI (1.13) shows a markdown entry inline only under 1,000 characters,
 as plain text, and plots every numeric entry across materializations (the Plots view).
 """
 
+import os
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from assets.metadata import (
     tokenizer_metadata,
 )
 from definitions import ASSETS
+from tokenmill.common import parallel
 from tokenmill.stages.telemetry import funnel_figure, history_row
 
 UI_INLINE_MD_CHARS = 1000  # Dagster's MetadataEntry: `entry.mdStr.length < 1000` renders inline
@@ -80,6 +82,18 @@ def test_history_chart_keeps_a_row_equal_to_the_next_visible():
     for under, over in zip(lines, lines[1:]):
         assert under.get_markersize() > over.get_markersize() and under.get_zorder() < over.get_zorder()
         assert (under.get_marker(), under.get_linestyle()) != (over.get_marker(), over.get_linestyle())
+
+
+def test_drawing_the_funnel_keeps_the_environment_and_so_the_worker_pool(monkeypatch):
+    """matplotlib's settings are not left in os.environ: the run's pool (keyed by the environment its workers
+    started with) serves the steps after the funnel instead of being replaced."""
+    monkeypatch.delenv("MPLBACKEND", raising=False)
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    pool = parallel._shared_pool(2)
+    before = dict(os.environ)
+    funnel_figure(FUNNEL, [history_row(FUNNEL)])
+    assert dict(os.environ) == before
+    assert parallel._shared_pool(2) is pool
 
 
 def clean_stats(**extra) -> dict:
