@@ -15,7 +15,7 @@ import tokenmill.stages.tokenize.shards as shards_mod
 import tokenmill.stages.tokenize.stage as stage_mod
 from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json, write_stats
 from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
-from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer
+from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer, verify
 from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
 from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer
@@ -613,7 +613,7 @@ def test_check_re_encodes_and_catches_another_tokenizer(tmp_path, tok_dir):
     assert any("the shards are stale" in p for p in stale["problems"])
 
 
-def test_find_records_reads_ids_from_line_heads_and_parses_other_lines(tmp_path):
+def test_find_records_reads_ids_from_line_heads_and_parses_other_lines(tmp_path, monkeypatch):
     folder = tmp_path / "deduped"
     folder.mkdir()
     lines = [
@@ -629,3 +629,9 @@ def test_find_records_reads_ids_from_line_heads_and_parses_other_lines(tmp_path)
     found = find_records(folder, {"a1", 'q"uote\\d', "late", "a10", "missing"})
     assert found == {r["id"]: r for r in lines}
     assert find_records(folder, {"a1"}) == {"a1": lines[0]}
+    monkeypatch.setattr(verify, "FIND_BLOCK", 16)  # a block per line or two: lines found across block cuts
+    assert find_records(folder, {"a1", "a10", "late"}) == {r["id"]: r for r in (lines[0], lines[2], lines[3])}
+    with open(folder / "part-00001.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": "torn", "text": "cut sho\n')
+    with pytest.raises(CorruptOutputError, match=r"part-00001.jsonl:3"):
+        find_records(folder, {"torn"})

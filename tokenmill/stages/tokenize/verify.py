@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,30 +21,51 @@ from tokenmill.stages.tokenize.train import line_id, parse_record
 from tokenmill_loader.format import GROUP_KEY, KEYS, RESPONSE_KEYS, TOKENIZER_FILE, Dataset, read_record_ids
 
 SAMPLE_RECORDS = 32  # per split, evenly spread over its records
+FIND_BLOCK = 16 << 20  # bytes of a part file searched at once for sampled records
+
+
+def _line_blocks(path: Path) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, block) for newline-aligned blocks of about FIND_BLOCK bytes: a part file is searched a block at
+    a time, whatever its size."""
+    with open(path, "rb") as f:
+        offset = 0
+        while block := f.read(FIND_BLOCK):
+            block += f.readline()  # up to and including the next newline
+            yield offset, block
+            offset += len(block)
+
+
+def _line_number(path: Path, offset: int) -> int:
+    """The number of the line starting at byte `offset` (for an error message)."""
+    with open(path, "rb") as f:
+        return f.read(offset).count(b"\n") + 1
 
 
 def find_records(records_dirs: Path | Sequence[Path], ids: set[str]) -> dict[str, dict]:
-    """The records with these ids in a folder of part files or several. Each file is searched whole for lines that
-    start with one of the ids as its stages write it (`{"id": <json.dumps of the id>`), and only those are parsed; an
-    id not found that way is looked for line by line (a line that does not start with its id is parsed)."""
+    """The records with these ids in a folder of part files or several. Each file is searched a block at a time for
+    lines that start with one of the ids as its stages write it (`{"id": <json.dumps of the id>`), and only those are
+    parsed; an id not found that way is looked for line by line (a line that does not start with its id is
+    parsed)."""
     found: dict[str, dict] = {}
     dirs = [records_dirs] if isinstance(records_dirs, (str, Path)) else records_dirs
     parts = [p for d in dirs for p in record_shards(d)]
     if not ids:
         return found
     heads = b"|".join(re.escape(json.dumps(i, ensure_ascii=False).encode("utf-8")) for i in sorted(ids))
-    wanted = re.compile(rb'\n\{"id": (?:' + heads + rb")")
+    first_line = re.compile(rb'\{"id": (?:' + heads + rb")")
+    later_line = re.compile(rb'\n\{"id": (?:' + heads + rb")")  # a literal head: the regex engine skips to it
     for part in parts:
-        data = b"\n" + part.read_bytes()  # every line, the first too, follows a newline
-        for m in wanted.finditer(data):
-            start = m.start() + 1
-            end = data.find(b"\n", start)
-            line = data[start : end if end >= 0 else None]
-            try:
-                rec = json.loads(line)
-            except ValueError:  # parse_record names the line
-                rec = parse_record(line, part, data.count(b"\n", 0, start))
-            found.setdefault(rec["id"], rec)
+        for offset, block in _line_blocks(part):
+            starts = [0] if first_line.match(block) else []
+            starts += [m.start() + 1 for m in later_line.finditer(block)]
+            for start in starts:
+                end = block.find(b"\n", start)
+                line = block[start : end if end >= 0 else None]
+                try:
+                    rec = json.loads(line)
+                except ValueError:  # parse_record names the line
+                    rec = parse_record(line, part, _line_number(part, offset + start))
+                found.setdefault(rec["id"], rec)
         if len(found) == len(ids):
             return found
     for part in parts:
