@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import record_shards
+from tokenmill.common.io import READ_BLOCK, record_shards
 from tokenmill.errors import TokenmillError
 from tokenmill.stages.tokenize.encode import SplitChunk, assemble, encoder
 from tokenmill.stages.tokenize.render import RENDERERS, Segments
@@ -36,9 +36,13 @@ def _line_blocks(path: Path) -> Iterator[tuple[int, bytes]]:
 
 
 def _line_number(path: Path, offset: int) -> int:
-    """The number of the line starting at byte `offset` (for an error message)."""
+    """The number of the line starting at byte `offset` (for an error message), counted a block at a time."""
+    lines, left = 1, offset
     with open(path, "rb") as f:
-        return f.read(offset).count(b"\n") + 1
+        while left > 0 and (block := f.read(min(READ_BLOCK, left))):
+            lines += block.count(b"\n")
+            left -= len(block)
+    return lines
 
 
 def find_records(records_dirs: Path | Sequence[Path], ids: set[str]) -> dict[str, dict]:
