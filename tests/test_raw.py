@@ -16,6 +16,7 @@ from tokenmill.common.io import (
     STATS_FILE,
     TIMINGS_FILE,
     iter_jsonl,
+    json_parser,
     read_json,
     read_stats,
     record_id,
@@ -179,6 +180,38 @@ def test_json_object_and_list(tmp_path):
         ("one.json", 0, "solo"),
     ]
     assert [(r["path"], r["index"], r["reason"]) for r in rej] == [("many.json", 2, "not_an_object")]
+
+
+# where orjson (json_parser's fast path) and json part ways: every stage must read these exactly as json does
+EDGE_JSON = [
+    '{"text": "t", "big": 123456789012345678901234567890, "neg": -9223372036854775809, "u64": 18446744073709551615}',
+    '{"text": "t", "nan": NaN, "inf": -Infinity, "huge": 1e400, "tiny": 5e-400}',
+    '{"text": "t", "lone": "\\ud800", "pair": "\\ud83d\\ude00", "long": 0.1000000000000000055511151231257827}',
+    '{"text": "t", "dup": 1, "other": 0, "dup": 2}',
+    "[" * 1100 + "]" * 1100,
+]
+
+
+@pytest.mark.parametrize("text", EDGE_JSON)
+def test_json_parser_reads_every_value_as_json_does(text):
+    def outcome(parse, data):
+        try:
+            return repr(parse(data))
+        except (ValueError, RecursionError) as e:
+            return type(e)
+
+    bad = (text[:-1], text + "}", text.replace('"t"', '"t\x01"'))
+    for data in (text, text.encode(), *(b.encode() for b in bad)):
+        raw = data if isinstance(data, bytes) else data.encode()
+        assert outcome(json_parser(raw), data) == outcome(json.loads, data)
+
+
+def test_integers_beyond_64_bits_stay_exact_in_the_records(tmp_path):
+    line = '{"text": "t", "n": 123456789012345678901234567890}'
+    write(tmp_path / "src" / "a.jsonl", line + "\n")
+    write(tmp_path / "src" / "b.json", f"[{line}]")
+    _, recs, _ = run(tmp_path / "src", tmp_path)
+    assert [r["meta"]["n"] for r in recs] == [123456789012345678901234567890] * 2
 
 
 def test_txt_blocks_and_file_modes(tmp_path):

@@ -9,11 +9,12 @@ import shutil
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import orjson
 
 from tokenmill.common.failpoints import failpoint
 
@@ -42,6 +43,31 @@ _LINE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(", ", ": "))
 def dumps(obj) -> str:
     """One JSONL line."""
     return _LINE_ENCODER.encode(obj)
+
+
+# orjson reads an integer beyond 64 bits as a float where json keeps it exact: text holding a run of 19+ digits
+# (anywhere, strings included: a cheap, conservative test) is parsed by json instead
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_NUMBER = b"0" * 19
+
+
+def _orjson_loads(text: str | bytes):
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # NaN, lone surrogates, deep nesting, bad JSON: json accepts it or names the error
+        return json.loads(text)
+
+
+def json_parser(data: bytes) -> Callable[[str | bytes], object]:
+    """json.loads for JSON text cut from `data` (a line, a block of lines, a file), 2-3x faster where it can be:
+    orjson gives the same values and rejects what json rejects (tests/test_raw.py), except for integers beyond 64
+    bits, so `data` holding a long run of digits gets json.loads itself."""
+    return json.loads if _LONG_NUMBER in data.translate(_DIGITS_ONLY) else _orjson_loads
+
+
+def loads(line: bytes):
+    """json.loads of one line, through json_parser."""
+    return json_parser(line)(line)
 
 
 def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:

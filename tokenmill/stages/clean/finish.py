@@ -8,7 +8,6 @@ run after rule 7.
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from collections import Counter
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenmill.common.io import JsonlWriter, dumps, line_ids
+from tokenmill.common.io import JsonlWriter, dumps, line_ids, loads
 from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.stages.clean.boilerplate import BoilerplateTable
 from tokenmill.stages.clean.filters import first_failure, record_filters
@@ -87,7 +86,7 @@ class _Stripper:
         hit_docs, all_hashes, ends = self._hit_docs(b)
         n_stripped = {}
         for i in hit_docs:
-            rec = json.loads(b.out_lines[i])
+            rec = loads(b.out_lines[i])
             text, gone = self.table.strip(rec["text"], all_hashes[ends[i] - b.n_lines[i] : ends[i]].tolist())
             if not gone:
                 continue
@@ -128,10 +127,10 @@ def finish_task(task: FinishTask) -> FinishResult:
             kept = []
             for i, r in enumerate(b.rej_lines):
                 if r is not None:
-                    entry = json.loads(r)
+                    entry = loads(r)
                     reasons[entry["reason"]] += 1
                     if samples.wants(entry["reason"]):  # the text as it stood when the rule rejected it
-                        text = coerce_text(json.loads(b.out_lines[i]).get("text"))
+                        text = coerce_text(loads(b.out_lines[i]).get("text"))
                         samples.add(entry["reason"], (rej.count, with_text(entry, text)))
                     rej_b.write(r)
                     rej_b.write(b"\n")

@@ -7,7 +7,6 @@ line if a filter failed, and the 64-bit hashes of its lines.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import dumps
+from tokenmill.common.io import dumps, loads
 from tokenmill.errors import CorruptOutputError
 from tokenmill.stages.clean import repair as R
 from tokenmill.stages.clean.filters import check_too_long, record_filters
@@ -27,7 +26,6 @@ from tokenmill.stages.clean.staging import StagedBatch, rejected_line
 
 BATCH = 2048  # records per column-wise batch: bounded memory, per-rule timing without per-record clock calls
 SPECIAL_TEXT_KEYS = ("messages", "prompt", "chosen", "rejected", "responses")
-_raw_decode = json.JSONDecoder().raw_decode  # json.loads minus its wrapper: ~15% less per record
 
 
 @dataclass(frozen=True)
@@ -86,12 +84,9 @@ def read_batches(path: Path) -> Iterator[list[tuple[bytes, dict]]]:
             if not line.strip():
                 continue
             try:
-                rec = _raw_decode(line.decode("utf-8"))[0]
-            except (ValueError, UnicodeDecodeError):
-                try:
-                    rec = json.loads(line)  # leading whitespace and the like; a real error names the line
-                except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                    raise CorruptOutputError(f"{path}:{n}: not a JSON record ({e}); rematerialize raw_records") from e
+                rec = loads(line)
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                raise CorruptOutputError(f"{path}:{n}: not a JSON record ({e}); rematerialize raw_records") from e
             batch.append((line, rec if isinstance(rec, dict) else {"text": rec}))
             if len(batch) >= BATCH:
                 yield batch

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from tokenmill.common.io import json_parser
 from tokenmill.stages.raw.settings import RawSettings
 from tokenmill.stages.raw.stream import (
     MAX_JSON_DEPTH,
@@ -42,7 +43,7 @@ def read_json(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Ba
         yield Bad("line", e.line, e.reason, e.detail, snip(data))
         return
     try:
-        value = json.loads(text)
+        value = json_parser(data)(text)
     except json.JSONDecodeError as e:
         lines = text.splitlines()
         at = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from tokenmill.common.io import json_parser
 from tokenmill.stages.raw.settings import RawSettings
 from tokenmill.stages.raw.stream import (
     MAX_JSON_DEPTH,
@@ -21,7 +22,7 @@ from tokenmill.stages.raw.stream import (
 
 def parse_json_line(line: str, raw: bytes):
     """The JSON value of one line; raises JSONDecodeError, or RecursionError when it nests too deeply."""
-    obj = json.loads(line)
+    obj = json_parser(raw)(line)
     # a line with few brackets cannot nest deeply: only suspicious lines are walked
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and too_deep(obj):
         raise RecursionError

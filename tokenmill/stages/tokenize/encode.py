@@ -15,7 +15,6 @@ parsing and array work run in parallel too; with one worker the encoder's own th
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import pickle
 import unicodedata
@@ -27,10 +26,11 @@ import numpy as np
 
 from tokenmill.common.io import record_shards
 from tokenmill.common.samples import ReasonSamples, with_text
-from tokenmill.errors import CapacityError, CorruptOutputError
+from tokenmill.errors import CapacityError
 from tokenmill.stages.tokenize.render import RENDERERS, Segments, split_hash, title_author
 from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill.stages.tokenize.tokenizer import TokenizerPin, parse_pinned, read_pinned, special_token_ids
+from tokenmill.stages.tokenize.train import parse_record
 from tokenmill_loader.format import KEYS, MASK, MASK_OF, SPLITS, VALUES
 
 MIN_TASK_BYTES, MAX_TASK_BYTES = 256 << 10, 16 << 20
@@ -258,26 +258,10 @@ def load_splits(result: TaskResult) -> TaskResult:
     return result
 
 
-def _lines(rng: ByteRange) -> list[str]:
+def _lines(rng: ByteRange) -> list[bytes]:
     with open(rng.path, "rb") as f:
         f.seek(rng.start)
-        raw = f.read(rng.end - rng.start)
-    try:
-        return raw.decode("utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        line = rng.first_line + raw[: e.start].count(b"\n")
-        raise CorruptOutputError(f"{rng.path}:{line}: not UTF-8 ({e.reason})") from None
-
-
-def _record(line: str, path: str, lineno: int) -> dict:
-    """A deduped_jsonl line is tokenmill's own output: a line that is not a JSON object is corruption."""
-    try:
-        rec = json.loads(line)
-    except ValueError as e:
-        raise CorruptOutputError(f"{path}:{lineno}: not a JSON record ({e})") from None
-    if not isinstance(rec, dict):
-        raise CorruptOutputError(f"{path}:{lineno}: not a JSON object")
-    return rec
+        return f.read(rng.end - rng.start).split(b"\n")
 
 
 def head_range(in_dir: Path, nbytes: int) -> ByteRange | None:
@@ -298,7 +282,9 @@ def metadata_task(rng: ByteRange) -> tuple[int, int]:
         if not line.strip():
             continue
         records += 1
-        if ('"title"' in line or '"author"' in line) and any(title_author(_record(line, rng.path, rng.first_line + n))):
+        if (b'"title"' in line or b'"author"' in line) and any(
+            title_author(parse_record(line, rng.path, rng.first_line + n))
+        ):
             with_metadata += 1
     return records, with_metadata
 
@@ -328,7 +314,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
             continue
         result.docs_in += 1
         lineno = rng.first_line + n
-        rec = _record(line, rng.path, lineno)
+        rec = parse_record(line, rng.path, lineno)
         result.with_metadata += any(title_author(rec))
         rid = rec.get("id")
         if not isinstance(rid, str) or not rid:
@@ -347,7 +333,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
         result.reasons[reason] = result.reasons.get(reason, 0) + 1
         entry = {"id": rid, "reason": reason, "where": f"{rel}:{lineno}", "source": rec.get("source")}
         if samples.add(reason, rid):  # the record as deduped_jsonl holds it: the fields the renderer lacked
-            entry = with_text(entry, line)
+            entry = with_text(entry, line.decode("utf-8", "surrogatepass"))
         result.rejected.append(entry)
     splits = {}
     for s, split in enumerate(SPLITS):

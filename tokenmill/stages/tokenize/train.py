@@ -25,7 +25,6 @@ is used instead (nothing is downloaded); special tokens it lacks are appended (r
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import atomic_write_text, record_shards
+from tokenmill.common.io import atomic_write_text, loads, record_shards
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import CorruptOutputError, SourceError
@@ -106,8 +105,8 @@ def line_id(line: bytes) -> str | None:
 def parse_record(line: bytes, path, lineno: int) -> dict:
     """One line of deduped_jsonl (tokenmill's own output): a JSON object, or corruption."""
     try:
-        rec = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        rec = loads(line)
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise CorruptOutputError(f"{path}:{lineno}: not a JSON record ({e})") from e
     if not isinstance(rec, dict):
         raise CorruptOutputError(f"{path}:{lineno}: not a JSON object")

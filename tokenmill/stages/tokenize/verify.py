@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import READ_BLOCK, record_shards
+from tokenmill.common.io import READ_BLOCK, loads, record_shards
 from tokenmill.errors import TokenmillError
 from tokenmill.stages.tokenize.encode import SplitChunk, assemble, encoder
 from tokenmill.stages.tokenize.render import RENDERERS, Segments
@@ -66,7 +66,7 @@ def find_records(records_dirs: Path | Sequence[Path], ids: set[str]) -> dict[str
                 end = block.find(b"\n", start)
                 line = block[start : end if end >= 0 else None]
                 try:
-                    rec = json.loads(line)
+                    rec = loads(line)
                 except ValueError:  # parse_record names the line
                     rec = parse_record(line, part, _line_number(part, offset + start))
                 found.setdefault(rec["id"], rec)
