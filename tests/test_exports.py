@@ -315,7 +315,7 @@ def test_trl_dpo_tokenization_of_the_records_gives_the_exported_ids(exported, ro
     ],
 )
 def test_hf_parquet_meta_and_source_json_are_what_json_dumps_writes(rec):
-    line = json.dumps(rec, ensure_ascii=False) + "\n"
+    line = (json.dumps(rec, ensure_ascii=False) + "\n").encode()
     expected = (json.dumps(rec["meta"], ensure_ascii=False), json.dumps(rec["source"], ensure_ascii=False))
     assert meta_source_json(line, json.loads(line)) == expected
 

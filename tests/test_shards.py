@@ -16,7 +16,7 @@ import tokenmill.stages.tokenize.stage as stage_mod
 from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json, write_stats
 from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer, verify
-from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
+from tokenmill.stages.tokenize.encode import MIN_TASK_BYTES, SplitChunk, check_ids, plan_ranges
 from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer
 from tokenmill.stages.tokenize.verify import find_records
@@ -317,6 +317,22 @@ def test_identical_bytes_for_any_worker_count_and_task_cut(tmp_path, tok_dir):
         assert s["workers"] == workers and (s["tasks"] > 3 or task_bytes == 0)
     assert outs[0] == outs[1] == outs[2]
     assert any(k.startswith("train/shard-00002") for k in outs[0])
+
+
+def test_planned_ranges_cover_every_line_and_shrink_towards_the_end(tmp_path):
+    line = b'{"id": "x", "text": "' + b"a" * 90 + b'"}\n'
+    for i in range(3):
+        (tmp_path / f"part-{i:05d}.jsonl").write_bytes(line * 20_000)  # 2.1 MB each
+    ranges = plan_ranges(tmp_path, 0, workers=2)
+    for i in range(3):
+        path = str(tmp_path / f"part-{i:05d}.jsonl")
+        mine = [r for r in ranges if r.path == path]
+        assert [r.start for r in mine[1:]] == [r.end for r in mine[:-1]] and mine[-1].end == len(line) * 20_000
+        assert [r.first_line for r in mine] == [1 + r.start // len(line) for r in mine]  # newline-aligned
+    sizes = [r.end - r.start for r in ranges]
+    assert sizes[0] > 1.4 * MIN_TASK_BYTES  # about TASKS_PER_WORKER per worker ...
+    assert max(sizes[-4:]) < MIN_TASK_BYTES + len(line)  # ... then smaller, so the workers finish together
+    assert all(r.end - r.start <= 5000 + len(line) for r in plan_ranges(tmp_path, 5000, workers=2))  # as asked
 
 
 def test_malformed_line_is_corruption_naming_file_and_line(tmp_path, tok_dir):

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from tokenmill.common.io import record_shards
+from tokenmill.common.io import loads, record_shards
 from tokenmill.common.parallel import map_ordered
 from tokenmill.exports.streams import open_splits, size_stats
 from tokenmill.settings import StageSettings
@@ -90,10 +90,10 @@ def write_parquet_file(task: ParquetFile) -> None:
 
 
 RECORD_KEYS = ["id", "text", "meta", "source"]  # a deduped_jsonl record's fields, in the order its stages write them
-META_KEY, SOURCE_KEY = ', "meta": ', ', "source": '
+META_KEY, SOURCE_KEY = b', "meta": ', b', "source": '
 
 
-def meta_source_json(line: str, rec: dict) -> tuple[str, str]:
+def meta_source_json(line: bytes, rec: dict) -> tuple[str, str]:
     """A record's meta and source as JSON text (json.dumps, ensure_ascii=False): cut from its line, which a stage
     wrote with the same dumps, when the line's layout makes the cut unambiguous (id and text strings, a flat source
     without a "source" key: a raw quote only occurs between JSON values, so the first META_KEY and the last
@@ -107,9 +107,9 @@ def meta_source_json(line: str, rec: dict) -> tuple[str, str]:
         and "source" not in source
         and not any(isinstance(v, (dict, list)) for v in source.values())
     ):
-        body = line.rstrip("\n")
+        body = line.rstrip(b"\n")
         meta_at, source_key_at = body.index(META_KEY) + len(META_KEY), body.rindex(SOURCE_KEY)
-        return body[meta_at:source_key_at], body[source_key_at + len(SOURCE_KEY) : -1]
+        return body[meta_at:source_key_at].decode(), body[source_key_at + len(SOURCE_KEY) : -1].decode()
     return json.dumps(rec.get("meta"), ensure_ascii=False), json.dumps(source, ensure_ascii=False)
 
 
@@ -121,11 +121,11 @@ class RecordsFile(ParquetFile):
 
     schema: ClassVar[pa.Schema] = RECORD_SCHEMA
 
-    def _lines(self) -> Iterator[str]:
+    def _lines(self) -> Iterator[bytes]:
         first = 0
         for path, count in self.parts:
             if first + count > self.start and first < self.end:
-                with open(path, encoding="utf-8") as f:
+                with open(path, "rb") as f:
                     lines = (line for line in f if line.strip())
                     yield from itertools.islice(lines, max(0, self.start - first), self.end - first)
             first += count
@@ -135,7 +135,7 @@ class RecordsFile(ParquetFile):
         for a, b in row_groups(self.start, self.end):
             columns = {name: [] for name in RECORD_SCHEMA.names}
             for line in itertools.islice(lines, b - a):
-                rec = json.loads(line)
+                rec = loads(line)
                 meta, source = meta_source_json(line, rec)
                 columns["id"].append(str(rec["id"]))
                 columns["text"].append(rec.get("text"))

@@ -35,6 +35,7 @@ from tokenmill_loader.format import KEYS, MASK, MASK_OF, SPLITS, VALUES
 
 MIN_TASK_BYTES, MAX_TASK_BYTES = 256 << 10, 16 << 20
 TASKS_PER_WORKER = 8  # enough tasks for the pool to balance uneven ranges
+TAIL_SHARE = 2  # planned ranges shrink to what is left / (TAIL_SHARE * workers): the workers finish together
 
 
 @dataclass(frozen=True)
@@ -100,27 +101,30 @@ class EncodeTask:
 
 
 def plan_ranges(in_dir: Path, task_bytes: int, workers: int) -> list[ByteRange]:
-    """Newline-aligned byte ranges of the part files (0: about TASKS_PER_WORKER per worker).
+    """Newline-aligned byte ranges of the part files (task_bytes 0: about TASKS_PER_WORKER per worker, the last
+    ones smaller and smaller, down to MIN_TASK_BYTES, so that no worker is left encoding a large range alone).
 
     Streams each file once (a range at a time) to find the cuts and count lines; nothing is kept.
     """
     parts = record_shards(in_dir)
-    total = sum(p.stat().st_size for p in parts)
-    if not task_bytes:
-        task_bytes = min(MAX_TASK_BYTES, max(MIN_TASK_BYTES, total // max(1, TASKS_PER_WORKER * workers)))
+    left = sum(p.stat().st_size for p in parts)
+    taper = not task_bytes
+    if taper:
+        task_bytes = min(MAX_TASK_BYTES, max(MIN_TASK_BYTES, left // max(1, TASKS_PER_WORKER * workers)))
     ranges = []
     for p in parts:
         size = p.stat().st_size
         with open(p, "rb") as f:
             start, line = 0, 1
             while start < size:
-                chunk = f.read(task_bytes)
+                want = min(task_bytes, max(MIN_TASK_BYTES, left // (TAIL_SHARE * workers))) if taper else task_bytes
+                chunk = f.read(want)
                 if start + len(chunk) < size:
                     chunk += f.readline()  # up to and including the next newline
                 end = start + len(chunk)
                 ranges.append(ByteRange(str(p), start, end, line))
                 line += chunk.count(b"\n")
-                start = end
+                start, left = end, left - len(chunk)
     return ranges
 
 
