@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import dumps, loads
+from tokenmill.common.io import dumps, json_parser
 from tokenmill.errors import CorruptOutputError
 from tokenmill.stages.clean import repair as R
 from tokenmill.stages.clean.filters import check_too_long, record_filters
@@ -25,6 +25,7 @@ from tokenmill.stages.clean.settings import CleanSettings
 from tokenmill.stages.clean.staging import StagedBatch, rejected_line
 
 BATCH = 2048  # records per column-wise batch: bounded memory, per-rule timing without per-record clock calls
+READ_BYTES = 4 << 20  # lines read at a time
 SPECIAL_TEXT_KEYS = ("messages", "prompt", "chosen", "rejected", "responses")
 
 
@@ -77,20 +78,23 @@ class _Batch:
 
 def read_batches(path: Path) -> Iterator[list[tuple[bytes, dict]]]:
     """Batches of (raw line as bytes without newline, parsed record) from one raw_records shard."""
-    batch = []
+    batch, n = [], 0
     with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip(b"\r\n")
-            if not line.strip():
-                continue
-            try:
-                rec = loads(line)
-            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-                raise CorruptOutputError(f"{path}:{n}: not a JSON record ({e}); rematerialize raw_records") from e
-            batch.append((line, rec if isinstance(rec, dict) else {"text": rec}))
-            if len(batch) >= BATCH:
-                yield batch
-                batch = []
+        while lines := f.readlines(READ_BYTES):
+            parse = json_parser(b"".join(lines))  # one choice per block: cheaper than per line
+            for line in lines:
+                n += 1
+                line = line.rstrip(b"\r\n")
+                if not line.strip():
+                    continue
+                try:
+                    rec = parse(line)
+                except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+                    raise CorruptOutputError(f"{path}:{n}: not a JSON record ({e}); rematerialize raw_records") from e
+                batch.append((line, rec if isinstance(rec, dict) else {"text": rec}))
+                if len(batch) >= BATCH:
+                    yield batch
+                    batch = []
     if batch:
         yield batch
 

@@ -18,13 +18,14 @@ import itertools
 import os
 import pickle
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
 
-from tokenmill.common.io import record_shards
+from tokenmill.common.io import json_parser, record_shards
 from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.errors import CapacityError
 from tokenmill.stages.tokenize.render import RENDERERS, Segments, split_hash, title_author
@@ -262,10 +263,12 @@ def load_splits(result: TaskResult) -> TaskResult:
     return result
 
 
-def _lines(rng: ByteRange) -> list[bytes]:
+def _lines(rng: ByteRange) -> tuple[list[bytes], Callable]:
+    """The range's lines and the json_parser for them."""
     with open(rng.path, "rb") as f:
         f.seek(rng.start)
-        return f.read(rng.end - rng.start).split(b"\n")
+        data = f.read(rng.end - rng.start)
+    return data.split(b"\n"), json_parser(data)
 
 
 def head_range(in_dir: Path, nbytes: int) -> ByteRange | None:
@@ -282,12 +285,13 @@ def metadata_task(rng: ByteRange) -> tuple[int, int]:
     """(records, records with a title or author) of one byte range: what training_type auto decides on. Only the
     lines that hold a "title" or "author" key are parsed (deduped_jsonl is written by json.dumps: keys unescaped)."""
     records = with_metadata = 0
-    for n, line in enumerate(_lines(rng)):
+    lines, parse = _lines(rng)
+    for n, line in enumerate(lines):
         if not line.strip():
             continue
         records += 1
         if (b'"title"' in line or b'"author"' in line) and any(
-            title_author(parse_record(line, rng.path, rng.first_line + n))
+            title_author(parse_record(line, rng.path, rng.first_line + n, parse))
         ):
             with_metadata += 1
     return records, with_metadata
@@ -313,12 +317,13 @@ def encode_task(task: EncodeTask) -> TaskResult:
             chunks[s].append(assemble(batches[s], tt, enc, dtype, rng.path))
         batches[s] = Segments(KEYS[tt])
 
-    for n, line in enumerate(_lines(rng)):
+    lines, parse = _lines(rng)
+    for n, line in enumerate(lines):
         if not line.strip():
             continue
         result.docs_in += 1
         lineno = rng.first_line + n
-        rec = parse_record(line, rng.path, lineno)
+        rec = parse_record(line, rng.path, lineno, parse)
         result.with_metadata += any(title_author(rec))
         rid = rec.get("id")
         if not isinstance(rid, str) or not rid:

@@ -102,10 +102,11 @@ def line_id(line: bytes) -> str | None:
     return None
 
 
-def parse_record(line: bytes, path, lineno: int) -> dict:
-    """One line of deduped_jsonl (tokenmill's own output): a JSON object, or corruption."""
+def parse_record(line: bytes, path, lineno: int, parse=loads) -> dict:
+    """One line of deduped_jsonl (tokenmill's own output): a JSON object, or corruption. `parse`: the json_parser
+    of the block the line was cut from."""
     try:
-        rec = loads(line)
+        rec = parse(line)
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise CorruptOutputError(f"{path}:{lineno}: not a JSON record ({e})") from e
     if not isinstance(rec, dict):
