@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -261,33 +260,27 @@ def _deduplicate(
     clusters = build_clusters(ClusterTask(out_dir, tuple(chunks), exact_files, verified_files, settings.keep, base))
     write_decisions(out_dir, chunks, clusters)
     timings["clusters"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    clusters_written = write_clusters(out_dir, clusters)
+    timings["outputs"] = time.perf_counter() - t0
 
-    def outputs() -> int:
-        t0 = time.perf_counter()
-        written = write_clusters(out_dir, clusters)
-        timings["outputs"] = time.perf_counter() - t0
-        return written
-
-    # the batch's index segment, on the workers while this process writes clusters.jsonl (both only read clusters)
+    # the batch's index segment
     index_summary = None
-    with ThreadPoolExecutor(1, thread_name_prefix="dedup-clusters") as writer:
-        clusters_written = writer.submit(outputs)
-        if index:
-            index_out = Path(index[1])
-            staged = staging_folder(index_out)
-            try:
-                tasks = _segment_tasks(clusters, chunks, out_dir, staged, rows)
-                parts = step("index", write_segment_chunk, tasks, io_workers(workers, len(tasks)))
-                added = publish_segment(staged, index_out, sketch, parts)
-            finally:
-                shutil.rmtree(staged, ignore_errors=True)
-            index_summary = {
-                "segments": [Path(p).name for p in index[0]],  # names (the batch keys): paths differ between roots
-                "records": base,
-                "kept": sum(m["kept"] for m in manifests),
-                **added,
-            }
-        clusters_written = clusters_written.result()
+    if index:
+        index_out = Path(index[1])
+        staged = staging_folder(index_out)
+        try:
+            tasks = _segment_tasks(clusters, chunks, out_dir, staged, rows)
+            parts = step("index", write_segment_chunk, tasks, io_workers(workers, len(tasks)))
+            added = publish_segment(staged, index_out, sketch, parts)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        index_summary = {
+            "segments": [Path(p).name for p in index[0]],  # names (the batch keys): paths differ between data roots
+            "records": base,
+            "kept": sum(m["kept"] for m in manifests),
+            **added,
+        }
 
     # 7. report
     run = RunSummary(
