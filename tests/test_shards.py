@@ -16,9 +16,9 @@ import tokenmill.stages.tokenize.stage as stage_mod
 from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json, write_stats
 from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer, verify
-from tokenmill.stages.tokenize.encode import MIN_TASK_BYTES, SplitChunk, check_ids, plan_ranges
+from tokenmill.stages.tokenize.encode import MIN_TASK_BYTES, SplitChunk, check_ids, encoder, piece_ids, plan_ranges
 from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
-from tokenmill.stages.tokenize.tokenizer import load_tokenizer
+from tokenmill.stages.tokenize.tokenizer import load_tokenizer, pin_tokenizer
 from tokenmill.stages.tokenize.verify import find_records
 from tokenmill.validate import validate_token_shards
 from tokenmill_loader import RecordDataset, TokenDataset, open_store
@@ -317,6 +317,15 @@ def test_identical_bytes_for_any_worker_count_and_task_cut(tmp_path, tok_dir):
         assert s["workers"] == workers and (s["tasks"] > 3 or task_bytes == 0)
     assert outs[0] == outs[1] == outs[2]
     assert any(k.startswith("train/shard-00002") for k in outs[0])
+
+
+def test_short_pieces_are_encoded_once_per_process_with_the_same_ids(tok_dir):
+    enc = encoder(pin_tokenizer(tok_dir)[0])
+    texts = ["李白", "床前明月光，疑是地上霜。" * 4, "李白", "", "静夜思", "</s>"]
+    expected = [e.ids for e in enc.tok.encode_batch_fast(texts, add_special_tokens=False)]
+    assert piece_ids(enc, texts) == expected  # encoded, the short ones kept
+    assert {"李白", "静夜思", "", "</s>"} <= set(enc.short_pieces) and texts[1] not in enc.short_pieces
+    assert piece_ids(enc, texts[::-1]) == expected[::-1]  # from what was kept
 
 
 def test_planned_ranges_cover_every_line_and_shrink_towards_the_end(tmp_path):

@@ -47,9 +47,23 @@ class Encoder:
     vocab_size: int
     special: dict[str, int]
     is_punct: np.ndarray  # is_punct[id]: the token decodes to exactly one punctuation character
+    short_pieces: dict[str, list[int]] = field(default_factory=dict)  # piece_ids' ids of short pieces seen
 
 
 _ENCODERS: dict[str, Encoder] = {}  # per process, by tokenizer SHA-256
+# Short pieces (titles, authors, chat roles' contents) repeat across records: their ids are kept per process, as a
+# piece always encodes to the same ids, so HF builds one Encoding object per distinct short piece, not per record
+SHORT_PIECE_CHARS, SHORT_PIECES_KEPT = 32, 100_000  # at most ~50 MB per worker
+
+
+def piece_ids(enc: Encoder, texts: list[str]) -> list[list[int]]:
+    """The token ids of each text piece."""
+    known = enc.short_pieces
+    new = list(dict.fromkeys(t for t in texts if t not in known))
+    encoded = dict(zip(new, (e.ids for e in enc.tok.encode_batch_fast(new, add_special_tokens=False)))) if new else {}
+    if len(known) < SHORT_PIECES_KEPT:
+        known.update((t, ids) for t, ids in encoded.items() if len(t) <= SHORT_PIECE_CHARS)
+    return [known[t] if t in known else encoded[t] for t in texts]
 
 
 def _punct_table(tok, vocab: int) -> np.ndarray:
@@ -154,8 +168,7 @@ class SplitChunk:
 
 def assemble(seg: Segments, tt: str, enc: Encoder, dtype: np.dtype, where: str) -> SplitChunk:
     """Encodes the batch's text pieces once and gathers every key's flat arrays."""
-    encs = enc.tok.encode_batch_fast(seg.texts, add_special_tokens=False) if seg.texts else []
-    id_lists = [e.ids for e in encs]
+    id_lists = piece_ids(enc, seg.texts)
     piece_lens = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
     total = int(piece_lens.sum())
     piece_flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
