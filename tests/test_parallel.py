@@ -1,5 +1,6 @@
 """Process fan-out: results in task order whatever the worker count; workers never outlive their run process."""
 
+import gc
 import os
 import signal
 import subprocess
@@ -64,6 +65,15 @@ def worker_pid(_) -> int:
 
 def worker_env(name: str) -> str | None:
     return os.environ.get(name)
+
+
+def collector_running(_) -> bool:
+    return gc.isenabled()
+
+
+def test_tasks_run_with_the_cyclic_collector_paused_and_it_resumes_after():
+    assert list(map_ordered(collector_running, range(4), 2)) == [False] * 4
+    assert [parallel._without_gc_pauses(collector_running, 0), gc.isenabled()] == [False, True]
 
 
 def test_steps_share_warm_workers_until_the_environment_changes(monkeypatch):
