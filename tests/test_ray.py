@@ -48,12 +48,13 @@ def same_files(expected: dict[str, bytes], root: Path) -> list[str]:
     return sorted(set(expected) ^ set(got)) + [k for k in expected if k in got and expected[k] != got[k]]
 
 
-def run_job(source: Path, root: Path, compute: Compute, raise_on_error: bool = True):
+def run_job(source: Path, root: Path, compute: Compute, raise_on_error: bool = True, run_config: dict | None = None):
     """The source as its first batch through the whole graph (again when it already ran: a rerun)."""
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(root)), compute)
     with dg.instance_for_test() as instance:
         pending = register_batches(instance, root, source.resolve()) or [BATCH]
-        ((_, result),) = run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending, None, raise_on_error)
+        job = defs.resolve_job_def("tokenmill_all")
+        ((_, result),) = run_batches(job, instance, pending, run_config, raise_on_error)
         return result
 
 
@@ -191,6 +192,8 @@ def test_worker_killed_mid_task_is_retried(cluster, second_node, local_files, de
 
 
 LOSS_ATTEMPTS = 5  # the demo encode tasks are short: under load a loss may land between them
+# fewer, slower encode tasks (a record per encode call) that the loss can land in; neither setting changes a byte
+SLOW_ENCODE = {"ops": {"tokenized_bins": {"config": {"task_bytes": 512 << 10, "batch_records": 1}}}}
 
 
 def test_lost_node_fails_naming_the_step_and_a_rerun_succeeds(cluster, second_node, local_files, demo_source, tmp_path):
@@ -213,6 +216,7 @@ def test_lost_node_fails_naming_the_step_and_a_rerun_succeeds(cluster, second_no
                 root,
                 Compute(engine="ray", ray_address=cluster.address, max_retries=0),
                 raise_on_error=False,
+                run_config=SLOW_ENCODE,
             )
         finally:
             loser.stop.set()
