@@ -353,6 +353,11 @@ def test_malformed_line_is_corruption_naming_file_and_line(tmp_path, tok_dir):
     (tmp_path / "in" / "part-00000.jsonl").write_text("[1, 2]\n", encoding="utf-8")
     with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:1: not a JSON object"):
         tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "out", ShardSettings(), workers=1)
+    good = json.dumps(poem(0), ensure_ascii=False)
+    surrogate = good.replace("其", "\ud800").encode("utf-8", "surrogatepass")  # json would read it, HF would not
+    (tmp_path / "in" / "part-00000.jsonl").write_bytes(b"\n".join([good.encode()] * 2 + [surrogate]))
+    with pytest.raises(CorruptOutputError, match=r"part-00000\.jsonl:3: not UTF-8"):
+        tokenize_corpus(tmp_path / "in", tok_dir, tmp_path / "out", ShardSettings(), workers=1)
 
 
 def test_split_by_id_is_stable_when_documents_are_added(tmp_path, tok_dir):

@@ -27,7 +27,7 @@ import numpy as np
 
 from tokenmill.common.io import json_parser, record_shards
 from tokenmill.common.samples import ReasonSamples, with_text
-from tokenmill.errors import CapacityError
+from tokenmill.errors import CapacityError, CorruptOutputError
 from tokenmill.stages.tokenize.render import RENDERERS, Segments, split_hash, title_author
 from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill.stages.tokenize.tokenizer import TokenizerPin, parse_pinned, read_pinned, special_token_ids
@@ -277,10 +277,17 @@ def load_splits(result: TaskResult) -> TaskResult:
 
 
 def _lines(rng: ByteRange) -> tuple[list[bytes], Callable]:
-    """The range's lines and the json_parser for them."""
+    """The range's lines and the json_parser for them. A surrogate's UTF-8 form (json accepts it, the tokenizer does
+    not) starts with byte ED, as some Hangul does: only a range holding one is decoded to find it."""
     with open(rng.path, "rb") as f:
         f.seek(rng.start)
         data = f.read(rng.end - rng.start)
+    if b"\xed" in data:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = rng.first_line + data[: e.start].count(b"\n")
+            raise CorruptOutputError(f"{rng.path}:{line}: not UTF-8 ({e.reason})") from None
     return data.split(b"\n"), json_parser(data)
 
 
