@@ -15,6 +15,7 @@ from pydantic import Field, PrivateAttr
 from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, activated
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
+from tokenmill.common.parallel import start_workers
 from tokenmill.errors import ConfigError, SourceError
 from tokenmill.settings import number_from_env, validate_run_settings
 
@@ -121,6 +122,12 @@ class Compute(dg.ConfigurableResource):
             log.info(f"ray engine: {engine.usage.nodes} nodes, {engine.usage.cpus:g} CPUs at {self.ray_address}")
         with activated(engine) as usage:
             yield usage
+
+    def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """A run that computes locally starts its worker pool here, before its first step: the workers spawn and
+        import while Dagster sets the step up (~0.8 s sooner than at the first task list)."""
+        if self.engine == "local":
+            start_workers(self.workers or None)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self.engine == "ray":

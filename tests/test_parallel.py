@@ -94,6 +94,24 @@ def test_workers_started_ahead_serve_the_first_step():
     assert set(map_ordered(worker_pid, range(4), workers=2)) <= started
 
 
+def test_a_run_computing_locally_starts_its_workers_before_its_first_step():
+    """Under `dagster asset materialize` (or any launch but `tokenmill update`), the Compute resource starts the
+    pool when the run sets up: the first step's workers are already spawning."""
+    import dagster as dg
+
+    from resources import Compute
+
+    parallel._close_pool()
+    workers_at_step_start = []
+
+    @dg.asset
+    def probe(compute: Compute) -> None:
+        workers_at_step_start.append(len(parallel._pool._processes) if parallel._pool else 0)
+
+    assert dg.materialize([probe], resources={"compute": Compute(workers=2)}).success
+    assert workers_at_step_start == [2]
+
+
 def fail_on_three(x: int) -> int:
     if x == 3:
         raise ValueError("task 3")
