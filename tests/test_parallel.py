@@ -112,6 +112,21 @@ def test_a_run_computing_locally_starts_its_workers_before_its_first_step():
     assert workers_at_step_start == [2]
 
 
+def test_a_process_using_the_pool_freezes_its_heap_at_exit_after_closing_the_pool():
+    """The interpreter's final collections skip a frozen heap (0.4-0.6 s at the end of every run process)."""
+    script = textwrap.dedent(
+        """
+        import atexit, gc
+        atexit.register(lambda: print("frozen at exit:", gc.get_freeze_count() > 0))  # runs after tokenmill's
+        from tokenmill.common import parallel
+        assert list(parallel.map_ordered(abs, [-1, -2], workers=2)) == [1, 2]
+        print("frozen before exit:", gc.get_freeze_count() > 0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["frozen before exit: False", "frozen at exit: True"]
+
+
 def fail_on_three(x: int) -> int:
     if x == 3:
         raise ValueError("task 3")

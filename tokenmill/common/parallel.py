@@ -182,6 +182,15 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
 
 
 @atexit.register
+def _skip_final_collections() -> None:
+    """At exit (after the pool has closed: atexit runs last-registered first), the heap moves to the collector's
+    permanent generation, so the interpreter's final collections skip it: they took 0.4-0.6 s of a run process that
+    imported Dagster, pandas and pyarrow, and a worker's took the pool's shutdown as long, both at the end of every
+    run. Reference counting still frees what module teardown releases; the OS takes the rest."""
+    gc.freeze()
+
+
+@atexit.register
 def _close_pool() -> None:
     global _pool
     if _pool is not None:
