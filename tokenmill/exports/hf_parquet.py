@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
-from tokenmill.common.io import loads, record_shards
+from tokenmill.common.io import json_parser, record_shards
 from tokenmill.common.parallel import map_ordered
 from tokenmill.exports.streams import open_splits, size_stats
 from tokenmill.settings import StageSettings
@@ -133,15 +133,17 @@ class RecordsFile(ParquetFile):
     def tables(self) -> Iterator[pa.Table]:
         lines = self._lines()
         for a, b in row_groups(self.start, self.end):
-            columns = {name: [] for name in RECORD_SCHEMA.names}
-            for line in itertools.islice(lines, b - a):
-                rec = loads(line)
+            group = list(itertools.islice(lines, b - a))
+            parse = json_parser(b"".join(group))
+            ids, texts, metas, sources = [], [], [], []
+            for line in group:
+                rec = parse(line)
                 meta, source = meta_source_json(line, rec)
-                columns["id"].append(str(rec["id"]))
-                columns["text"].append(rec.get("text"))
-                columns["meta"].append(meta)
-                columns["source"].append(source)
-            yield pa.table(columns, schema=RECORD_SCHEMA)
+                ids.append(str(rec["id"]))
+                texts.append(rec.get("text"))
+                metas.append(meta)
+                sources.append(source)
+            yield pa.table([ids, texts, metas, sources], schema=RECORD_SCHEMA)
 
 
 def _lists(starts: np.ndarray, values: np.ndarray) -> pa.ListArray:

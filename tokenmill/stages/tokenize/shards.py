@@ -61,10 +61,10 @@ class _HashingFile:
         self.bytes = 0
 
     def write(self, arr: np.ndarray) -> None:
-        b = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+        b = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))  # written and hashed in place
         self.f.write(b)
         self.h.update(b)
-        self.bytes += len(b)
+        self.bytes += b.nbytes
 
     def close(self) -> dict:
         self.f.close()
