@@ -32,11 +32,12 @@ import math
 import shutil
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.parallel import default_workers, map_ordered, run_call
 from tokenmill.common.progress import Progress
 from tokenmill.stages.dedup.apply import io_workers
 from tokenmill.stages.dedup.buckets import (
@@ -260,27 +261,25 @@ def _deduplicate(
     clusters = build_clusters(ClusterTask(out_dir, tuple(chunks), exact_files, verified_files, settings.keep, base))
     write_decisions(out_dir, chunks, clusters)
     timings["clusters"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    clusters_written = write_clusters(out_dir, clusters)
-    timings["outputs"] = time.perf_counter() - t0
-
-    # the batch's index segment
+    # clusters.jsonl and the batch's index segment in one task list: one worker writes clusters.jsonl (the longest
+    # task, first) while the others copy the segment's chunks
     index_summary = None
-    if index:
-        index_out = Path(index[1])
-        staged = staging_folder(index_out)
-        try:
-            tasks = _segment_tasks(clusters, chunks, out_dir, staged, rows)
-            parts = step("index", write_segment_chunk, tasks, io_workers(workers, len(tasks)))
-            added = publish_segment(staged, index_out, sketch, parts)
-        finally:
+    staged = staging_folder(Path(index[1])) if index else None
+    try:
+        segment = _segment_tasks(clusters, chunks, out_dir, staged, rows) if index else []
+        writes = [partial(write_clusters, out_dir, clusters), *(partial(write_segment_chunk, t) for t in segment)]
+        clusters_written, *parts = step("outputs", run_call, writes, workers)
+        if index:
+            added = publish_segment(staged, Path(index[1]), sketch, parts)
+            index_summary = {
+                "segments": [Path(p).name for p in index[0]],  # names (the batch keys): paths differ between roots
+                "records": base,
+                "kept": sum(m["kept"] for m in manifests),
+                **added,
+            }
+    finally:
+        if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
-        index_summary = {
-            "segments": [Path(p).name for p in index[0]],  # names (the batch keys): paths differ between data roots
-            "records": base,
-            "kept": sum(m["kept"] for m in manifests),
-            **added,
-        }
 
     # 7. report
     run = RunSummary(
