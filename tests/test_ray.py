@@ -175,7 +175,7 @@ def test_two_nodes_same_files_and_tasks_on_both(cluster, second_node, local_file
     assert usage["steps"][STEP]["tasks"] == 6 and usage["steps"][STEP]["nodes"] == 2, usage
     assert set(step_usage(result, "dedup_report")["steps"]) == {
         f"dedup_report:{s}"
-        for s in ("sketch_chunk", "exact_groups", "lsh_inputs", "bucket_pairs", "verify_range", "write_segment_chunk")
+        for s in ("sketch_chunk", "exact_groups", "lsh_inputs", "bucket_pairs", "verify_range", "write_output")
     }
 
 

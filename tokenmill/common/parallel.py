@@ -109,12 +109,6 @@ def map_ordered(fn: Callable[[T], R], tasks: Iterable[T], workers: int | None = 
     return pool_map(fn, tasks, workers)
 
 
-def run_call(call: Callable[[], R]) -> R:
-    """The task function of a task list of bound calls (functools.partial of module-level functions): unlike steps
-    that are ready together share the workers."""
-    return call()
-
-
 def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
     """The local engine: fn over `workers` spawned processes, results in task order (1: in this process).
     `spawn` keeps workers free of the parent's threads and locks (the Dagster run process has several)."""

@@ -31,13 +31,15 @@ from __future__ import annotations
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 
-from tokenmill.common.parallel import default_workers, map_ordered, run_call
+from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.stages.dedup.apply import io_workers
 from tokenmill.stages.dedup.buckets import (
@@ -77,6 +79,8 @@ from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
 from tokenmill.stages.dedup.verify import VerifyTask, verify_range
 
 POOL_MIN_ITEMS = 1 << 22  # band items below which the bucket step runs in this process
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,11 @@ def dedup_batch(
     """Deduplicates the batch `cleaned_dir` against the index segments `index_dirs` (the earlier batches', in
     order) and within itself; writes the decision to `report_out` and the batch's index segment to `index_out`."""
     return _deduplicate(cleaned_dir, report_out, settings, workers, log, partitions, (list(index_dirs), index_out))
+
+
+def write_output(write: Callable[[], T]) -> T:
+    """A task of the outputs step: clusters.jsonl, or one chunk of the index segment (a bound call)."""
+    return write()
 
 
 def _segment_tasks(c: Clusters, chunks: list[Chunk], out_dir: Path, staged: Path, rows: int) -> list[SegmentTask]:
@@ -268,7 +277,7 @@ def _deduplicate(
     try:
         segment = _segment_tasks(clusters, chunks, out_dir, staged, rows) if index else []
         writes = [partial(write_clusters, out_dir, clusters), *(partial(write_segment_chunk, t) for t in segment)]
-        clusters_written, *parts = step("outputs", run_call, writes, workers)
+        clusters_written, *parts = step("outputs", write_output, writes, workers)
         if index:
             added = publish_segment(staged, Path(index[1]), sketch, parts)
             index_summary = {
