@@ -491,7 +491,7 @@ def test_deterministic_for_any_worker_count_and_batch_size(tmp_path, monkeypatch
     for w, batch in ((1, dedup.SHINGLE_BATCH), (2, dedup.SHINGLE_BATCH), (1, 100)):
         monkeypatch.setattr(dedup, "SHINGLE_BATCH", batch)  # 100: a few documents per hashing batch
         rep, out = tmp_path / f"rep{w}-{batch}", tmp_path / f"out{w}-{batch}"
-        build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=1500), workers=w)  # > IO_POOL_MIN_TASKS
+        build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=1500), workers=w)
         write_deduped(tmp_path / "in", rep, out, workers=w)
         report = (rep / REPORT_FILE).read_bytes()  # timings live in _timings.json: the report is byte-identical
         files = {p.name: p.read_bytes() for p in sorted(out.glob("*.jsonl"))}

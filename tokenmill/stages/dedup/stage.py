@@ -41,7 +41,6 @@ import numpy as np
 
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
-from tokenmill.stages.dedup.apply import io_workers
 from tokenmill.stages.dedup.buckets import (
     BIN_DOCS,
     BucketResult,
@@ -210,7 +209,7 @@ def _deduplicate(
             )
             for (lo, hi), path in zip(digest_parts, exact_files)
         ],
-        io_workers(workers, len(digest_parts)),
+        workers,
     )
 
     # 3-4. LSH buckets over one representative per exact group, per band and hash range
@@ -220,7 +219,7 @@ def _deduplicate(
             "buckets",
             lsh_inputs,
             [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files, rows) for c in batch],
-            io_workers(workers, len(batch)),
+            workers,
         )
     )
     hash_parts = hash_ranges(max(1, math.ceil(rep_items / partitions.bucket_items)))
@@ -262,7 +261,7 @@ def _deduplicate(
             VerifyTask(out_dir, tuple(chunks), files, lo, hi, settings, path)
             for (lo, hi), path in zip(doc_parts, verified_files)
         ],
-        io_workers(workers, len(doc_parts)),
+        workers,
     )
 
     # 6. clusters and keep decisions over the pairs
