@@ -157,18 +157,43 @@ def test_one_node_through_the_launchpad_same_files(cluster, local_files, tmp_pat
 
 
 def encode_tasks_by_id(address: str) -> dict[str, str]:
-    """task id -> node id of every encode task Ray's state API knows of."""
+    """task id -> node id of every finished encode task Ray's state API knows of."""
     from ray.util.state import list_tasks
 
-    return {t.task_id: t.node_id for t in list_tasks(address=address, filters=[("name", "=", STEP)], limit=10_000)}
+    tasks = list_tasks(address=address, filters=[("name", "=", STEP), ("state", "=", "FINISHED")], limit=10_000)
+    return {t.task_id: t.node_id for t in tasks}
+
+
+def nodes_of_new_encode_tasks(address: str, before: dict[str, str], tasks: int) -> set[str]:
+    """The nodes that ran the `tasks` encode tasks not in `before`: workers report task events to the state API
+    about once a second, so it is asked until all of them are there."""
+    deadline = time.monotonic() + 30
+    while True:
+        new = {task: node for task, node in encode_tasks_by_id(address).items() if task not in before}
+        if len(new) >= tasks or time.monotonic() > deadline:
+            return set(new.values())
+        time.sleep(0.5)
+
+
+def start_a_worker_on(nodes: list[str]) -> None:
+    """A started worker of this job on each node. Ray hands a leased worker the step's next queued task: the demo's
+    short tasks could all be done on one node while the other's first worker process is still starting."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    def pid() -> int:
+        return os.getpid()
+
+    remote = ray.remote(num_cpus=1)(pid)
+    ray.get([remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote() for n in nodes])
 
 
 def test_two_nodes_same_files_and_tasks_on_both(cluster, second_node, local_files, demo_source, tmp_path):
     RayEngine.connect(cluster.address)
+    start_a_worker_on([cluster.head_node.node_id, second_node.node_id])
     before = encode_tasks_by_id(cluster.address)
     result = run_job(demo_source, tmp_path, Compute(engine="ray", ray_address=cluster.address))
     assert same_files(local_files, tmp_path) == []
-    ran = {node for task, node in encode_tasks_by_id(cluster.address).items() if task not in before}
+    ran = nodes_of_new_encode_tasks(cluster.address, before, tasks=6)
     assert ran == {cluster.head_node.node_id, second_node.node_id}, ran
     usage = step_usage(result, "tokenized_bins")
     assert usage["engine"] == "ray" and usage["nodes"] == 2
