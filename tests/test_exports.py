@@ -16,7 +16,7 @@ from assets.exports import EXPORT_ASSETS
 from resources import Compute, DataRoot
 from tokenmill.common.io import iter_jsonl, read_json, record_shards
 from tokenmill.errors import ConfigError
-from tokenmill.exports.hf_parquet import meta_source_json
+from tokenmill.exports.hf_parquet import _record_counts, meta_source_json
 from tokenmill.stages.clean import clean_corpus
 from tokenmill.stages.dedup import build_dedup_report, write_deduped
 from tokenmill.stages.raw import ingest
@@ -318,6 +318,19 @@ def test_hf_parquet_meta_and_source_json_are_what_json_dumps_writes(rec):
     line = (json.dumps(rec, ensure_ascii=False) + "\n").encode()
     expected = (json.dumps(rec["meta"], ensure_ascii=False), json.dumps(rec["source"], ensure_ascii=False))
     assert meta_source_json(line, json.loads(line)) == expected
+
+
+def test_hf_parquet_counts_records_from_the_shard_figures_or_else_the_lines(roots, tmp_path):
+    deduped = shutil.copytree(roots["sft"] / "deduped_jsonl", tmp_path / "deduped_jsonl", symlinks=True)
+
+    def lines() -> tuple[tuple[str, int], ...]:
+        return tuple((str(p), sum(1 for line in p.open("rb") if line.strip())) for p in record_shards(deduped))
+
+    assert _record_counts(deduped) == lines()
+    changed = record_shards(deduped / BATCHES[1])[0]  # no longer as written: its figures do not count
+    record = changed.read_bytes().splitlines(keepends=True)[0]
+    changed.write_bytes(changed.read_bytes() + b"\n" + record)
+    assert _record_counts(deduped) == lines()
 
 
 def test_an_empty_split_exports_as_empty_files(roots, tmp_path):
