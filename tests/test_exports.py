@@ -14,7 +14,7 @@ import pytest
 
 from assets.exports import EXPORT_ASSETS
 from resources import Compute, DataRoot
-from tokenmill.common.io import iter_jsonl, read_json, record_shards
+from tokenmill.common.io import SHARDS_FILE, iter_jsonl, read_json, record_shards
 from tokenmill.errors import ConfigError
 from tokenmill.exports.hf_parquet import _record_counts, meta_source_json
 from tokenmill.stages.clean import clean_corpus
@@ -324,12 +324,16 @@ def test_hf_parquet_counts_records_from_the_shard_figures_or_else_the_lines(root
     deduped = shutil.copytree(roots["sft"] / "deduped_jsonl", tmp_path / "deduped_jsonl", symlinks=True)
 
     def lines() -> tuple[tuple[str, int], ...]:
-        return tuple((str(p), sum(1 for line in p.open("rb") if line.strip())) for p in record_shards(deduped))
+        return tuple(
+            (str(p), sum(1 for line in p.read_bytes().splitlines() if line.strip())) for p in record_shards(deduped)
+        )
 
     assert _record_counts(deduped) == lines()
     changed = record_shards(deduped / BATCHES[1])[0]  # no longer as written: its figures do not count
     record = changed.read_bytes().splitlines(keepends=True)[0]
     changed.write_bytes(changed.read_bytes() + b"\n" + record)
+    assert _record_counts(deduped) == lines()
+    (deduped / BATCHES[0] / SHARDS_FILE).write_text('{"shards": [')  # figures that are not JSON count for nothing
     assert _record_counts(deduped) == lines()
 
 

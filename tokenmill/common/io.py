@@ -217,19 +217,24 @@ def file_crc32(path: str | os.PathLike) -> tuple[int, int]:
 def shards_as_written(folder: str | os.PathLike) -> dict | None:
     """The folder's SHARDS_FILE when its record shards are exactly the ones it lists, each with the size and CRC-32
     recorded when it was written (read on threads: zlib and file reads release the GIL); None otherwise (no
-    figures: an older output; a shard added, removed or changed since)."""
+    figures: an older output; figures that are not what a stage writes; a shard added, removed or changed since):
+    callers then read the shards themselves."""
     folder = Path(folder)
     if not (folder / SHARDS_FILE).exists():
         return None
-    figures = read_json(folder / SHARDS_FILE)
-    shards = record_shards(folder)
-    if [s.name for s in shards] != [f["name"] for f in figures["shards"]]:
+    try:
+        figures = read_json(folder / SHARDS_FILE)
+        listed = [(f["name"], f["bytes"], f["crc32"], f["records"]) for f in figures["shards"]]
+    except (ValueError, KeyError, TypeError):
         return None
-    if any(s.stat().st_size != f["bytes"] for s, f in zip(shards, figures["shards"])):
+    shards = record_shards(folder)
+    if [s.name for s in shards] != [name for name, *_ in listed]:
+        return None
+    if any(s.stat().st_size != size for s, (_, size, _, _) in zip(shards, listed)):
         return None
     with ThreadPoolExecutor(max(1, min(len(shards), os.cpu_count() or 1))) as pool:
         found = list(pool.map(file_crc32, shards))
-    return figures if found == [(f["bytes"], f["crc32"]) for f in figures["shards"]] else None
+    return figures if found == [(size, crc) for _, size, crc, _ in listed] else None
 
 
 STAGING_MARK = ".staging-"  # .<stage>.staging-<token>: being written; removable whenever no run holds the lock
