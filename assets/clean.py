@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from assets.batches import SOURCE_BATCHES, batch_output
+from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
 from assets.checks import CLEANED_RECORDS_VALID, cleaned_records_valid, publish_only_if_passed
 from assets.metadata import cleaned_jsonl_metadata, compute_metadata
 from resources import Compute, DataRoot
@@ -28,7 +28,7 @@ def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_r
     detector (document frequency x positional consistency x template look x shortness, so frequent genuine lines
     stay), and empty, too short, garbled or repetitive records rejected to `_rejected.jsonl` with a reason (the
     stage folder's `_rejected.jsonl` gathers every batch's)."""
-    key = context.partition_key
+    key = registered_batch(context, data_root).key
     folder = batch_output(data_root, "cleaned_jsonl", key)
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:
         stats = clean_corpus(data_root.path("raw_records") / key, out, config, log=context.log)

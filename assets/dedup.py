@@ -3,7 +3,7 @@ Jaccard) of each source batch within itself and against every record kept from t
 
 import dagster as dg
 
-from assets.batches import SOURCE_BATCHES, batch_output
+from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
 from assets.checks import DEDUPED_NO_EXACT_DUPLICATES, deduped_no_exact_duplicates, publish_only_if_passed
 from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jsonl_metadata
 from resources import Compute, DataRoot
@@ -46,7 +46,7 @@ class DedupConfig(DedupSettings, dg.Config):
     partitions_def=SOURCE_BATCHES,
 )
 def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot, compute: Compute):
-    key = context.partition_key
+    key = registered_batch(context, data_root).key
     earlier = [data_root.path("dedup_index") / k for k in read_registry(data_root.path("")).earlier(key)]
     if missing := [p.name for p in earlier if not p.exists()]:
         raise StaleUpstreamError(
@@ -87,7 +87,7 @@ def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot, comput
     """One batch of cleaned records minus the duplicates `dedup_report` found (lines copied unchanged, same shard
     names); `removed.jsonl` names, for every removed id, the id it duplicates, the level and the similarity (the
     stage folder's `removed.jsonl` gathers every batch's)."""
-    key = context.partition_key
+    key = registered_batch(context, data_root).key
     folder = batch_output(data_root, "deduped_jsonl", key)
     report_dir = data_root.path("dedup_report") / key
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:

@@ -42,6 +42,15 @@ mutation Launch($params: ExecutionParams!) {
 }"""
 
 
+ADD_PARTITION_MUTATION = """
+mutation AddPartition($selector: RepositorySelector!, $name: String!, $key: String!) {
+  addDynamicPartition(repositorySelector: $selector, partitionsDefName: $name, partitionKey: $key) {
+    __typename
+    ... on PythonError { message }
+  }
+}"""
+
+
 RUN_TIMES_QUERY = """
 query RunTimes($runId: ID!) {
   runOrError(runId: $runId) { ... on Run { startTime endTime } }
@@ -160,6 +169,13 @@ class DagsterDev:
         if launched["__typename"] != "LaunchRunSuccess":
             raise RuntimeError(f"launchRun failed: {launched}")
         return self.wait_for_run(launched["run"]["runId"], timeout)
+
+    def add_partition(self, partitions_def: str, key: str, location: str = "tokenmill") -> None:
+        """Adds a dynamic partition as the UI's partition dialog does."""
+        selector = {"repositoryLocationName": location, "repositoryName": "__repository__"}
+        added = self.graphql(ADD_PARTITION_MUTATION, {"selector": selector, "name": partitions_def, "key": key})
+        if added["addDynamicPartition"]["__typename"] != "AddDynamicPartitionSuccess":
+            raise RuntimeError(f"addDynamicPartition failed: {added}")
 
     def wait_for_run(self, run_id: str, timeout: float = 900) -> str:
         from dagster_graphql import DagsterGraphQLClient

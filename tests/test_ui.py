@@ -51,6 +51,20 @@ def test_whole_job_through_graphql(served_run, demo_manifest):
     assert "after dedup" in funnel["funnel"]
 
 
+def test_a_partition_added_through_graphql_never_becomes_a_path(served_run):
+    """`addDynamicPartition` with a `../` key, then a materialization of a per-batch asset for it: the run fails
+    naming the key, nothing is written outside the data root, and the partition is removed again."""
+    server, _, data, _ = served_run
+    outside = data.parent / "escaped"
+    for key in (f"../../{outside.name}/x", "g1-b000099"):
+        server.add_partition("source_batch", key)
+        with pytest.raises(RuntimeError, match="FAILURE"):
+            server.materialize(["cleaned_jsonl"], partition=key)
+        with dg.DagsterInstance.from_config(str(server.dagster_home)) as instance:
+            assert key not in instance.get_dynamic_partitions("source_batch")
+    assert not outside.exists()
+
+
 def test_materialize_all_runs_at_the_jobs_speed(served_run):
     """An asset selection from the UI runs in one process like the job (it took 10x the job with a process per
     step): within 1.5x of the job's wall time on the demo corpus."""

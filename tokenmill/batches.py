@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +28,17 @@ PARTITIONS_NAME = "source_batch"  # the Dagster dynamic partitions definition of
 REBUILD_HINT = "run `tokenmill update --rebuild` to rebuild every asset from the source as it is now"
 
 
+# the only form a batch key takes: it names a folder in every per-batch stage, so nothing else (`..`, `/`) may pass
+BATCH_KEY_FORM = re.compile(r"g[0-9]+-b[0-9]+")
+
+
 def batch_key(generation: int, number: int) -> str:
     return f"g{generation}-b{number:06d}"
+
+
+def is_batch_key(key: str) -> bool:
+    """Whether `key` has the form of the keys `batch_key` makes (`g<n>-b<n>`, ASCII digits only)."""
+    return BATCH_KEY_FORM.fullmatch(key) is not None
 
 
 @dataclass
@@ -72,6 +82,8 @@ class Registry:
         return [b.key for b in self.batches]
 
     def batch(self, key: str) -> Batch:
+        if not is_batch_key(key):
+            raise KeyError(f"{key!r} is not a source batch key (g<generation>-b<number>, e.g. {batch_key(1, 1)})")
         for b in self.batches:
             if b.key == key:
                 return b
@@ -104,7 +116,10 @@ def read_registry(data_root: Path) -> Registry:
         return Registry()
     try:
         raw = read_json(path)
-        return Registry(raw["source"], raw["generation"], [Batch(b["key"], b["files"]) for b in raw["batches"]])
+        registry = Registry(raw["source"], raw["generation"], [Batch(b["key"], b["files"]) for b in raw["batches"]])
+        if bad := [b.key for b in registry.batches if not isinstance(b.key, str) or not is_batch_key(b.key)]:
+            raise ValueError(f"batch keys not of the form g<generation>-b<number>: {bad[:3]}")
+        return registry
     except (ValueError, KeyError, TypeError) as e:  # written atomically by tokenmill: edited or damaged by hand
         raise CorruptOutputError(
             f"{path}: not a source batch registry ({type(e).__name__}: {e}); restore it, or {REBUILD_HINT}"

@@ -32,6 +32,11 @@ class SourceChangedError(TokenmillError):
     only a full rebuild (`tokenmill update --rebuild`) can take them back out (files and batches named)."""
 
 
+class UnknownBatchError(TokenmillError):
+    """A run's partition key is not a source batch of the data root's registry (a key typed into the partition
+    dialog, or added through GraphQL or the API): refused before anything touches the disk."""
+
+
 class StaleUpstreamError(TokenmillError):
     """An upstream stage's output is missing or was built for other inputs/settings: materialize it first."""
 
