@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pickle
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,6 +142,9 @@ def plan_ranges(in_dir: Path, task_bytes: int, workers: int) -> list[ByteRange]:
     return ranges
 
 
+SPLIT_ARRAYS = ("data", "item_lens", "rec_items")  # SplitChunk's per-key arrays
+
+
 @dataclass
 class SplitChunk:
     """Encoded records of one split from one task: per key the flat data, item lengths, items per record."""
@@ -240,7 +242,7 @@ def concat_chunks(chunks: list[SplitChunk]) -> SplitChunk:
         out.ids.extend(c.ids)
         for a in SplitChunk.COUNTS:
             setattr(out, a, getattr(out, a) + getattr(c, a))
-    for attr in ("data", "item_lens", "rec_items"):
+    for attr in SPLIT_ARRAYS:
         keys = getattr(chunks[0], attr).keys()
         setattr(out, attr, {k: np.concatenate([getattr(c, attr)[k] for c in chunks]) for k in keys})
     out.rec_tokens = np.concatenate([c.rec_tokens for c in chunks])
@@ -261,17 +263,48 @@ class TaskResult:
 
 
 def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
-    """A task's encoded arrays, renamed into place complete (a killed, retried task never leaves half a file)."""
+    """A task's encoded arrays as one .npz of plain arrays (the run process loads it without unpickling anything
+    from the data root), renamed into place complete (a killed, retried task never leaves half a file)."""
+    arrays = {}
+    for split, ch in splits.items():
+        ids = [i.encode("utf-8", "surrogatepass") for i in ch.ids]
+        arrays[f"{split}/ids"] = np.frombuffer(b"".join(ids), dtype=np.uint8)
+        arrays[f"{split}/id_bytes"] = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        arrays[f"{split}/rec_tokens"] = ch.rec_tokens
+        arrays[f"{split}/counts"] = np.array([getattr(ch, a) for a in SplitChunk.COUNTS], dtype=np.int64)
+        for attr in SPLIT_ARRAYS:
+            for key, values in getattr(ch, attr).items():
+                arrays[f"{split}/{attr}/{key}"] = values
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(splits, f, protocol=pickle.HIGHEST_PROTOCOL)
+    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a name
+        np.savez(f, **arrays)
     os.replace(tmp, path)
+
+
+def read_splits(path: str) -> dict[str, SplitChunk]:
+    """save_splits' file back into SplitChunks (allow_pickle=False: object arrays are refused, not unpickled)."""
+    splits: dict[str, SplitChunk] = {}
+    with np.load(path, allow_pickle=False) as arrays:
+        for name in arrays.files:
+            split, attr, *key = name.split("/", 2)
+            ch = splits.setdefault(split, SplitChunk())
+            if key:
+                getattr(ch, attr)[key[0]] = arrays[name]
+            elif attr == "rec_tokens":
+                ch.rec_tokens = arrays[name]
+            elif attr == "counts":
+                for a, count in zip(SplitChunk.COUNTS, arrays[name].tolist()):
+                    setattr(ch, a, count)
+        for split, ch in splits.items():
+            blob = arrays[f"{split}/ids"].tobytes()
+            ends = np.cumsum(arrays[f"{split}/id_bytes"]).tolist()
+            ch.ids = [blob[a:b].decode("utf-8", "surrogatepass") for a, b in zip([0, *ends], ends)]
+    return splits
 
 
 def load_splits(result: TaskResult) -> TaskResult:
     """In the run process: the task's arrays into result.splits; the file is removed once read."""
-    with open(result.splits_file, "rb") as f:
-        result.splits = pickle.load(f)
+    result.splits = read_splits(result.splits_file)
     os.unlink(result.splits_file)
     return result
 
