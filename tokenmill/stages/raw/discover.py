@@ -20,7 +20,7 @@ class SourceFile:
     path: str
     """Path to open."""
     size: int
-    """Bytes on disk (compressed size for .gz); 0 when it cannot be read or is refused."""
+    """Bytes on disk (compressed size for .gz/.zst); 0 when it cannot be read or is refused."""
     refused: str | None = None
     """Why the file is not opened at all ("not_a_regular_file", "outside_source"), None when it is read."""
     detail: str = ""
@@ -34,13 +34,17 @@ class Listing:
     """Files not read: unknown extension, or a name that is not UTF-8 (shown with ascii())."""
 
 
-def reader_kind(name: str) -> tuple[str | None, bool]:
-    """(reader, gzipped) for a file name; reader None when the extension is not one we read."""
-    lower = name.lower()
-    gz = lower.endswith(".gz")
-    if gz:
-        lower = lower[:-3]
-    return READERS.get(os.path.splitext(lower)[1]), gz
+COMPRESSIONS = {".gz": "gz", ".zst": "zst"}  # a compressed file is read by the reader of the extension before
+
+
+def reader_kind(name: str) -> tuple[str | None, str | None]:
+    """(reader, compression) for a file name: compression "gz", "zst" or None (stream.open_source takes it); reader
+    None when the extension is not one we read."""
+    stem, ext = os.path.splitext(name.lower())
+    compression = COMPRESSIONS.get(ext)
+    if compression is not None:
+        ext = os.path.splitext(stem)[1]
+    return READERS.get(ext), compression
 
 
 def _walk(source: Path, exclude: Path | None) -> list[tuple[str, str]]:

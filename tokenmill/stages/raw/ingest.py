@@ -40,7 +40,7 @@ from tokenmill.stages.raw.read_jsonl import read_jsonl
 from tokenmill.stages.raw.read_txt import read_txt
 from tokenmill.stages.raw.records import Mapped, map_record
 from tokenmill.stages.raw.settings import RawSettings
-from tokenmill.stages.raw.stream import TOO_DEEP, Bad, FileTooLarge, Found, Rejected, snip
+from tokenmill.stages.raw.stream import TOO_DEEP, Bad, CorruptInput, FileTooLarge, Found, Rejected, snip
 
 REASONS = (
     "malformed_json",
@@ -185,15 +185,15 @@ class _FileIngest:
         return self.report
 
     def _read(self) -> None:
-        kind, gz = reader_kind(self.src.rel)
-        items, last = READER_FUNCS[kind](self.src.path, gz, self.settings), None
+        kind, compression = reader_kind(self.src.rel)
+        items, last = READER_FUNCS[kind](self.src.path, compression, self.settings), None
         while True:
             try:  # only reading fails a file: a failed write of ours (disk full) must stop the run
                 item = next(items, None)
             except (OSError, EOFError, zlib.error, FileTooLarge) as e:  # unreadable, truncated, corrupt gzip, bomb
                 after = last is not None and last.key == "line" and last.at is not None
                 reason = "file_too_large" if isinstance(e, FileTooLarge) else "unreadable_file"
-                detail = str(e) if isinstance(e, FileTooLarge) else f"{type(e).__name__}: {e}"
+                detail = str(e) if isinstance(e, (FileTooLarge, CorruptInput)) else f"{type(e).__name__}: {e}"
                 self.reject(Bad("line", last.at + 1 if after else None, reason, detail, ""))
                 break
             if item is None:

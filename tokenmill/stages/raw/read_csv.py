@@ -1,4 +1,4 @@
-"""Reader of .csv (and .gz): the first row is the header, each later row a record keyed by it."""
+"""Reader of .csv (and .gz, .zst): the first row is the header, each later row a record keyed by it."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ class _LineFeed:
             return line
 
 
-def read_csv(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
+def read_csv(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
     # a quoted field spanning lines grows inside the csv module: bounded by the record limit too
     csv.field_size_limit(settings.max_record_bytes)
-    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+    with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         feed = _LineFeed(f.lines(), settings.max_record_bytes)
         reader = csv.reader(feed, delimiter=settings.csv_delimiter)
         header = None

@@ -1,4 +1,4 @@
-"""Reader of .json (and .gz): one JSON document, an object (one record) or a list of them. The document is
+"""Reader of .json (and .gz, .zst): one JSON document, an object (one record) or a list of them. The document is
 parsed whole, so it is bounded by `max_record_bytes` like one record (bigger collections belong in .jsonl)."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from tokenmill.stages.raw.stream import (
 )
 
 
-def read_json(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+def read_json(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
+    with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         data = f.read_record()
     if isinstance(data, Oversized):
         yield Bad(

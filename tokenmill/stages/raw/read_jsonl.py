@@ -1,4 +1,4 @@
-"""Reader of .jsonl/.ndjson (and .gz): one JSON value per line, bad lines rejected with their line number."""
+"""Reader of .jsonl/.ndjson (and .gz, .zst): one JSON value per line, bad lines rejected with their line number."""
 
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ def parse_json_line(line: str, raw: bytes):
     return obj
 
 
-def read_jsonl(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+def read_jsonl(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
+    with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         for n, raw in enumerate(f.lines(), 1):
             if isinstance(raw, Oversized):
                 yield Bad(

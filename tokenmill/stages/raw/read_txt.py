@@ -1,4 +1,4 @@
-"""Reader of .txt (and .gz): one record per blank-line-separated block, or per file (`txt_mode`)."""
+"""Reader of .txt (and .gz, .zst): one record per blank-line-separated block, or per file (`txt_mode`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from tokenmill.stages.raw.stream import Bad, Found, Oversized, Rejected, decode_
 CHUNK = 1 << 20
 
 
-def check_utf8(path: str, gz: bool, settings: RawSettings) -> None:
+def check_utf8(path: str, compression: str | None, settings: RawSettings) -> None:
     """Raises Rejected when the file is not UTF-8 (streaming, so big files are never held in memory)."""
     dec = codecs.getincrementaldecoder("utf-8")()
     consumed, lines = 0, 1
-    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+    with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         while True:
             chunk = f.read(CHUNK)
             try:
@@ -36,8 +36,8 @@ def _too_large(settings: RawSettings, what: str) -> str:
     return f"{what} longer than max_record_bytes ({settings.max_record_bytes}); skipped unread"
 
 
-def _read_whole(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+def _read_whole(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
+    with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         data = f.read_record()
     if isinstance(data, Oversized):
         yield Bad("index", 0, "record_too_large", _too_large(settings, "file"), snip(data))
@@ -48,16 +48,16 @@ def _read_whole(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | 
         yield Bad("index", 0, e.reason, e.detail, snip(data))
 
 
-def _read_blocks(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
+def _read_blocks(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
     try:
-        check_utf8(path, gz, settings)  # a .txt that is not UTF-8 is rejected whole, before any of its blocks
+        check_utf8(path, compression, settings)  # a .txt that is not UTF-8 is rejected whole, before any of its blocks
     except Rejected as e:
         yield Bad("line", e.line, e.reason, e.detail, "")
         return
     # a block over the limit is dropped as it grows (`oversized` keeps its first line for the snippet) and
     # skipped up to its end
     block, start, size, oversized = [], 0, 0, None
-    with open_source(path, gz, settings.max_file_bytes, settings.max_record_bytes) as f:
+    with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         for n, raw in enumerate(f.lines(), 1):
             if isinstance(raw, Oversized):
                 line = raw.decode("utf-8", errors="replace")
@@ -86,5 +86,9 @@ def _read_blocks(path: str, gz: bool, settings: RawSettings) -> Iterator[Found |
         yield Found("line", start, "\n".join(block))
 
 
-def read_txt(path: str, gz: bool, settings: RawSettings) -> Iterator[Found | Bad]:
-    return _read_whole(path, gz, settings) if settings.txt_mode == "file" else _read_blocks(path, gz, settings)
+def read_txt(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
+    return (
+        _read_whole(path, compression, settings)
+        if settings.txt_mode == "file"
+        else _read_blocks(path, compression, settings)
+    )

@@ -1,10 +1,12 @@
-"""Opening source files (plain or gzip) with bounded reads, and what every reader yields: a value found, or a bad
+"""Opening source files (plain, gzip or zstd) with bounded reads, and what every reader yields: a value found, or a bad
 one with a reason.
 
 Hostile input must not hang the run or exhaust memory: a file is opened only when it is a regular file (a FIFO
-would block), every read counts the decompressed bytes against `max_file_bytes` (a .gz bomb stops there), lines
+would block), every read counts the decompressed bytes against `max_file_bytes` (a .gz or .zst bomb stops there), lines
 are read at most `max_record_bytes` at a time (a longer one is skipped in chunks, never held whole), and JSON
-nested deeper than MAX_JSON_DEPTH is refused before any stage recurses into it.
+nested deeper than MAX_JSON_DEPTH is refused before any stage recurses into it. Compressed data that cannot be
+decoded (corrupt, truncated, not of its format) raises CorruptInput naming where it failed; what was read before
+stays read.
 """
 
 from __future__ import annotations
@@ -14,11 +16,17 @@ import contextlib
 import gzip
 import os
 import stat
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+try:  # Python 3.14+
+    from compression import zstd
+except ImportError:
+    from backports import zstd
 
 SNIPPET_CHARS = 200
 SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of an oversized line
@@ -60,6 +68,14 @@ class FileTooLarge(Exception):
     """More than `max_file_bytes` decompressed bytes were read from one file."""
 
 
+class CorruptInput(OSError):
+    """Compressed data that cannot be decoded, with the compressed and decompressed byte where it failed."""
+
+
+# what a decompressor raises on bad data: truncated (EOFError), corrupt gzip (BadGzipFile, zlib.error), corrupt zstd
+DECODE_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error, zstd.ZstdError)
+
+
 class Oversized(bytes):
     """The start of a line longer than the record limit (the rest was skipped unread into memory)."""
 
@@ -67,9 +83,17 @@ class Oversized(bytes):
 class SourceStream:
     """A source file's decompressed bytes, read in bounded pieces and counted against a per-file limit."""
 
-    def __init__(self, f, max_file_bytes: int, max_record_bytes: int):
+    def __init__(self, f, max_file_bytes: int, max_record_bytes: int, raw=None):
         self._f, self.max_file_bytes, self.max_record_bytes = f, max_file_bytes, max_record_bytes
+        self._raw = raw
+        """The compressed file under `f` (None when `f` is plain): its position locates a decoding error."""
         self.bytes_read = 0
+
+    def _corrupt(self, e: Exception) -> CorruptInput:
+        return CorruptInput(
+            f"{type(e).__name__}: {e} (near compressed byte {self._raw.tell()}, after {self.bytes_read} "
+            "decompressed bytes); the rest of the file was not read"
+        )
 
     def _count(self, data: bytes) -> bytes:
         self.bytes_read += len(data)
@@ -82,7 +106,10 @@ class SourceStream:
 
     def read(self, n: int) -> bytes:
         """Up to n bytes (fewer only at the end of the file)."""
-        return self._count(self._f.read(min(n, self.max_file_bytes - self.bytes_read + 1)))
+        try:
+            return self._count(self._f.read(min(n, self.max_file_bytes - self.bytes_read + 1)))
+        except DECODE_ERRORS as e:
+            raise self._corrupt(e) from e
 
     def read_record(self) -> bytes | Oversized:
         """The rest of the file as one record, or its start as Oversized when it exceeds `max_record_bytes`."""
@@ -91,6 +118,12 @@ class SourceStream:
 
     def lines(self) -> Iterator[bytes | Oversized]:
         """Each line with its line break; a line over `max_record_bytes` (break excluded) comes as Oversized."""
+        try:
+            yield from self._lines()
+        except DECODE_ERRORS as e:
+            raise self._corrupt(e) from e
+
+    def _lines(self) -> Iterator[bytes | Oversized]:
         limit = self.max_record_bytes
         readline = self._f.readline
         while True:
@@ -124,19 +157,30 @@ def file_type(mode: int) -> str | None:
 
 
 @contextlib.contextmanager
-def open_source(path: str, gz: bool, max_file_bytes: int, max_record_bytes: int) -> Iterator[SourceStream]:
-    """The file as a bounded stream, decompressed when gzipped. Opened non-blocking and checked again after
-    opening, so a file swapped for a FIFO after discovery fails (OSError) instead of blocking the run."""
+def open_regular(path: str) -> Iterator:
+    """The file opened for binary reading, non-blocking and checked again after opening, so a file swapped for a
+    FIFO after discovery fails (OSError) instead of blocking the run."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     with open(fd, "rb") as raw:
         kind = file_type(os.fstat(fd).st_mode)
         if kind is not None:
             raise OSError(f"{path} is {kind}, not a regular file")
-        if gz:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-                yield SourceStream(f, max_file_bytes, max_record_bytes)
-        else:
+        yield raw
+
+
+@contextlib.contextmanager
+def open_source(
+    path: str, compression: str | None, max_file_bytes: int, max_record_bytes: int
+) -> Iterator[SourceStream]:
+    """The file as a bounded stream, decompressed when `compression` is "gz" or "zst" (discover.reader_kind). A
+    .zst file may hold several frames (Dolma, RedPajama); a frame needing a window over 128 MiB (zstd's default
+    limit) is refused as corrupt rather than allocated."""
+    with open_regular(path) as raw:
+        if compression is None:
             yield SourceStream(raw, max_file_bytes, max_record_bytes)
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gz" else zstd.ZstdFile(raw, mode="rb") as f:
+            yield SourceStream(f, max_file_bytes, max_record_bytes, raw)
 
 
 def too_deep(value, limit: int = MAX_JSON_DEPTH) -> bool:
