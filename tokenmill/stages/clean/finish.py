@@ -19,6 +19,7 @@ from tokenmill.common.io import JsonlWriter, dumps, line_ids, loads
 from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.stages.clean.boilerplate import BoilerplateTable
 from tokenmill.stages.clean.filters import first_failure, record_filters
+from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language
 from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.prepare import coerce_text
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
@@ -59,6 +60,8 @@ class FinishResult:
     """The shard's bytes and CRC-32, computed as it was written."""
     ids: np.ndarray | None
     """Its records' ids (io.line_ids), None when a line does not start with one."""
+    languages: dict
+    """language -> [records, characters] of the records written (empty when identification is off)."""
 
 
 class _Stripper:
@@ -68,6 +71,7 @@ class _Stripper:
         self.table = BoilerplateTable(table, s.bp_threshold) if table is not None else None
         self.wanted = table.hash if table is not None else None
         self.filters = record_filters(s)
+        self.language = LanguageRule(s.languages, s.min_language_score) if s.language_id else None
         self.stripped: dict[int, list] = {}
 
     def _hit_docs(self, b: StagedBatch) -> tuple[list[int], np.ndarray, list[int]]:
@@ -99,6 +103,10 @@ class _Stripper:
                     entry[0] += 1
             before, rec["text"] = rec["text"], text
             reject = first_failure(text, self.filters)
+            if reject is None and self.language is not None:  # identified again on the text as written
+                b.languages[i] = identify_languages([text])[0]
+                rec = with_language(rec, *b.languages[i])
+                reject = self.language.check(*b.languages[i])
             b.out_lines[i] = dumps(rec).encode("utf-8")
             b.len_out[i] = len(text)
             extra = f" (after stripping {len(gone)} boilerplate lines)"
@@ -113,7 +121,7 @@ def finish_task(task: FinishTask) -> FinishResult:
     timer = Timer()
     stripper = _Stripper(task.boilerplate, task.settings)
     examples = Examples(task.settings.examples)
-    reasons, strip_hist, len_all = Counter(), Counter(), []
+    reasons, strip_hist, len_all, languages = Counter(), Counter(), [], {}
     samples = ReasonSamples()
     docs_in = docs_out = chars_out = size = crc = 0
     ids: list[np.ndarray] | None = []
@@ -137,6 +145,10 @@ def finish_task(task: FinishTask) -> FinishResult:
                     rej.count += 1
                     continue
                 kept.append(b.out_lines[i])
+                if b.languages[i] is not None:
+                    figures = languages.setdefault(b.languages[i][0], [0, 0])
+                    figures[0] += 1
+                    figures[1] += b.len_out[i]
                 chars_out += b.len_out[i]
                 len_all.append(b.len_out[i])
                 strip_hist[min(n_stripped.get(i, 0), 5)] += 1
@@ -167,4 +179,5 @@ def finish_task(task: FinishTask) -> FinishResult:
         size,
         crc,
         None if ids is None else np.concatenate(ids or [np.zeros(0, np.uint64)]),
+        languages,
     )

@@ -18,6 +18,7 @@ from tokenmill.common.io import dumps, json_parser
 from tokenmill.errors import CorruptOutputError
 from tokenmill.stages.clean import repair as R
 from tokenmill.stages.clean.filters import check_too_long, record_filters
+from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language
 from tokenmill.stages.clean.line_stats import LineStats, LineTable
 from tokenmill.stages.clean.metadata import extract_metadata
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
@@ -63,6 +64,8 @@ class Prepared:
     """The input text, when the record changed."""
     kind: str | None
     """Kind of change for the examples: "metadata" or "repair"."""
+    language: tuple | None = None
+    """(code, score) of a record the filters kept, when language identification is on."""
 
 
 @dataclass
@@ -252,12 +255,22 @@ def _filter(entries: list[Prepared], filters, timer: Timer) -> None:
         timer.lap(name)
 
 
+def _identify(entries: list[Prepared], rule: LanguageRule, timer: Timer) -> None:
+    """The language of each entry the filters kept (one call per batch), then the language rule on it."""
+    live = [e for e in entries if e.reject is None]
+    for e, found in zip(live, identify_languages([e.text for e in live])):
+        e.language = found
+        e.reject = rule.check(*found)
+    timer.lap("identify_language")
+
+
 def prepare_task(task: PrepareTask) -> PrepareResult:
     """Pass 1 on one shard (see the module docstring)."""
     s = task.settings
     timer, counts = Timer(), Counter()
     stats = LineStats(s.bp_edge_frac)
     filters = record_filters(s)
+    language = LanguageRule(s.languages, s.min_language_score) if s.language_id else None
     examples = Examples(s.examples)
     len_in, chars_in = [], 0
     with open(task.stage, "wb") as stage:
@@ -265,6 +278,8 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             timer.lap("read_json")
             entries = prepare_batch(batch, s, timer, counts)
             _filter(entries, filters, timer)
+            if language is not None:
+                _identify(entries, language, timer)
             if s.boilerplate:
                 hashes, per_doc = stats.add_documents([e.text for e in entries if e.text])
                 it = iter(per_doc.tolist())
@@ -272,16 +287,18 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             else:
                 hashes, n_lines = np.zeros(0, np.uint64), [0] * len(entries)
             timer.lap("line_stats")
-            staged = StagedBatch([], [], [], n_lines, hashes.tobytes())
+            staged = StagedBatch([], [], [], n_lines, hashes.tobytes(), [e.language for e in entries])
             for (line, rec), e in zip(batch, entries):
                 len_in.append(e.chars_in)
                 chars_in += e.chars_in
-                if e.new is not None and e.text:
+                if e.language is not None:  # the examples show the rules' changes, without the language fields
+                    staged.out_lines.append(dumps(with_language(e.new or rec, *e.language)).encode("utf-8"))
+                elif e.new is not None and e.text:
                     staged.out_lines.append(dumps(e.new).encode("utf-8"))
-                    if e.reject is None:
-                        examples.add(e.kind, e.new, e.before, e.text, old=rec)
                 else:
                     staged.out_lines.append(line)
+                if e.new is not None and e.text and e.reject is None:
+                    examples.add(e.kind, e.new, e.before, e.text, old=rec)
                 staged.rej_lines.append(None if e.reject is None else rejected_line(e.new or rec, e.reject))
                 staged.len_out.append(len(e.text))
             timer.lap("write_json")

@@ -28,6 +28,7 @@ RULES = (
     "filter_too_short",
     "filter_placeholder_glyphs",
     "filter_repetition",
+    "identify_language",
     "write_json",
 )
 # length histogram buckets (characters): [0,10), [10,20), ... [10000, inf)

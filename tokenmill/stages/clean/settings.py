@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tokenmill.settings import StageSettings
+from tokenmill.stages.clean.language import check_languages
 
 
 class CleanSettings(StageSettings):
@@ -95,10 +96,32 @@ class CleanSettings(StageSettings):
     )
     max_top_3gram_frac: float = Field(0.60, ge=0.0, le=1.0, description="As max_top_2gram_frac, for 3-grams")
     max_top_4gram_frac: float = Field(0.60, ge=0.0, le=1.0, description="As max_top_2gram_frac, for 4-grams")
+    language_id: bool = Field(
+        True,
+        description="Identify each kept record's language (meta.language, ISO 639-1 where one exists, else ISO "
+        "639-3; meta.language_score 0..1) with fastText lid.176",
+    )
+    languages: list[str] = Field(
+        [],
+        description="Language codes to keep (e.g. ['en', 'de']); others are rejected ('language'). Empty keeps all",
+    )
+    min_language_score: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Reject records whose language score is below this ('language'); 0 keeps all",
+    )
     examples: int = Field(6, ge=0, le=1000, description="Before/after examples kept in _stats.json")
+
+    @field_validator("languages")
+    @classmethod
+    def _known_languages(cls, codes: list[str]) -> list[str]:
+        return check_languages(codes) if codes else codes
 
     @model_validator(mode="after")
     def _check_combinations(self) -> CleanSettings:
+        if not self.language_id and (self.languages or self.min_language_score):
+            raise ValueError("languages and min_language_score need language_id on")
         if self.max_chars and self.min_chars > self.max_chars:
             raise ValueError(
                 f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars}) "

@@ -22,9 +22,11 @@ class StagedBatch:
     """How many line hashes each record has in `hashes` (0 when boilerplate detection is off)."""
     hashes: bytes
     """uint64 hashes of every record's non-blank lines, record after record."""
+    languages: list[tuple | None]
+    """Each record's (language, score), None when not identified (rejected before, or identification off)."""
 
     def dump(self, f: BinaryIO) -> None:
-        marshal.dump((self.out_lines, self.rej_lines, self.len_out, self.n_lines, self.hashes), f)
+        marshal.dump((self.out_lines, self.rej_lines, self.len_out, self.n_lines, self.hashes, self.languages), f)
 
     @classmethod
     def load_all(cls, f: BinaryIO) -> Iterator[StagedBatch]:
@@ -36,8 +38,8 @@ class StagedBatch:
 
 
 def rejected_line(rec: dict, reject: tuple, extra: str = "") -> bytes:
-    """The _rejected.jsonl line of a record failing a filter: id, source, reason, detail."""
-    reason, detail = reject
-    return dumps({"id": rec.get("id"), "source": rec.get("source"), "reason": reason, "detail": detail + extra}).encode(
-        "utf-8"
-    )
+    """The _rejected.jsonl line of a record failing a filter: id, source, reason, detail, and the rule's evidence
+    fields when it gives some (reject = (reason, detail) or (reason, detail, evidence))."""
+    reason, detail, *evidence = reject
+    entry = {"id": rec.get("id"), "source": rec.get("source"), "reason": reason, "detail": detail + extra}
+    return dumps(entry | evidence[0] if evidence else entry).encode("utf-8")
