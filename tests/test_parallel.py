@@ -101,7 +101,7 @@ def test_a_run_computing_locally_starts_its_workers_before_its_first_step():
 
     from resources import Compute
 
-    parallel._close_pool()
+    parallel.close_workers()
     workers_at_step_start = []
 
     @dg.asset
@@ -110,9 +110,47 @@ def test_a_run_computing_locally_starts_its_workers_before_its_first_step():
 
     assert dg.materialize([probe], resources={"compute": Compute(workers=2)}).success
     assert workers_at_step_start == [2]
+    assert parallel._pool is None, "the run's pool outlived the run"
 
 
-def test_a_process_using_the_pool_freezes_its_heap_at_exit_after_closing_the_pool():
+def test_a_run_refused_at_set_up_closes_the_pool_it_started():
+    import dagster as dg
+
+    from resources import Compute
+
+    class Refused(dg.ConfigurableResource):  # initialized after `compute` (resource keys in order)
+        def setup_for_execution(self, context) -> None:
+            raise ValueError("refused at set-up")
+
+    @dg.asset
+    def probe(compute: Compute, refused: Refused) -> None: ...
+
+    resources = {"compute": Compute(workers=2), "refused": Refused()}
+    assert not dg.materialize([probe], resources=resources, raise_on_error=False).success
+    assert parallel._pool is None
+
+
+def test_a_process_started_by_multiprocessing_exits_after_using_the_pool(tmp_path):
+    """Dagster's run process is a multiprocessing child: it joins its non-daemon children (the workers) before its
+    atexit hooks run, so a pool still open at its end kept it and its workers alive forever."""
+    script = textwrap.dedent("""
+        import multiprocessing
+        from tokenmill.common.parallel import map_ordered
+        def run():
+            assert list(map_ordered(abs, [-1, -2], workers=2)) == [1, 2]
+        if __name__ == "__main__":
+            process = multiprocessing.get_context("spawn").Process(target=run)
+            process.start()
+            process.join(30)
+            print(process.exitcode)
+            process.kill()
+    """)
+    (tmp_path / "run.py").write_text(script)
+    out = subprocess.run([sys.executable, str(tmp_path / "run.py")], cwd=REPO, capture_output=True, text=True)
+    assert out.stdout.strip() == "0", out.stderr[-2000:]
+
+
+def test_a_process_using_the_pool_freezes_its_heap_at_exit():
     """The interpreter's final collections skip a frozen heap (0.4-0.6 s at the end of every run process)."""
     script = textwrap.dedent(
         """

@@ -6,6 +6,7 @@ Dagster's console log is kept to warnings: the runs' events are in the instance 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 from tokenmill.batches import PARTITIONS_NAME, read_registry, register_new_files, start_generation
 from tokenmill.common.io import read_json, remove_stage
 from tokenmill.common.lock import DataRootLock
-from tokenmill.common.parallel import start_workers
+from tokenmill.common.parallel import workers_kept
 from tokenmill.errors import ConfigError, SourceError, TokenmillError
 from tokenmill.stages.raw.discover import source_state
 from tokenmill_loader.format import DATASET_FILE
@@ -132,8 +133,14 @@ def run_batches(job, instance, keys: list[str], run_config: dict | None = None, 
 
 
 def update(config_path: str | None = None, rebuild: bool = False) -> int:
-    if not os.environ.get("TOKENMILL_RAY_ADDRESS"):  # a Ray run's tasks go to the cluster, not to local workers
-        start_workers()  # they spawn while Dagster and the definitions import (~2 s)
+    # One worker pool for every batch's run, spawning while Dagster and the definitions import (~2 s); a Ray run's
+    # tasks go to the cluster, not to local workers.
+    ray = bool(os.environ.get("TOKENMILL_RAY_ADDRESS"))
+    with contextlib.nullcontext() if ray else workers_kept():
+        return _update(config_path, rebuild)
+
+
+def _update(config_path: str | None, rebuild: bool) -> int:
     import dagster as dg
 
     instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()

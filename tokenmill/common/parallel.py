@@ -8,6 +8,7 @@ import concurrent.futures
 import contextlib
 import gc
 import multiprocessing
+import multiprocessing.util
 import os
 import sys
 import threading
@@ -156,6 +157,26 @@ def start_workers(workers: int | None = None) -> None:
                 pool.submit(_ready)
 
 
+_holders = 0  # open workers_kept blocks: the last to leave closes the pool
+
+
+@contextlib.contextmanager
+def workers_kept(workers: int | None = None) -> Iterator[None]:
+    """Starts the local worker pool now (start_workers) and keeps it for the block, then shuts it down: the pool
+    lives as long as the run (the Compute resource) or the command (`tokenmill update`, around all its runs) that
+    holds it. Nested blocks share it; the outermost closes it. Without a holder (plain library calls), the pool
+    map_ordered starts is closed when the process exits."""
+    global _holders
+    start_workers(workers)
+    _holders += 1
+    try:
+        yield
+    finally:
+        _holders -= 1
+        if not _holders:
+            close_workers()
+
+
 _pool: ProcessPoolExecutor | None = None
 _pool_key: tuple | None = None
 
@@ -169,7 +190,7 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
     global _pool, _pool_key
     key = (workers, tuple(sorted(os.environ.items())), os.getcwd(), tuple(sys.path))
     if _pool is not None and (_pool_key != key or _pool._broken):
-        _close_pool()
+        close_workers()
     if _pool is None:
         _pool = ProcessPoolExecutor(
             max_workers=workers,
@@ -181,18 +202,25 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
     return _pool
 
 
-@atexit.register
-def _skip_final_collections() -> None:
-    """At exit (after the pool has closed: atexit runs last-registered first), the heap moves to the collector's
-    permanent generation, so the interpreter's final collections skip it: they took 0.4-0.6 s of a run process that
-    imported Dagster, pandas and pyarrow, and a worker's took the pool's shutdown as long, both at the end of every
-    run. Reference counting still frees what module teardown releases; the OS takes the rest."""
-    gc.freeze()
-
-
-@atexit.register
-def _close_pool() -> None:
+def close_workers() -> None:
+    """Shuts the pool down and waits for its workers to exit (~20 ms: a step's tasks are already done or cancelled)."""
     global _pool
     if _pool is not None:
         _pool.shutdown(wait=True, cancel_futures=True)
         _pool = None
+
+
+# The last resort for a pool nobody closed. Not atexit: a process that multiprocessing started (Dagster's run
+# process is one) joins its non-daemon children, the pool's workers, before its atexit hooks run, and would wait
+# for them forever. multiprocessing's exit finalizers run before that join (and from its atexit hook in any other
+# process), highest priority first: above 10, the pool's queues still carry the workers' stop signals.
+multiprocessing.util.Finalize(None, close_workers, exitpriority=100)
+
+
+@atexit.register
+def _skip_final_collections() -> None:
+    """At exit, the heap moves to the collector's permanent generation, so the interpreter's final collections skip
+    it: they took 0.4-0.6 s of a run process that imported Dagster, pandas and pyarrow, and as long in each worker,
+    both at the end of every run. Reference counting still frees what module teardown releases; the OS takes the
+    rest. It cannot block: by then the workers are gone (see close_workers)."""
+    gc.freeze()
