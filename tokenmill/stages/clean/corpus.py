@@ -27,13 +27,16 @@ from tokenmill.common.progress import Progress
 from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.clean.boilerplate import merge_line_stats, prune_candidates
+from tokenmill.stages.clean.decontam import CACHE_DIR as DECONTAM_CACHE
+from tokenmill.stages.clean.decontam import ContaminationIndex, prepare_indexes
 from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
 from tokenmill.stages.clean.line_stats import LineTable
+from tokenmill.stages.clean.pii import KINDS as PII_KINDS
 from tokenmill.stages.clean.prepare import PrepareResult, PrepareTask, prepare_task
 from tokenmill.stages.clean.report import LENGTH_BUCKETS, RULES, bucket_labels, pick_examples
 from tokenmill.stages.clean.settings import CleanSettings
 
-REASONS = ("too_long", "empty", "too_short", "placeholder_glyphs", "repetition", "language")
+REASONS = ("too_long", "empty", "too_short", "placeholder_glyphs", "repetition", "language", "contamination")
 # input size from which both passes run on the workers (below it, starting a pool costs more than it saves;
 # above it, pass 2 finds the pool pass 1 started: 0.9 s in this process vs 0.5 s on 2 workers for 355k poems)
 POOL_MIN_BYTES = 8 << 20
@@ -125,12 +128,19 @@ class Totals:
                 self.stripped[h] = [n, line, info]
 
 
-def run_pass1(paths: list[ShardPaths], s: CleanSettings, totals: Totals, workers: int, log) -> list[LineTable]:
+def run_pass1(
+    paths: list[ShardPaths],
+    s: CleanSettings,
+    totals: Totals,
+    workers: int,
+    log,
+    contamination: ContaminationIndex | None = None,
+) -> list[LineTable]:
     """Rules 0-6 and 8, line statistics, staging; returns each shard's line statistics."""
     progress = Progress(
         "cleaned_jsonl pass 1 (repair, metadata, filters, line statistics)", total=len(paths), unit="shards", log=log
     )
-    tasks = [PrepareTask(str(p.shard), str(p.stage), s) for p in paths]
+    tasks = [PrepareTask(str(p.shard), str(p.stage), s, contamination) for p in paths]
     parts = []
     for res in map_ordered(prepare_task, tasks, workers):
         totals.add_prepared(res)
@@ -217,7 +227,13 @@ def _language_stats(s: CleanSettings, totals: Totals) -> dict:
 
 
 def build_stats(
-    s: CleanSettings, merged: LineTable | None, totals: Totals, shards: int, workers: int | None, t0: float
+    s: CleanSettings,
+    merged: LineTable | None,
+    totals: Totals,
+    shards: int,
+    workers: int | None,
+    t0: float,
+    contamination: ContaminationIndex | None = None,
 ) -> dict:
     work = sum(totals.seconds.values()) or 1.0
     reasons, counts = totals.reasons, totals.counts
@@ -235,11 +251,18 @@ def build_stats(
                 "control_chars_removed",
                 "docs_meta_extracted",
                 "meta_lines_extracted",
+                "docs_pii_masked",
+                *(f"pii_{kind}" for kind in PII_KINDS),
             )
         },
         "chars_in": totals.chars_in,
         "chars_out": totals.chars_out,
         "boilerplate": _boilerplate_stats(s, merged, totals),
+        "flagged_contamination": counts.get("flagged_contamination", 0),
+        "decontamination": {
+            "mode": s.decontaminate_mode,
+            "files": contamination.report(counts) if contamination is not None else [],
+        },
         **_language_stats(s, totals),
         "length_buckets": bucket_labels(),
         "length_hist_before": totals.hist_in.tolist(),
@@ -257,10 +280,17 @@ def build_stats(
 
 
 def clean_corpus(
-    in_dir: Path, out_dir: Path, settings: CleanSettings | None = None, workers: int | None = None, log=None
+    in_dir: Path,
+    out_dir: Path,
+    settings: CleanSettings | None = None,
+    workers: int | None = None,
+    log=None,
+    cache_dir: Path | None = None,
 ) -> dict:
     """Cleans every `in_dir/part-*.jsonl` into `out_dir` (same shard names) with `_rejected.jsonl` and
-    `_stats.json`; returns the stats. See the package docstring for the rules and their order."""
+    `_stats.json`; returns the stats. See the package docstring for the rules and their order. The evaluation
+    sets' decontamination indexes are cached in `cache_dir` (default: `_decontam_cache` beside `out_dir`, i.e.
+    in the stage folder for a batch's output)."""
     t0 = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     if not in_dir.is_dir():
@@ -269,13 +299,14 @@ def clean_corpus(
         )
     # the plain class, also for the asset's config: workers never import the asset module (dagster)
     s = CleanSettings(**settings.model_dump()) if settings is not None else CleanSettings()
+    contamination = prepare_indexes(s, Path(cache_dir or out_dir.parent / DECONTAM_CACHE), log)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [ShardPaths.of(p, out_dir) for p in record_shards(in_dir)]
     totals = Totals()
     pooled = sum(p.shard.stat().st_size for p in paths) >= POOL_MIN_BYTES
     task_workers = (default_workers() if workers is None else workers) if pooled else 1
     try:
-        parts = run_pass1(paths, s, totals, task_workers, log)
+        parts = run_pass1(paths, s, totals, task_workers, log, contamination)
         t_merge = time.perf_counter()
         totals.pass_seconds["pass1"] = round(t_merge - t0, 3)
         merged = find_boilerplate(parts, s, totals)
@@ -288,7 +319,7 @@ def clean_corpus(
         for p in paths:
             p.stage.unlink(missing_ok=True)
             p.rejected.unlink(missing_ok=True)
-    stats = build_stats(s, merged, totals, len(paths), workers, t0)
+    stats = build_stats(s, merged, totals, len(paths), workers, t0, contamination)
     if stats["docs_in"] != stats["docs_out"] + stats["rejected"]:  # a bug, never expected: say so loudly
         raise RuntimeError(
             f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + {stats['rejected']} rejected"

@@ -21,6 +21,7 @@ from tokenmill.stages.clean.boilerplate import BoilerplateTable
 from tokenmill.stages.clean.filters import first_failure, record_filters
 from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language
 from tokenmill.stages.clean.line_stats import LineTable
+from tokenmill.stages.clean.pii import mask_text
 from tokenmill.stages.clean.prepare import coerce_text
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
 from tokenmill.stages.clean.settings import CleanSettings
@@ -139,6 +140,7 @@ def finish_task(task: FinishTask) -> FinishResult:
                     reasons[entry["reason"]] += 1
                     if samples.wants(entry["reason"]):  # the text as it stood when the rule rejected it
                         text = coerce_text(loads(b.out_lines[i]).get("text"))
+                        text = mask_text(text, task.settings)  # a record rejected before masking holds its input
                         samples.add(entry["reason"], (rej.count, with_text(entry, text)))
                     rej_b.write(r)
                     rej_b.write(b"\n")

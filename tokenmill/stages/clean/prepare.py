@@ -17,10 +17,12 @@ import numpy as np
 from tokenmill.common.io import dumps, json_parser
 from tokenmill.errors import CorruptOutputError
 from tokenmill.stages.clean import repair as R
+from tokenmill.stages.clean.decontam import ContaminationIndex
 from tokenmill.stages.clean.filters import check_too_long, record_filters
 from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language
 from tokenmill.stages.clean.line_stats import LineStats, LineTable
 from tokenmill.stages.clean.metadata import extract_metadata
+from tokenmill.stages.clean.pii import masker_for
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
 from tokenmill.stages.clean.settings import CleanSettings
 from tokenmill.stages.clean.staging import StagedBatch, rejected_line
@@ -37,6 +39,8 @@ class PrepareTask:
     stage: str
     """Where its StagedBatch stream goes (removed by pass 2)."""
     settings: CleanSettings
+    contamination: ContaminationIndex | None = None
+    """The evaluation sets' cached indexes (paths: each worker maps them), None when decontamination is off."""
 
 
 @dataclass
@@ -143,6 +147,9 @@ def repair_batch(b: _Batch, s: CleanSettings, timer: Timer, counts: Counter) -> 
     for i in flagged:
         texts[i] = R.normalize_whitespace(texts[i])
     timer.lap("normalize_whitespace")
+    if s.pii_mask:  # before metadata extraction: a header line moves into meta masked
+        masker_for(s).mask_batch(texts, live, counts)
+    timer.lap("mask_pii")
     if s.extract_metadata:
         for i in live:
             texts[i], b.metas[i], n = extract_metadata(texts[i], b.metas[i], s.max_header_lines)
@@ -159,18 +166,21 @@ def _clean_meta(meta, form: str) -> dict:
     return {k: R.clean_meta_value(v, form) for k, v in meta.items()}
 
 
-def _clean_special(rec: dict, s: CleanSettings) -> None:
+def _clean_special(rec: dict, s: CleanSettings, counts: Counter) -> None:
     """sft/dpo/grpo string fields get the repair rules (no filters: the record's text stands for them)."""
 
+    masker = masker_for(s)
+
     def fix(v):
-        if not isinstance(v, str) or not R.needs_repair(v):
+        if not isinstance(v, str):
             return v
-        v, _ = R.repair_surrogates(v)
-        if s.fix_mojibake:
-            v, _ = R.repair_mojibake(v)
-        v = R.normalize_unicode(v, s.normalization)
-        v, _ = R.strip_control_chars(v)
-        return v
+        if R.needs_repair(v):
+            v, _ = R.repair_surrogates(v)
+            if s.fix_mojibake:
+                v, _ = R.repair_mojibake(v)
+            v = R.normalize_unicode(v, s.normalization)
+            v, _ = R.strip_control_chars(v)
+        return v if masker is None else masker.mask(v, counts)
 
     for k in SPECIAL_TEXT_KEYS:
         if k not in rec:
@@ -190,7 +200,9 @@ def _meta_strings(meta: dict) -> str:
         return "\n".join(v for v in meta.values() if isinstance(v, str))
 
 
-def _assemble(rec: dict, text: str, original: str, meta: dict, moved: bool, s: CleanSettings) -> Prepared:
+def _assemble(
+    rec: dict, text: str, original: str, meta: dict, moved: bool, s: CleanSettings, counts: Counter
+) -> Prepared:
     """The record after rules 1-6: rebuilt (id, text, meta, source, then its other fields) only when it changed."""
     if meta and R.meta_value_needs_cleaning(_meta_strings(meta) + "\n.", s.normalization):
         meta = _clean_meta(meta, s.normalization)
@@ -205,7 +217,7 @@ def _assemble(rec: dict, text: str, original: str, meta: dict, moved: bool, s: C
                 new[k] = v
         if special:
             before = {k: rec[k] for k in special}
-            _clean_special(new, s)
+            _clean_special(new, s, counts)
             changed = changed or any(new[k] != v for k, v in before.items())
     return Prepared(
         new if changed else None,
@@ -235,7 +247,7 @@ def prepare_batch(batch: list[tuple[bytes, dict]], s: CleanSettings, timer: Time
                 Prepared({"id": rec.get("id"), "source": rec.get("source")}, "", reject, len(originals[i]), None, None)
             )
         else:
-            entries.append(_assemble(rec, texts[i], originals[i], b.metas[i], i in b.meta_moved, s))
+            entries.append(_assemble(rec, texts[i], originals[i], b.metas[i], i in b.meta_moved, s, counts))
     timer.lap("assemble_records")
     return entries
 
@@ -271,7 +283,7 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
     stats = LineStats(s.bp_edge_frac)
     filters = record_filters(s)
     language = LanguageRule(s.languages, s.min_language_score) if s.language_id else None
-    examples = Examples(s.examples)
+    examples = Examples(s.examples, masker_for(s))
     len_in, chars_in = [], 0
     with open(task.stage, "wb") as stage:
         for batch in read_batches(Path(task.shard)):
@@ -280,6 +292,9 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             _filter(entries, filters, timer)
             if language is not None:
                 _identify(entries, language, timer)
+            if task.contamination is not None:
+                task.contamination.screen(batch, entries, counts)
+                timer.lap("decontaminate")
             if s.boilerplate:
                 hashes, per_doc = stats.add_documents([e.text for e in entries if e.text])
                 it = iter(per_doc.tolist())

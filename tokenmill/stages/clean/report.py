@@ -18,6 +18,7 @@ RULES = (
     "normalize_unicode",
     "strip_control_chars",
     "normalize_whitespace",
+    "mask_pii",
     "extract_metadata",
     "assemble_records",
     "line_stats",
@@ -29,6 +30,7 @@ RULES = (
     "filter_placeholder_glyphs",
     "filter_repetition",
     "identify_language",
+    "decontaminate",
     "write_json",
 )
 # length histogram buckets (characters): [0,10), [10,20), ... [10000, inf)
@@ -86,7 +88,7 @@ def _diff_window(before: str, after: str) -> tuple[str, str]:
     return pre + _short(visible(before[start : start + window])), pre + _short(visible(after[start : start + window]))
 
 
-def _field_changes(old: dict, new: dict) -> tuple[str, str]:
+def _field_changes(old: dict, new: dict, mask=None) -> tuple[str, str]:
     """Before/after of the fields other than the text that changed (meta values, chat fields), one per line."""
     old_meta, new_meta = old.get("meta") or {}, new.get("meta") or {}
     fields = [(f"meta.{k}", old_meta.get(k), new_meta.get(k)) for k in dict.fromkeys([*old_meta, *new_meta])]
@@ -94,23 +96,32 @@ def _field_changes(old: dict, new: dict) -> tuple[str, str]:
     changed = [(name, a, b) for name, a, b in fields if a != b]
 
     def show(values) -> str:
-        return _short("\n".join(f"{name}: {visible(json.dumps(v, ensure_ascii=False))}" for name, v in values))
+        shown = "\n".join(f"{name}: {visible(json.dumps(v, ensure_ascii=False))}" for name, v in values)
+        return _short(shown if mask is None else mask.mask(shown))
 
     return show((name, a) for name, a, _ in changed), show((name, b) for name, _, b in changed)
 
 
 class Examples:
-    """A few before/after examples per kind of change (boilerplate, metadata, repair)."""
+    """A few before/after examples per kind of change (boilerplate, metadata, repair). `mask` (a pii.PiiMasker)
+    masks what an example shows of the input record: the output is masked already."""
 
-    def __init__(self, n: int):
-        self.n, self.by_kind = n, {}
+    def __init__(self, n: int, mask=None):
+        self.n, self.by_kind, self.mask = n, {}, mask
 
     def add(self, kind: str, rec: dict, before: str, after: str, old: dict | None = None) -> None:
         """`rec` is the record as written, `old` the input record: when the text is unchanged, the example shows
         the other fields that changed."""
         shelf = self.by_kind.setdefault(kind, [])
         if len(shelf) < self.n:
-            b, a = _diff_window(before, after) if before != after or old is None else _field_changes(old, rec)
+            if self.mask is not None:
+                before = self.mask.mask(before)
+            if before != after or old is None:
+                b, a = _diff_window(before, after)
+            else:
+                b, a = _field_changes(old, rec, self.mask)
+            if b == a:  # nothing to show once masked (the change was the masking)
+                return
             shelf.append(
                 {
                     "id": rec.get("id"),

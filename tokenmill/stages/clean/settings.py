@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tokenmill.settings import StageSettings
 from tokenmill.stages.clean.language import check_languages
+from tokenmill.stages.clean.pii import placeholder_problem
 
 
 class CleanSettings(StageSettings):
@@ -111,12 +112,67 @@ class CleanSettings(StageSettings):
         le=1.0,
         description="Reject records whose language score is below this ('language'); 0 keeps all",
     )
+    pii_mask: bool = Field(
+        True,
+        description="Replace e-mail and IP addresses in the text by placeholders before anything is written "
+        "(rules and near misses: tokenmill/stages/clean/pii.py)",
+    )
+    pii_phone: bool = Field(False, description="Also mask phone numbers (+<country> ..., (555) 123-4567)")
+    pii_ip_scope: Literal["public", "all"] = Field(
+        "public",
+        description="'public': mask globally routable IP addresses only (private, loopback, documentation ranges "
+        "identify no one); 'all': every address",
+    )
+    pii_email_placeholder: str = Field("<EMAIL>", min_length=1, max_length=64, description="Replaces an e-mail")
+    pii_ip_placeholder: str = Field("<IP_ADDRESS>", min_length=1, max_length=64, description="Replaces an IP")
+    pii_phone_placeholder: str = Field(
+        "<PHONE_NUMBER>", min_length=1, max_length=64, description="Replaces a phone number"
+    )
+    decontaminate: list[str] = Field(
+        [],
+        description="Evaluation files (.jsonl, .jsonl.gz, .json, .parquet; relative to the run's directory) whose "
+        "items no record may share an n-gram with (rules: tokenmill/stages/clean/decontam.py)",
+    )
+    decontaminate_field: str = Field(
+        "text",
+        min_length=1,
+        description="The evaluation items' text field; rows without it use the first of question, prompt, "
+        "problem, input, instruction, query, context, ctx, sentence, passage",
+    )
+    decontaminate_mode: Literal["drop", "flag"] = Field(
+        "drop",
+        description="'drop': a contaminated record is rejected ('contamination'); 'flag': it is kept with "
+        "meta.contamination naming the evaluation file and item",
+    )
+    decontaminate_words: int = Field(
+        13, ge=5, le=100, description="Words per n-gram for texts in space-separated scripts"
+    )
+    decontaminate_chars: int = Field(
+        50, ge=10, le=500, description="Characters per n-gram for CJK, Thai, ... texts (written without spaces)"
+    )
     examples: int = Field(6, ge=0, le=1000, description="Before/after examples kept in _stats.json")
 
     @field_validator("languages")
     @classmethod
     def _known_languages(cls, codes: list[str]) -> list[str]:
         return check_languages(codes) if codes else codes
+
+    @field_validator("pii_email_placeholder", "pii_ip_placeholder", "pii_phone_placeholder")
+    @classmethod
+    def _usable_placeholder(cls, placeholder: str) -> str:
+        problem = placeholder_problem(placeholder)
+        if problem:
+            raise ValueError(f"placeholder {placeholder!r} {problem}")
+        return placeholder
+
+    @field_validator("decontaminate")
+    @classmethod
+    def _distinct_files(cls, files: list[str]) -> list[str]:
+        if any(not f.strip() for f in files):
+            raise ValueError("an evaluation file path is empty")
+        if len(set(files)) != len(files):
+            raise ValueError("an evaluation file is named twice")
+        return files
 
     @model_validator(mode="after")
     def _check_combinations(self) -> CleanSettings:

@@ -1,0 +1,209 @@
+"""Rule 5b of cleaning, PII masking: e-mail addresses, IPv4/IPv6 addresses (and, when asked, phone numbers) replaced
+by placeholders before anything of the text is written (records, rejected samples, examples, later stages).
+
+What is masked, and the near misses a rule can tell apart (tests/test_pii.py has a case for each):
+
+- e-mail: `local@domain.tld`, the TLD 2-24 letters. Not masked: `user@localhost` (no dot), `@decorators` and
+  `@mentions` (no local part), `lodash@4.17.21` (numeric TLD), `a@b.T` (one-letter TLD), `icon@2x.png` (a one-label
+  domain ending in a file extension: retina images, `name@file.py`). An attribute in code such as `x@self.weight`
+  is masked: it cannot be told from an address.
+- IPv4: four decimal parts 0-255 without leading zeros, not inside a longer dotted number (`1.2.3.4.5`, `v1.2.3.4`).
+  Not masked: a version or section number by context (`version`/`ver`/`v`/`release`/`build`/`rev`/`firmware`/
+  `update`/`patch`/`kernel`/`section`/`chapter`/`§` just before it, or a `Product/` prefix as in
+  `Chrome/120.0.0.0`), a quad whose parts are all single digits (`1.2.3.4`, `3.1.4.1`: section and version numbers;
+  the public resolvers 1.1.1.1 and 8.8.8.8 identify no one), and with `pii_ip_scope: public` (the default) every
+  address that is not globally routable: private, loopback, link-local, documentation, multicast, reserved ranges.
+- IPv6: what `ipaddress` parses (`::` compression, an embedded IPv4 tail), with at least one digit; MAC addresses
+  (6 groups) and times (`12:30:45`) do not parse. The same scope rule.
+- phone (off by default, `pii_phone`): `+<country> ...` with 8-15 digits, and North American `(555) 123-4567`,
+  `555-123-4567`, `555.123.4567`. Not masked: dates (`2023-01-02`), number ranges, ISBNs.
+
+Masking is cheap on text that cannot hold any of these: each kind runs only after a C-speed precheck (`'@' in`,
+`'.' in` then a digit-dot search, `':' in` then a hex-colon search), so the chinese-poetry corpus (no '@', '.' or
+':') costs three substring tests per record. Placeholders are validated (settings) never to match a rule, so
+masking is idempotent: a masked text masks to itself (the samples and examples re-mask what they show).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+KINDS = ("email", "ip_address", "phone")  # the counters: pii_<kind> in _stats.json and the funnel
+
+EMAIL_RE = re.compile(
+    r"(?<![\w.%+-])[A-Za-z0-9](?:[A-Za-z0-9._%+-]{0,62}[A-Za-z0-9_%+-])?"  # local part, not ending with a dot
+    r"@((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)+)([A-Za-z]{2,24})(?![\w-]|\.[A-Za-z0-9]|@)"
+)
+# a one-label domain ending in one of these is a file name (icon@2x.png, name@file.py), not an address
+FILE_EXTENSIONS = frozenset(
+    "png jpg jpeg gif svg webp bmp ico tif tiff avif heic pdf js mjs ts tsx jsx css scss html htm php py rb go rs "
+    "java kt swift json xml yml yaml toml md rst txt csv log zip gz tgz tar bz2 xz 7z rar mp3 mp4 mov avi mkv wav "
+    "ogg flac exe dll so dylib bin dat woff woff2 ttf otf eot".split()
+)
+
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+IPV4_RE = re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\w|\.\d)")
+IPV6_RE = re.compile(
+    r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\w)"
+)
+# the words after which a dotted quad is a version or section number; a `Product/` prefix is a user-agent version
+VERSION_CONTEXT_RE = re.compile(
+    r"(?:\b(?:versions?|ver|v|releases?|build|rev|revision|firmware|update|patch|kernel|sections?|sec|chapter|ch)"
+    r"\.?\s*[:#]?\s*|§\s*|[A-Za-z][\w.-]*/)$",
+    re.IGNORECASE,
+)
+VERSION_CONTEXT_CHARS = 24  # characters before a dotted quad that VERSION_CONTEXT_RE looks at
+PHONE_RE = re.compile(
+    r"(?<![\w+.-])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,4}){1,4}"
+    r"|\(\d{3}\)[ ]?\d{3}[.-]\d{4}|\d{3}([.-])\d{3}\1\d{4})(?![\w-]|\.\d)"
+)
+PHONE_DIGITS = (8, 15)  # digits an international number has (E.164: at most 15)
+
+DIGIT_DOT_RE = re.compile(r"\d\.\d")
+HEX_COLON_RE = re.compile(r"[0-9A-Fa-f]?:[0-9A-Fa-f]{0,4}:")
+THREE_DIGITS_RE = re.compile(r"\d{3}")
+
+
+def _is_email(m: re.Match) -> bool:
+    domain, tld = m.group(1), m.group(2)
+    return not (domain.count(".") == 1 and tld.lower() in FILE_EXTENSIONS)
+
+
+def _in_scope(address: ipaddress.IPv4Address | ipaddress.IPv6Address, public_only: bool) -> bool:
+    return address.is_global or not public_only
+
+
+def _ipv4_checker(public_only: bool) -> Callable[[re.Match], bool]:
+    def is_ip(m: re.Match) -> bool:
+        text = m.string
+        if all(len(part) == 1 for part in m.group().split(".")):
+            return False
+        if VERSION_CONTEXT_RE.search(text, max(0, m.start() - VERSION_CONTEXT_CHARS), m.start()):
+            return False
+        return _in_scope(ipaddress.IPv4Address(m.group()), public_only)
+
+    return is_ip
+
+
+def _ipv6_checker(public_only: bool) -> Callable[[re.Match], bool]:
+    def is_ip(m: re.Match) -> bool:
+        candidate = m.group()
+        if not any(c.isdigit() for c in candidate):
+            return False
+        try:
+            address = ipaddress.IPv6Address(candidate)
+        except ValueError:
+            return False
+        return _in_scope(address, public_only)
+
+    return is_ip
+
+
+def _is_phone(m: re.Match) -> bool:
+    digits = sum(c.isdigit() for c in m.group())
+    return PHONE_DIGITS[0] <= digits <= PHONE_DIGITS[1] or not m.group().startswith("+")
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: str
+    pattern: re.Pattern
+    accept: Callable[[re.Match], bool]
+    placeholder: str
+    may_hold: Callable[[str], bool]
+    """The cheap precheck: False means the text cannot hold a match."""
+
+
+class PiiMasker:
+    """The enabled rules of one settings, in the order they run: e-mail (its domain may look like an IP), IPv6
+    (before IPv4, so an embedded IPv4 tail goes with its address), IPv4, phone."""
+
+    def __init__(self, phone: bool, public_ips_only: bool, email: str, ip: str, phone_placeholder: str):
+        rules = [
+            _Rule("email", EMAIL_RE, _is_email, email, lambda t: "@" in t),
+            _Rule(
+                "ip_address",
+                IPV6_RE,
+                _ipv6_checker(public_ips_only),
+                ip,
+                lambda t: ":" in t and HEX_COLON_RE.search(t) is not None,
+            ),
+            _Rule(
+                "ip_address",
+                IPV4_RE,
+                _ipv4_checker(public_ips_only),
+                ip,
+                lambda t: "." in t and DIGIT_DOT_RE.search(t) is not None,
+            ),
+        ]
+        if phone:
+            rules.append(
+                _Rule("phone", PHONE_RE, _is_phone, phone_placeholder, lambda t: THREE_DIGITS_RE.search(t) is not None)
+            )
+        self.rules = tuple(rules)
+
+    def mask(self, text: str, counts: Counter | None = None) -> str:
+        """`text` with every match replaced by its kind's placeholder; adds pii_<kind> per match to `counts`."""
+        for rule in self.rules:
+            if not rule.may_hold(text):
+                continue
+            found = 0
+
+            def replace(m: re.Match, rule: _Rule = rule) -> str:
+                nonlocal found
+                if not rule.accept(m):
+                    return m.group()
+                found += 1
+                return rule.placeholder
+
+            text = rule.pattern.sub(replace, text)
+            if found and counts is not None:
+                counts[f"pii_{rule.kind}"] += found
+        return text
+
+    def mask_batch(self, texts: list[str], live: list[int], counts: Counter) -> None:
+        """Masks `texts[i]` for each i in `live`, in place; counts the records changed as docs_pii_masked."""
+        for i in live:
+            masked = self.mask(texts[i], counts)
+            if masked != texts[i]:
+                texts[i] = masked
+                counts["docs_pii_masked"] += 1
+
+
+@lru_cache(maxsize=8)
+def _masker(phone: bool, public_ips_only: bool, email: str, ip: str, phone_placeholder: str) -> PiiMasker:
+    return PiiMasker(phone, public_ips_only, email, ip, phone_placeholder)
+
+
+def masker_for(settings) -> PiiMasker | None:
+    """The masker of a CleanSettings (one per process and settings), None when `pii_mask` is off."""
+    if not settings.pii_mask:
+        return None
+    return _masker(
+        settings.pii_phone,
+        settings.pii_ip_scope == "public",
+        settings.pii_email_placeholder,
+        settings.pii_ip_placeholder,
+        settings.pii_phone_placeholder,
+    )
+
+
+def mask_text(text: str, settings) -> str:
+    """`text` masked as the settings say (unchanged when masking is off): for what is shown of a record."""
+    masker = masker_for(settings)
+    return text if masker is None else masker.mask(text)
+
+
+def placeholder_problem(placeholder: str) -> str | None:
+    """Why a placeholder cannot be used (it would itself be masked, or breaks a line), None when it can."""
+    if "\n" in placeholder or "\r" in placeholder:
+        return "must be one line"
+    every_rule = PiiMasker(True, False, "\x00", "\x00", "\x00")
+    if every_rule.mask(placeholder) != placeholder:
+        return "looks like an address or phone number itself (it would be masked again)"
+    return None
