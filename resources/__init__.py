@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from tokenmill.batches import read_registry
 from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, activated
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import workers_kept
-from tokenmill.errors import ConfigError, SourceError
+from tokenmill.errors import ConfigError, DataRootBusyError, SourceError
 from tokenmill.settings import number_from_env, validate_run_settings
 
+PARTITION_TAG = "dagster/partition"  # the partition key of a run of one partition
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO_ROOT / "demo_corpus" / "source"
 DEFAULT_DATA = REPO_ROOT / "data"
@@ -41,13 +43,15 @@ class DataRoot(dg.ConfigurableResource):
     """The data root: every asset writes under <root>/<asset key>/.
 
     It is also the run's gate to that folder: set up once per run (every job runs in one process), it first
-    validates every stage's settings in the run config, then takes the data root's lock for the whole run, so
-    two runs on one data root never interleave (the second is refused, naming the holder, or waits)."""
+    validates every stage's settings in the run config and the run's tags (a tokenmill_all run names its batch, its
+    data root and its source), then takes the data root's lock for the whole run, so two runs on one data root
+    never interleave (the second is refused, naming the holder, or waits)."""
 
     root: str = Field(description="Folder for all asset outputs; env TOKENMILL_DATA, default ./data in the repo")
     lock_wait_seconds: float = Field(
         default=0.0,
         ge=0.0,
+        le=7 * 24 * 3600.0,  # a week: longer is a typo, and inf would wait forever
         description="Wait this long for another run holding the data root "
         "(env TOKENMILL_LOCK_WAIT), then fail naming it",
     )
@@ -56,14 +60,70 @@ class DataRoot(dg.ConfigurableResource):
     def path(self, asset_key: str) -> Path:
         return Path(self.root).expanduser().resolve() / asset_key
 
+    def usable(self, source: Path | None = None) -> Path:
+        """The data root, or a ConfigError in one line when it cannot be one: a file, a folder whose parent does
+        not exist (a typo more often than a wish for a new tree), or the folder of `source` (or one inside the data
+        root: the stages would ingest their own outputs)."""
+        root = self.path("")
+        if root.exists() and not root.is_dir():
+            raise ConfigError(f"TOKENMILL_DATA {root} is a file, not a folder: point TOKENMILL_DATA at a folder")
+        if not root.parent.is_dir():
+            raise ConfigError(
+                f"TOKENMILL_DATA {root}: its parent folder {root.parent} does not exist (create it, or fix the path)"
+            )
+        if source is not None and source.resolve().is_relative_to(root):
+            raise ConfigError(
+                f"TOKENMILL_SOURCE {source} is {'' if source.resolve() == root else 'inside '}the data root "
+                f"TOKENMILL_DATA {root}: the stages write their outputs there; keep the corpus outside the data root"
+            )
+        return root
+
+    def acquire(self, run_id: str, say: Callable[[str], None]) -> DataRootLock:
+        """The data root's lock for `run_id`; while another run holds it and lock_wait_seconds allows, says for whom
+        it waits. A folder it cannot write is a ConfigError in one line."""
+        lock = DataRootLock(self.path(""))
+        try:
+            try:
+                return lock.acquire(run_id)
+            except DataRootBusyError as busy:
+                if not self.lock_wait_seconds:
+                    raise
+                say(f"{str(busy).split(';')[0]}: waiting up to {self.lock_wait_seconds:g} s (TOKENMILL_LOCK_WAIT)")
+            return lock.acquire(run_id, wait_seconds=self.lock_wait_seconds)
+        except OSError as e:
+            raise ConfigError(f"TOKENMILL_DATA {self.path('')}: cannot write there ({e.strerror or e})") from None
+
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         run = context.run
         if run is None:  # built outside a run (tests calling an asset function directly)
             return
         validate_run_settings(run.run_config)
-        self._lock = DataRootLock(self.path("")).acquire(run.run_id, wait_seconds=self.lock_wait_seconds)
+        self.check_run_tags(run)
+        self._lock = self.acquire(run.run_id, context.log.warning)
         for action in recover_data_root(self.path("")):  # what an interrupted run left, now that no run is writing
             context.log.warning(f"recovered {self.path('')}: {action}")
+
+    def check_run_tags(self, run: dg.DagsterRun) -> None:
+        """Before anything is written: the data root and source a tokenmill_all run is tagged with (the code
+        location's own) are the ones this run would use, and the run names its source batch."""
+        from automation import DATA_ROOT_TAG, SOURCE_TAG, WHOLE_GRAPH_JOB  # automation imports this module
+
+        tagged_root = run.tags.get(DATA_ROOT_TAG)
+        if tagged_root and Path(tagged_root).resolve() != self.path(""):
+            raise ConfigError(
+                f"data_root.root: the run config moves the data root to {self.path('')}, but this run is tagged "
+                f"{DATA_ROOT_TAG}={tagged_root}; run config may not change where a tokenmill_all run writes "
+                "(set TOKENMILL_DATA where the code location starts)"
+            )
+        tagged_source = run.tags.get(SOURCE_TAG)
+        self.usable(Path(tagged_source) if tagged_source else None)
+        if run.job_name == WHOLE_GRAPH_JOB and run.tags.get(PARTITION_TAG) is None:
+            batches = ", ".join(read_registry(self.path("")).keys[-3:]) or "none yet: run `tokenmill update`"
+            raise ConfigError(
+                f"{WHOLE_GRAPH_JOB} runs one source batch: choose it with --partition <batch> (dagster job execute "
+                f"-j {WHOLE_GRAPH_JOB} --partition <batch>; the latest batches: {batches}), or run `tokenmill "
+                "update`, which registers the new files and runs every pending batch"
+            )
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._lock is not None:

@@ -1,7 +1,8 @@
 """`tokenmill update`: register the source's new files as a batch, run every pending batch through the graph in
 this process, print one line per problem a user can fix and a summary at the end.
 
-Dagster's console log is kept to warnings: the runs' events are in the instance (`dagster dev` shows them).
+Dagster's console log is silenced: a run's warnings are printed after it, one line each; a failed run prints its
+failing step, the one-line reason and the file holding its full log (the events are in the instance too).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from tokenmill.batches import PARTITIONS_NAME, read_registry, register_new_files, start_generation
@@ -16,6 +18,7 @@ from tokenmill.common.io import read_json, remove_stage
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import workers_kept
 from tokenmill.errors import ConfigError, SourceError, TokenmillError
+from tokenmill.settings import validate_run_settings
 from tokenmill.stages.raw.discover import source_state
 from tokenmill_loader.format import DATASET_FILE
 
@@ -86,8 +89,8 @@ def failure_reason(error) -> str:
     """The TokenmillError at the root of a step failure (one line a user can act on), else the outermost error."""
     outer = error
     while error is not None:
-        if error.cls_name in TOKENMILL_ERRORS:
-            return error.message.strip()  # Dagster records it as "<module>.<class>: <message>"
+        if error.cls_name in TOKENMILL_ERRORS:  # Dagster records it as "<module>.<class>: <message>"
+            return error.message.strip().removeprefix("tokenmill.errors.")
         error = error.cause
     return outer.message.strip()
 
@@ -110,14 +113,55 @@ def load_run_config(config_path: str | None) -> dict:
 
 
 def run_failure(result) -> str:
+    """`step <step> failed: <reason>` for each failed step (or `run setup failed: ...`), in one line."""
     import dagster as dg
 
     failures = [
-        e.event_specific_data.error
+        f"{f'step {e.step_key}' if e.step_key else 'run setup'} failed: {failure_reason(e.event_specific_data.error)}"
         for e in result.all_events
         if e.event_type in (dg.DagsterEventType.STEP_FAILURE, dg.DagsterEventType.RESOURCE_INIT_FAILURE)
     ]
-    return "; ".join(failure_reason(err) for err in failures) or "see the run log"
+    return "; ".join(failures) or "see the full log"
+
+
+def run_warnings(instance, run_id: str) -> list[str]:
+    """The warnings the run's steps logged (recoveries, a wait for the data root), in order."""
+    import logging
+
+    return [e.user_message for e in instance.all_logs(run_id) if e.level == logging.WARNING and not e.is_dagster_event]
+
+
+def write_run_log(instance, run_id: str) -> Path:
+    """Every event of the run with its full error traces, to `$DAGSTER_HOME/logs/<run id>.log` (without
+    DAGSTER_HOME, TOKENMILL_CACHE's `logs/`: the instance keeps nothing)."""
+    import logging
+
+    home = os.environ.get("DAGSTER_HOME")
+    folder = Path(home) if home else Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
+    lines = []
+    for e in instance.all_logs(run_id):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.timestamp))
+        what = e.user_message or (e.dagster_event_type.value if e.dagster_event_type else "")
+        lines.append(f"{when} {logging.getLevelName(e.level)} {e.step_key or '-'} {what}")
+        error = getattr(e.dagster_event.event_specific_data, "error", None) if e.is_dagster_event else None
+        if error is not None:
+            lines.append(error.to_string())
+    path = folder / "logs" / f"{run_id}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def still_pending(data_root, key: str) -> bool:
+    """With TOKENMILL_LOCK_WAIT: while another run holds the data root, says for whom it waits and waits; then
+    whether batch `key` is still pending (the holder may just have run it)."""
+
+    def say(message: str) -> None:
+        print(f"tokenmill update: {message}", file=sys.stderr)
+
+    if data_root.lock_wait_seconds:
+        data_root.acquire(f"tokenmill update (pid {os.getpid()})", say).release()
+    return key in pending_batches(data_root.path(""))
 
 
 def run_batches(job, instance, keys: list[str], run_config: dict | None = None, raise_on_error: bool = False):
@@ -143,17 +187,27 @@ def update(config_path: str | None = None, rebuild: bool = False) -> int:
 def _update(config_path: str | None, rebuild: bool) -> int:
     import dagster as dg
 
-    instance = dg.DagsterInstance.get() if os.environ.get("DAGSTER_HOME") else dg.DagsterInstance.ephemeral()
+    home = os.environ.get("DAGSTER_HOME")
+    if home and not Path(home).is_dir():  # Dagster's own error is a page of traceback
+        print(
+            f"tokenmill update: DAGSTER_HOME {home} is not a folder: create it with its dagster.yaml "
+            f"(mkdir -p {home} && cp dagster_home/dagster.yaml {home}/), or unset DAGSTER_HOME",
+            file=sys.stderr,
+        )
+        return 2
+    instance = dg.DagsterInstance.get() if home else dg.DagsterInstance.ephemeral()
     try:
         from definitions import defs
         from resources import data_root_from_env, source_from_env
 
         source = source_from_env().resolved()
-        data_root = data_root_from_env().path("")
+        root = data_root_from_env()
+        data_root = root.usable(source)
         run_config = load_run_config(config_path)
-        run_config.setdefault("loggers", {"console": {"config": {"log_level": "WARNING"}}})
+        run_config.setdefault("loggers", {"console": {"config": {"log_level": "CRITICAL"}}})
         job = defs.resolve_job_def("tokenmill_all")
         dg.validate_run_config(job, run_config)  # before anything is registered or written
+        validate_run_settings(run_config)  # the bounds, which Dagster's schema does not carry
         pending = register_batches(instance, data_root, source, rebuild)
     except TokenmillError as e:
         print(f"tokenmill update: {e}", file=sys.stderr)
@@ -164,9 +218,23 @@ def _update(config_path: str | None, rebuild: bool) -> int:
     if not pending:
         print(f"tokenmill update: {source} -> {data_root}: up to date, no new files\n{summary(data_root)}")
         return 0
-    for key, result in run_batches(job, instance, pending, run_config):
+    for key in pending:
+        try:
+            if not still_pending(root, key):
+                print(f"tokenmill update: batch {key}: already run by the run that held the data root")
+                continue
+        except TokenmillError as e:
+            print(f"tokenmill update: {e}", file=sys.stderr)
+            return 1
+        ((_, result),) = run_batches(job, instance, [key], run_config)
+        for warning in run_warnings(instance, result.run_id):
+            print(f"tokenmill update: batch {key}: {warning}", file=sys.stderr)
         if not result.success:
-            print(f"tokenmill update: batch {key}: run {result.run_id} failed: {run_failure(result)}", file=sys.stderr)
+            print(
+                f"tokenmill update: batch {key}: {run_failure(result)}\n"
+                f"  full log: {write_run_log(instance, result.run_id)} (run {result.run_id})",
+                file=sys.stderr,
+            )
             return 1
         files = len(read_registry(data_root).batch(key).files)
         print(f"tokenmill update: batch {key} ({files} files): run {result.run_id}")

@@ -33,10 +33,20 @@ from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
 from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.pii import KINDS as PII_KINDS
 from tokenmill.stages.clean.prepare import PrepareResult, PrepareTask, prepare_task
+from tokenmill.stages.clean.quality import QUALITY_REASONS, ProfileChoice, choose_profile, quality_stats
 from tokenmill.stages.clean.report import LENGTH_BUCKETS, RULES, bucket_labels, pick_examples
 from tokenmill.stages.clean.settings import CleanSettings
 
-REASONS = ("too_long", "empty", "too_short", "placeholder_glyphs", "repetition", "language", "contamination")
+REASONS = (
+    "too_long",
+    "empty",
+    "too_short",
+    "placeholder_glyphs",
+    "repetition",
+    "language",
+    "contamination",
+    *QUALITY_REASONS,
+)
 # input size from which both passes run on the workers (below it, starting a pool costs more than it saves;
 # above it, pass 2 finds the pool pass 1 started: 0.9 s in this process vs 0.5 s on 2 workers for 355k poems)
 POOL_MIN_BYTES = 8 << 20
@@ -90,6 +100,8 @@ class Totals:
     """Each shard's record ids (uint64), None once a shard has a line without one."""
     languages: dict = field(default_factory=dict)
     """language -> [records, characters] written."""
+    drops_by_language: Counter = field(default_factory=Counter)
+    """(language, reason) -> records rejected."""
 
     def _add_common(self, res: PrepareResult | FinishResult) -> None:
         for k, v in res.seconds.items():
@@ -117,6 +129,7 @@ class Totals:
         self.strip_hist.update(res.strip_hist)
         self.hist_out += res.hist_out
         self.samples.append(res.samples)
+        self.drops_by_language.update(res.drops_by_language)
         for language, (records, chars) in res.languages.items():
             figures = self.languages.setdefault(language, [0, 0])
             figures[0] += records
@@ -226,6 +239,14 @@ def _language_stats(s: CleanSettings, totals: Totals) -> dict:
     return {"languages": {language: {"records": n, "chars": chars} for language, (n, chars) in order}}
 
 
+def drops_by_language(counts: Counter) -> dict:
+    """language -> reason -> records rejected, languages by most drops."""
+    table: dict[str, dict[str, int]] = {}
+    for (language, reason), n in sorted(counts.items()):
+        table.setdefault(language, {})[reason] = n
+    return dict(sorted(table.items(), key=lambda kv: (-sum(kv[1].values()), kv[0])))
+
+
 def build_stats(
     s: CleanSettings,
     merged: LineTable | None,
@@ -234,6 +255,7 @@ def build_stats(
     workers: int | None,
     t0: float,
     contamination: ContaminationIndex | None = None,
+    profile: ProfileChoice | None = None,
 ) -> dict:
     work = sum(totals.seconds.values()) or 1.0
     reasons, counts = totals.reasons, totals.counts
@@ -243,6 +265,8 @@ def build_stats(
         **{f"dropped_{r}": reasons.get(r, 0) for r in REASONS},
         "rejected": sum(reasons.values()),
         "rejected_by_reason": dict(sorted(reasons.items())),
+        "rejected_by_language": drops_by_language(totals.drops_by_language),
+        **(quality_stats(profile, counts) if profile is not None else {}),
         **{
             k: counts.get(k, 0)
             for k in (
@@ -302,24 +326,26 @@ def clean_corpus(
     contamination = prepare_indexes(s, Path(cache_dir or out_dir.parent / DECONTAM_CACHE), log)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [ShardPaths.of(p, out_dir) for p in record_shards(in_dir)]
+    profile = choose_profile([p.shard for p in paths], s.quality)
+    run = s.model_copy(update={"quality": profile.profile})  # the passes see the batch's profile, never 'auto'
     totals = Totals()
     pooled = sum(p.shard.stat().st_size for p in paths) >= POOL_MIN_BYTES
     task_workers = (default_workers() if workers is None else workers) if pooled else 1
     try:
-        parts = run_pass1(paths, s, totals, task_workers, log, contamination)
+        parts = run_pass1(paths, run, totals, task_workers, log, contamination)
         t_merge = time.perf_counter()
         totals.pass_seconds["pass1"] = round(t_merge - t0, 3)
         merged = find_boilerplate(parts, s, totals)
         del parts
         t_pass2 = time.perf_counter()
         totals.pass_seconds["merge"] = round(t_pass2 - t_merge, 3)
-        run_pass2(paths, out_dir, s, merged, totals, task_workers, log)
+        run_pass2(paths, out_dir, run, merged, totals, task_workers, log)
         totals.pass_seconds["pass2"] = round(time.perf_counter() - t_pass2, 3)
     finally:
         for p in paths:
             p.stage.unlink(missing_ok=True)
             p.rejected.unlink(missing_ok=True)
-    stats = build_stats(s, merged, totals, len(paths), workers, t0, contamination)
+    stats = build_stats(s, merged, totals, len(paths), workers, t0, contamination, profile)
     if stats["docs_in"] != stats["docs_out"] + stats["rejected"]:  # a bug, never expected: say so loudly
         raise RuntimeError(
             f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + {stats['rejected']} rejected"

@@ -23,6 +23,7 @@ from tokenmill.stages.clean.language import LanguageRule, identify_languages, wi
 from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.pii import mask_text
 from tokenmill.stages.clean.prepare import coerce_text
+from tokenmill.stages.clean.quality import recheck_record
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
 from tokenmill.stages.clean.settings import CleanSettings
 from tokenmill.stages.clean.staging import StagedBatch, rejected_line
@@ -63,6 +64,8 @@ class FinishResult:
     """Its records' ids (io.line_ids), None when a line does not start with one."""
     languages: dict
     """language -> [records, characters] of the records written (empty when identification is off)."""
+    drops_by_language: dict
+    """(language, reason) -> records rejected, for the rejections that name a language (web rules, language)."""
 
 
 class _Stripper:
@@ -72,6 +75,7 @@ class _Stripper:
         self.table = BoilerplateTable(table, s.bp_threshold) if table is not None else None
         self.wanted = table.hash if table is not None else None
         self.filters = record_filters(s)
+        self.settings = s
         self.language = LanguageRule(s.languages, s.min_language_score) if s.language_id else None
         self.stripped: dict[int, list] = {}
 
@@ -108,6 +112,9 @@ class _Stripper:
                 b.languages[i] = identify_languages([text])[0]
                 rec = with_language(rec, *b.languages[i])
                 reject = self.language.check(*b.languages[i])
+            if reject is None and self.settings.quality == "web":  # the web rules on the text as written
+                rec["text"], reject = recheck_record(rec, text, self.settings)
+                text = rec["text"]
             b.out_lines[i] = dumps(rec).encode("utf-8")
             b.len_out[i] = len(text)
             extra = f" (after stripping {len(gone)} boilerplate lines)"
@@ -123,6 +130,7 @@ def finish_task(task: FinishTask) -> FinishResult:
     stripper = _Stripper(task.boilerplate, task.settings)
     examples = Examples(task.settings.examples)
     reasons, strip_hist, len_all, languages = Counter(), Counter(), [], {}
+    drops_by_language = Counter()
     samples = ReasonSamples()
     docs_in = docs_out = chars_out = size = crc = 0
     ids: list[np.ndarray] | None = []
@@ -138,6 +146,8 @@ def finish_task(task: FinishTask) -> FinishResult:
                 if r is not None:
                     entry = loads(r)
                     reasons[entry["reason"]] += 1
+                    if "language" in entry:
+                        drops_by_language[entry["language"], entry["reason"]] += 1
                     if samples.wants(entry["reason"]):  # the text as it stood when the rule rejected it
                         text = coerce_text(loads(b.out_lines[i]).get("text"))
                         text = mask_text(text, task.settings)  # a record rejected before masking holds its input
@@ -182,4 +192,5 @@ def finish_task(task: FinishTask) -> FinishResult:
         crc,
         None if ids is None else np.concatenate(ids or [np.zeros(0, np.uint64)]),
         languages,
+        dict(drops_by_language),
     )

@@ -23,6 +23,7 @@ from tokenmill.stages.clean.language import LanguageRule, identify_languages, wi
 from tokenmill.stages.clean.line_stats import LineStats, LineTable
 from tokenmill.stages.clean.metadata import extract_metadata
 from tokenmill.stages.clean.pii import masker_for
+from tokenmill.stages.clean.quality import check_batch
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
 from tokenmill.stages.clean.settings import CleanSettings
 from tokenmill.stages.clean.staging import StagedBatch, rejected_line
@@ -295,6 +296,9 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             if task.contamination is not None:
                 task.contamination.screen(batch, entries, counts)
                 timer.lap("decontaminate")
+            if s.quality == "web":  # the batch's profile, resolved by clean_corpus before pass 1
+                check_batch(batch, entries, s, counts)
+                timer.lap("web_quality")
             if s.boilerplate:
                 hashes, per_doc = stats.add_documents([e.text for e in entries if e.text])
                 it = iter(per_doc.tolist())

@@ -29,6 +29,7 @@ RULES = (
     "filter_too_short",
     "filter_placeholder_glyphs",
     "filter_repetition",
+    "web_quality",
     "identify_language",
     "decontaminate",
     "write_json",

@@ -9,10 +9,12 @@ from pydantic import Field, field_validator, model_validator
 from tokenmill.settings import StageSettings
 from tokenmill.stages.clean.language import check_languages
 from tokenmill.stages.clean.pii import placeholder_problem
+from tokenmill.stages.clean.quality.settings import QualitySettings
 
 
-class CleanSettings(StageSettings):
-    """Which repairs run, how boilerplate is detected, and the limits of the garbage filters."""
+class CleanSettings(StageSettings, QualitySettings):
+    """Which repairs run, how boilerplate is detected, the limits of the garbage filters, and the web quality
+    profile with its rules' thresholds (`QualitySettings`: quality, gopher_*, c4_*, fineweb_*)."""
 
     asset_key: ClassVar[str] = "cleaned_jsonl"
 

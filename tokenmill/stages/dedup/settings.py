@@ -99,6 +99,7 @@ class DedupSettings(StageSettings):
     max_bucket: int = Field(
         64,
         ge=2,
+        le=4096,  # all m^2/2 pairs below it: 8M candidate pairs for one bucket of 4096
         description="LSH buckets larger than this (natural text: a few members; "
         "low-entropy text: thousands, growing with the corpus) pair "
         "each member with its next bucket_neighbours members in "
@@ -114,6 +115,7 @@ class DedupSettings(StageSettings):
     chunk_bytes: int = Field(
         8 << 20,
         ge=1,
+        le=1 << 30,  # a task holds its chunk's keys, signatures and shingles (~10x the bytes)
         description="Input is split into line-aligned byte ranges of about this size: one parallel task each",
     )
     sample_clusters: int = Field(

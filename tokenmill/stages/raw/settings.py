@@ -49,6 +49,7 @@ class RawSettings(StageSettings):
     max_record_bytes: int = Field(
         32 << 20,
         ge=1,
+        le=1 << 30,  # a record is held whole, and parsing a JSON document takes several times its bytes
         description="Largest record read, in (decompressed) bytes: a .jsonl or .csv line, "
         "a .txt block or file, a whole .json document (parsed at once). A "
         "longer one is skipped without being held in memory and rejected "
@@ -60,6 +61,13 @@ class RawSettings(StageSettings):
         description="Most decompressed bytes read from one file: a .gz bomb stops here, "
         "the records before are kept and the rest is rejected "
         "('file_too_large')",
+    )
+    parquet_batch_rows: int = Field(
+        1024,
+        ge=1,
+        le=1_000_000,
+        description="Rows of a .parquet file decoded at a time (one batch held in memory; row groups are read "
+        "one after another): 1024 web pages of ~5 KB are ~5 MB",
     )
     follow_outside_symlinks: bool = Field(
         False, description="Read symlinks that point outside the source folder (otherwise rejected as 'outside_source')"

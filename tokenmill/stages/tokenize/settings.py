@@ -11,6 +11,11 @@ from tokenmill.settings import StageSettings
 from tokenmill_loader.format import SPECIAL_TOKENS, TOKEN_DTYPES, TRAINING_TYPES, dtype_fits
 
 BYTE_TOKENS = 256  # a byte-level BPE starts from every byte
+# the largest vocabulary trained: the BPE trainer reserves ~32 bytes per entry up front (2^24: 0.5 GiB measured;
+# 2^32 aborted the process allocating 283 GB), and more ids than this never occur in a trainable sample
+MAX_TRAINED_VOCAB = 2**24
+# a task holds its byte range and ~10x that in token arrays: 256 MiB keeps a worker near 3 GiB
+TASK_BYTES_LIMIT = 256 << 20
 # training_type auto: conditional from this share of records with a title or author. Below it the conditioning is
 # learned from too few records to matter while every other record still gets a masked <|content|>; a share rather
 # than "any record" so one stray titled record does not switch a plain-text corpus (demo corpus: 45%)
@@ -26,8 +31,8 @@ class TokenizerSettings(StageSettings):
     vocab_size: int = Field(
         4096,
         ge=1,
-        le=2**32,
-        description="Vocabulary size including the special tokens (uint16 token files up to 65,536)",
+        le=MAX_TRAINED_VOCAB,
+        description="Vocabulary size including the special tokens (uint16 token files up to 65,536; at most 2^24)",
     )
     min_frequency: int = Field(2, ge=0, le=10**9, description="A pair must occur this often in the sample to be merged")
     sample_chars: int = Field(
@@ -104,6 +109,7 @@ class ShardSettings(StageSettings):
     shard_tokens: int = Field(
         32_000_000,
         ge=1,
+        le=2**32,  # a shard's record offsets and ids are held until it closes
         description="A shard is closed before a record would take it past this many tokens (records never straddle)",
     )
     token_dtype: Literal[("auto", *TOKEN_DTYPES)] = Field(
@@ -115,6 +121,7 @@ class ShardSettings(StageSettings):
     task_bytes: int = Field(
         0,
         ge=0,
+        le=TASK_BYTES_LIMIT,
         description="Input bytes per task (0: about 8 tasks per worker, 256 KiB..16 MiB); never changes the output",
     )
     retention_hours: float = Field(
