@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tokenmill.stages.raw.stream import file_type
 
-READERS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt", ".csv": "csv"}
+READERS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt", ".csv": "csv", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True)

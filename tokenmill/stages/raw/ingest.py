@@ -37,6 +37,7 @@ from tokenmill.stages.raw.discover import (
 from tokenmill.stages.raw.read_csv import read_csv
 from tokenmill.stages.raw.read_json import read_json
 from tokenmill.stages.raw.read_jsonl import read_jsonl
+from tokenmill.stages.raw.read_parquet import read_parquet
 from tokenmill.stages.raw.read_txt import read_txt
 from tokenmill.stages.raw.records import Mapped, map_record
 from tokenmill.stages.raw.settings import RawSettings
@@ -55,7 +56,7 @@ REASONS = (
     "not_a_regular_file",
     "outside_source",
 )
-READER_FUNCS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv}
+READER_FUNCS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv, "parquet": read_parquet}
 
 
 @dataclass(frozen=True)
@@ -303,7 +304,7 @@ def ingest(
     fingerprint = source_fingerprint(state)
     if not listing.files:
         raise SourceError(
-            f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz of these): {source} "
+            f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz, .zst of these) or .parquet file: {source} "
             f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
