@@ -1,0 +1,345 @@
+"""The web rules, each a small pure function of a `Doc` and the settings: None (keep) or a `Reject` naming the
+rule, the measured value and the threshold it crossed.
+
+Definitions follow datatrove's filters (the FineWeb pipeline's reference implementation) so that the same
+thresholds keep and drop the same documents; where they deliberately differ the function says so. Families run
+in FineWeb's order: Gopher repetition, Gopher quality, C4 (which also removes lines), FineWeb.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from itertools import islice
+from operator import itemgetter
+
+from tokenmill.stages.clean.quality.settings import QualitySettings
+from tokenmill.stages.clean.quality.text import LETTER_RE, LINE_BREAKS_RE, PARAGRAPH_BREAK_RE, Doc
+
+EVIDENCE_CHARS = 60  # characters of a repeated line or n-gram quoted in a rejection's detail
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    rule: str
+    value: float
+    threshold: float
+    detail: str
+
+    def as_reject(self, language: str) -> tuple:
+        """The (reason, detail, evidence) tuple a filter returns (see staging.rejected_line)."""
+        return (
+            self.rule,
+            self.detail,
+            {"value": round(self.value, 4), "threshold": self.threshold, "language": language},
+        )
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= EVIDENCE_CHARS else text[:EVIDENCE_CHARS] + "…")
+
+
+def _shown(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3f}"
+
+
+def _above(rule: str, value: float, limit: float, what: str) -> Reject | None:
+    return Reject(rule, value, limit, f"{what} {_shown(value)} > max {limit}") if value > limit else None
+
+
+def _quoting(reject: Reject | None, item: str) -> Reject | None:
+    """`reject` with the repeated item it counted quoted in its detail."""
+    return None if reject is None else Reject(reject.rule, reject.value, reject.threshold, f"{reject.detail}: {item}")
+
+
+def _below(rule: str, value: float, limit: float, what: str) -> Reject | None:
+    return Reject(rule, value, limit, f"{what} {_shown(value)} < min {limit}") if value < limit else None
+
+
+# ---- Gopher repetition (Rae et al. 2021, table A1) ----------------------------------------------------------------
+
+
+def repeated(items: list[str]) -> tuple[int, int, str | None]:
+    """How many items repeat an earlier one, their characters, and the first repeated item."""
+    seen: set[str] = set()
+    count = chars = 0
+    first = None
+    for item in items:
+        if item in seen:
+            count += 1
+            chars += len(item)
+            first = item if first is None else first
+        else:
+            seen.add(item)
+    return count, chars, first
+
+
+def gopher_paragraph_repetition(doc: Doc, s: QualitySettings) -> Reject | None:
+    """Paragraphs (split at blank lines) repeating an earlier one: their share, then their characters' share."""
+    paragraphs = PARAGRAPH_BREAK_RE.split(doc.text.strip())
+    if len(paragraphs) < 2:
+        return None
+    count, chars, first = repeated(paragraphs)
+    if not count:
+        return None
+    bad = _above(
+        "gopher_dup_paragraphs", count / len(paragraphs), s.gopher_max_dup_para_frac, "repeated paragraphs share"
+    ) or _above(
+        "gopher_dup_paragraph_chars",
+        chars / len(doc.text),
+        s.gopher_max_dup_para_char_frac,
+        "characters in repeated paragraphs",
+    )
+    return _quoting(bad, _quote(first))
+
+
+def gopher_line_repetition(doc: Doc, s: QualitySettings) -> Reject | None:
+    """Lines repeating an earlier one: their share, then their characters' share of the text."""
+    lines = LINE_BREAKS_RE.split(doc.text)
+    count, chars, first = repeated(lines)
+    if not count:
+        return None
+    bad = _above("gopher_dup_lines", count / len(lines), s.gopher_max_dup_line_frac, "repeated lines share") or _above(
+        "gopher_dup_line_chars", chars / len(doc.text), s.gopher_max_dup_line_char_frac, "characters in repeated lines"
+    )
+    return _quoting(bad, _quote(first))
+
+
+def _ngrams(ids: list[int], n: int):
+    return zip(*(islice(ids, i, None) for i in range(n)))
+
+
+def gopher_top_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
+    """The most frequent word n-gram (n = 2..4): its occurrences x its length (words joined by spaces) over the
+    text's characters. Ties go to the n-gram seen first."""
+    words, ids, total = doc.words, doc.word_ids, len(doc.text)
+    for n, limit in s.top_ngram_limits().items():
+        if len(ids) < n:
+            continue
+        counts = Counter(_ngrams(ids, n))
+        gram, k = max(counts.items(), key=itemgetter(1))  # the first of the most frequent
+        start = _first_position(ids, gram)
+        text = " ".join(words[start : start + n])
+        bad = _above("gopher_top_ngram", k * len(text) / total, limit, f"top {n}-gram character share")
+        if bad:
+            return _quoting(bad, f"{_quote(text)} x {k}")
+    return None
+
+
+def _first_position(ids: list[int], gram: tuple) -> int:
+    n, first = len(gram), gram[0]
+    i = ids.index(first)
+    while tuple(ids[i : i + n]) != gram:
+        i = ids.index(first, i + 1)
+    return i
+
+
+def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
+    """Characters (words joined without spaces) in word n-grams (n = 5..10) repeating an earlier one, scanning
+    left to right and jumping past each repeat, over the text's characters. Any repeated n-gram holds a
+    repeated 5-gram, so a text without one is done after one set of 5-grams."""
+    ids = doc.word_ids
+    if len(ids) < 10 or len(set(_ngrams(ids, 5))) == len(ids) - 4:
+        return None
+    lengths = [len(w) for w in doc.words]
+    total = len(doc.text)
+    for n, limit in s.dup_ngram_limits().items():
+        budget = limit * total  # characters past which the text is rejected
+        seen: set[tuple] = set()
+        chars, i, last = 0, 0, len(ids) - n
+        first = None
+        while i <= last:
+            gram = tuple(ids[i : i + n])
+            if gram in seen:
+                chars += sum(lengths[i : i + n])
+                first = i if first is None else first
+                if chars > budget:
+                    example = " ".join(doc.words[first : first + n])
+                    bad = _above("gopher_dup_ngram", chars / total, limit, f"characters in repeated {n}-grams")
+                    return _quoting(bad, _quote(example))
+                i += n
+            else:
+                seen.add(gram)
+                i += 1
+    return None
+
+
+# ---- Gopher quality -----------------------------------------------------------------------------------------------
+
+
+def gopher_word_count(doc: Doc, s: QualitySettings) -> Reject | None:
+    n = len(doc.content_words)
+    return _below("gopher_word_count", n, s.gopher_min_words, "words") or _above(
+        "gopher_word_count", n, s.gopher_max_words, "words"
+    )
+
+
+def gopher_mean_word_length(doc: Doc, s: QualitySettings) -> Reject | None:
+    words = doc.content_words
+    if not words:
+        return None
+    mean = sum(map(len, words)) / len(words)
+    return _below("gopher_mean_word_length", mean, s.gopher_min_mean_word_length, "mean word length") or _above(
+        "gopher_mean_word_length", mean, s.gopher_max_mean_word_length, "mean word length"
+    )
+
+
+def gopher_symbol_ratio(doc: Doc, s: QualitySettings) -> Reject | None:
+    """'#' per word, then '...' or '…' per word (every token counts as a word here, as in datatrove)."""
+    if not s.gopher_max_symbol_word_ratio:
+        return None
+    n, text = max(1, len(doc.words)), doc.text
+    return _above("gopher_symbol_ratio", text.count("#") / n, s.gopher_max_symbol_word_ratio, "'#' per word") or _above(
+        "gopher_symbol_ratio",
+        (text.count("...") + text.count("…")) / n,
+        s.gopher_max_symbol_word_ratio,
+        "ellipses per word",
+    )
+
+
+def gopher_bullet_lines(doc: Doc, s: QualitySettings) -> Reject | None:
+    lines = doc.lines
+    bullets = sum(1 for line in lines if line.lstrip().startswith(("•", "-")))
+    return _above(
+        "gopher_bullet_lines", bullets / max(1, len(lines)), s.gopher_max_bullet_lines_ratio, "bullet lines share"
+    )
+
+
+def gopher_ellipsis_lines(doc: Doc, s: QualitySettings) -> Reject | None:
+    lines = doc.lines
+    ending = sum(1 for line in lines if line.rstrip().endswith(("...", "…")))
+    return _above(
+        "gopher_ellipsis_lines",
+        ending / max(1, len(lines)),
+        s.gopher_max_ellipsis_lines_ratio,
+        "lines ending in an ellipsis share",
+    )
+
+
+def gopher_alpha_words(doc: Doc, s: QualitySettings) -> Reject | None:
+    words = doc.words
+    if not words:
+        return None
+    found = LETTER_RE.search
+    share = sum(1 for w in words if found(w)) / len(words)
+    return _below("gopher_alpha_words", share, s.gopher_min_alpha_words_ratio, "share of words with a letter")
+
+
+def gopher_stop_words(doc: Doc, s: QualitySettings) -> Reject | None:
+    """Distinct stop words of the text's language, matched lower-cased (datatrove matches case-sensitively, so a
+    'The' does not count there: a deliberate difference)."""
+    stop = doc.rules.stop_words
+    if not s.gopher_min_stop_words or not stop:
+        return None
+    found = len(stop.intersection(w.lower() for w in doc.words))
+    return _below("gopher_stop_words", found, s.gopher_min_stop_words, f"stop words ({doc.language})")
+
+
+# ---- FineWeb ------------------------------------------------------------------------------------------------------
+
+# sentence terminals of the main scripts (Unicode's Sentence_Terminal property, which datatrove uses in full)
+TERMINAL_PUNCTUATION = tuple(".!?。！？．｡؟۔।॥։።፧፨᠃᠉‼⁇⁈⁉‽⸮︒︕︖﹒﹖﹗။၊។៕܀܁܂߹꓿꘎꘏꛳꛷")
+
+
+def fineweb_punct_lines(doc: Doc, s: QualitySettings) -> Reject | None:
+    lines = doc.nonblank_lines
+    if not lines:
+        return None
+    share = sum(1 for line in lines if line.endswith(TERMINAL_PUNCTUATION)) / len(lines)
+    return _below("fineweb_punct_lines", share, s.fineweb_min_punct_lines_ratio, "share of lines ending in punctuation")
+
+
+def fineweb_short_lines(doc: Doc, s: QualitySettings) -> Reject | None:
+    lines, short = doc.nonblank_lines, s.fineweb_short_line_chars
+    if not lines:
+        return None
+    share = sum(1 for line in lines if len(line) <= short) / len(lines)
+    return _above("fineweb_short_lines", share, s.fineweb_max_short_lines_ratio, f"share of lines of <= {short} chars")
+
+
+def fineweb_dup_line_chars(doc: Doc, s: QualitySettings) -> Reject | None:
+    _, chars, first = repeated(doc.nonblank_lines)
+    if not chars:
+        return None
+    share = chars / max(1, len(doc.text) - doc.text.count("\n"))
+    bad = _above("fineweb_dup_line_chars", share, s.fineweb_max_dup_line_char_ratio, "characters in repeated lines")
+    return _quoting(bad, _quote(first))
+
+
+def fineweb_list_like(doc: Doc, s: QualitySettings) -> Reject | None:
+    ratio = doc.text.count("\n") / max(1, len(doc.words))
+    return _above("fineweb_list_like", ratio, s.fineweb_max_newline_word_ratio, "line breaks per word")
+
+
+# ---- C4 (Raffel et al. 2020): line removal, then document rules ----------------------------------------------------
+
+CITATION_RE = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
+C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
+POLICY_RE = re.compile(r"terms of use|privacy policy|cookie policy|uses cookies|use of cookies|use cookies")
+# a sentence ends at '.', '?' or '!' (not an ellipsis), closing marks, then a space before more text
+SENTENCE_BREAK_RE = re.compile(r"(?:(?<!\.)\.(?!\.)|[?!]+)[\]\)}>\"'”’]*\s+(?=\S)")
+
+
+@dataclass
+class C4Result:
+    text: str
+    reject: Reject | None
+    removed: dict
+    """Lines removed, by why: too_long_word, no_terminal_punct, too_few_words, javascript, policy."""
+
+
+def c4_filter(doc: Doc, s: QualitySettings) -> C4Result:
+    """C4's line rules (lines removed: a word over c4_max_word_length, no terminal punctuation when
+    c4_terminal_punct is 'lines', fewer than c4_min_words_per_line words, javascript, policies; citation marks
+    cut), its document rules (lorem ipsum, '{', fewer than c4_min_sentences sentences in the lines kept) and the
+    text as C4 leaves it: the kept lines, stripped, one per line. As in datatrove, lorem ipsum and '{' count only
+    in lines that survive the earlier line rules."""
+    off = doc.rules.off
+    min_words = 0 if "c4_min_words_per_line" in off else s.c4_min_words_per_line
+    count_sentences = s.c4_min_sentences and "c4_too_few_sentences" not in off
+    removed: dict[str, int] = {}
+    kept, sentences = [], 0
+    for raw in doc.text.splitlines():
+        line = raw.strip()
+        words = line.split()
+        why = None
+        if s.c4_max_word_length and any(len(w) > s.c4_max_word_length for w in words):
+            why = "too_long_word"
+        else:
+            if s.c4_remove_citations and "[" in line:
+                line = CITATION_RE.sub("", line)
+            if s.c4_terminal_punct != "off" and (not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")):
+                if s.c4_terminal_punct == "document":
+                    return C4Result(
+                        doc.text,
+                        Reject("c4_no_terminal_punct", 1, 0, f"line without terminal punctuation: {_quote(line)}"),
+                        removed,
+                    )
+                why = "no_terminal_punct"
+            elif len(words) < min_words:
+                why = "too_few_words"
+            else:
+                lower = line.lower()
+                if s.c4_drop_lorem_ipsum and "lorem ipsum" in lower:
+                    return C4Result(
+                        doc.text, Reject("c4_lorem_ipsum", 1, 0, f"'lorem ipsum' in {_quote(line)}"), removed
+                    )
+                if s.c4_drop_javascript_lines and "javascript" in lower:
+                    why = "javascript"
+                elif s.c4_drop_curly_bracket and "{" in line:
+                    return C4Result(doc.text, Reject("c4_curly_bracket", 1, 0, f"'{{' in {_quote(line)}"), removed)
+                elif s.c4_drop_policy_lines and POLICY_RE.search(lower):
+                    why = "policy"
+        if why:
+            removed[why] = removed.get(why, 0) + 1
+            continue
+        if count_sentences:
+            sentences += 1 + len(SENTENCE_BREAK_RE.findall(line))
+        kept.append(line)
+    reject = None
+    if count_sentences and sentences < s.c4_min_sentences:
+        reject = Reject(
+            "c4_too_few_sentences", sentences, s.c4_min_sentences, f"sentences {sentences} < min {s.c4_min_sentences}"
+        )
+    return C4Result("\n".join(kept).strip(), reject, removed)

@@ -1,0 +1,121 @@
+"""A text cut once for every rule: lines, paragraphs, words (and their ids for n-grams), the language.
+
+Words follow NLTK's Treebank tokenizer (what datatrove's English rules count), written as one compiled regex:
+punctuation marks are words of their own ("," "(" "$" "%" "'s" "n't" "..." and a sentence's final "."), while
+"3.5", "1,000", "U.S", "e-mail" and "example.com/a" stay whole. Texts written without spaces (Chinese, Japanese,
+Thai) are counted in characters.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+
+from tokenmill.stages.clean.quality.settings import LANGUAGES, OTHER_LANGUAGE, LanguageRules
+
+_SPLIT = r";@#$%&?!*\[\](){}<>«“‘„»”’\"`—"  # always a token of their own (Treebank)
+_CLOSE = r"[\]\)}>\"'”’»]*"  # closing marks a sentence's final period may sit before
+_END = rf"(?=[\s{_SPLIT}.,:]|$)"  # where a contraction ("n't", "'s") ends
+_WORD_CHAR = (
+    rf"(?:[^\s{_SPLIT}:,.'-]"  # plain characters
+    r"|-(?!-)"  # e-mail (not a double dash)
+    r"|[:,](?=\d)"  # 10:30, 1,000
+    rf"|(?<!\.)\.(?![.]|{_CLOSE}(?:\s|$))"  # U.S, 3.5, example.com (not an ellipsis, not a final period)
+    rf"|'(?!(?i:s|m|d|ll|re|ve)?{_END}))"  # O'Neil, rock'n'roll (not 's, not a closing quote)
+)
+TOKEN_RE = re.compile(
+    r"\.{2,}|--"
+    rf"|[{_SPLIT}]"
+    r"|[:,](?!\d)"
+    rf"|(?i:n't|'s|'m|'d|'ll|'re|'ve){_END}"
+    rf"|'{_END}"
+    r"|'(?=\w)(?!(?i:re|ve|ll|m|t|s|d|n)\b)"  # an opening quote
+    r"|(?<!\w)(?i:can(?=not\b)|gon(?=na\b)|got(?=ta\b)|wan(?=na\s)|lem(?=me\b)|gim(?=me\b))"  # can|not
+    r"|(?<!\S)[^\W\d_]\.(?=\s+\S)"  # an initial keeps its period ("F. Scott")
+    r"|(?<!\S)-?[.,]?\d[\d,.-]*\.(?=\s+[a-z;:,.!?])"  # so does a number before a lower-case word
+    rf"|\.(?={_CLOSE}(?:\s|$))"  # a sentence's final period
+    rf"|(?:(?!(?i:n't){_END}){_WORD_CHAR})+"
+)
+LETTER_OR_DIGIT_RE = re.compile(r"[^\W_]")
+LETTER_RE = re.compile(r"[^\W\d_]")
+PARAGRAPH_BREAK_RE = re.compile(r"\n{2,}")
+LINE_BREAKS_RE = re.compile(r"\n+")
+# scripts written without spaces, by code point: Han (with CJK punctuation and full-width forms), kana, Thai, Hangul
+HAN_RE = re.compile(r"[\u3000-\u303f\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+KANA_RE = re.compile(r"[\u3040-\u30ff]")
+THAI_RE = re.compile(r"[\u0e00-\u0e7f]")
+HANGUL_RE = re.compile(r"[\uac00-\ud7af\u1100-\u11ff]")
+SCRIPT_SAMPLE_CHARS = 2000  # a text's script is judged on its start
+SCRIPT_SHARE = 0.3  # share of a script's characters from which a text is in it
+ISO_639_3_TO_1 = {
+    "eng": "en", "deu": "de", "ger": "de", "fra": "fr", "fre": "fr", "spa": "es", "ita": "it", "por": "pt",
+    "nld": "nl", "dut": "nl", "rus": "ru", "pol": "pl", "zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh",
+    "jpn": "ja", "tha": "th", "kor": "ko",
+}  # fmt: skip
+
+
+def language_code(meta: dict) -> str | None:
+    """meta.language as a two-letter code where the table knows it ("eng", "en-US", "zh_Hans" -> en, zh)."""
+    value = meta.get("language")
+    if not isinstance(value, str) or not value.strip():
+        return None
+    code = re.split(r"[-_]", value.strip().lower(), maxsplit=1)[0]
+    return ISO_639_3_TO_1.get(code, code)
+
+
+def detect_script_language(text: str) -> str:
+    """A language from the code points alone, for a record without meta.language: zh or ja (kana), th, ko, else
+    'und' (a space-separated script, language unknown)."""
+    if text.isascii():
+        return "und"
+    sample = text[:SCRIPT_SAMPLE_CHARS]
+    letters = max(1, len(sample) - sample.count(" ") - sample.count("\n"))
+    kana = len(KANA_RE.findall(sample))
+    if (len(HAN_RE.findall(sample)) + kana) / letters >= SCRIPT_SHARE:
+        return "ja" if kana / letters >= 0.05 else "zh"
+    if len(THAI_RE.findall(sample)) / letters >= SCRIPT_SHARE:
+        return "th"
+    if len(HANGUL_RE.findall(sample)) / letters >= SCRIPT_SHARE:
+        return "ko"
+    return "und"
+
+
+def rules_for(language: str) -> LanguageRules:
+    return LANGUAGES.get(language, OTHER_LANGUAGE)
+
+
+class Doc:
+    """One text and the pieces the rules measure, each cut at most once, when a rule first asks for it."""
+
+    def __init__(self, text: str, language: str):
+        self.text = text
+        self.language = language
+        self.rules = rules_for(language)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        """Lines as `str.splitlines` cuts them (Gopher's bullet and ellipsis shares)."""
+        return self.text.splitlines()
+
+    @cached_property
+    def nonblank_lines(self) -> list[str]:
+        """Lines split at "\\n" that hold more than whitespace (FineWeb's lines)."""
+        return [line for line in self.text.split("\n") if line.strip()]
+
+    @cached_property
+    def words(self) -> list[str]:
+        if self.rules.tokens == "chars":
+            return list("".join(self.text.split()))
+        return TOKEN_RE.findall(self.text)
+
+    @cached_property
+    def content_words(self) -> list[str]:
+        """Words holding a letter or a digit (Gopher's 'non-symbol' words)."""
+        found = LETTER_OR_DIGIT_RE.search
+        return [w for w in self.words if found(w)]
+
+    @cached_property
+    def word_ids(self) -> list[int]:
+        """Each word as a small int (equal words, equal ids): n-grams become tuples of ints, hashed at C speed."""
+        ids: dict[str, int] = {}
+        return [ids.setdefault(w, len(ids)) for w in self.words]
