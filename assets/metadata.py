@@ -157,6 +157,7 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         "dropped": dagster_table(dropped),
         "token_counts": dg.MetadataValue.md(f"{token_md}\n\n{conservation}"),
         "batches": dagster_table(batches_frame(funnel)),
+        "pii_masked": dg.MetadataValue.json(funnel.get("pii_masked", {})),
         "history_row": dg.MetadataValue.json(history),
         "input_records": first["docs_in"],
         **{f"records_{s['stage']}": s["docs_out"] for s in funnel["stages"]},
@@ -278,9 +279,27 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
         "rejected_samples": drop_samples_table(stats["rejected_samples"]),
         "examples": dagster_table(examples),
         "length_distribution": markdown_table(lengths),
+        **_pii_and_contamination(stats),
         "chars_in": stats["chars_in"],
         "chars_out": stats["chars_out"],
     }
+
+
+def _pii_and_contamination(stats: dict) -> dict:
+    """Addresses masked per kind, and per evaluation file of decontaminate: its items, n-grams and records hit."""
+    out = {
+        "pii_masked": dg.MetadataValue.json(
+            {k.removeprefix("pii_"): v for k, v in stats.items() if k.startswith("pii_")}
+        ),
+        "docs_pii_masked": stats.get("docs_pii_masked", 0),
+    }
+    files = stats.get("decontamination", {}).get("files", [])
+    if files:
+        cols = ["file", "items", "items_too_short", "ngrams", "hits", "cache"]
+        out["decontamination"] = dagster_table(pd.DataFrame([{c: f[c] for c in cols} for f in files], columns=cols))
+        out["contamination_mode"] = stats["decontamination"]["mode"]
+        out["flagged_contamination"] = stats.get("flagged_contamination", 0)
+    return out
 
 
 DEDUP_SOURCE_ROWS = 20  # per-source rows shown in the UI; the full list is in report.json

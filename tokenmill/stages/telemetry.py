@@ -36,11 +36,12 @@ def batch_stats(data_root: Path, key: str) -> dict[str, dict]:
 
 
 def summed(stats: list[dict] | Iterable[dict]) -> dict:
-    """The record counts (docs_in, docs_out, dropped_<reason>, tokens) of several batches added up."""
+    """The record counts (docs_in, docs_out, dropped_<reason>, tokens, pii_<kind> masked) of several batches added
+    up."""
     total: dict[str, int] = {}
     for s in stats:
         for k, v in s.items():
-            if (k in ("docs_in", "docs_out", "tokens") or k.startswith("dropped_")) and isinstance(v, int):
+            if (k in ("docs_in", "docs_out", "tokens") or k.startswith(("dropped_", "pii_"))) and isinstance(v, int):
                 total[k] = total.get(k, 0) + v
     return total
 
@@ -106,6 +107,7 @@ def build_funnel(data_root: Path) -> dict:
     tok = stage_stats(data_root, "tokenized_bins")
     registry = read_registry(data_root)
     batches = per_batch_funnel(data_root, registry.keys, tok)
+    cleaned = stage_stats(data_root, "cleaned_jsonl")
     tokens = int(tok.get("tokens", 0))
     supervised = int(tok.get("supervised_tokens", tokens))
     masked = int(tok.get("masked_tokens", tokens - supervised))
@@ -114,6 +116,7 @@ def build_funnel(data_root: Path) -> dict:
         "generation": registry.generation,
         "stages": stages,
         "batches": batches,
+        "pii_masked": {k.removeprefix("pii_"): v for k, v in sorted(cleaned.items()) if k.startswith("pii_")},
         "records_with_metadata": tok.get("records_with_metadata"),
         "metadata_dropout": tok.get("metadata_dropout"),
         "tokens": {

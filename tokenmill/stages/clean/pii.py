@@ -59,7 +59,7 @@ VERSION_CONTEXT_RE = re.compile(
 )
 VERSION_CONTEXT_CHARS = 24  # characters before a dotted quad that VERSION_CONTEXT_RE looks at
 PHONE_RE = re.compile(
-    r"(?<![\w+.-])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,4}){1,4}"
+    r"(?<![\w+.-])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,8}){1,4}"
     r"|\(\d{3}\)[ ]?\d{3}[.-]\d{4}|\d{3}([.-])\d{3}\1\d{4})(?![\w-]|\.\d)"
 )
 PHONE_DIGITS = (8, 15)  # digits an international number has (E.164: at most 15)
