@@ -1,4 +1,5 @@
-"""raw_records: read a file or folder of .jsonl/.json/.txt/.csv (and .gz of these) into record JSONL shards.
+"""raw_records: read a file or folder of .jsonl/.json/.txt/.csv (and .gz, .zst of these) and .parquet into record
+JSONL shards.
 
 Every input record becomes `{"id", "text", "meta", "source": {"path", "line"|"index"}}` (docs/format.md).
 Bad input never stops the run and is never dropped silently: each bad line, record or file goes to
@@ -9,10 +10,10 @@ Steps, one module each:
                stat before anything opens it (FIFOs, sockets, devices and symlinks leaving the source are
                refused with a reason), grouped into tasks of whole files (bounded input bytes, fixed: the same
                layout for any worker count)
-  stream       opening (plain or gzip) with bounded reads (max_record_bytes per record, max_file_bytes per file,
+  stream       opening (plain, gzip or zstd) with bounded reads (max_record_bytes per record, max_file_bytes per file,
                JSON nesting depth) and what every reader yields: Found values or Bad input with a reason
-  read_jsonl, read_json, read_txt, read_csv
-               one reader per format
+  read_jsonl, read_json, read_txt, read_csv, read_parquet
+               one reader per format (read_parquet: row groups in bounded batches of rows)
   records      one input object -> text, meta and the sft/dpo/grpo fields (presets for common layouts)
   ingest       each task writes its own shards into a private folder; the parent renames them into one global
                sequence in task order, so the output is byte-identical for any worker count
