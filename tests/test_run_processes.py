@@ -1,0 +1,136 @@
+"""Every run process ends with its run: a real `dagster dev`, runs launched through GraphQL (a failed step, a config
+refused at set-up after the run's worker pool started, a success) and one by the sensor through the daemon. Within
+10 s of each run's end neither its process nor its workers are left, and the code server's process tree does not
+grow run after run (each leaked run kept ~340 MB)."""
+
+import re
+import shutil
+import time
+
+import dagster as dg
+import pytest
+
+from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, RUN_LOG_QUERY, DagsterDev
+from tokenmill.update import register_batches
+
+psutil = pytest.importorskip("psutil", reason="psutil (the test extra) reads the server's process tree")
+
+EXIT_SECONDS = 10  # from a run's end to the end of its process and workers
+RUN_SECONDS = 300
+MEMORY_RUNS = 8  # runs over which the code server's tree may not grow (10 asked; 8 keep the test near 90 s)
+GROWTH_LIMIT_MB = 100  # a leaked run process with its two workers holds ~340 MB
+REFUSED_CONFIG = {"ops": {"dedup_report": {"config": {"threshold": 1.5}}}}  # out of bounds: refused at set-up
+START_SENSOR = """
+mutation Start($selector: SensorSelector!) {
+  startSensor(sensorSelector: $selector) { __typename ... on PythonError { message } }
+}"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, demo_source):
+    tmp = tmp_path_factory.mktemp("run_processes")
+    shutil.copytree(demo_source, tmp / "source")
+    env = {"TOKENMILL_SOURCE": str(tmp / "source"), "TOKENMILL_DATA": str(tmp / "data"), "TOKENMILL_WORKERS": "2"}
+    with DagsterDev(tmp / "home", env=env) as dev:
+        with dg.DagsterInstance.from_config(str(dev.dagster_home)) as instance:
+            (batch,) = register_batches(instance, tmp / "data", tmp / "source")
+            yield dev, instance, batch
+
+
+def finished(dev: DagsterDev, run_id: str) -> str:
+    """Waits for the run's end; returns its status."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    client = DagsterGraphQLClient("127.0.0.1", port_number=dev.port)
+    deadline = time.monotonic() + RUN_SECONDS
+    while time.monotonic() < deadline:
+        status = client.get_run_status(run_id).value
+        if status in ("SUCCESS", "FAILURE", "CANCELED"):
+            return status
+        time.sleep(0.5)
+    raise TimeoutError(f"run {run_id} not finished after {RUN_SECONDS} s; log: {dev.log_path}")
+
+
+def run_processes(dev: DagsterDev, run_id: str) -> list:
+    """The run's process (the pid its log names) and its children (the pool's workers), those still alive."""
+    events = dev.graphql(RUN_LOG_QUERY, {"runId": run_id})["logsForRun"]["events"]
+    pids = [
+        int(m[1]) for e in events if (m := re.search(r"Started process for run \(pid: (\d+)\)", e["message"] or ""))
+    ]
+    assert len(pids) == 1, f"run {run_id}: {pids}"
+    try:
+        process = psutil.Process(pids[0])
+        return [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def assert_run_process_ends(dev: DagsterDev, run_id: str) -> None:
+    left = run_processes(dev, run_id)
+    _, alive = psutil.wait_procs(left, timeout=EXIT_SECONDS)
+    zombies = [p for p in alive if p.status() == psutil.STATUS_ZOMBIE]  # exited; its parent reaps it on its next poll
+    assert set(alive) == set(zombies), f"run {run_id}: {[(p.pid, p.cmdline()[-2:]) for p in alive]} still running"
+
+
+def code_server_mb(dev: DagsterDev) -> float:
+    """Resident memory of the code servers (`dagster api grpc`: they start the run processes) and all below them."""
+    tree = psutil.Process(dev.proc.pid).children(recursive=True)
+    servers = [p for p in tree if "grpc" in " ".join(p.cmdline())]
+    processes = {p for s in servers for p in [s, *s.children(recursive=True)]}
+    return sum(p.memory_info().rss for p in processes) / 2**20
+
+
+def launch(dev: DagsterDev, batch: str, assets: list[str] | None = None, run_config: dict | None = None) -> str:
+    """tokenmill_all (or just `assets`) for the batch, as the launchpad does."""
+    from dagster_graphql import DagsterGraphQLClient
+
+    if assets is None:
+        client = DagsterGraphQLClient("127.0.0.1", port_number=dev.port)
+        return client.submit_job_execution(
+            "tokenmill_all", repository_location_name="tokenmill", run_config=run_config or {},
+            tags={"dagster/partition": batch},
+        )  # fmt: skip
+    selector = {
+        "repositoryLocationName": "tokenmill",
+        "repositoryName": "__repository__",
+        "jobName": "__ASSET_JOB",
+        "assetSelection": [{"path": [k]} for k in assets],
+    }
+    params = {"selector": selector, "executionMetadata": {"tags": [{"key": "dagster/partition", "value": batch}]}}
+    launched = dev.graphql(LAUNCH_ASSETS_MUTATION, {"params": params})["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def test_every_run_process_ends_and_the_code_server_does_not_grow(server):
+    dev, instance, batch = server
+    memory = []
+    checked = [
+        ("a failed step", lambda: launch(dev, batch, ["cleaned_jsonl"]), "FAILURE"),  # raw_records not written yet
+        ("a config refused at set-up", lambda: launch(dev, batch, run_config=REFUSED_CONFIG), "FAILURE"),
+        ("a success", lambda: launch(dev, batch, ["raw_records"]), "SUCCESS"),
+        ("the sensor's run", lambda: sensor_run(dev, instance), "SUCCESS"),
+    ]
+    refused = ("a refused config", lambda: launch(dev, batch, run_config=REFUSED_CONFIG), "FAILURE")
+    for what, start, expected in checked + [refused] * (MEMORY_RUNS - len(checked)):
+        run_id = start()
+        assert finished(dev, run_id) == expected, f"{what}: run {run_id}; log {dev.log_path}"
+        assert_run_process_ends(dev, run_id)
+        memory.append(code_server_mb(dev))
+    print("code server tree MB after each run:", [round(m) for m in memory])
+    assert max(memory[2:]) - memory[1] < GROWTH_LIMIT_MB, memory  # after the first runs warmed the code server
+
+
+def sensor_run(dev: DagsterDev, instance: dg.DagsterInstance) -> str:
+    """Starts the source sensor; its first tick requests tokenmill_all for the registered batch (the daemon
+    launches it). Returns that run's id."""
+    selector = {"repositoryLocationName": "tokenmill", "repositoryName": "__repository__"}
+    started = dev.graphql(START_SENSOR, {"selector": {**selector, "sensorName": "source_files_sensor"}})
+    assert started["startSensor"]["__typename"] == "Sensor", started
+    deadline = time.monotonic() + RUN_SECONDS
+    while time.monotonic() < deadline:
+        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/sensor_name": "source_files_sensor"}))
+        if runs:
+            return runs[0].run_id
+        time.sleep(1)
+    raise TimeoutError(f"the sensor requested no run in {RUN_SECONDS} s; log: {dev.log_path}")
