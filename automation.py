@@ -78,9 +78,9 @@ def source_sensor(source_path: str) -> dg.SensorDefinition:
         job_name=WHOLE_GRAPH_JOB,
         minimum_interval_seconds=60,
         default_status=dg.DefaultSensorStatus.STOPPED,
-        description=f"Watches {source_path}: new files the readers ingest (.jsonl, .json, .txt, .csv, .gz of "
-        "these) become a source batch, and one run processes only that batch. Other files (a README) are "
-        "ignored; changed or removed files are reported and need `tokenmill update --rebuild`.",
+        description=f"Watches {source_path}: new files the readers ingest (.jsonl, .json, .txt, .csv, .gz and "
+        ".zst of these, .parquet) become a source batch, and one run processes only that batch. Other files (a "
+        "README) are ignored; changed or removed files are reported and need `tokenmill update --rebuild`.",
     )
     def source_files_sensor(context: dg.SensorEvaluationContext, source: CorpusSource, data_root: DataRoot):
         return next_batch_request(source, data_root, context.instance)

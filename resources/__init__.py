@@ -27,7 +27,8 @@ DEFAULT_DATA = REPO_ROOT / "data"
 
 
 class CorpusSource(dg.ConfigurableResource):
-    """The input corpus: a file or a folder searched recursively (.jsonl, .json, .txt, .csv, and .gz of these)."""
+    """The input corpus: a file or a folder searched recursively (.jsonl, .json, .txt, .csv, .gz and .zst of these,
+    .parquet)."""
 
     path: str = Field(description="File or folder to ingest; env TOKENMILL_SOURCE, default the bundled demo corpus")
 

@@ -46,7 +46,9 @@ def register_batches(instance, data_root: Path, source: Path, rebuild: bool = Fa
     partitions; returns the pending batches. SourceChangedError when ingested files changed and no rebuild."""
     state = source_state(source, exclude=data_root)
     if not state:
-        raise SourceError(f"TOKENMILL_SOURCE has no .jsonl, .json, .txt or .csv file (or .gz of these): {source}")
+        raise SourceError(
+            f"TOKENMILL_SOURCE has no .jsonl, .json, .txt or .csv file (or .gz, .zst of these) or .parquet: {source}"
+        )
     if rebuild:
         funnel = data_root / FUNNEL_FILE
         with DataRootLock(data_root).acquire("tokenmill update --rebuild"):
