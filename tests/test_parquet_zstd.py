@@ -7,7 +7,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from support import BATCH, materialize_batch
 
+from assets.raw import raw_records
 from tokenmill.common.io import REJECTED_FILE, iter_jsonl, read_stats, record_id, record_shards
 from tokenmill.stages.raw import RawSettings, ingest
 from tokenmill.stages.raw.read_parquet import read_parquet
@@ -258,3 +260,12 @@ def test_mixed_folder_counts_and_worker_count_do_not_change_outputs(src, tmp_pat
     two, _, _ = run(src, tmp_path / "w2", workers=2, task_mb=0.01, records_per_shard=400)
     for name in [p.name for p in record_shards(tmp_path / "w1")] + [REJECTED_FILE]:
         assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
+    # the asset: the same files, its metadata in = out + rejected
+    config = {"task_mb": 0.01, "records_per_shard": 400, "parquet_batch_rows": 128}
+    result = materialize_batch([raw_records], tmp_path / "data", src, {"ops": {"raw_records": {"config": config}}})
+    meta = result.asset_materializations_for_node("raw_records")[0].metadata
+    assert (meta["docs_in"].value, meta["docs_out"].value) == (one["docs_in"], one["docs_out"])
+    assert meta["docs_in"].value == meta["docs_out"].value + sum(meta["rejected_by_reason"].value.values())
+    batch = tmp_path / "data" / "raw_records" / BATCH
+    for name in [p.name for p in record_shards(tmp_path / "w1")] + [REJECTED_FILE]:
+        assert (tmp_path / "w1" / name).read_bytes() == (batch / name).read_bytes()
