@@ -102,7 +102,7 @@ class CleanSettings(StageSettings, QualitySettings):
     language_id: bool = Field(
         True,
         description="Identify each kept record's language (meta.language, ISO 639-1 where one exists, else ISO "
-        "639-3; meta.language_score 0..1) with fastText lid.176",
+        "639-3; meta.language_score 0..1) with CLD2, and py3langid where CLD2 is unsure",
     )
     languages: list[str] = Field(
         [],
