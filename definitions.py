@@ -8,7 +8,7 @@ from assets.exports import EXPORT_ASSETS
 from assets.raw import raw_records
 from assets.telemetry import funnel_telemetry
 from assets.tokenize import tokenized_bins, tokenizer
-from automation import daily_refresh, source_sensor, whole_graph_job
+from automation import daily_refresh, retire_source_batch_job, source_sensor, whole_graph_job
 from resources import Compute, CorpusSource, DataRoot, compute_from_env, data_root_from_env, source_from_env
 
 ASSETS = [raw_records, cleaned_jsonl, dedup_batch_assets, deduped_jsonl, tokenizer, tokenized_bins, funnel_telemetry]
@@ -18,7 +18,7 @@ def build_defs(source: CorpusSource, data_root: DataRoot, compute: Compute | Non
     """The code location for one source, data root and compute engine (tests build their own)."""
     return dg.Definitions(
         assets=[*ASSETS, *EXPORT_ASSETS],
-        jobs=[whole_graph_job(str(data_root.path("")), source.path)],
+        jobs=[whole_graph_job(str(data_root.path("")), source.path), retire_source_batch_job],
         schedules=[daily_refresh],
         sensors=[source_sensor(source.path)],
         resources={"source": source, "data_root": data_root, "compute": compute or Compute()},

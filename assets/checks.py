@@ -11,9 +11,8 @@ import dagster as dg
 
 from tokenmill.common.io import STATS_FILE, read_json
 from tokenmill.errors import CheckFailedError
+from tokenmill.stages.raw import RawSettings
 from tokenmill.validate import MAX_PROBLEMS, validate_exact_keys, validate_records, validate_token_shards
-
-MAX_REJECTED_SHARE = 0.2  # above this the source or the reader settings are wrong, not the records
 
 
 def _problems_md(problems: list[str]) -> dg.MetadataValue:
@@ -26,7 +25,7 @@ RAW_RECORDS_NOT_EMPTY = dg.AssetCheckSpec(
     "raw_records_not_empty",
     asset="raw_records",
     blocking=True,
-    description="At least one record, and rejected share under a bound.",
+    description="At least one record, and the rejected share within raw_records.max_rejected_share.",
 )
 CLEANED_RECORDS_VALID = dg.AssetCheckSpec(
     "cleaned_records_valid",
@@ -51,7 +50,8 @@ TOKEN_SHARDS_CONSISTENT = dg.AssetCheckSpec(
 FUNNEL_CONSERVED = dg.AssetCheckSpec(
     "funnel_conserved",
     asset="funnel_telemetry",
-    description="Every stage: records in = records out + dropped, and stages link up.",
+    blocking=True,
+    description="Every stage: records in = records out + dropped, and stages link up (in total and per batch).",
 )
 
 
@@ -72,14 +72,16 @@ def refuse_unless_passed(check: dg.AssetCheckResult) -> None:
         )
 
 
-def raw_records_not_empty(folder: Path) -> dg.AssetCheckResult:
+def raw_records_not_empty(
+    folder: Path, max_rejected_share: float = RawSettings.model_fields["max_rejected_share"].default
+) -> dg.AssetCheckResult:
     stats = read_json(Path(folder) / STATS_FILE)
     seen = stats["docs_in"]
     share = (seen - stats["docs_out"]) / seen if seen else 1.0
     return dg.AssetCheckResult(
         check_name=RAW_RECORDS_NOT_EMPTY.name,
-        passed=stats["docs_out"] > 0 and share <= MAX_REJECTED_SHARE,
-        metadata={"records": stats["docs_out"], "rejected_share": round(share, 4), "bound": MAX_REJECTED_SHARE},
+        passed=stats["docs_out"] > 0 and share <= max_rejected_share,
+        metadata={"records": stats["docs_out"], "rejected_share": round(share, 4), "bound": max_rejected_share},
     )
 
 
@@ -136,6 +138,12 @@ def token_shards_consistent(
 
 def funnel_conserved(funnel: dict) -> dg.AssetCheckResult:
     broken = [s["stage"] for s in funnel["stages"] if not (s["conserved"] and s["linked"])]
+    broken += [
+        f"{s['stage']} of batch {b['batch']}"
+        for b in funnel["batches"]
+        for s in b["stages"]
+        if not (s["conserved"] and s["linked"])
+    ]
     return dg.AssetCheckResult(
         check_name=FUNNEL_CONSERVED.name,
         passed=not broken,

@@ -1,12 +1,17 @@
 """raw_records: one source batch read into normalized record JSONL shards (bad input rejected with a reason)."""
 
+import os
+import shutil
+
 import dagster as dg
 
 from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
-from assets.checks import RAW_RECORDS_NOT_EMPTY, publish_only_if_passed, raw_records_not_empty
+from assets.checks import RAW_RECORDS_NOT_EMPTY, raw_records_not_empty
 from assets.metadata import compute_metadata, raw_records_metadata
 from resources import Compute, CorpusSource, DataRoot
-from tokenmill.common.io import staged_output
+from tokenmill.batches import quarantine, retire_hint, source_file
+from tokenmill.common.io import REJECTED_FILE, STATS_FILE, atomic_write_json, read_json, staged_output
+from tokenmill.errors import CheckFailedError, SourceError
 from tokenmill.stages.raw import RawSettings, ingest
 
 
@@ -29,12 +34,30 @@ def raw_records(
     "source"}` JSONL shards with stable ids. Malformed lines, records without text, undecodable bytes and
     unreadable files go to `_rejected.jsonl` with path, line and reason."""
     src = source.resolved()  # a missing source is a clear error before any work
-    batch = registered_batch(context, data_root)
+    batch = registered_batch(context, data_root, source)
     folder = batch_output(data_root, "raw_records", batch.key)
+    held = quarantine(data_root.path(""), batch.key)
+    if missing := sorted(f for f in batch.files if not source_file(src, f).exists()):
+        raise SourceError(
+            f"files of source batch {batch.key} are gone from {src}: {', '.join(missing[:5])}"
+            f"{f' and {len(missing) - 5} more' if len(missing) > 5 else ''}; restore them, or {retire_hint(batch.key)}"
+        )
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:
         stats = ingest(src, out, config, log=context.log, exclude=data_root.path(""), only=batch.files)
-        check = raw_records_not_empty(out)
-        yield from publish_only_if_passed(check)
+        check = raw_records_not_empty(out, config.max_rejected_share)
+        if not check.passed:  # the rejected records stay readable: the staged folder goes with the failed step
+            held.mkdir(parents=True, exist_ok=True)
+            os.replace(out / REJECTED_FILE, held / REJECTED_FILE)
+            atomic_write_json(held / STATS_FILE, read_json(out / STATS_FILE))
+            yield check
+            rejected = stats["docs_in"] - stats["docs_out"]
+            raise CheckFailedError(
+                f"raw_records: {rejected:,} of the {stats['docs_in']:,} records of batch {batch.key} were rejected, "
+                f"{stats['docs_out']:,} kept (bound raw_records.max_rejected_share {config.max_rejected_share:g}); "
+                f"each one and its reason is in {held / REJECTED_FILE}. Fix the files and {retire_hint(batch.key)}: "
+                "the corrected files come in as a new batch; or raise the bound"
+            )
+    shutil.rmtree(held, ignore_errors=True)  # an earlier failed attempt's, superseded by the published batch
     yield dg.MaterializeResult(
         metadata={**raw_records_metadata(stats, folder), **compute_metadata(usage)}, check_results=[check]
     )

@@ -4,7 +4,7 @@ import time
 
 import dagster as dg
 
-from assets.checks import FUNNEL_CONSERVED, funnel_conserved
+from assets.checks import FUNNEL_CONSERVED, funnel_conserved, publish_only_if_passed
 from assets.metadata import funnel_metadata
 from resources import DataRoot
 from tokenmill.common.io import atomic_write_json, staged_output
@@ -32,7 +32,7 @@ def previous_history_rows(context: dg.AssetExecutionContext, source: str) -> lis
     code_version="1",
     check_specs=[FUNNEL_CONSERVED],
 )
-def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg.MaterializeResult:
+def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot):
     """The data funnel of the whole run: records kept and dropped per stage, tokens, split and bytes.
 
     Built from the `_stats.json` each stage measured. `funnel.json` is machine-readable; the page shows the funnel
@@ -42,11 +42,12 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot) -> 
     start = time.perf_counter()
     funnel = build_funnel(data_root.path(""))
     history = {**history_row(funnel), "source": funnel["source"]}
+    check = funnel_conserved(funnel)
     with staged_output(data_root.path("funnel_telemetry")) as out:
         atomic_write_json(out / "funnel.json", funnel)
         funnel_chart_png(funnel, previous_history_rows(context, funnel["source"]), out / "funnel.png")
+        yield from publish_only_if_passed(check)  # blocking: a funnel that loses records would mark its batch done
     metadata = funnel_metadata(funnel, history, data_root.path("funnel_telemetry"))
-    return dg.MaterializeResult(
-        metadata={**metadata, "seconds": round(time.perf_counter() - start, 3)},
-        check_results=[funnel_conserved(funnel)],
+    yield dg.MaterializeResult(
+        metadata={**metadata, "seconds": round(time.perf_counter() - start, 3)}, check_results=[check]
     )

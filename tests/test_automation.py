@@ -18,6 +18,21 @@ def sensor_tick(source: Path, data: Path, instance):
         return source_sensor(str(source))(context)
 
 
+def run_requested(defs, instance, tick: dg.SensorResult, **config):
+    """What the daemon does with a tick's result: its partitions added, its run launched (here in process)."""
+    for partitions in tick.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(partitions.partitions_def_name, partitions.partition_keys)
+    (request,) = tick.run_requests
+    return defs.resolve_job_def("tokenmill_all").execute_in_process(
+        instance=instance,
+        partition_key=request.partition_key,
+        tags=request.tags,
+        run_config=run_config(),
+        raise_on_error=False,
+        **config,
+    )
+
+
 def test_sensor_requests_one_run_per_new_batch_and_none_otherwise(tmp_path):
     source, data = tmp_path / "src", tmp_path / "data"
     source.mkdir()
@@ -25,24 +40,29 @@ def test_sensor_requests_one_run_per_new_batch_and_none_otherwise(tmp_path):
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
     with dg.instance_for_test() as instance:
         first = sensor_tick(source, data, instance)
-        assert isinstance(first, dg.RunRequest) and first.partition_key == first.run_key == "g1-b000001"
-        assert instance.get_dynamic_partitions("source_batch") == ["g1-b000001"]
-        result = defs.resolve_job_def("tokenmill_all").execute_in_process(
-            instance=instance, partition_key="g1-b000001", run_config=run_config()
-        )
-        assert result.success
+        assert isinstance(first, dg.SensorResult)
+        (request,) = first.run_requests
+        assert (request.partition_key, request.run_key) == ("g1-b000001", "g1-b000001:1")
+        assert first.dynamic_partitions_requests[0].partition_keys == ["g1-b000001"]
+        assert not (data / "_batches.json").exists()  # a previewed tick writes nothing: the run registers it
+        assert instance.get_dynamic_partitions("source_batch") == []
+        assert run_requested(defs, instance, first).success
+        assert read_registry(data).batch("g1-b000001").files.keys() == {"a.jsonl"}
         assert isinstance(sensor_tick(source, data, instance), dg.SkipReason)  # switched on again: nothing new
         (source / "README.md").write_text("notes")
         (source / ".hidden.jsonl").write_text('{"text": "x"}\n')
         assert isinstance(sensor_tick(source, data, instance), dg.SkipReason)
         write_batch_file(source / "b.jsonl", 30, seed=2)
         second = sensor_tick(source, data, instance)
-        assert isinstance(second, dg.RunRequest) and second.partition_key == "g1-b000002"
-        assert sensor_tick(source, data, instance).run_key == second.run_key  # the same request until it ran
+        assert second.run_requests[0].partition_key == "g1-b000002"
+        assert sensor_tick(source, data, instance).run_requests[0].run_key == second.run_requests[0].run_key
+        assert "g1-b000002" not in read_registry(data).keys
+        assert run_requested(defs, instance, second).success
         assert read_registry(data).batch("g1-b000002").files.keys() == {"b.jsonl"}
         (source / "a.jsonl").write_text('{"text": "edited"}\n')
         changed = sensor_tick(source, data, instance)
-        assert isinstance(changed, dg.SkipReason) and "a.jsonl (batch g1-b000001)" in changed.skip_message
+        assert isinstance(changed, dg.SkipReason)
+        assert "1 file already ingested changed: a.jsonl (batch g1-b000001)" in changed.skip_message
         assert "--rebuild" in changed.skip_message
 
 
@@ -66,4 +86,5 @@ def test_daily_schedule_registers_new_files_and_is_stopped_by_default(tmp_path):
         repository = build_defs(resources["source"], resources["data_root"]).get_repository_def()
         with dg.build_schedule_context(instance=instance, resources=resources, repository_def=repository) as context:
             (request,) = daily_refresh.evaluate_tick(context).run_requests
-        assert request.partition_key == "g1-b000001"
+        assert request.partition_key == "g1-b000001" and request.tags["tokenmill/planned_batch"] == "g1-b000001"
+        assert instance.get_dynamic_partitions("source_batch") == ["g1-b000001"]  # a schedule adds it itself

@@ -1,31 +1,51 @@
 """Source batches: which source files each batch holds, so a growing corpus is processed one batch at a time.
 
-A batch is the set of ingestible files found new at one point (`tokenmill update`, the sensor, the schedule). The
-registry `<data root>/_batches.json` is the one record of them: the source path, the generation and, per batch,
-its key and its files with size and mtime. Keys are `g<generation>-b<number>` (zero-padded, so sorting by name is
-arrival order); they are also the Dagster dynamic partitions of the per-batch assets.
+A batch is the set of ingestible files found new at one point (`tokenmill update`, or the run a sensor or schedule
+tick requested, when it starts). The registry `<data root>/_batches.json` is the one record of them: the source
+path, the generation and, per batch, its key, its files with size, mtime and a content hash, and whether it was
+retired. Keys are `g<generation>-b<number>` (zero-padded, so sorting by name is arrival order); they are also the
+Dagster dynamic partitions of the per-batch assets.
 
-Files only ever join a batch. A file that changed or disappeared after its batch was registered cannot be taken
-back out of the records, the dedup index and the shards built from it: that needs a full rebuild, which starts a
-new generation (`tokenmill update --rebuild`).
+A file is told changed by its content: size, then (only when size or mtime moved) a BLAKE2b hash of its bytes, so a
+`touch` changes nothing and a steady source costs one stat per file. A file that changed or disappeared after its
+batch was published cannot be taken back out of the records, the dedup index and the shards built from it: it
+waits for a full rebuild, which starts a new generation (`tokenmill update --rebuild`), while new files go on.
+
+A batch that failed and never published can be retired (`tokenmill update --drop-batch KEY`, or the
+retire_source_batch job): its partial outputs are removed (the raw records it rejected are kept in
+`raw_records/_quarantine/<key>/`), later batches no longer count it, and its files stay out until they change: a
+corrected file comes in as a new batch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenmill.common.io import atomic_write_json, read_json
-from tokenmill.errors import CorruptOutputError, SourceChangedError
+from tokenmill.common.io import (
+    REJECTED_FILE,
+    REMOVED_FILE,
+    atomic_write_json,
+    gather_batch_files,
+    read_json,
+    remove_stage,
+)
+from tokenmill.errors import CorruptOutputError, SourceChangedError, UnknownBatchError
+from tokenmill_loader.format import DATASET_FILE
 
 REGISTRY_FILE = "_batches.json"
 REGISTRY_LOCK = ".batches.lock"
 PARTITIONS_NAME = "source_batch"  # the Dagster dynamic partitions definition of the per-batch assets
 REBUILD_HINT = "run `tokenmill update --rebuild` to rebuild every asset from the source as it is now"
+PER_BATCH_STAGES = ("raw_records", "cleaned_jsonl", "dedup_report", "dedup_index", "deduped_jsonl")
+QUARANTINE_DIR = Path("raw_records") / "_quarantine"  # a failed or retired batch's rejected raw records
+HASH_BLOCK = 1 << 20
 
 
 # the only form a batch key takes: it names a folder in every per-batch stage, so nothing else (`..`, `/`) may pass
@@ -41,11 +61,36 @@ def is_batch_key(key: str) -> bool:
     return BATCH_KEY_FORM.fullmatch(key) is not None
 
 
+def retire_hint(key: str) -> str:
+    return f"retire it with `tokenmill update --drop-batch {key}` (or the retire_source_batch job)"
+
+
+def content_hash(path: Path) -> str:
+    """32 hex of BLAKE2b over the file's bytes (read block by block)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def source_file(source: Path, rel: str) -> Path:
+    """The file a `source_state` entry names (a source that is one file lists it by its name)."""
+    return source if source.is_file() else source / rel
+
+
 @dataclass
 class Batch:
     key: str
-    files: dict[str, list[int]]
-    """{path relative to the source: [size, mtime_ns]} when the batch was registered."""
+    files: dict[str, list]
+    """{path relative to the source: [size, mtime_ns, content hash]} when the batch was registered (registries
+    written before content hashes: [size, mtime_ns])."""
+    retired: str | None = None
+    """Why the batch was retired (it never published; later batches do not count it), None while it counts."""
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 @dataclass
@@ -54,21 +99,29 @@ class SourceChanges:
 
     new: dict[str, list[int]] = field(default_factory=dict)
     changed: list[tuple[str, str]] = field(default_factory=list)
-    """(file, batch key) of registered files whose size or mtime changed."""
+    """(file, batch key) of registered files whose content changed (size, or content hash)."""
     removed: list[tuple[str, str]] = field(default_factory=list)
     """(file, batch key) of registered files no longer in the source."""
+    touched: dict[str, list] = field(default_factory=dict)
+    """{file: [size, mtime_ns, hash]} of registered files whose mtime moved with the same content."""
 
-    def problem(self) -> str | None:
-        """One message naming the changed and removed files and their batches, None when there are none."""
+    def waiting(self) -> str | None:
+        """One message naming the changed and removed files, their batches and what the user can do; None when
+        there are none. New files are registered and run all the same."""
         if not (self.changed or self.removed):
             return None
         parts = []
-        for what, items in (("changed", self.changed), ("removed", self.removed)):
+        for verb, items in (("changed", self.changed), ("was removed", self.removed)):
             if items:
                 shown = ", ".join(f"{f} (batch {b})" for f, b in items[:5])
                 more = f" and {len(items) - 5} more" if len(items) > 5 else ""
-                parts.append(f"{len(items)} {what}: {shown}{more}")
-        return f"source files already ingested were {'; '.join(parts)}; {REBUILD_HINT}"
+                verb = "were removed" if verb == "was removed" and len(items) > 1 else verb
+                parts.append(f"{_plural(len(items), 'file', 'files')} already ingested {verb}: {shown}{more}")
+        return (
+            f"{'; '.join(parts)}; waiting for your decision, new files are still registered: {REBUILD_HINT} (a "
+            "batch that never published can be retired instead with `tokenmill update --drop-batch <batch>`, "
+            "and its corrected files come in as a new batch)"
+        )
 
 
 @dataclass
@@ -79,7 +132,17 @@ class Registry:
 
     @property
     def keys(self) -> list[str]:
+        """Every batch key, retired ones included (a key is never given twice)."""
         return [b.key for b in self.batches]
+
+    @property
+    def live_keys(self) -> list[str]:
+        """The keys of the batches that count (not retired), in order."""
+        return [b.key for b in self.batches if not b.retired]
+
+    @property
+    def next_key(self) -> str:
+        return batch_key(self.generation or 1, len(self.batches) + 1)
 
     def batch(self, key: str) -> Batch:
         if not is_batch_key(key):
@@ -90,24 +153,50 @@ class Registry:
         raise KeyError(f"no source batch {key!r} in {REGISTRY_FILE} (registered: {', '.join(self.keys) or 'none'})")
 
     def earlier(self, key: str) -> list[str]:
-        """The keys registered before `key`, in order."""
-        return self.keys[: self.keys.index(self.batch(key).key)]
+        """The batches that count registered before `key`, in order (retired ones left out)."""
+        position = self.keys.index(self.batch(key).key)
+        return [b.key for b in self.batches[:position] if not b.retired]
 
     def compare(self, source: Path, state: dict[str, list[int]]) -> SourceChanges:
-        """New, changed and removed files of `state` (a `source_state`) against the registered batches."""
+        """New, changed, removed and touched files of `state` (a `source_state`) against the registered batches.
+        A file whose size and mtime are as registered is not read; one whose mtime alone moved is hashed. A file of
+        a retired batch is new again once its content changed."""
         if self.source is not None and Path(self.source) != Path(source):
             raise SourceChangedError(
                 f"this data root was built from {self.source}, not {source}: point TOKENMILL_DATA at another "
                 f"folder for another corpus, or {REBUILD_HINT}"
             )
-        registered = {f: (b.key, meta) for b in self.batches for f, meta in b.files.items()}
-        changes = SourceChanges(new={f: meta for f, meta in state.items() if f not in registered})
+        registered = {f: (b.key, meta) for b in self.batches if not b.retired for f, meta in b.files.items()}
+        retired = {f: meta for b in self.batches if b.retired for f, meta in b.files.items()}  # the latest wins
+        changes = SourceChanges()
+        for f, now in state.items():
+            if f in registered:
+                continue
+            if f not in retired or _content(source, f, retired[f], now) is None:
+                changes.new[f] = now
         for f, (key, meta) in sorted(registered.items()):
             if f not in state:
                 changes.removed.append((f, key))
-            elif state[f] != meta:
-                changes.changed.append((f, key))
+            elif meta[:2] != state[f]:
+                if (same := _content(source, f, meta, state[f])) is None:
+                    changes.changed.append((f, key))
+                else:
+                    changes.touched[f] = same
         return changes
+
+
+def _content(source: Path, rel: str, registered: list, now: list[int]) -> list | None:
+    """The file's entry ([size, mtime_ns, hash]) when its content is the registered one, else None. Hashed only
+    when the mtime moved; an entry without a hash (an older registry) cannot be told apart, so it changed."""
+    if registered[:2] == now:
+        return list(registered)
+    if registered[0] != now[0] or len(registered) < 3:
+        return None
+    try:
+        digest = content_hash(source_file(source, rel))
+    except OSError:  # gone since it was listed: the next look says removed
+        return None
+    return [*now, digest] if digest == registered[2] else None
 
 
 def read_registry(data_root: Path) -> Registry:
@@ -116,7 +205,8 @@ def read_registry(data_root: Path) -> Registry:
         return Registry()
     try:
         raw = read_json(path)
-        registry = Registry(raw["source"], raw["generation"], [Batch(b["key"], b["files"]) for b in raw["batches"]])
+        batches = [Batch(b["key"], b["files"], b.get("retired")) for b in raw["batches"]]
+        registry = Registry(raw["source"], raw["generation"], batches)
         if bad := [b.key for b in registry.batches if not isinstance(b.key, str) or not is_batch_key(b.key)]:
             raise ValueError(f"batch keys not of the form g<generation>-b<number>: {bad[:3]}")
         return registry
@@ -132,7 +222,10 @@ def _write(data_root: Path, registry: Registry) -> None:
         {
             "source": registry.source,
             "generation": registry.generation,
-            "batches": [{"key": b.key, "files": b.files} for b in registry.batches],
+            "batches": [
+                {"key": b.key, "files": b.files, **({"retired": b.retired} if b.retired else {})}
+                for b in registry.batches
+            ],
         },
     )
 
@@ -149,24 +242,41 @@ def _registry_lock(data_root: Path):
         os.close(fd)
 
 
-def register_new_files(data_root: Path, source: Path, state: dict[str, list[int]]) -> str | None:
-    """Registers the files of `state` not yet in a batch as the next batch; returns its key (None: nothing new).
+def hashed(source: Path, files: dict[str, list[int]]) -> dict[str, list]:
+    """`files` (a `source_state`'s entries) with each file's content hash, sorted by path."""
+    return {f: [*meta[:2], content_hash(source_file(source, f))] for f, meta in sorted(files.items())}
 
-    Raises SourceChangedError naming the files when registered files changed or were removed, or when the data
-    root was built from another source."""
+
+def register_new_files(
+    data_root: Path, source: Path, state: dict[str, list[int]], key: str | None = None
+) -> tuple[str | None, SourceChanges]:
+    """Registers the files of `state` not yet in a batch as the next batch; returns its key (None: nothing new)
+    and the changes found. Changed and removed files are left waiting (`SourceChanges.waiting`); touched ones get
+    their new mtime. With `key` (the batch a sensor tick planned, registered when its run starts): that batch,
+    already registered or registered now as the next one; UnknownBatchError when it is neither.
+
+    Raises SourceChangedError when the data root was built from another source."""
     with _registry_lock(data_root):
         registry = read_registry(data_root)
+        if key is not None and key in registry.keys:
+            return key, SourceChanges()
         changes = registry.compare(source, state)
-        if problem := changes.problem():
-            raise SourceChangedError(problem)
-        if not changes.new:
-            return None
+        if key is not None and (key != registry.next_key or not changes.new):
+            why = f"the next batch is {registry.next_key}" if key != registry.next_key else "no file is new now"
+            raise UnknownBatchError(f"batch {key} was planned by a sensor or schedule tick, but {why}")
+        if not (changes.new or changes.touched):
+            return None, changes
         if registry.source is None:
             registry = Registry(str(source), 1)
-        key = batch_key(registry.generation, len(registry.batches) + 1)
-        registry.batches.append(Batch(key, dict(sorted(changes.new.items()))))
+        for batch in registry.batches:
+            if not batch.retired:
+                batch.files.update({f: meta for f, meta in changes.touched.items() if f in batch.files})
+        new_key = None
+        if changes.new:
+            new_key = registry.next_key
+            registry.batches.append(Batch(new_key, hashed(source, changes.new)))
         _write(data_root, registry)
-        return key
+        return new_key, changes
 
 
 def start_generation(data_root: Path, source: Path, state: dict[str, list[int]], after: int = 0) -> str:
@@ -179,6 +289,49 @@ def start_generation(data_root: Path, source: Path, state: dict[str, list[int]],
             previous = 0
         registry = Registry(str(source), max(previous, after) + 1)
         key = batch_key(registry.generation, 1)
-        registry.batches.append(Batch(key, dict(sorted(state.items()))))
+        registry.batches.append(Batch(key, hashed(source, state)))
         _write(data_root, registry)
         return key
+
+
+def published_batches(data_root: Path) -> list[str]:
+    """The batches in the dataset readers open (tokenized_bins' latest train manifest)."""
+    manifest = Path(data_root) / "tokenized_bins" / "train" / DATASET_FILE
+    return list(read_json(manifest).get("batches", [])) if manifest.exists() else []
+
+
+def quarantine(data_root: Path, key: str) -> Path:
+    """`raw_records/_quarantine/<key>/`: where the rejected raw records of a failed or retired batch stay."""
+    return Path(data_root) / QUARANTINE_DIR / key
+
+
+def retire_batch(data_root: Path, key: str, reason: str) -> list[str]:
+    """Retires batch `key`, which never published (hold the data root's lock): marked in the registry, its
+    per-batch outputs removed (the raw records it rejected kept in its quarantine) and the stages' gathered
+    rejected/removed lists made again without it; returns what was removed. UnknownBatchError when there is no
+    such batch or it is in the published dataset (its records are in the shards: only a rebuild takes them out)."""
+    data_root = Path(data_root)
+    with _registry_lock(data_root):
+        registry = read_registry(data_root)
+        try:
+            batch = registry.batch(key)
+        except KeyError as e:
+            raise UnknownBatchError(e.args[0]) from None
+        if key in published_batches(data_root):
+            raise UnknownBatchError(f"batch {key} is in the published dataset, it cannot be retired; {REBUILD_HINT}")
+        rejected = data_root / "raw_records" / key / REJECTED_FILE
+        if rejected.exists() and not quarantine(data_root, key).exists():
+            quarantine(data_root, key).mkdir(parents=True)
+            shutil.copyfile(rejected, quarantine(data_root, key) / REJECTED_FILE)
+        if not batch.retired:
+            batch.retired = reason
+            _write(data_root, registry)
+    removed = []  # again on a second call: an interrupted retirement finishes
+    for stage in PER_BATCH_STAGES:
+        if (data_root / stage / key).exists():
+            removed.append(f"{stage}/{key}")
+        remove_stage(data_root / stage / key)
+        for gathered in (REJECTED_FILE, REMOVED_FILE):
+            if (data_root / stage / gathered).exists():
+                gather_batch_files(data_root / stage, gathered)
+    return removed

@@ -32,12 +32,20 @@ def main(argv: list[str] | None = None) -> int:
         help="rebuild from the source as it is now (a new generation: needed after files already ingested "
         "changed or were removed; trains a new tokenizer; readers keep the dataset versions they opened)",
     )
+    upd.add_argument(
+        "--drop-batch",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="retire source batch KEY, one that failed and never published (repeatable): its partial outputs are "
+        "removed, later batches no longer count it, and its files come in again as a new batch once corrected",
+    )
     args = parser.parse_args(argv)
 
     if args.command == "update":
         from tokenmill.update import update
 
-        return update(args.config, rebuild=args.rebuild)
+        return update(args.config, rebuild=args.rebuild, drop_batches=tuple(args.drop_batch))
     if args.command == "lineage":
         from tokenmill.lineage import locate_token
 

@@ -13,8 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from tokenmill.batches import PARTITIONS_NAME, read_registry, register_new_files, start_generation
-from tokenmill.common.io import read_json, remove_stage
+from tokenmill.batches import (
+    PARTITIONS_NAME,
+    quarantine,
+    read_registry,
+    register_new_files,
+    retire_batch,
+    start_generation,
+)
+from tokenmill.common.io import REJECTED_FILE, read_json, remove_stage
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import workers_kept
 from tokenmill.errors import ConfigError, SourceError, TokenmillError
@@ -37,13 +44,14 @@ def pending_batches(data_root: Path) -> list[str]:
         funnel = read_json(funnel_path)
         if funnel.get("generation") == registry.generation:
             done = {b["batch"] for b in funnel.get("batches", [])}
-    return [k for k in registry.keys if k not in done]
+    return [k for k in registry.live_keys if k not in done]
 
 
-def register_batches(instance, data_root: Path, source: Path, rebuild: bool = False) -> list[str]:
+def register_batches(instance, data_root: Path, source: Path, rebuild: bool = False) -> tuple[list[str], str | None]:
     """Registers the source's new files as a batch (with `rebuild`, every file as the first batch of a new
     generation, the per-batch outputs and the tokenizer removed) and adds the batches to the instance's dynamic
-    partitions; returns the pending batches. SourceChangedError when ingested files changed and no rebuild."""
+    partitions; returns the pending batches, and what waits for the user (files already ingested that changed or
+    were removed: `SourceChanges.waiting`), None when nothing does."""
     state = source_state(source, exclude=data_root)
     if not state:
         raise SourceError(
@@ -55,15 +63,29 @@ def register_batches(instance, data_root: Path, source: Path, rebuild: bool = Fa
             start_generation(data_root, source, state, after=read_json(funnel)["generation"] if funnel.exists() else 0)
             for stage in REBUILT_STAGES:
                 remove_stage(data_root / stage)
+        waiting = None
     else:
-        register_new_files(data_root, source, state)
-    keys = read_registry(data_root).keys
+        waiting = register_new_files(data_root, source, state)[1].waiting()
+    keys = read_registry(data_root).live_keys
     known = instance.get_dynamic_partitions(PARTITIONS_NAME)
     if rebuild:  # the earlier generations' batches leave the instance's partitions
         for key in sorted(set(known) - set(keys)):
             instance.delete_dynamic_partition(PARTITIONS_NAME, key)
     instance.add_dynamic_partitions(PARTITIONS_NAME, [k for k in keys if k not in known])
-    return pending_batches(data_root)
+    return pending_batches(data_root), waiting
+
+
+def retire(instance, data_root: Path, key: str, by: str) -> str:
+    """Retires batch `key` (`retire_batch`; hold the data root's lock) and removes its partition from the
+    instance; returns one line saying what was removed and where its rejected records are."""
+    removed = retire_batch(data_root, key, f"retired by {by}")
+    if key in instance.get_dynamic_partitions(PARTITIONS_NAME):
+        instance.delete_dynamic_partition(PARTITIONS_NAME, key)
+    held = quarantine(data_root, key) / REJECTED_FILE
+    return (
+        f"batch {key} retired: later batches no longer count it (removed: {', '.join(removed) or 'no output'}"
+        f"{f'; its rejected records: {held}' if held.exists() else ''}); its files come in again once they change"
+    )
 
 
 def summary(data_root: Path) -> str:
@@ -178,15 +200,15 @@ def run_batches(job, instance, keys: list[str], run_config: dict | None = None, 
             return
 
 
-def update(config_path: str | None = None, rebuild: bool = False) -> int:
+def update(config_path: str | None = None, rebuild: bool = False, drop_batches: tuple[str, ...] = ()) -> int:
     # One worker pool for every batch's run, spawning while Dagster and the definitions import (~2 s); a Ray run's
     # tasks go to the cluster, not to local workers.
     ray = bool(os.environ.get("TOKENMILL_RAY_ADDRESS"))
     with contextlib.nullcontext() if ray else workers_kept():
-        return _update(config_path, rebuild)
+        return _update(config_path, rebuild, drop_batches)
 
 
-def _update(config_path: str | None, rebuild: bool) -> int:
+def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...]) -> int:
     import dagster as dg
 
     home = os.environ.get("DAGSTER_HOME")
@@ -210,7 +232,12 @@ def _update(config_path: str | None, rebuild: bool) -> int:
         job = defs.resolve_job_def("tokenmill_all")
         dg.validate_run_config(job, run_config)  # before anything is registered or written
         validate_run_settings(run_config)  # the bounds, which Dagster's schema does not carry
-        pending = register_batches(instance, data_root, source, rebuild)
+        for key in drop_batches:
+            with DataRootLock(data_root).acquire(f"tokenmill update --drop-batch {key}"):
+                print(f"tokenmill update: {retire(instance, data_root, key, '`tokenmill update --drop-batch`')}")
+        pending, waiting = register_batches(instance, data_root, source, rebuild)
+        if waiting:
+            print(f"tokenmill update: {waiting}", file=sys.stderr)
     except TokenmillError as e:
         print(f"tokenmill update: {e}", file=sys.stderr)
         return 2

@@ -69,6 +69,13 @@ class RawSettings(StageSettings):
         description="Rows of a .parquet file decoded at a time (one batch held in memory; row groups are read "
         "one after another): 1024 web pages of ~5 KB are ~5 MB",
     )
+    max_rejected_share: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="Largest share of a batch's records rejected before the batch fails (above it the source or "
+        "these settings are wrong, not the records); the rejected ones stay in raw_records/_quarantine/<batch>",
+    )
     follow_outside_symlinks: bool = Field(
         False, description="Read symlinks that point outside the source folder (otherwise rejected as 'outside_source')"
     )
