@@ -52,6 +52,7 @@ SITES = 2000
 COPY_POOL = 5000  # earlier pages a copy is drawn from (a seeded reservoir: memory flat in --pages)
 COPIES_AFTER = 100  # new pages before the first copy, so the first pages are not copies of one another
 KINDS = {"new": 0.80, "near_copy": 0.08, "exact_copy": 0.07, "junk": 0.05}
+LANGUAGE_SHARES = {"en": 0.45, "zh": 0.10}  # of the sites, about as on the web; the other languages share the rest
 DUMPS = ("CC-MAIN-2023-50", "CC-MAIN-2024-10", "CC-MAIN-2024-18")
 _SENTENCE_END = re.compile(r"(?<=[.!?。！？；])\s*")
 
@@ -123,7 +124,10 @@ class PageMaker:
         self.vocabulary = {
             lang: sorted({w for p in ps[:2000] for w in p.split(" ") if w})[:5000] for lang, ps in pools.items()
         }
-        self.sites = [Site(i, self.rng, self.rng.choice(self.langs)) for i in range(SITES)]
+        others = [lang for lang in self.langs if lang not in LANGUAGE_SHARES]
+        rest = 1 - sum(LANGUAGE_SHARES[lang] for lang in self.langs if lang in LANGUAGE_SHARES)
+        weights = [LANGUAGE_SHARES.get(lang, rest / len(others) if others else 0) for lang in self.langs]
+        self.sites = [Site(i, self.rng, self.rng.choices(self.langs, weights)[0]) for i in range(SITES)]
         self.made: list[tuple[str, str]] = []  # (text, lang) of up to COPY_POOL earlier new pages, for copies
 
     def _new_text(self, lang: str) -> str:
