@@ -12,6 +12,7 @@ from typing import Literal
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
+from resources.run_launcher import fail_run_of_dead_holder
 from tokenmill.batches import read_registry
 from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, activated
 from tokenmill.common.io import recover_data_root
@@ -101,6 +102,8 @@ class DataRoot(dg.ConfigurableResource):
         validate_run_settings(run.run_config)
         self.check_run_tags(run)
         self._lock = self.acquire(run.run_id, context.log.warning)
+        # a run that died holding the lock stays STARTED in Dagster (and keeps its data root's queue closed)
+        fail_run_of_dead_holder(context.instance, self._lock.dead_holder, str(self.path("")), run.run_id, context.log)
         for action in recover_data_root(self.path("")):  # what an interrupted run left, now that no run is writing
             context.log.warning(f"recovered {self.path('')}: {action}")
 

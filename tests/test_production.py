@@ -16,6 +16,7 @@ import pytest
 from support import write_batch_file
 
 from automation import DATA_ROOT_TAG, WHOLE_GRAPH_JOB
+from tokenmill.common.lock import read_holder
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -140,3 +141,53 @@ def instigators(instance):
     ]
     assert len(found) == 2, states
     return found
+
+
+def test_a_killed_update_never_wedges_the_queue(production_env):
+    """kill -9 of `tokenmill update` mid-run leaves its run STARTED (no code server watches it), which would keep
+    every queued run of its data root QUEUED; run monitoring fails it (the data root's lock names its dead process)
+    and the queued run starts within a minute of the daemon's start."""
+    env = production_env
+    update = subprocess.Popen(
+        [sys.executable, "-m", "tokenmill.cli", "update"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    data_root = env["TOKENMILL_DATA"]
+    deadline = time.monotonic() + WAIT_SECONDS
+    while not read_holder(data_root).get("pid") == update.pid and update.poll() is None:
+        assert time.monotonic() < deadline, "tokenmill update never took the data root's lock"
+        time.sleep(0.1)
+    killed_run = read_holder(data_root)["run_id"]
+    update.kill()
+    update.wait()
+
+    queued = dagster("job", "launch", "-j", WHOLE_GRAPH_JOB, "--tags", '{"dagster/partition": "g1-b000001"}', env=env)
+    assert queued.returncode == 0, queued.stderr[-3000:]
+    daemon = subprocess.Popen(
+        [str(BIN / "dagster-daemon"), "run", "-m", "definitions"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        with dg.DagsterInstance.get() as instance:
+            (waiting,) = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
+            deadline = time.monotonic() + 60
+            while instance.get_run_by_id(waiting.run_id).status == dg.DagsterRunStatus.QUEUED:
+                assert time.monotonic() < deadline, "the queued run did not start within a minute"
+                time.sleep(1)
+            dead = instance.get_run_record_by_id(killed_run)
+            assert dead.dagster_run.status == dg.DagsterRunStatus.FAILURE
+            failure = instance.all_logs(killed_run, of_type=dg.DagsterEventType.RUN_FAILURE)
+            assert f"its process {update.pid}" in failure[-1].message, failure[-1].message
+    finally:
+        os.killpg(daemon.pid, signal.SIGINT)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(daemon.pid, signal.SIGKILL)

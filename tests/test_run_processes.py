@@ -1,23 +1,31 @@
 """Every run process ends with its run: a real `dagster dev`, runs launched through GraphQL (a failed step, a config
 refused at set-up after the run's worker pool started, a success) and one by the sensor through the daemon. Within
 10 s of each run's end neither its process nor its workers are left, and the code server's process tree does not
-grow run after run (each leaked run kept ~340 MB)."""
+grow run after run (each leaked run kept ~340 MB). And a run that died holding its data root's lock is found and
+marked failed (the queue on PostgreSQL: tests/test_production.py)."""
 
+import json
+import os
 import re
 import shutil
+import socket
+import subprocess
+import sys
 import time
 
 import dagster as dg
 import pytest
 
 from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, RUN_LOG_QUERY, DagsterDev
+from resources import DataRoot
+from tokenmill.common.lock import LOCK_FILE, DataRootLock, holder_gone
 from tokenmill.update import register_batches
 
 psutil = pytest.importorskip("psutil", reason="psutil (the test extra) reads the server's process tree")
 
 EXIT_SECONDS = 10  # from a run's end to the end of its process and workers
 RUN_SECONDS = 300
-MEMORY_RUNS = 8  # runs over which the code server's tree may not grow (10 asked; 8 keep the test near 90 s)
+MEMORY_RUNS = 6  # runs over which the code server's tree may not grow (10 asked; 6 keep the test shorter)
 GROWTH_LIMIT_MB = 100  # a leaked run process with its two workers holds ~340 MB
 REFUSED_CONFIG = {"ops": {"dedup_report": {"config": {"threshold": 1.5}}}}  # out of bounds: refused at set-up
 START_SENSOR = """
@@ -134,3 +142,46 @@ def sensor_run(dev: DagsterDev, instance: dg.DagsterInstance) -> str:
             return runs[0].run_id
         time.sleep(1)
     raise TimeoutError(f"the sensor requested no run in {RUN_SECONDS} s; log: {dev.log_path}")
+
+
+def test_the_lock_names_a_holder_killed_while_holding_it_to_the_next_run(tmp_path):
+    """A release empties the lock file: a holder still named once the lock is free died holding it."""
+    hold = "import sys, time; from tokenmill.common.lock import DataRootLock as L; L(sys.argv[1]).acquire('killed')"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"{hold}; print('held', flush=True); time.sleep(600)", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "held\n"
+    holder.kill()
+    holder.wait()
+    lock = DataRootLock(tmp_path).acquire("next")
+    assert (lock.dead_holder["run_id"], lock.dead_holder["pid"]) == ("killed", holder.pid)
+    lock.release()
+    assert DataRootLock(tmp_path).acquire("after").dead_holder == {}
+
+
+def test_a_reused_pid_is_not_the_holder_and_another_host_is_never_judged(tmp_path):
+    lock = DataRootLock(tmp_path).acquire("me")
+    me = json.loads((tmp_path / LOCK_FILE).read_text())
+    lock.release()
+    assert me["pid"] == os.getpid() and not holder_gone(me)
+    assert holder_gone({**me, "process_start": "1"})  # the pid's process started at another time: not the holder
+    assert not holder_gone({**me, "process_start": "1", "host": f"not-{socket.gethostname()}"})
+
+
+def test_the_run_taking_the_lock_fails_the_run_that_died_holding_it(tmp_path):
+    """Without the daemon's run monitoring (the embedded instance, `dagster dev`), the next run on the data root
+    marks the dead holder's run failed, so it no longer shows in progress."""
+
+    @dg.asset
+    def probe(data_root: DataRoot) -> None: ...
+
+    with dg.instance_for_test() as instance:
+        dead = instance.add_run(dg.DagsterRun(job_name="killed", status=dg.DagsterRunStatus.STARTED))
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "since": "then"}
+        (tmp_path / LOCK_FILE).write_text(json.dumps({**me, "run_id": dead.run_id, "process_start": "1"}))
+        assert dg.materialize([probe], resources={"data_root": DataRoot(root=str(tmp_path))}, instance=instance).success
+        assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
+        (failure,) = instance.all_logs(dead.run_id, of_type=dg.DagsterEventType.RUN_FAILURE)
+        assert f"its process {os.getpid()} on {me['host']} ended while it held the data root" in failure.message

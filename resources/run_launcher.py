@@ -1,0 +1,55 @@
+"""Runs whose process died: Dagster keeps a killed run STARTED, and the production queue (deploy/dagster.yaml: one
+run per data root) then keeps every later run of that data root QUEUED. The data root's lock names the process that
+holds it (tokenmill.common.lock), which tells a dead run from a live one."""
+
+from __future__ import annotations
+
+import dagster as dg
+from dagster._core.launcher import CheckRunHealthResult, WorkerStatus  # the run-monitoring health check's types
+
+from tokenmill.common.lock import holder_gone, read_holder
+
+
+def dead_holder_message(holder: dict, data_root: str) -> str:
+    return (
+        f"run {holder['run_id']}: its process {holder['pid']} on {holder['host']} ended while it held the data root "
+        f"{data_root} (since {holder.get('since', '?')}), without finishing the run: killed (kill -9, the OOM killer) "
+        "or crashed"
+    )
+
+
+def fail_run_of_dead_holder(
+    instance: dg.DagsterInstance, holder: dict, data_root: str, by_run_id: str, log: dg.DagsterLogManager
+) -> None:
+    """Marks failed the run that died holding the data root's lock (`DataRootLock.dead_holder`, found by the run
+    `by_run_id` that takes the lock next) when Dagster still shows it in progress."""
+    run = instance.get_run_by_id(holder["run_id"]) if holder else None
+    if run is None or run.is_finished:
+        return
+    message = dead_holder_message(holder, data_root)
+    instance.report_run_failed(run, f"{message}; marked failed by run {by_run_id}")
+    log.warning(f"marked run {run.run_id} failed: {message}")
+
+
+class DataRootRunLauncher(dg.DefaultRunLauncher):
+    """Dagster's default run launcher with the worker health check that run monitoring asks a launcher for (the
+    default launcher has none, so monitoring never looks at a STARTED run). A run is failed once its data root's
+    lock names it and its process has ended: a killed `tokenmill update` or `dagster job execute` (no code server
+    watches those processes) or a run whose code server went down with it. Every other run counts as running: the
+    code server that launched a run reports its process's death itself, and a run that holds no lock yet is setting
+    up or waiting for the lock. The daemon must run on the runs' host to see their processes."""
+
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        return True
+
+    def check_run_worker_health(self, run: dg.DagsterRun) -> CheckRunHealthResult:
+        from automation import DATA_ROOT_TAG  # automation imports resources
+        from resources import data_root_from_env
+
+        # a UI asset selection carries no data-root tag: its code location's data root (the daemon's environment)
+        data_root = run.tags.get(DATA_ROOT_TAG) or str(data_root_from_env().path(""))
+        holder = read_holder(data_root)
+        if holder.get("run_id") == run.run_id and holder_gone(holder):
+            return CheckRunHealthResult(WorkerStatus.FAILED, dead_holder_message(holder, data_root))
+        return CheckRunHealthResult(WorkerStatus.RUNNING)
