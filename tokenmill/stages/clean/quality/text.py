@@ -1,8 +1,9 @@
 """A text cut once for every rule: lines, paragraphs, words (and their ids for n-grams), the language.
 
-Words follow NLTK's Treebank tokenizer (what datatrove's English rules count), written as one compiled regex:
-punctuation marks are words of their own ("," "(" "$" "%" "'s" "n't" "..." and a sentence's final "."), while
-"3.5", "1,000", "U.S", "e-mail" and "example.com/a" stay whole. Texts written without spaces (Chinese, Japanese,
+Words follow the English tokenizers datatrove's rules count with (spaCy's rules; NLTK's Treebank before
+datatrove 0.10), written as one compiled regex: punctuation marks are words of their own ("," "(" "$" "%" "'s"
+"n't" "..." a sentence's final "." and the hyphen of "well-known"), while "3.5", "1,000", "U.S" and "10:30" stay
+whole. Texts written without spaces (Chinese, Japanese,
 Thai) are counted in characters.
 """
 
@@ -13,28 +14,31 @@ from functools import cached_property
 
 from tokenmill.stages.clean.quality.settings import LANGUAGES, OTHER_LANGUAGE, LanguageRules
 
-_SPLIT = r";@#$%&?!*\[\](){}<>«“‘„»”’\"`—"  # always a token of their own (Treebank)
+_SPLIT = r";@#$%&?!*\[\](){}<>«“‘„»”\"`—"  # always a token of their own
 _CLOSE = r"[\]\)}>\"'”’»]*"  # closing marks a sentence's final period may sit before
-_END = rf"(?=[\s{_SPLIT}.,:]|$)"  # where a contraction ("n't", "'s") ends
+_END = rf"(?=[\s{_SPLIT}.,:’]|$)"  # where a contraction ("n't", "'s") ends
+_INFIX = r"(?<=[^\W_])(?:[-–~](?=[^\W_])|/(?=[^\W\d_]))"  # well-known, up/down: three tokens
 _WORD_CHAR = (
-    rf"(?:[^\s{_SPLIT}:,.'-]"  # plain characters
-    r"|-(?!-)"  # e-mail (not a double dash)
+    rf"(?:[^\s{_SPLIT}:,.'’/–~-]"  # plain characters
+    r"|(?<![^\W_])[-–~/]|[-–~/](?![^\W_])|/(?=\d)"  # -5, 1/2, a trailing hyphen (not an infix)
     r"|[:,](?=\d)"  # 10:30, 1,000
-    rf"|(?<!\.)\.(?![.]|{_CLOSE}(?:\s|$))"  # U.S, 3.5, example.com (not an ellipsis, not a final period)
-    rf"|'(?!(?i:s|m|d|ll|re|ve)?{_END}))"  # O'Neil, rock'n'roll (not 's, not a closing quote)
+    rf"|(?<!\.)\.(?![.]|{_CLOSE}(?:\s|$))"  # 3.5, example.com (not an ellipsis, not a final period)
+    r"|(?<=\.[^\W\d_])\."  # U.S., a.m. keep their last period
+    rf"|['’](?!(?i:s|m|d|ll|re|ve)?{_END}))"  # O'Neil, rock'n'roll (not 's, not a closing quote)
 )
 TOKEN_RE = re.compile(
     r"\.{2,}|--"
     rf"|[{_SPLIT}]"
     r"|[:,](?!\d)"
-    rf"|(?i:n't|'s|'m|'d|'ll|'re|'ve){_END}"
-    rf"|'{_END}"
-    r"|'(?=\w)(?!(?i:re|ve|ll|m|t|s|d|n)\b)"  # an opening quote
+    rf"|{_INFIX}"
+    rf"|(?i:n['’]t|['’](?:s|m|d|ll|re|ve)){_END}"
+    rf"|['’]{_END}"
+    r"|['’](?=\w)(?!(?i:re|ve|ll|m|t|s|d|n)\b)"  # an opening quote
     r"|(?<!\w)(?i:can(?=not\b)|gon(?=na\b)|got(?=ta\b)|wan(?=na\s)|lem(?=me\b)|gim(?=me\b))"  # can|not
     r"|(?<!\S)[^\W\d_]\.(?=\s+\S)"  # an initial keeps its period ("F. Scott")
     r"|(?<!\S)-?[.,]?\d[\d,.-]*\.(?=\s+[a-z;:,.!?])"  # so does a number before a lower-case word
     rf"|\.(?={_CLOSE}(?:\s|$))"  # a sentence's final period
-    rf"|(?:(?!(?i:n't){_END}){_WORD_CHAR})+"
+    rf"|(?:(?!(?i:n['’]t){_END}){_WORD_CHAR})+"
 )
 LETTER_OR_DIGIT_RE = re.compile(r"[^\W_]")
 LETTER_RE = re.compile(r"[^\W\d_]")
