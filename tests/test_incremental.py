@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def update(instance, source: Path, data: Path, config: dict, rebuild: bool = False) -> list[str]:
     """What `tokenmill update` does, in this process: register the new files, run each pending batch."""
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
-    pending = register_batches(instance, data, source, rebuild)
+    pending, _ = register_batches(instance, data, source, rebuild)
     for key, result in run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending, config):
         assert result.success, key
     return pending
@@ -110,17 +111,23 @@ def test_records_are_conserved_per_batch_and_in_total(batches_and_one_build, sha
     assert checked.returncode == 0, checked.stdout
 
 
-def test_a_changed_or_removed_file_is_named_and_needs_a_rebuild(tmp_path):
+def test_a_changed_or_removed_file_is_named_and_waits_while_new_files_go_on(tmp_path):
     source, data = tmp_path / "src", tmp_path / "data"
     source.mkdir()
     (source / "a.jsonl").write_text('{"text": "one"}\n')
-    assert register_new_files(data, source, source_state(source)) == "g1-b000001"
+    assert register_new_files(data, source, source_state(source))[0] == "g1-b000001"
     (source / "a.jsonl").write_text('{"text": "one, changed"}\n')
-    with pytest.raises(SourceChangedError, match=r"a.jsonl \(batch g1-b000001\).*--rebuild"):
-        register_new_files(data, source, source_state(source))
+    (source / "b.jsonl").write_text('{"text": "two"}\n')
+    key, changes = register_new_files(data, source, source_state(source))
+    assert key == "g1-b000002" and read_registry(data).batch(key).files.keys() == {"b.jsonl"}
+    assert re.search(r"^1 file already ingested changed: a.jsonl \(batch g1-b000001\);.*--rebuild", changes.waiting())
     (source / "a.jsonl").unlink()
-    with pytest.raises(SourceChangedError, match=r"1 removed: a.jsonl"):
-        register_new_files(data, source, source_state(source))
+    (source / "b.jsonl").unlink()
+    key, changes = register_new_files(data, source, source_state(source))
+    assert key is None
+    assert "2 files already ingested were removed: a.jsonl (batch g1-b000001), b.jsonl (batch g1-b000002)" in (
+        changes.waiting()
+    )
     with pytest.raises(SourceChangedError, match="built from"):
         register_new_files(data, tmp_path, source_state(source))
 
@@ -147,8 +154,10 @@ def test_update_command_adds_batches_and_rebuilds_on_request(tmp_path):
     second = cli(source, data, home)
     assert second.returncode == 0 and "batch g1-b000002" in second.stdout and "version 2" in second.stdout
     (source / "a.jsonl").unlink()
-    refused = cli(source, data, home)
-    assert refused.returncode == 2 and "a.jsonl (batch g1-b000001)" in refused.stderr and "--rebuild" in refused.stderr
+    waiting = cli(source, data, home)
+    assert waiting.returncode == 0 and "up to date" in waiting.stdout
+    assert "1 file already ingested was removed: a.jsonl (batch g1-b000001)" in waiting.stderr
+    assert "--rebuild" in waiting.stderr
     rebuilt = cli(source, data, home, "--rebuild")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "batch g2-b000001" in rebuilt.stdout and "generation 2" in rebuilt.stdout
