@@ -150,7 +150,7 @@ def test_no_planted_address_reaches_the_data_root(tmp_path):
     config = run_config()
     config["ops"]["cleaned_jsonl"] = {"config": {"language_id": False}}
     with dg.instance_for_test() as instance:
-        keys = register_batches(instance, data, source.resolve())
+        keys, _ = register_batches(instance, data, source.resolve())
         ((_, result),) = run_batches(defs.resolve_job_def("tokenmill_all"), instance, keys, config, raise_on_error=True)
         assert result.success
         events = [str(e.materialization.metadata) for e in result.get_asset_materialization_events()]

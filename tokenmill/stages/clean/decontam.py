@@ -37,7 +37,7 @@ import numpy as np
 
 from tokenmill.common.io import atomic_write_json
 from tokenmill.errors import ConfigError
-from tokenmill.stages.dedup.keys import by_words, dedup_keys, exact_key
+from tokenmill.stages.dedup.keys import by_words, dedup_keys
 
 INDEX_VERSION = 1  # bump when the normalization or hashing changes (invalidates cached indexes)
 CACHE_DIR = "_decontam_cache"  # under the cleaned_jsonl stage folder
@@ -105,10 +105,9 @@ def _word_ngrams(keys: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _char_ngrams(keys: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(hash, text) of each n-character window (spaces removed), text by text and in order."""
-    compact = [exact_key(k) for k in keys]
-    joined = np.frombuffer("".join(compact).encode("utf-32-le"), dtype="<u4").astype(np.uint64)
-    owner = np.repeat(np.arange(len(compact)), [len(k) for k in compact])
+    """(hash, text) of each n-character window of the keys (without spaces), text by text and in order."""
+    joined = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4").astype(np.uint64)
+    owner = np.repeat(np.arange(len(keys)), np.fromiter(map(len, keys), dtype=np.int64, count=len(keys)))
     first = np.arange(max(0, len(joined) - n + 1))
     first = first[owner[first] == owner[first + n - 1]]
     return _span_hashes(joined, first, first + n, _CHAR_BASE) ^ _CHAR_SALT, owner[first]
@@ -118,17 +117,19 @@ def ngram_hashes(
     texts: Sequence[str], languages: Sequence[str | None], n_words: int, n_chars: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(hash, index of its text) of every n-gram of the texts (see the module docstring), each text's in order."""
-    keys = dedup_keys(texts, strip_symbols=True, spaced=True)
-    spaced = by_words(keys)
+    base_code = {code: (code or "").split("-")[0].split("_")[0].lower() for code in set(languages)}
+    unspaced = {code for code, base in base_code.items() if base in UNSPACED_LANGUAGES}
+    spaced = np.array([code not in unspaced for code in languages], dtype=bool)
+    by_script = [i for i, code in enumerate(languages) if not base_code[code]]
+    if by_script:
+        spaced[by_script] = by_words([texts[i] for i in by_script])
+    lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
     hashes, owners = [], []
-    for i in range(len(keys)):
-        code = (languages[i] or "").split("-")[0].split("_")[0].lower()
-        if code:
-            spaced[i] = code not in UNSPACED_LANGUAGES
     for pick, ngrams, n in ((spaced, _word_ngrams, n_words), (~spaced, _char_ngrams, n_chars)):
         chosen = np.flatnonzero(pick)
-        for part in _chunks(chosen, [len(keys[i]) for i in chosen]):
-            h, owner = ngrams([keys[i] for i in part], n)
+        for part in _chunks(chosen, lengths[chosen]):
+            keys = dedup_keys([texts[i] for i in part], strip_symbols=True, spaced=ngrams is _word_ngrams)
+            h, owner = ngrams(keys, n)
             hashes.append(h)
             owners.append(part[owner])
     if not hashes:
@@ -136,16 +137,15 @@ def ngram_hashes(
     return np.concatenate(hashes), np.concatenate(owners)
 
 
-def _chunks(indices: np.ndarray, lengths: list[int]) -> Iterator[np.ndarray]:
-    """`indices` in consecutive runs of at most MAX_CHUNK_CHARS code points (a longer text alone)."""
-    start, total = 0, 0
-    for k, length in enumerate(lengths):
-        if total and total + length > MAX_CHUNK_CHARS:
-            yield indices[start:k]
-            start, total = k, 0
-        total += length + 1
-    if start < len(indices):
-        yield indices[start:]
+def _chunks(indices: np.ndarray, lengths: np.ndarray) -> Iterator[np.ndarray]:
+    """`indices` in consecutive runs of texts starting within the same MAX_CHUNK_CHARS code points (one run for a
+    usual batch; a run holds at most MAX_CHUNK_CHARS plus its last text)."""
+    if not len(indices):
+        return
+    starts = np.cumsum(lengths + 1) - (lengths + 1)
+    run = starts // MAX_CHUNK_CHARS
+    cuts = np.flatnonzero(run[1:] != run[:-1]) + 1
+    yield from np.split(indices, cuts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -314,10 +314,38 @@ def prepare_indexes(s, cache_dir: Path, log=None) -> ContaminationIndex | None:
 # ------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Table:
+    hashes: np.ndarray
+    items: np.ndarray
+    present: np.ndarray
+    """A bit per value of the hashes' top `bits` bits, set when some n-gram has it: ~95% of a batch's n-grams are
+    ruled out by one gather from this small array (searchsorted costs ~0.5 us per query on a 10k-item index)."""
+    bits: int
+
+    def lookup(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(positions in `queries` that are indexed n-grams, the item of each)."""
+        top = queries >> _U64(64 - self.bits)
+        maybe = np.flatnonzero((self.present[top >> _U64(3)] >> (top & _U64(7)).astype(np.uint8)) & 1)
+        at = np.minimum(np.searchsorted(self.hashes, queries[maybe]), len(self.hashes) - 1)
+        hit = self.hashes[at] == queries[maybe]
+        return maybe[hit], self.items[at[hit]]
+
+
+PRESENCE_BITS = (16, 26)  # the presence filter: 2^16 bits (8 KiB) to 2^26 (8 MiB), ~16 bits per n-gram
+
+
 @functools.lru_cache(maxsize=16)
-def _open(array: str) -> np.ndarray:
-    """An index, memory-mapped once per process (its name is its content's hash, so it never goes stale)."""
-    return np.load(array, mmap_mode="r")
+def _open(array: str) -> _Table:
+    """An index, memory-mapped once per process (its name is its content's hash, so it never goes stale), with
+    its presence filter."""
+    index = np.load(array, mmap_mode="r")
+    hashes = index[0]
+    bits = int(np.clip(int(max(1, len(hashes))).bit_length() + 4, *PRESENCE_BITS))
+    top = np.asarray(hashes) >> _U64(64 - bits)
+    present = np.zeros(1 << bits, dtype=bool)
+    present[top] = True
+    return _Table(hashes, index[1], np.packbits(present, bitorder="little"), bits)
 
 
 @dataclass(frozen=True)
@@ -335,14 +363,11 @@ class ContaminationIndex:
         found: dict[int, tuple[int, int]] = {}
         for f, eval_index in enumerate(self.files):
             table = _open(eval_index.array)
-            if not len(hashes) or not table.shape[1]:
+            if not len(hashes) or not len(table.hashes):
                 continue
-            at = np.minimum(np.searchsorted(table[0], hashes), table.shape[1] - 1)
-            hit = np.flatnonzero(table[0][at] == hashes)
-            if not len(hit):
-                continue
+            hit, items = table.lookup(hashes)
             texts_hit, first = np.unique(owner[hit], return_index=True)  # hits are in text order, then position
-            for text, item in zip(texts_hit.tolist(), table[1][at[hit[first]]].tolist()):
+            for text, item in zip(texts_hit.tolist(), items[first].tolist()):
                 found.setdefault(text, (f, int(item)))
         return found
 

@@ -64,6 +64,7 @@ PHONE_RE = re.compile(
 )
 PHONE_DIGITS = (8, 15)  # digits an international number has (E.164: at most 15)
 
+AT_RE = re.compile(r"\w@\w")
 DIGIT_DOT_RE = re.compile(r"\d\.\d")
 HEX_COLON_RE = re.compile(r"[0-9A-Fa-f]?:[0-9A-Fa-f]{0,4}:")
 THREE_DIGITS_RE = re.compile(r"\d{3}")
@@ -115,8 +116,29 @@ class _Rule:
     pattern: re.Pattern
     accept: Callable[[re.Match], bool]
     placeholder: str
-    may_hold: Callable[[str], bool]
-    """The cheap precheck: False means the text cannot hold a match."""
+    trigger: str
+    """A character every match holds ('' for none): texts without it are skipped by a substring test."""
+    precheck: re.Pattern
+    """A cheap search a text with a match passes."""
+
+    def apply(self, text: str, counts: Counter | None) -> str:
+        if self.trigger not in text or self.precheck.search(text) is None:
+            return text
+        found = 0
+
+        def replace(m: re.Match) -> str:
+            nonlocal found
+            if not self.accept(m):
+                return m.group()
+            found += 1
+            return self.placeholder
+
+        masked = self.pattern.sub(replace, text)
+        if not found:
+            return text  # the same object: the caller tells a change by identity
+        if counts is not None:
+            counts[f"pii_{self.kind}"] += found
+        return masked
 
 
 class PiiMasker:
@@ -125,54 +147,32 @@ class PiiMasker:
 
     def __init__(self, phone: bool, public_ips_only: bool, email: str, ip: str, phone_placeholder: str):
         rules = [
-            _Rule("email", EMAIL_RE, _is_email, email, lambda t: "@" in t),
-            _Rule(
-                "ip_address",
-                IPV6_RE,
-                _ipv6_checker(public_ips_only),
-                ip,
-                lambda t: ":" in t and HEX_COLON_RE.search(t) is not None,
-            ),
-            _Rule(
-                "ip_address",
-                IPV4_RE,
-                _ipv4_checker(public_ips_only),
-                ip,
-                lambda t: "." in t and DIGIT_DOT_RE.search(t) is not None,
-            ),
+            _Rule("email", EMAIL_RE, _is_email, email, "@", AT_RE),
+            _Rule("ip_address", IPV6_RE, _ipv6_checker(public_ips_only), ip, ":", HEX_COLON_RE),
+            _Rule("ip_address", IPV4_RE, _ipv4_checker(public_ips_only), ip, ".", DIGIT_DOT_RE),
         ]
         if phone:
-            rules.append(
-                _Rule("phone", PHONE_RE, _is_phone, phone_placeholder, lambda t: THREE_DIGITS_RE.search(t) is not None)
-            )
+            rules.append(_Rule("phone", PHONE_RE, _is_phone, phone_placeholder, "", THREE_DIGITS_RE))
         self.rules = tuple(rules)
 
     def mask(self, text: str, counts: Counter | None = None) -> str:
         """`text` with every match replaced by its kind's placeholder; adds pii_<kind> per match to `counts`."""
         for rule in self.rules:
-            if not rule.may_hold(text):
-                continue
-            found = 0
-
-            def replace(m: re.Match, rule: _Rule = rule) -> str:
-                nonlocal found
-                if not rule.accept(m):
-                    return m.group()
-                found += 1
-                return rule.placeholder
-
-            text = rule.pattern.sub(replace, text)
-            if found and counts is not None:
-                counts[f"pii_{rule.kind}"] += found
+            text = rule.apply(text, counts)
         return text
 
     def mask_batch(self, texts: list[str], live: list[int], counts: Counter) -> None:
-        """Masks `texts[i]` for each i in `live`, in place; counts the records changed as docs_pii_masked."""
-        for i in live:
-            masked = self.mask(texts[i], counts)
-            if masked != texts[i]:
-                texts[i] = masked
-                counts["docs_pii_masked"] += 1
+        """Masks `texts[i]` for each i in `live`, in place; counts the records changed as docs_pii_masked. Rule by
+        rule, over the texts holding its trigger character (one substring test each: a batch of poems costs three
+        list comprehensions)."""
+        changed = set()
+        for rule in self.rules:
+            for i in [i for i in live if rule.trigger in texts[i]] if rule.trigger else live:
+                masked = rule.apply(texts[i], counts)
+                if masked is not texts[i]:
+                    texts[i] = masked
+                    changed.add(i)
+        counts["docs_pii_masked"] += len(changed)
 
 
 @lru_cache(maxsize=8)
