@@ -277,8 +277,9 @@ def fineweb_list_like(doc: Doc, s: QualitySettings) -> Reject | None:
 CITATION_RE = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
 POLICY_RE = re.compile(r"terms of use|privacy policy|cookie policy|uses cookies|use of cookies|use cookies")
-# a sentence ends at '.', '?' or '!' (not an ellipsis), closing marks, then a space before more text
-SENTENCE_BREAK_RE = re.compile(r"(?:(?<!\.)\.(?!\.)|[?!]+)[\]\)}>\"'”’]*\s+(?=\S)")
+# a sentence ends at '?', '!' or a '.' of its own (not an ellipsis, not the period of "N." or "U.S."), then any
+# punctuation, before the next word (spaCy's sentencizer, which datatrove counts with)
+SENTENCE_BREAK_RE = re.compile(r"(?:[!?]+|(?<!\.)(?<!\b[^\W\d_])\.(?![.\w]))[^\w\s]*\s*(?=\w)")
 
 
 @dataclass
