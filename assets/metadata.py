@@ -277,6 +277,7 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
         "boilerplate_docs_touched": bp["docs_touched"],
         "boilerplate_top_lines": dagster_table(top),
         "rejected_samples": drop_samples_table(stats["rejected_samples"]),
+        "quality_profile": stats.get("quality_profile", {}).get("why", "not recorded"),
         "examples": dagster_table(examples),
         "length_distribution": markdown_table(lengths),
         **_pii_and_contamination(stats),
