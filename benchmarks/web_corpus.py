@@ -132,7 +132,9 @@ class PageMaker:
 
     def _new_text(self, lang: str) -> str:
         rng, pool = self.rng, self.pools[lang]
-        return "\n".join(mutate(rng.choice(pool), rng, self.vocabulary[lang]) for _ in range(rng.randint(4, 12)))
+        # drawn without replacement: a page never repeats a paragraph (the langid sentences give ~25 per language)
+        paragraphs = rng.sample(pool, min(len(pool), rng.randint(4, 12)))
+        return "\n".join(mutate(p, rng, self.vocabulary[lang]) for p in paragraphs)
 
     def _junk(self, site: Site) -> str:
         kind = self.rng.randrange(3)
