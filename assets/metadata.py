@@ -157,6 +157,9 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         "dropped": dagster_table(dropped),
         "token_counts": dg.MetadataValue.md(f"{token_md}\n\n{conservation}"),
         "batches": dagster_table(batches_frame(funnel)),
+        **languages_table(
+            funnel.get("languages") or [], ["records_cleaned", "records_tokenized", "tokens", "token_share"]
+        ),
         "pii_masked": dg.MetadataValue.json(funnel.get("pii_masked", {})),
         "history_row": dg.MetadataValue.json(history),
         "input_records": first["docs_in"],
@@ -167,6 +170,14 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         "path": dg.MetadataValue.path(str(folder / "funnel.json")),
         "chart_path": dg.MetadataValue.path(str(folder / "funnel.png")),
     }
+
+
+def languages_table(rows: list[dict], columns: list[str]) -> dict:
+    """`languages`: one row per meta.language (cleaned_jsonl: records and characters; the funnel: records and
+    tokens); nothing when language identification was off."""
+    if not rows:
+        return {}
+    return {"languages": dagster_table(pd.DataFrame(rows, columns=["language", *columns]))}
 
 
 def batches_frame(funnel: dict) -> pd.DataFrame:
@@ -280,10 +291,20 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
         "quality_profile": stats.get("quality_profile", {}).get("why", "not recorded"),
         "examples": dagster_table(examples),
         "length_distribution": markdown_table(lengths),
+        **languages_table(_cleaned_languages(stats), ["records", "share", "chars"]),
         **_pii_and_contamination(stats),
         "chars_in": stats["chars_in"],
         "chars_out": stats["chars_out"],
     }
+
+
+def _cleaned_languages(stats: dict) -> list[dict]:
+    """cleaned_jsonl's records and characters per language, most records first (as _stats.json orders them)."""
+    out = max(stats["docs_out"], 1)
+    return [
+        {"language": language, "records": f["records"], "share": round(f["records"] / out, 4), "chars": f["chars"]}
+        for language, f in stats.get("languages", {}).items()
+    ]
 
 
 def _pii_and_contamination(stats: dict) -> dict:

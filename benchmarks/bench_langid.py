@@ -221,6 +221,7 @@ def main() -> None:
             continue
         try:
             predict = build()
+            predict(["warm-up: models load on first use"])
         except ImportError as e:
             print(f"{name:26} skipped ({e}; pip install -e '.[bench]')")
             continue

@@ -128,10 +128,36 @@ def build_funnel(data_root: Path) -> dict:
             "isolated_punctuation_share": tok.get("isolated_punctuation_share"),
         },
         "split": {name: tok.get(name, {}) for name in ("train", "val")},
+        "languages": language_rows(data_root, tok),
         "bytes_on_disk": {key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES if (data_root / key).exists()},
         "conserved": all(s["conserved"] and s["linked"] for s in stages)
         and all(s["conserved"] and s["linked"] for b in batches for s in b["stages"]),
     }
+
+
+def language_rows(data_root: Path, tokenized: dict) -> list[dict]:
+    """Per meta.language, most tokens first: records cleaning kept (summed over cleaned_jsonl's batches), records
+    and tokens tokenized_bins encoded; [] when language identification was off ("und": no meta.language)."""
+    cleaned = batch_stats(data_root, "cleaned_jsonl").values() or [stage_stats(data_root, "cleaned_jsonl")]
+    kept: dict[str, int] = {}
+    for stats in cleaned:
+        for language, figures in stats.get("languages", {}).items():
+            kept[language] = kept.get(language, 0) + figures["records"]
+    encoded = tokenized.get("languages", {})
+    if not kept and set(encoded) <= {"und"}:
+        return []
+    total = sum(e["tokens"] for e in encoded.values()) or 1
+    rows = [
+        {
+            "language": language,
+            "records_cleaned": kept.get(language, 0),
+            "records_tokenized": encoded.get(language, {}).get("records", 0),
+            "tokens": encoded.get(language, {}).get("tokens", 0),
+            "token_share": round(encoded.get(language, {}).get("tokens", 0) / total, 4),
+        }
+        for language in set(kept) | set(encoded)
+    ]
+    return sorted(rows, key=lambda r: (-r["tokens"], -r["records_cleaned"], r["language"]))
 
 
 # one look per funnel row, drawn in order: each later row has a smaller marker of another shape on top, so a row
@@ -162,8 +188,9 @@ def funnel_figure(funnel: dict, history: list[dict]):
     Figure = _figure_class()  # noqa: N806 (a class)
     labels = ["input"] + [s["label"] for s in funnel["stages"]]
     counts = [funnel["stages"][0]["docs_in"]] + [s["docs_out"] for s in funnel["stages"]]
-    fig = Figure(figsize=(10, 3.6), dpi=80)
-    bars, lines = fig.subplots(1, 2)
+    languages = funnel.get("languages") or []
+    fig = Figure(figsize=(15 if languages else 10, 3.6), dpi=80)
+    bars, lines, *by_language = fig.subplots(1, 3 if languages else 2)
     bars.barh(labels[::-1], counts[::-1], color="#4f6bed")
     for y, c in enumerate(counts[::-1]):
         bars.text(c, y, f" {c:,}", va="center", fontsize=8)
@@ -183,8 +210,35 @@ def funnel_figure(funnel: dict, history: list[dict]):
     lines.set_title(f"last {len(runs)} materializations")
     lines.set_xlabel("materialization")
     lines.legend(fontsize=7)
+    if by_language:
+        language_bars(by_language[0], languages)
     fig.tight_layout()
     return fig
+
+
+LANGUAGES_DRAWN = 12  # bars of the per-language chart; the other languages are summed into one "other" bar
+
+
+def language_bars(ax, rows: list[dict]) -> None:
+    """Tokens per language (language_rows, most first) as horizontal bars labelled with records and tokens."""
+    shown = rows[:LANGUAGES_DRAWN]
+    rest = rows[LANGUAGES_DRAWN:]
+    if rest:
+        shown = shown + [
+            {
+                "language": f"other ({len(rest)})",
+                "records_tokenized": sum(r["records_tokenized"] for r in rest),
+                "tokens": sum(r["tokens"] for r in rest),
+            }
+        ]
+    labels = [r["language"] for r in shown][::-1]
+    tokens = [r["tokens"] for r in shown][::-1]
+    ax.barh(labels, tokens, color="#2a9d8f")
+    for y, r in enumerate(shown[::-1]):
+        ax.text(r["tokens"], y, f" {r['tokens']:,} tok, {r['records_tokenized']:,} rec", va="center", fontsize=7)
+    ax.set_title("tokens per language (meta.language)")
+    ax.set_xlim(0, max(tokens) * 1.6 or 1)
+    ax.set_xticks([])  # each bar is labelled with its figures
 
 
 def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:

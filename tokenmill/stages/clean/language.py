@@ -33,9 +33,6 @@ SCORE_DECIMALS = 2
 RENAMED = {"iw": "he", "jw": "jv", "zh-Hant": "zh", "sr-ME": "sr"}
 # CLD2 answers that name no language (unknown, script-only "xx-Latn", test codes): py3langid decides instead
 NO_LANGUAGE = frozenset({"un", "xxx", "zzb", "zze", "zzh", "zzp"})
-# languages written without spaces between words: their texts are shingled by characters in dedup (Chinese and the
-# Chinese varieties, Japanese, Thai, Lao, Khmer, Burmese, Tibetan, Dzongkha). Korean is written with spaces: words.
-UNSPACED_LANGUAGES = frozenset({"zh", "yue", "wuu", "ja", "th", "lo", "km", "my", "bo", "dz"})
 
 
 @functools.lru_cache(maxsize=1)

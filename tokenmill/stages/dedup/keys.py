@@ -245,15 +245,38 @@ def _unspaced() -> np.ndarray:
     return np.searchsorted(_UNSPACED, np.arange(_UNSPACED[-1] + 1), side="right") % 2 == 1
 
 
-def by_words(keys: Sequence[str]) -> np.ndarray:
-    """Whether each key is shingled by words: it is non-empty and at most half of its code points are in a script
-    written without spaces (_UNSPACED)."""
+# languages written without spaces between words (meta.language, ISO 639): Chinese and the Chinese varieties
+# language identification tells apart, Japanese, Thai, Lao, Khmer, Burmese, Tibetan, Dzongkha. Korean is written with
+# spaces: words. zxx (no linguistic content) says nothing: the script decides.
+UNSPACED_LANGUAGES = frozenset({"zh", "yue", "wuu", "ja", "th", "lo", "km", "my", "bo", "dz"})
+NO_LANGUAGE = "zxx"
+
+
+def by_words(keys: Sequence[str], languages: Sequence[str | None] | None = None) -> np.ndarray:
+    """Whether each key is shingled by words: it is non-empty and, when its record's language is known
+    (`languages`, meta.language), that language is written with spaces (not in UNSPACED_LANGUAGES); otherwise at
+    most half of its code points are in a script written without spaces (_UNSPACED)."""
     lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=len(keys))
     bounds = text_bounds(lengths)
     cps = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4")
     unspaced = _unspaced()[np.minimum(cps, _UNSPACED[-1])]
     chars = lengths - per_text(cps == 0x20, bounds)
-    return (lengths > 0) & (2 * per_text(unspaced, bounds) <= chars)
+    words = 2 * per_text(unspaced, bounds) <= chars
+    if languages is not None:
+        codes = [_base_language(c) for c in languages]
+        known = np.fromiter((c is not None for c in codes), bool, len(keys))
+        spaced = np.fromiter((c not in UNSPACED_LANGUAGES for c in codes), bool, len(keys))
+        words = np.where(known, spaced, words)
+    return (lengths > 0) & words
+
+
+def _base_language(code) -> str | None:
+    """The language of a meta.language value as a source may spell it too ("zh-Hans", "ZH_cn" -> zh); None when it
+    names none."""
+    if not isinstance(code, str):
+        return None
+    base = code.strip().lower().replace("_", "-").split("-")[0]
+    return base if base and base != NO_LANGUAGE else None
 
 
 def exact_key(key: str) -> str:

@@ -52,10 +52,14 @@ class ChunkSketch:
     empty_keys: int
 
 
+# fields cleaned_jsonl's language identification gives every record: no richer metadata (richest_meta)
+IDENTIFIED = frozenset({"language", "language_score"})
+
+
 def _meta_count(meta) -> int:
     if not isinstance(meta, dict):
         return 0
-    return sum(1 for v in meta.values() if v not in (None, "", [], {}))
+    return sum(1 for k, v in meta.items() if v not in (None, "", [], {}) and k not in IDENTIFIED)
 
 
 def _garbage_table() -> np.ndarray:
@@ -92,16 +96,18 @@ def text_quality(texts: list[str]) -> np.ndarray:
     return out
 
 
-def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
-    """(table, texts, source paths): id, meta_count, text_len, path (index into the paths), loc, loc_kind, and the
-    quality fields."""
-    ids, meta_counts, paths, locs, kinds, texts = [], [], [], [], [], []
+def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list, list[str]]:
+    """(table, texts, meta.language of each, source paths): id, meta_count, text_len, path (index into the paths),
+    loc, loc_kind, and the quality fields."""
+    ids, meta_counts, paths, locs, kinds, texts, languages = [], [], [], [], [], [], []
     path_index: dict[str, int] = {}
     for rec in chunk_records(chunk):
         text = rec.get("text")
         texts.append(text if isinstance(text, str) else "")
         ids.append(str(rec.get("id", "")).encode("utf-8"))
-        meta_counts.append(_meta_count(rec.get("meta")))
+        meta = rec.get("meta")
+        meta_counts.append(_meta_count(meta))
+        languages.append(meta.get("language") if isinstance(meta, dict) else None)
         src = rec.get("source") if isinstance(rec.get("source"), dict) else {}
         paths.append(path_index.setdefault(str(src.get("path", "")), len(path_index)))
         kind = 0 if isinstance(src.get("line"), int) else 1 if isinstance(src.get("index"), int) else 2
@@ -125,7 +131,7 @@ def _document_table(chunk: Chunk) -> tuple[np.ndarray, list[str], list[str]]:
     table["text_len"] = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
     table["path"], table["loc"], table["loc_kind"] = paths, locs, kinds
     table["garbage"], table["bad_case"], table["repeats"] = text_quality(texts).T
-    return table, texts, list(path_index)
+    return table, texts, languages, list(path_index)
 
 
 def _signatures(keys: list[str], units: np.ndarray, by_word: np.ndarray, settings: DedupSettings, batch: int):
@@ -148,14 +154,17 @@ def _signatures(keys: list[str], units: np.ndarray, by_word: np.ndarray, setting
     return item_doc, item_n, sig
 
 
-def shingle_keys(texts: list[str], s: DedupSettings) -> tuple[list[str], np.ndarray, np.ndarray]:
+def shingle_keys(
+    texts: list[str], s: DedupSettings, languages: list | None = None
+) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(keys, units, by_word): the keys as shingled (spaced, see keys.dedup_key, when shingled by words; their
-    exact_key is the key either way), their length in shingle units (words or code points) and the unit."""
+    exact_key is the key either way), their length in shingle units (words or code points) and the unit, chosen by
+    each record's meta.language (`languages`) where known, else by its script (keys.by_words)."""
     if s.shingles == "chars":
         keys = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese)
         return keys, np.asarray([len(k) for k in keys], dtype=np.int64), np.zeros(len(keys), dtype=bool)
     spaced = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese, spaced=True)
-    by_word = K.by_words(spaced)
+    by_word = K.by_words(spaced, languages)
     keys = [k if w else K.exact_key(k) for k, w in zip(spaced, by_word.tolist())]
     units = np.asarray([k.count(" ") + 1 if w else len(k) for k, w in zip(keys, by_word.tolist())], dtype=np.int64)
     return keys, units, by_word
@@ -164,8 +173,8 @@ def shingle_keys(texts: list[str], s: DedupSettings) -> tuple[list[str], np.ndar
 @releases_memory
 def sketch_chunk(task: SketchTask) -> ChunkSketch:
     chunk, s = task.chunk, task.settings
-    table, texts, paths = _document_table(chunk)
-    keys, units, by_word = shingle_keys(texts, s)
+    table, texts, languages, paths = _document_table(chunk)
+    keys, units, by_word = shingle_keys(texts, s, languages)
     del texts
     table["key_len"], table["by_word"] = units, by_word
     stem = chunk.stem

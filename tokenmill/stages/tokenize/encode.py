@@ -260,6 +260,7 @@ class TaskResult:
     splits_file: str = ""
     first_train: tuple[int, str] | None = None  # (split hash, id) of the train record with the smallest hash
     with_metadata: int = 0  # records with a title or author (what training_type auto decides on)
+    languages: dict[str, list[int]] = field(default_factory=dict)  # meta.language -> [records, tokens] encoded
 
 
 def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
@@ -350,6 +351,26 @@ def metadata_task(rng: ByteRange) -> tuple[int, int]:
     return records, with_metadata
 
 
+UNKNOWN_LANGUAGE = "und"  # ISO 639-2 "undetermined": a record without meta.language
+
+
+def record_language(rec: dict) -> str:
+    meta = rec.get("meta")
+    language = meta.get("language") if isinstance(meta, dict) else None
+    return language if isinstance(language, str) and language else UNKNOWN_LANGUAGE
+
+
+def count_languages(into: dict[str, list[int]], languages: list[str], rec_tokens: np.ndarray) -> None:
+    """Adds records and tokens per language (`languages[i]` is the language of the record with rec_tokens[i])."""
+    names, of_record = np.unique(languages, return_inverse=True)
+    records = np.bincount(of_record, minlength=len(names)).tolist()
+    tokens = np.bincount(of_record, weights=rec_tokens, minlength=len(names)).astype(np.int64).tolist()
+    for name, n, t in zip(names.tolist(), records, tokens):
+        figures = into.setdefault(name, [0, 0])
+        figures[0] += n
+        figures[1] += t
+
+
 def encode_task(task: EncodeTask) -> TaskResult:
     """Worker: one byte range of one part file -> per-split SplitChunks, rejected records, counts."""
     if not task.threads:
@@ -364,6 +385,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
     samples = ReasonSamples()
     batches = [Segments(KEYS[tt]), Segments(KEYS[tt])]
     chunks: list[list[SplitChunk]] = [[], []]
+    languages: list[list[str]] = [[], []]  # each encoded record's meta.language, per split, in record order
 
     def flush(s: int) -> None:
         if batches[s].ids:
@@ -387,6 +409,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
             reason = render(rec, batches[s], enc.special, settings)
             if reason is None:
                 batches[s].ids.append(rid)
+                languages[s].append(record_language(rec))
                 if s == 0 and (result.first_train is None or (h, rid) < result.first_train):
                     result.first_train = (h, rid)
                 if len(batches[s].ids) >= settings.batch_records:
@@ -402,6 +425,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
         flush(s)
         if chunks[s]:
             splits[split] = concat_chunks(chunks[s])
+            count_languages(result.languages, languages[s], splits[split].rec_tokens)
     save_splits(splits, task.out)
     result.splits_file = task.out
     return result

@@ -70,6 +70,7 @@ class BatchTotals:
     first: FirstRecord | None = None
     sample: dict | None = None  # the first train record, decoded (set by `finish`)
     samples: ReasonSamples = field(default_factory=ReasonSamples)  # while tasks are added: the entries with text
+    languages: dict[str, list[int]] = field(default_factory=dict)  # meta.language -> [records, tokens]
 
     def add(self, result: TaskResult) -> None:
         self.docs_in += result.docs_in
@@ -79,6 +80,10 @@ class BatchTotals:
             if "text" in entry and not self.samples.add(entry["reason"], entry["id"]):
                 entry = {k: v for k, v in entry.items() if k not in ("text", "text_chars")}
             self.rejected.append(entry)
+        for language, (records, tokens) in result.languages.items():
+            figures = self.languages.setdefault(language, [0, 0])
+            figures[0] += records
+            figures[1] += tokens
         for s, ch in result.splits.items():
             self.splits[s].add(ch)
             if self.first is None and s == "train" and ch.records:
@@ -123,6 +128,7 @@ class BatchTotals:
             "splits": splits,
             "sample": self.sample,
             "rejected": self.rejected,
+            "languages": dict(sorted(self.languages.items())),
         }
 
     @classmethod
@@ -138,6 +144,7 @@ class BatchTotals:
             splits,
             rejected=data["rejected"],
             sample=data["sample"],
+            languages=data.get("languages", {}),  # absent from totals written before languages were counted
         )
 
 
@@ -175,6 +182,18 @@ def val_warning(settings: ShardSettings, val_records: int, records: int) -> str 
         f"val holds {val_records:,} of {records:,} records, under min_val_records {settings.min_val_records}: "
         f"its loss is noise; raise val_fraction ({settings.val_fraction}) or add records"
     )
+
+
+def language_table(batches) -> dict:
+    """meta.language -> records and tokens encoded, over the batches, most tokens first."""
+    total: dict[str, list[int]] = {}
+    for b in batches:
+        for language, (records, tokens) in b.languages.items():
+            figures = total.setdefault(language, [0, 0])
+            figures[0] += records
+            figures[1] += tokens
+    order = sorted(total.items(), key=lambda kv: (-kv[1][1], kv[0]))
+    return {language: {"records": n, "tokens": t} for language, (n, t) in order}
 
 
 def _share(part: int, whole: int, digits: int = 4) -> float:
@@ -252,6 +271,7 @@ def stage_stats(
             "histogram": histogram(tpd),
         },
         "batches": {key: b.counts() for key, b in batches.items()},
+        "languages": language_table(batches.values()),
         "seconds": round(seconds, 3),
         "tokens_per_second": round(tokens / seconds, 1) if seconds else 0.0,
         "workers": workers,
