@@ -8,10 +8,15 @@ Rules, in the order they run on each record (each a plain function, one module p
   3. normalize_unicode    NFC (default), NFKC or none
   4. strip_control_chars  control, zero-width, BOM and bidi characters removed
   5. normalize_whitespace \\r\\n -> \\n, exotic spaces, trailing spaces, blank-line runs, outer blank lines
+  5b. mask_pii            e-mail and IP addresses (phone numbers when asked) -> placeholders, counted     pii
+                          per kind; also in chat fields, rejected samples and examples (never the input's)
   6. extract_metadata     Title:/Author:/作者：/朝代：/By ... header lines (and repeats of the reader's    metadata
                           title or author) moved from the top of the text into `meta`, before boilerplate removal
   7. strip_boilerplate    lines whose joint boilerplate score passes the threshold    line_stats, boilerplate
   8. filters, first failing one names the reason: empty, too_short, placeholder_glyphs, repetition    filters
+  8b. decontaminate       a record sharing an n-gram with an item of a `decontaminate` evaluation    decontam
+                          file is dropped ("contamination", the file and item named) or flagged in meta; pass 1,
+                          every record with text (a dropped one leaves the line statistics: pass 2 keeps it out)
 
 Rules 1-5 only run on a text that a few C-speed string tests (`needs_repair`) flag; most clean text skips them.
 

@@ -64,9 +64,10 @@ PHONE_RE = re.compile(
 )
 PHONE_DIGITS = (8, 15)  # digits an international number has (E.164: at most 15)
 
-AT_RE = re.compile(r"\w@\w")
-DIGIT_DOT_RE = re.compile(r"\d\.\d")
-HEX_COLON_RE = re.compile(r"[0-9A-Fa-f]?:[0-9A-Fa-f]{0,4}:")
+# the prechecks start with a literal character: re scans for it at C speed (a leading class is 5-30x slower)
+AT_RE = re.compile(r"@(?<=\w@)\w")
+DIGIT_DOT_RE = re.compile(r"\.(?<=\d\.)\d")
+HEX_COLON_RE = re.compile(r":[0-9A-Fa-f]{0,4}:")
 THREE_DIGITS_RE = re.compile(r"\d{3}")
 
 
@@ -163,11 +164,12 @@ class PiiMasker:
 
     def mask_batch(self, texts: list[str], live: list[int], counts: Counter) -> None:
         """Masks `texts[i]` for each i in `live`, in place; counts the records changed as docs_pii_masked. Rule by
-        rule, over the texts holding its trigger character (one substring test each: a batch of poems costs three
-        list comprehensions)."""
+        rule, one list comprehension finds the texts holding its trigger character and passing its precheck (no
+        Python call per text: 7,222 Shakespeare speeches, every one with ":" and most with ".", take ~10 ms)."""
         changed = set()
         for rule in self.rules:
-            for i in [i for i in live if rule.trigger in texts[i]] if rule.trigger else live:
+            trigger, search = rule.trigger, rule.precheck.search
+            for i in [i for i in live if trigger in texts[i] and search(texts[i])]:
                 masked = rule.apply(texts[i], counts)
                 if masked is not texts[i]:
                     texts[i] = masked
