@@ -243,8 +243,15 @@ def _registry_lock(data_root: Path):
 
 
 def hashed(source: Path, files: dict[str, list[int]]) -> dict[str, list]:
-    """`files` (a `source_state`'s entries) with each file's content hash, sorted by path."""
-    return {f: [*meta[:2], content_hash(source_file(source, f))] for f, meta in sorted(files.items())}
+    """`files` (a `source_state`'s entries) with each file's content hash, sorted by path; a file gone since it
+    was listed keeps [size, mtime_ns] (its run then names it missing)."""
+    entries = {}
+    for f, meta in sorted(files.items()):
+        try:
+            entries[f] = [*meta[:2], content_hash(source_file(source, f))]
+        except OSError:
+            entries[f] = list(meta[:2])
+    return entries
 
 
 def register_new_files(
