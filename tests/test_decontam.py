@@ -130,6 +130,9 @@ def test_bad_evaluation_rows_are_named(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"text": "fine"}, {"label": 3}])
     with pytest.raises(ConfigError, match=r"bad.jsonl:2: no text field: looked for 'text'.*'label'"):
         clean(tmp_path, [OTHER], decontaminate=[bad], language_id=False)
+    (tmp_path / "eval.csv").write_text("question\nwhat?\n")
+    with pytest.raises(ConfigError, match=r"not an evaluation file format .*: .*eval.csv"):
+        clean(tmp_path, [OTHER], name="csv", decontaminate=[str(tmp_path / "eval.csv")], language_id=False)
 
 
 def test_launchpad_config_and_metadata_list_each_file(tmp_path, eval_file):

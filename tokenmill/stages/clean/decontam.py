@@ -55,6 +55,7 @@ FALLBACK_FIELDS = (
     "passage",
 )
 UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo", "dz"})
+EVAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 ITEMS_PER_CHUNK = 2048  # evaluation items hashed at a time while building an index
 MAX_CHUNK_CHARS = 1 << 22  # code points hashed at once (arrays of ~8 bytes each): bounded memory per batch
 
@@ -290,6 +291,12 @@ def prepare_indexes(s, cache_dir: Path, log=None) -> ContaminationIndex | None:
     missing = [f"{f} ({p.absolute()})" for f, p in zip(s.decontaminate, paths) if not p.is_file()]
     if missing:
         raise ConfigError(f"cleaned_jsonl.decontaminate: evaluation file not found: {', '.join(missing)}")
+    unknown = [f for f, p in zip(s.decontaminate, paths) if not p.name.endswith(EVAL_SUFFIXES)]
+    if unknown:
+        raise ConfigError(
+            f"cleaned_jsonl.decontaminate: not an evaluation file format ({', '.join(EVAL_SUFFIXES)}): "
+            + ", ".join(unknown)
+        )
     cache_dir.mkdir(parents=True, exist_ok=True)
     indexes = []
     for label, path in zip(s.decontaminate, paths):
@@ -379,7 +386,8 @@ class ContaminationIndex:
         for k in todo:
             e, rec = entries[k], batch[k][1]
             meta = (e.new or rec).get("meta")
-            languages.append(e.language[0] if e.language else meta.get("language") if isinstance(meta, dict) else None)
+            code = e.language[0] if e.language else meta.get("language") if isinstance(meta, dict) else None
+            languages.append(code if isinstance(code, str) else None)
         for pos, (f, item) in self.find([entries[k].text for k in todo], languages).items():
             k = todo[pos]
             e, rec = entries[k], batch[k][1]

@@ -18,6 +18,10 @@ What is masked, and the near misses a rule can tell apart (tests/test_pii.py has
 - phone (off by default, `pii_phone`): `+<country> ...` with 8-15 digits, and North American `(555) 123-4567`,
   `555-123-4567`, `555.123.4567`. Not masked: dates (`2023-01-02`), number ranges, ISBNs.
 
+Masked: the text (before metadata extraction, so a header line moves into meta masked) and the string fields of
+chat records (messages, prompt, chosen, ...); rejected samples and before/after examples are masked again where they
+show input text. Not masked: the other meta values (url, provenance) the reader put there, kept as they came.
+
 Masking is cheap on text that cannot hold any of these: each kind runs only after a C-speed precheck (`'@' in`,
 `'.' in` then a digit-dot search, `':' in` then a hex-colon search), so the chinese-poetry corpus (no '@', '.' or
 ':') costs three substring tests per record. Placeholders are validated (settings) never to match a rule, so
