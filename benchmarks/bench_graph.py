@@ -119,7 +119,8 @@ def registered_instance(home: Path, env: dict) -> Path:
     register = (
         "import dagster as dg; from pathlib import Path; from resources import data_root_from_env, source_from_env; "
         "from tokenmill.update import register_batches; "
-        "print(register_batches(dg.DagsterInstance.get(), data_root_from_env().path(''), source_from_env().resolved()))"
+        "pending, _ = register_batches(dg.DagsterInstance.get(), data_root_from_env().path(''), "
+        "source_from_env().resolved()); print(pending)"
     )
     out = subprocess.run(
         [sys.executable, "-c", register],

@@ -23,7 +23,7 @@ def graph_run(tmp_path_factory, demo_source):
     data = tmp_path_factory.mktemp("data")
     defs = build_defs(CorpusSource(path=str(demo_source)), DataRoot(root=str(data)))
     with dg.instance_for_test() as instance:
-        (key,) = register_batches(instance, data, demo_source.resolve())
+        (key,), _ = register_batches(instance, data, demo_source.resolve())
         ((_, result),) = run_batches(defs.resolve_job_def("tokenmill_all"), instance, [key], raise_on_error=True)
         yield defs, result, data, key
 

@@ -45,7 +45,7 @@ from resources import CorpusSource, DataRoot
 from tokenmill.update import register_batches, run_batches
 defs = build_defs(CorpusSource(path=sys.argv[1]), DataRoot(root=sys.argv[2]))
 with dg.instance_for_test() as instance:
-    pending = register_batches(instance, Path(sys.argv[2]), Path(sys.argv[1]).resolve()) or ["g1-b000001"]
+    pending = register_batches(instance, Path(sys.argv[2]), Path(sys.argv[1]).resolve())[0] or ["g1-b000001"]
     results = [r for _, r in run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending)]
 sys.exit(0 if all(r.success for r in results) else 1)
 """

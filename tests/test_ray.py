@@ -52,7 +52,7 @@ def run_job(source: Path, root: Path, compute: Compute, raise_on_error: bool = T
     """The source as its first batch through the whole graph (again when it already ran: a rerun)."""
     defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(root)), compute)
     with dg.instance_for_test() as instance:
-        pending = register_batches(instance, root, source.resolve()) or [BATCH]
+        pending = register_batches(instance, root, source.resolve())[0] or [BATCH]
         job = defs.resolve_job_def("tokenmill_all")
         ((_, result),) = run_batches(job, instance, pending, run_config, raise_on_error)
         return result
@@ -142,7 +142,7 @@ def test_one_node_through_the_launchpad_same_files(cluster, local_files, tmp_pat
     data = tmp_path / "data"
     with DagsterDev(tmp_path / "home", env={"TOKENMILL_DATA": str(data), "TOKENMILL_RAY_ADDRESS": ""}) as server:
         with dg.DagsterInstance.from_config(str(tmp_path / "home")) as instance:
-            (batch,) = register_batches(instance, data, DEMO_SOURCE)
+            (batch,), _ = register_batches(instance, data, DEMO_SOURCE)
         client = DagsterGraphQLClient("127.0.0.1", port_number=server.port)
         run_id = client.submit_job_execution(
             "tokenmill_all",

@@ -19,7 +19,7 @@ def served_run(tmp_path_factory, demo_manifest):
     data = tmp_path_factory.mktemp("data")
     with DagsterDev(home, env={"TOKENMILL_DATA": str(data)}) as server:
         with dg.DagsterInstance.from_config(str(home)) as instance:  # what `tokenmill update` registers first
-            (batch,) = register_batches(instance, data, DEFAULT_SOURCE)
+            (batch,), _ = register_batches(instance, data, DEFAULT_SOURCE)
         raw_only = server.materialize(["raw_records"], partition=batch)
         raw_count = server.latest_metadata("raw_records")["docs_out"]
         # alternated twice, the best of each: one slow run on a busy machine must not decide the comparison
