@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
@@ -63,9 +64,10 @@ class DataRoot(dg.ConfigurableResource):
         return Path(self.root).expanduser().resolve() / asset_key
 
     def usable(self, source: Path | None = None) -> Path:
-        """The data root, or a ConfigError in one line when it cannot be one: a file, a folder whose parent does
-        not exist (a typo more often than a wish for a new tree), or the folder of `source` (or one inside the data
-        root: the stages would ingest their own outputs)."""
+        """The data root, created when missing, or a ConfigError in one line when it cannot be one: a file, a
+        folder whose parent does not exist (a typo more often than a wish for a new tree), the folder of `source`
+        (or one inside the data root: the stages would ingest their own outputs), or a folder this user cannot
+        write."""
         root = self.path("")
         if root.exists() and not root.is_dir():
             raise ConfigError(f"TOKENMILL_DATA {root} is a file, not a folder: point TOKENMILL_DATA at a folder")
@@ -78,6 +80,11 @@ class DataRoot(dg.ConfigurableResource):
                 f"TOKENMILL_SOURCE {source} is {'' if source.resolve() == root else 'inside '}the data root "
                 f"TOKENMILL_DATA {root}: the stages write their outputs there; keep the corpus outside the data root"
             )
+        try:
+            root.mkdir(exist_ok=True)
+            tempfile.TemporaryFile(dir=root).close()  # a real write: os.access says yes to root where it cannot write
+        except OSError as e:
+            raise ConfigError(f"TOKENMILL_DATA {root}: cannot write there ({e.strerror or e})") from None
         return root
 
     def acquire(self, run_id: str, say: Callable[[str], None]) -> DataRootLock:

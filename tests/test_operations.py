@@ -103,7 +103,7 @@ def read_only_folder(tmp_path: Path) -> Path:
     if os.geteuid() == 0:
         return Path("/sys/kernel")
     folder = tmp_path / "read-only"
-    folder.mkdir(mode=0o555)
+    folder.mkdir(mode=0o555, exist_ok=True)
     return folder
 
 
@@ -117,6 +117,7 @@ def test_item8_source_and_data_root_problems_are_one_line(demo_source, tmp_path)
         "its parent folder": {"TOKENMILL_DATA": str(tmp_path / "missing" / "data")},
         "is the data root": {"TOKENMILL_DATA": str(source)},
         "is inside the data root": {"TOKENMILL_DATA": str(tmp_path), "TOKENMILL_SOURCE": str(tmp_path / "src")},
+        "cannot write there": {"TOKENMILL_DATA": str(read_only_folder(tmp_path))},
         "DAGSTER_HOME": {"DAGSTER_HOME": str(tmp_path / "no-home")},
     }
     for expected, env in cases.items():

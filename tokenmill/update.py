@@ -226,12 +226,12 @@ def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...
 
         source = source_from_env().resolved()
         root = data_root_from_env()
-        data_root = root.usable(source)
         run_config = load_run_config(config_path)
         run_config.setdefault("loggers", {"console": {"config": {"log_level": "CRITICAL"}}})
         job = defs.resolve_job_def("tokenmill_all")
         dg.validate_run_config(job, run_config)  # before anything is registered or written
         validate_run_settings(run_config)  # the bounds, which Dagster's schema does not carry
+        data_root = root.usable(source)
         for key in drop_batches:
             with DataRootLock(data_root).acquire(f"tokenmill update --drop-batch {key}"):
                 print(f"tokenmill update: {retire(instance, data_root, key, '`tokenmill update --drop-batch`')}")
