@@ -11,6 +11,8 @@ from pathlib import Path
 from tokenmill.stages.raw.stream import file_type
 
 READERS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt", ".csv": "csv", ".parquet": "parquet"}
+# web inputs: .warc.gz, .wet.gz and .warc.wet.gz end like these once the compression suffix is taken off
+READERS |= {".warc": "warc", ".wet": "warc", ".html": "html", ".htm": "html"}
 
 
 @dataclass(frozen=True)

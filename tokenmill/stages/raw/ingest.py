@@ -35,13 +35,15 @@ from tokenmill.stages.raw.discover import (
     source_state,
 )
 from tokenmill.stages.raw.read_csv import read_csv
+from tokenmill.stages.raw.read_html import read_html
 from tokenmill.stages.raw.read_json import read_json
 from tokenmill.stages.raw.read_jsonl import read_jsonl
 from tokenmill.stages.raw.read_parquet import read_parquet
 from tokenmill.stages.raw.read_txt import read_txt
+from tokenmill.stages.raw.read_warc import read_warc
 from tokenmill.stages.raw.records import Mapped, map_record
 from tokenmill.stages.raw.settings import RawSettings
-from tokenmill.stages.raw.stream import TOO_DEEP, Bad, CorruptInput, FileTooLarge, Found, Rejected, snip
+from tokenmill.stages.raw.stream import TOO_DEEP, Bad, CorruptInput, FileTooLarge, Found, Rejected, Skipped, snip
 
 REASONS = (
     "malformed_json",
@@ -55,8 +57,13 @@ REASONS = (
     "file_too_large",
     "not_a_regular_file",
     "outside_source",
+    "corrupt_warc_record",
+    "bad_warc_header",
+    "extraction_empty",
+    "extraction_failed",
 )
 READER_FUNCS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv, "parquet": read_parquet}
+READER_FUNCS |= {"warc": read_warc, "html": read_html}
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class FileReport:
     rejected: int = 0
     bytes: int = 0
     rejected_by_reason: dict = field(default_factory=dict)
+    skipped_by_reason: dict = field(default_factory=dict)
+    """WARC records that are not documents (request, metadata, non-HTML response, ...): not in docs_in."""
 
 
 @dataclass
@@ -114,6 +123,7 @@ class _FileIngest:
         self.src, self.sink, self.rejected, self.samples, self.settings = src, sink, rejected, samples, settings
         self.report = FileReport(src.rel, bytes=src.size)
         self.reasons: Counter = Counter()
+        self.skipped: Counter = Counter()
 
     def reject(self, bad: Bad) -> None:
         entry = {
@@ -123,6 +133,8 @@ class _FileIngest:
             "detail": bad.detail,
             "snippet": bad.snippet,
         }
+        if bad.offset is not None:
+            entry["offset"] = bad.offset
         self.rejected.write(dumps(entry) + "\n")
         self.samples.add(bad.reason, entry)
         self.reasons[bad.reason] += 1
@@ -132,6 +144,8 @@ class _FileIngest:
         """The record fields of one value, or None when it is rejected."""
         if kind == "txt":  # the txt reader yields the text itself
             return Mapped(item.value)
+        if isinstance(item.value, Mapped):  # the web readers yield the record fields themselves
+            return item.value
         if not isinstance(item.value, dict):
             self.reject(
                 Bad(
@@ -157,6 +171,8 @@ class _FileIngest:
             "meta": m.meta,
             "source": {"path": rel, item.key: item.at},
         }
+        if item.where:
+            rec["source"].update(item.where)
         if m.special:
             rec.update(m.special)
         try:
@@ -183,6 +199,7 @@ class _FileIngest:
         else:
             self._read()
         self.report.rejected_by_reason = dict(sorted(self.reasons.items()))
+        self.report.skipped_by_reason = dict(sorted(self.skipped.items()))
         return self.report
 
     def _read(self) -> None:
@@ -202,6 +219,9 @@ class _FileIngest:
             last = item
             if isinstance(item, Bad):
                 self.reject(item)
+                continue
+            if isinstance(item, Skipped):
+                self.skipped[item.reason] += 1
                 continue
             m = self.mapped(kind, item)
             if m is not None:
@@ -247,9 +267,10 @@ def _stats(
     settings: RawSettings,
     t0: float,
 ) -> dict:
-    by_reason = Counter()
+    by_reason, not_documents = Counter(), Counter()
     for f in reports:
         by_reason.update(f.rejected_by_reason)
+        not_documents.update(f.skipped_by_reason)
     docs_out = sum(f.records for f in reports)
     n_rejected = sum(by_reason.values())
     return {
@@ -258,6 +279,9 @@ def _stats(
         **{f"dropped_{r}": by_reason.get(r, 0) for r in sorted(set(REASONS) | set(by_reason))},
         "rejected": n_rejected,
         "rejected_by_reason": dict(sorted(by_reason.items())),
+        # WARC records that are not documents: outside docs_in, so docs_in = docs_out + rejected still holds
+        "skipped_records": sum(not_documents.values()),
+        "skipped_records_by_reason": dict(sorted(not_documents.items())),
         "rejected_samples": samples,
         "files_read": len(reports),
         "files": [asdict(f) for f in reports],

@@ -76,6 +76,21 @@ class RawSettings(StageSettings):
         description="Largest share of a batch's records rejected before the batch fails (above it the source or "
         "these settings are wrong, not the records); the rejected ones stay in raw_records/_quarantine/<batch>",
     )
+    html_max_bytes: int = Field(
+        4 << 20,
+        ge=1,
+        le=1 << 30,
+        description="Largest HTML page extracted (a WARC response payload or an .html file), in bytes; a bigger one "
+        "is rejected ('record_too_large') before extraction. 4 MiB: 4x Common Crawl's 1 MiB payload cap",
+    )
+    html_max_tags: int = Field(
+        50_000,
+        ge=1,
+        le=10_000_000,
+        description="Most tags ('<' characters) in a page extracted; extraction time grows with them (~0.5 ms "
+        "each), so a bigger page is rejected ('record_too_large') before extraction: a bound on time per "
+        "page that gives the same output on any machine. 50,000: 2.5x a 1 MB Wikipedia article",
+    )
     follow_outside_symlinks: bool = Field(
         False, description="Read symlinks that point outside the source folder (otherwise rejected as 'outside_source')"
     )

@@ -43,6 +43,8 @@ class Found(NamedTuple):
     key: str
     at: int
     value: object
+    where: dict | None = None
+    """More of the record's `source` locator beside key/at (a WARC record's byte `offset`)."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,17 @@ class Bad:
     reason: str
     detail: str
     snippet: str
+    offset: int | None = None
+    """Byte offset of a bad WARC record in its file (None for other formats)."""
+
+
+class Skipped(NamedTuple):
+    """An input unit that is not a document (a WARC request or metadata record, a non-HTML response): counted by
+    reason, neither a record nor rejected."""
+
+    key: str
+    at: int
+    reason: str
 
 
 class Rejected(Exception):
