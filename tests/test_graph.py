@@ -204,6 +204,9 @@ def test_a_failing_blocking_check_keeps_the_previous_output(graph_run, tmp_path)
     root = tmp_path / "data"
     shutil.copytree(data, root, symlinks=True)
     published = root / "cleaned_jsonl" / key
+    stats = json.loads((published / "_stats.json").read_text())  # as if built with these settings: other ones are
+    stats["settings"]["min_chars"] = 10**6  # refused on a published batch (per-batch settings hold for a generation)
+    (published / "_stats.json").write_text(json.dumps(stats))
     before = {p.name: p.read_bytes() for p in sorted(published.iterdir())}
     rerun = build_defs(CorpusSource(path="unused"), DataRoot(root=str(root)))
     with dg.instance_for_test() as instance:
