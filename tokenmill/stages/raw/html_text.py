@@ -2,7 +2,7 @@
 (menus, footers, cookie banners dropped; one paragraph per line) and the page title.
 
 trafilatura was chosen by benchmarks/bench_extract.py on scrapinghub's article-extraction-benchmark (181 pages,
-the benchmark's own shingle F1): trafilatura 0.960 at ~40 pages/s against resiliparse 0.898 at ~450 pages/s.
+the benchmark's own shingle F1): trafilatura 0.960 at ~39 pages/s per core, resiliparse 0.898 at ~500 pages/s.
 
 Time per page grows with its element count (~0.5 ms per element, nesting does not matter: lxml caps the depth),
 so a page is refused before extraction above `html_max_bytes` or `html_max_tags`. Deterministic caps rather than

@@ -4,7 +4,7 @@
 Each record is located by its ordinal in the file (`index`, 0-based, over every WARC record read) and its byte
 `offset` (of its gzip member in a .warc.gz), so `source` leads back to the exact record: seek there and read one.
 
-FastWARC parses (benchmarks/bench_extract.py: ~4x warcio's records/s; neither resyncs after a corrupt record).
+FastWARC parses (benchmarks/bench_extract.py: 2.6-4x warcio's records/s; neither resyncs after a corrupt record).
 Resync is ours: after a corrupt gzip member or a bad header the record is rejected at its offset and reading
 resumes at the next record start (the next gzip member that decompresses to "WARC/", or the next "WARC/1." line).
 """
