@@ -4,6 +4,7 @@ the environment and, in the UI, from the launchpad)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -130,9 +131,11 @@ class DataRoot(dg.ConfigurableResource):
         self.usable(Path(tagged_source) if tagged_source else None)
         if run.job_name == WHOLE_GRAPH_JOB and run.tags.get(PARTITION_TAG) is None:
             batches = ", ".join(read_registry(self.path("")).keys[-3:]) or "none yet: run `tokenmill update`"
+            tags = json.dumps({PARTITION_TAG: "<batch>"})
             raise ConfigError(
-                f"{WHOLE_GRAPH_JOB} runs one source batch: choose it with --partition <batch> (dagster job execute "
-                f"-j {WHOLE_GRAPH_JOB} --partition <batch>; the latest batches: {batches}), or run `tokenmill "
+                f"{WHOLE_GRAPH_JOB} runs one source batch (the latest: {batches}): choose it with `dg launch --job "
+                f"{WHOLE_GRAPH_JOB} --partition <batch>`, `dagster job execute -m definitions -j {WHOLE_GRAPH_JOB} "
+                f"--tags '{tags}'` or the UI's partition dialog, or run `tokenmill "
                 "update`, which registers the new files and runs every pending batch"
             )
 

@@ -178,7 +178,8 @@ def test_item10_lock_wait_says_for_whom_and_recomputes_the_pending_batches(tmp_p
 
 def test_item10_a_whole_graph_run_without_a_partition_says_how_to_choose_one(demo_source, tmp_path):
     message = run_job(demo_source, tmp_path / "data", partition=None)
-    assert "--partition <batch>" in message and "tokenmill update" in message
+    assert "dg launch --job tokenmill_all --partition <batch>" in message and "tokenmill update" in message
+    assert """--tags '{"dagster/partition": "<batch>"}'""" in message
 
 
 def test_item11_encode_task_files_are_plain_arrays(tmp_path):
