@@ -10,10 +10,17 @@ from pydantic import ValidationError
 from support import BATCH, published_files
 from test_clean import clean
 
+from tokenmill.common.io import dumps
 from tokenmill.errors import ConfigError
 from tokenmill.settings import validate_run_settings
 from tokenmill.stages.clean import CleanSettings
-from tokenmill.stages.clean.language import LANGUAGE_CHARS, identify_languages, language_labels
+from tokenmill.stages.clean.language import (
+    LANGUAGE_CHARS,
+    identify_languages,
+    language_labels,
+    with_language,
+    with_language_line,
+)
 from tokenmill.stages.dedup import keys as K
 
 # real sentences of lingua-py's test set (Leipzig corpora, Apache-2.0): benchmarks/data/langid-sentences
@@ -52,6 +59,22 @@ def test_identification_reads_a_bounded_prefix_and_is_repeatable():
     assert first == identify_languages([german[:LANGUAGE_CHARS]])[0] and first[0] == "de"
     texts = sentences("ja", 5) + ["", "12345 !!!", "\x00\x01 control\ud800"]
     assert identify_languages(texts) == identify_languages(texts)
+
+
+def test_language_fields_spliced_into_the_line_as_encoding_would_write_them():
+    source = {"path": 'a "b".json', "index": 3}
+    records = [
+        {"id": "1", "text": 'x "source": y', "meta": {"title": "静夜思", "n": {"source": 1}}, "source": source},
+        {"id": "2", "text": "t", "meta": {}, "source": source},
+        {"id": "3", "text": "t", "meta": {"language": "xx"}, "source": source},  # replaced in place
+        {"id": "4", "text": "t", "meta": {}, "source": source, "messages": []},  # a field after source
+        {"id": "5", "text": "t", "meta": None, "source": source},
+        {"text": "t", "id": "6", "meta": {}, "source": source},  # another order
+    ]
+    for rec in records:
+        line = dumps(rec).encode()
+        for score in (0.97, 1.0, 0.0):
+            assert with_language_line(line, rec, "zh", score) == dumps(with_language(rec, "zh", score)).encode()
 
 
 def test_every_kept_record_gets_its_language(tmp_path):

@@ -14,6 +14,9 @@ Rules, in the order they run on each record (each a plain function, one module p
                           title or author) moved from the top of the text into `meta`, before boilerplate removal
   7. strip_boilerplate    lines whose joint boilerplate score passes the threshold    line_stats, boilerplate
   8. filters, first failing one names the reason: empty, too_short, placeholder_glyphs, repetition    filters
+  8a. identify_language   meta.language and meta.language_score of each record the filters kept    language
+                          (CLD2, py3langid where CLD2 is unsure); `languages` / `min_language_score` reject
+                          ("language"); in pass 1 and again in pass 2 for a record whose lines were stripped
   8b. decontaminate       a record sharing an n-gram with an item of a `decontaminate` evaluation    decontam
                           file is dropped ("contamination", the file and item named) or flagged in meta; pass 1,
                           every record with text (a dropped one leaves the line statistics: pass 2 keeps it out)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+from tokenmill.common.io import dumps
 from tokenmill.errors import ConfigError
 
 # characters of a text the models read: a bound on the cost of a long record; accuracy on 1 kB documents is the
@@ -111,3 +112,29 @@ def with_language(rec: dict, language: str, score: float) -> dict:
     """A copy of the record with meta.language and meta.language_score (after its other meta fields)."""
     meta = rec.get("meta")
     return {**rec, "meta": {**(meta if isinstance(meta, dict) else {}), "language": language, "language_score": score}}
+
+
+RECORD_KEYS = ["id", "text", "meta", "source"]
+SOURCE_KEY = b', "source": '
+
+
+def with_language_line(line: bytes, rec: dict, language: str, score: float) -> bytes:
+    """The JSONL line of `with_language(rec, ...)` for a record that is `line` (as read): spliced into the line when
+    a stage wrote it (io.dumps: id, text, meta, source in that order, meta an object without the two fields, source
+    one of plain values, so the last ', "source": ' is the key), else encoded again. Splicing costs a seventh of
+    encoding a poem, and most records of a curated corpus reach the output unchanged."""
+    meta, source = rec.get("meta"), rec.get("source")
+    at = line.rfind(SOURCE_KEY)
+    if (
+        at > 0
+        and line[at - 1 : at] == b"}"
+        and list(rec) == RECORD_KEYS
+        and isinstance(meta, dict)
+        and "language" not in meta
+        and "language_score" not in meta
+        and isinstance(source, dict)
+        and not any(isinstance(v, (dict, list)) for v in source.values())
+    ):
+        fields = f'"language": {dumps(language)}, "language_score": {score!r}}}'.encode()
+        return line[: at - 1] + (b", " if meta else b"") + fields + line[at:]
+    return dumps(with_language(rec, language, score)).encode("utf-8")

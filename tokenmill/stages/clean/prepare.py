@@ -19,7 +19,7 @@ from tokenmill.errors import CorruptOutputError
 from tokenmill.stages.clean import repair as R
 from tokenmill.stages.clean.decontam import ContaminationIndex
 from tokenmill.stages.clean.filters import check_too_long, record_filters
-from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language
+from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language, with_language_line
 from tokenmill.stages.clean.line_stats import LineStats, LineTable
 from tokenmill.stages.clean.metadata import extract_metadata
 from tokenmill.stages.clean.pii import masker_for
@@ -310,8 +310,10 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             for (line, rec), e in zip(batch, entries):
                 len_in.append(e.chars_in)
                 chars_in += e.chars_in
-                if e.language is not None:  # the examples show the rules' changes, without the language fields
-                    staged.out_lines.append(dumps(with_language(e.new or rec, *e.language)).encode("utf-8"))
+                if e.language is not None and e.new is None:
+                    staged.out_lines.append(with_language_line(line, rec, *e.language))
+                elif e.language is not None:  # the examples show the rules' changes, without the language fields
+                    staged.out_lines.append(dumps(with_language(e.new, *e.language)).encode("utf-8"))
                 elif e.new is not None and e.text:
                     staged.out_lines.append(dumps(e.new).encode("utf-8"))
                 else:
