@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,7 +111,7 @@ class EncodeTask:
     settings: ShardSettings
     token_dtype: str
     threads: bool  # let the encoder use every core (one task at a time in this process)
-    out: str  # the task's encoded arrays, written here for the run process (a file in the stage folder)
+    out: str  # the task's encoded arrays, written here for the run process (a folder in the stage folder)
     val_ids: frozenset[str] = frozenset()  # records put in val whatever their split hash (an empty val topped up)
 
 
@@ -256,57 +257,59 @@ class TaskResult:
     # one entry each: id, reason, where (part file:line), source; the task's first SAMPLES_PER_REASON of each
     # reason also carry their record's line (`text`, cut) so a drop can be read
     rejected: list[dict]
-    splits: dict[str, SplitChunk]  # empty as returned; load_splits reads them from splits_file
-    splits_file: str = ""
+    splits: dict[str, SplitChunk]  # empty as returned; load_splits reads them from splits_dir (save_splits)
+    splits_dir: str = ""
     first_train: tuple[int, str] | None = None  # (split hash, id) of the train record with the smallest hash
     with_metadata: int = 0  # records with a title or author (what training_type auto decides on)
     languages: dict[str, list[int]] = field(default_factory=dict)  # meta.language -> [records, tokens] encoded
 
 
 def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
-    """A task's encoded arrays as one .npz of plain arrays (the run process loads it without unpickling anything
-    from the data root), renamed into place complete (a killed, retried task never leaves half a file)."""
-    arrays = {}
-    for split, ch in splits.items():
-        ids = [i.encode("utf-8", "surrogatepass") for i in ch.ids]
-        arrays[f"{split}/ids"] = np.frombuffer(b"".join(ids), dtype=np.uint8)
-        arrays[f"{split}/id_bytes"] = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        arrays[f"{split}/rec_tokens"] = ch.rec_tokens
-        arrays[f"{split}/counts"] = np.array([getattr(ch, a) for a in SplitChunk.COUNTS], dtype=np.int64)
-        for attr in SPLIT_ARRAYS:
-            for key, values in getattr(ch, attr).items():
-                arrays[f"{split}/{attr}/{key}"] = values
+    """A task's encoded arrays as a folder of .npy files, `<split>.<what>[.<key>].npy` (plain arrays, which the run
+    process loads with allow_pickle=False: nothing under the data root is unpickled), renamed into place complete (a
+    killed, retried task never leaves half a folder). 6M tokens of 50k records: save 27-34 ms, load 29-45 ms (pickle
+    34-56 and 16-28 ms; one .npz 100 and 87 ms, its zip read and checksummed), on the shared 2-core machine."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:  # a file object: np.savez would append .npz to a name
-        np.savez(f, **arrays)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.mkdir(tmp)
+    for split, ch in splits.items():
+        arrays = {
+            "ids": np.frombuffer("".join(ch.ids).encode("utf-8", "surrogatepass"), dtype=np.uint8),
+            "id_chars": np.fromiter(map(len, ch.ids), dtype=np.int64, count=len(ch.ids)),
+            "rec_tokens": ch.rec_tokens,
+            "counts": np.array([getattr(ch, a) for a in SplitChunk.COUNTS], dtype=np.int64),
+        }
+        arrays |= {f"{attr}.{key}": values for attr in SPLIT_ARRAYS for key, values in getattr(ch, attr).items()}
+        for name, values in arrays.items():
+            np.save(os.path.join(tmp, f"{split}.{name}.npy"), values)
+    shutil.rmtree(path, ignore_errors=True)  # what an earlier attempt of a retried task renamed into place
     os.replace(tmp, path)
 
 
 def read_splits(path: str) -> dict[str, SplitChunk]:
-    """save_splits' file back into SplitChunks (allow_pickle=False: object arrays are refused, not unpickled)."""
-    splits: dict[str, SplitChunk] = {}
-    with np.load(path, allow_pickle=False) as arrays:
-        for name in arrays.files:
-            split, attr, *key = name.split("/", 2)
-            ch = splits.setdefault(split, SplitChunk())
-            if key:
-                getattr(ch, attr)[key[0]] = arrays[name]
-            elif attr == "rec_tokens":
-                ch.rec_tokens = arrays[name]
-            elif attr == "counts":
-                for a, count in zip(SplitChunk.COUNTS, arrays[name].tolist()):
-                    setattr(ch, a, count)
-        for split, ch in splits.items():
-            blob = arrays[f"{split}/ids"].tobytes()
-            ends = np.cumsum(arrays[f"{split}/id_bytes"]).tolist()
-            ch.ids = [blob[a:b].decode("utf-8", "surrogatepass") for a, b in zip([0, *ends], ends)]
+    """save_splits' folder back into SplitChunks (allow_pickle=False: an object array is refused, never unpickled)."""
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    for name in sorted(os.listdir(path)):
+        split, what = name.removesuffix(".npy").split(".", 1)
+        arrays.setdefault(split, {})[what] = np.load(os.path.join(path, name), allow_pickle=False)
+    splits = {}
+    for split, named in arrays.items():
+        text = named.pop("ids").tobytes().decode("utf-8", "surrogatepass")  # one decode, then slices
+        ends = np.cumsum(named.pop("id_chars")).tolist()
+        ch = SplitChunk(ids=[text[a:b] for a, b in zip([0, *ends], ends)], rec_tokens=named.pop("rec_tokens"))
+        for a, count in zip(SplitChunk.COUNTS, named.pop("counts").tolist()):
+            setattr(ch, a, count)
+        for what, values in named.items():
+            attr, key = what.split(".", 1)
+            getattr(ch, attr)[key] = values
+        splits[split] = ch
     return splits
 
 
 def load_splits(result: TaskResult) -> TaskResult:
     """In the run process: the task's arrays into result.splits; the file is removed once read."""
-    result.splits = read_splits(result.splits_file)
-    os.unlink(result.splits_file)
+    result.splits = read_splits(result.splits_dir)
+    shutil.rmtree(result.splits_dir)
     return result
 
 
@@ -427,5 +430,5 @@ def encode_task(task: EncodeTask) -> TaskResult:
             splits[split] = concat_chunks(chunks[s])
             count_languages(result.languages, languages[s], splits[split].rec_tokens)
     save_splits(splits, task.out)
-    result.splits_file = task.out
+    result.splits_dir = task.out
     return result

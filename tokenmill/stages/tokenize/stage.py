@@ -211,7 +211,7 @@ def _encode_batches(
     ranges = [r for _, batch_ranges in plans for r in batch_ranges]
     threads = workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
     tasks = [
-        EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}.npz"), val_ids)
+        EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}"), val_ids)
         for i, r in enumerate(ranges)
     ]
     progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=log)
