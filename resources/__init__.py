@@ -9,6 +9,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Literal
 
 import dagster as dg
@@ -102,6 +103,18 @@ class DataRoot(dg.ConfigurableResource):
             return lock.acquire(run_id, wait_seconds=self.lock_wait_seconds)
         except OSError as e:
             raise ConfigError(f"TOKENMILL_DATA {self.path('')}: cannot write there ({e.strerror or e})") from None
+
+    def wait_until_free(self, instance: dg.DagsterInstance, say: Callable[[str], None]) -> None:
+        """Returns once no other run holds the data root, having waited up to lock_wait_seconds and said for whom
+        (DataRootBusyError past that). Holds the lock for an instant, so it fails a run that died holding it, as a
+        run taking the lock does (that run would no longer find its name)."""
+        holder = f"tokenmill update (pid {os.getpid()})"
+        lock = self.acquire(holder, say)
+        try:
+            log = SimpleNamespace(warning=say)  # the one method of a Dagster log the failing uses
+            fail_run_of_dead_holder(instance, lock.dead_holder, str(self.path("")), holder, log)
+        finally:
+            lock.release()
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
         run = context.run

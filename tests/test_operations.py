@@ -162,6 +162,7 @@ def test_item10_lock_wait_says_for_whom_and_recomputes_the_pending_batches(tmp_p
     source.mkdir()
     (source / "a.jsonl").write_text('{"text": "one record"}\n')
     register_new_files(data, source, source_state(source))
+    instance, waiting = dg.DagsterInstance.ephemeral(), DataRoot(root=str(data), lock_wait_seconds=30)
     holder = DataRootLock(data).acquire("holder-run")
 
     def publish_and_release():  # what the holder does: runs the batch through the funnel, then lets go
@@ -171,7 +172,7 @@ def test_item10_lock_wait_says_for_whom_and_recomputes_the_pending_batches(tmp_p
         holder.release()
 
     threading.Thread(target=publish_and_release).start()
-    assert not still_pending(DataRoot(root=str(data), lock_wait_seconds=30), BATCH)
+    assert not still_pending(waiting, instance, BATCH)
     said = capsys.readouterr().err
     assert "in use by run holder-run" in said and "waiting up to 30 s (TOKENMILL_LOCK_WAIT)" in said
 

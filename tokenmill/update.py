@@ -176,15 +176,15 @@ def write_run_log(instance, run_id: str) -> Path:
     return path
 
 
-def still_pending(data_root, key: str) -> bool:
-    """With TOKENMILL_LOCK_WAIT: while another run holds the data root, says for whom it waits and waits; then
-    whether batch `key` is still pending (the holder may just have run it)."""
+def still_pending(data_root, instance, key: str) -> bool:
+    """With TOKENMILL_LOCK_WAIT: while another run holds the data root (the DataRoot resource), says for whom it
+    waits and waits; then whether batch `key` is still pending (the holder may just have run it)."""
 
     def say(message: str) -> None:
         print(f"tokenmill update: {message}", file=sys.stderr)
 
     if data_root.lock_wait_seconds:
-        data_root.acquire(f"tokenmill update (pid {os.getpid()})", say).release()
+        data_root.wait_until_free(instance, say)
     return key in pending_batches(data_root.path(""))
 
 
@@ -249,7 +249,7 @@ def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...
         return 0
     for key in pending:
         try:
-            if not still_pending(root, key):
+            if not still_pending(root, instance, key):
                 print(f"tokenmill update: batch {key}: already run by the run that held the data root")
                 continue
         except TokenmillError as e:
