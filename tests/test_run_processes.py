@@ -27,7 +27,7 @@ EXIT_SECONDS = 10  # from a run's end to the end of its process and workers
 RUN_SECONDS = 300
 MEMORY_RUNS = 6  # runs over which the code server's tree may not grow (10 asked; 6 keep the test shorter)
 GROWTH_LIMIT_MB = 100  # a leaked run process with its two workers holds ~340 MB
-REFUSED_CONFIG = {"ops": {"dedup_report": {"config": {"threshold": 1.5}}}}  # out of bounds: refused at set-up
+REFUSED_CONFIG = {"ops": {"cleaned_jsonl": {"config": {"bp_threshold": 1.5}}}}  # out of bounds: refused at set-up
 START_SENSOR = """
 mutation Start($selector: SensorSelector!) {
   startSensor(sensorSelector: $selector) { __typename ... on PythonError { message } }
@@ -41,7 +41,7 @@ def server(tmp_path_factory, demo_source):
     env = {"TOKENMILL_SOURCE": str(tmp / "source"), "TOKENMILL_DATA": str(tmp / "data"), "TOKENMILL_WORKERS": "2"}
     with DagsterDev(tmp / "home", env=env) as dev:
         with dg.DagsterInstance.from_config(str(dev.dagster_home)) as instance:
-            (batch,) = register_batches(instance, tmp / "data", tmp / "source")
+            (batch,), _ = register_batches(instance, tmp / "data", tmp / "source")
             yield dev, instance, batch
 
 
@@ -88,23 +88,19 @@ def code_server_mb(dev: DagsterDev) -> float:
     return sum(p.memory_info().rss for p in processes) / 2**20
 
 
-def launch(dev: DagsterDev, batch: str, assets: list[str] | None = None, run_config: dict | None = None) -> str:
-    """tokenmill_all (or just `assets`) for the batch, as the launchpad does."""
-    from dagster_graphql import DagsterGraphQLClient
-
-    if assets is None:
-        client = DagsterGraphQLClient("127.0.0.1", port_number=dev.port)
-        return client.submit_job_execution(
-            "tokenmill_all", repository_location_name="tokenmill", run_config=run_config or {},
-            tags={"dagster/partition": batch},
-        )  # fmt: skip
+def launch(dev: DagsterDev, batch: str, assets: list[str], run_config: dict | None = None) -> str:
+    """A materialization of `assets` for the batch, as the launchpad launches it."""
     selector = {
         "repositoryLocationName": "tokenmill",
         "repositoryName": "__repository__",
         "jobName": "__ASSET_JOB",
         "assetSelection": [{"path": [k]} for k in assets],
     }
-    params = {"selector": selector, "executionMetadata": {"tags": [{"key": "dagster/partition", "value": batch}]}}
+    params = {
+        "selector": selector,
+        "runConfigData": run_config or {},
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": batch}]},
+    }
     launched = dev.graphql(LAUNCH_ASSETS_MUTATION, {"params": params})["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
     return launched["run"]["runId"]
@@ -115,11 +111,11 @@ def test_every_run_process_ends_and_the_code_server_does_not_grow(server):
     memory = []
     checked = [
         ("a failed step", lambda: launch(dev, batch, ["cleaned_jsonl"]), "FAILURE"),  # raw_records not written yet
-        ("a config refused at set-up", lambda: launch(dev, batch, run_config=REFUSED_CONFIG), "FAILURE"),
+        ("a config refused at set-up", lambda: launch(dev, batch, ["cleaned_jsonl"], REFUSED_CONFIG), "FAILURE"),
         ("a success", lambda: launch(dev, batch, ["raw_records"]), "SUCCESS"),
         ("the sensor's run", lambda: sensor_run(dev, instance), "SUCCESS"),
     ]
-    refused = ("a refused config", lambda: launch(dev, batch, run_config=REFUSED_CONFIG), "FAILURE")
+    refused = ("a refused config", lambda: launch(dev, batch, ["cleaned_jsonl"], REFUSED_CONFIG), "FAILURE")
     for what, start, expected in checked + [refused] * (MEMORY_RUNS - len(checked)):
         run_id = start()
         assert finished(dev, run_id) == expected, f"{what}: run {run_id}; log {dev.log_path}"
