@@ -1,7 +1,8 @@
 """The bundled demo corpus: a seeded generator of a small realistic corpus with planted defects.
 
 `python -m devtools.demo OUT_DIR [--seed N]` writes OUT_DIR/source/ (the corpus: .jsonl, .json in the
-chinese-poetry layout, .txt blocks, .csv, one .jsonl.gz and a file raw_records skips) and
+chinese-poetry layout, .txt blocks, .csv, one .jsonl.gz, a file raw_records skips, and web/pages.warc.gz: real
+multilingual pages from tests/fixtures/web/pages as a crawler's WARC, the same for every seed) and
 OUT_DIR/manifest.json, the ground truth of what was planted, so each stage's tests can score themselves.
 Text is built from embedded word lists and templates (no downloads); the same seed gives byte-identical
 files (the .gz is written with mtime 0; its compressed bytes still depend on the zlib build).
@@ -10,6 +11,8 @@ Manifest keys (ids are raw record ids, `tokenmill.common.io.record_id`):
   records                 number of valid records raw_records must emit
   record_kinds            {kind: count} (en_prose, en_verse, zh_poem, zh_prose, post, garbled)
   files                   {relpath: {"format", "records", "rejected"}}; skipped_files: [relpath]
+  web_pages               [{"id", "url"}] the documents of web/pages.warc.gz (its request and
+                          metadata records are skipped: web_skipped_records)
   rejected_raw            [{path, line, reason}] bad lines raw_records must reject
   exact_duplicates        [[id_a, id_b]] (a comes first in source order); exact_duplicate_variants adds the
                           variant: identical / whitespace / punctuation / case
@@ -591,6 +594,43 @@ class _NoveltyIndex:
         return True
 
 
+# ------------------------------------------------------------------------------------------ the web part
+
+WEB_PAGES = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "web" / "pages"  # README.md: origin, licence
+WEB_FILE = "web/pages.warc.gz"
+WEB_DATE = "2024-05-01T12:00:00Z"
+
+
+def _warc_record(kind: str, url: str, block: bytes, content_type: str, n: int) -> bytes:
+    head = (
+        f"WARC/1.0\r\nWARC-Type: {kind}\r\nWARC-Target-URI: {url}\r\nWARC-Date: {WEB_DATE}\r\n"
+        f"WARC-Record-ID: <urn:uuid:00000000-0000-4000-8000-{n:012d}>\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(block)}\r\n\r\n"
+    )
+    return head.encode() + block + b"\r\n\r\n"
+
+
+def write_web_part(path: Path) -> tuple[list[dict], int]:
+    """The fixture pages as request, response and metadata records, one gzip member each (mtime 0); returns the
+    documents (id, url) and the number of records raw_records skips."""
+    members, pages = [], []
+    for page in sorted(WEB_PAGES.glob("*.html.gz")):
+        url = f"https://demo.tokenmill.invalid/{page.name.removesuffix('.html.gz')}"
+        body = b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n\r\n" + gzip.decompress(page.read_bytes())
+        pages.append({"id": record_id(WEB_FILE, index=len(members) + 1), "url": url})
+        for kind, block, ctype in (
+            ("request", b"GET / HTTP/1.1\r\n\r\n", "application/http; msgtype=request"),
+            ("response", body, "application/http; msgtype=response"),
+            ("metadata", b"fetchTimeMs: 120\r\n", "application/warc-fields"),
+        ):
+            members.append(_warc_record(kind, url, block, ctype, len(members)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        for member in members:
+            f.write(gzip.compress(member, compresslevel=9, mtime=0))
+    return pages, len(members) - len(pages)
+
+
 # ------------------------------------------------------------------------------------------ the corpus
 
 FILES = {  # relpath -> format; the order here is not the source order (raw_records sorts paths)
@@ -882,6 +922,9 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
         encoding="utf-8",
     )
 
+    web_pages, web_skipped = write_web_part(src / WEB_FILE)
+    files_info[WEB_FILE] = {"format": "warc.gz", "records": len(web_pages), "rejected": 0}
+
     # 4. source order (sorted paths, then position) for pairs: a is the copy seen first
     order = {}
     for rel in sorted(FILES):
@@ -907,6 +950,8 @@ def generate_demo_corpus(out_dir, seed: int = DEFAULT_SEED) -> dict:
         "record_kinds": dict(sorted(kinds.items())),
         "files": files_info,
         "skipped_files": [skipped],
+        "web_pages": web_pages,
+        "web_skipped_records": web_skipped,
         "rejected_raw": sorted(rejected_raw, key=lambda r: (r["path"], r["line"])),
         "exact_duplicates": [[a.id, b.id] for a, b, _ in exact_pairs],
         "exact_duplicate_variants": [{"a": a.id, "b": b.id, "variant": how} for a, b, how in exact_pairs],

@@ -48,7 +48,7 @@ def test_corpus_shape(demo_source, demo_manifest):
     assert 0.8e6 < size < 3e6
     assert 2000 < demo_manifest["records"] < 5000
     formats = {f["format"] for f in demo_manifest["files"].values()}
-    assert formats == {"jsonl", "json", "txt", "csv", "jsonl.gz"}
+    assert formats == {"jsonl", "json", "txt", "csv", "jsonl.gz", "warc.gz"}  # warc.gz: the real web pages
     kinds = demo_manifest["record_kinds"]
     assert min(kinds[k] for k in ("en_prose", "en_verse", "zh_poem", "zh_prose", "post")) > 300
     reasons = {r["reason"] for r in demo_manifest["rejected_raw"]}
