@@ -238,6 +238,9 @@ def raw_records_metadata(stats: dict, path: Path) -> dict:
         **stage_counts(stats, path),
         "rejected_by_reason": dg.MetadataValue.json(stats["rejected_by_reason"]),
         "rejected_samples": drop_samples_table(stats["rejected_samples"], "snippet"),
+        # WARC records that are not documents (request, metadata, non-HTML response, ...): outside docs_in
+        "skipped_records": stats["skipped_records"],
+        "skipped_records_by_reason": dg.MetadataValue.json(stats["skipped_records_by_reason"]),
         "files_read": stats["files_read"],
         "skipped_files": len(stats["skipped_files"]),
         "files": dagster_table(_raw_files_frame(stats["files"])),

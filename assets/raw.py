@@ -30,9 +30,10 @@ def raw_records(
     context: dg.AssetExecutionContext, config: RawConfig, source: CorpusSource, data_root: DataRoot, compute: Compute
 ):
     """The records of one source batch (the files of TOKENMILL_SOURCE, a file or a folder of .jsonl/.json/.txt/.csv,
-    .gz and .zst too, and .parquet, that were new when the batch was registered) as `{"id", "text", "meta",
-    "source"}` JSONL shards with stable ids. Malformed lines, records without text, undecodable bytes and
-    unreadable files go to `_rejected.jsonl` with path, line and reason."""
+    .gz and .zst too, .parquet, and web inputs: .warc/.wet and .html, plain or .gz, whose HTML is reduced to its
+    main text, that were new when the batch was registered) as `{"id", "text", "meta", "source"}` JSONL shards
+    with stable ids. Malformed lines, records without text, undecodable bytes and unreadable files go to
+    `_rejected.jsonl` with path, line and reason; WARC records that hold no document are counted by reason."""
     src = source.resolved()  # a missing source is a clear error before any work
     batch = registered_batch(context, data_root, source)
     folder = batch_output(data_root, "raw_records", batch.key)

@@ -1,9 +1,11 @@
-"""raw_records: read a file or folder of .jsonl/.json/.txt/.csv (and .gz, .zst of these) and .parquet into record
-JSONL shards.
+"""raw_records: read a file or folder of .jsonl/.json/.txt/.csv (and .gz, .zst of these), .parquet, and web inputs
+(.warc/.wet and .html/.htm, plain or .gz) into record JSONL shards.
 
 Every input record becomes `{"id", "text", "meta", "source": {"path", "line"|"index"}}` (docs/format.md).
 Bad input never stops the run and is never dropped silently: each bad line, record or file goes to
-`_rejected.jsonl` with a reason and is counted, so docs_in = docs_out + sum(rejected).
+`_rejected.jsonl` with a reason and is counted, so docs_in = docs_out + sum(rejected). WARC records that hold
+no document (request, metadata, warcinfo, revisit, non-HTML or non-2xx responses) are not input records: they
+are counted in skipped_records_by_reason, outside docs_in. A WARC record's source adds its byte `offset`.
 
 Steps, one module each:
   discover     the source's files in sorted order (hidden ones and the data root left out), each checked with
@@ -14,6 +16,9 @@ Steps, one module each:
                JSON nesting depth) and what every reader yields: Found values or Bad input with a reason
   read_jsonl, read_json, read_txt, read_csv, read_parquet
                one reader per format (read_parquet: row groups in bounded batches of rows)
+  read_warc, read_html
+               web inputs: WARC/WET records (FastWARC; resync after a corrupt record), HTML files
+  html_text    HTML payload -> main text and title (charset, trafilatura, size and tag caps)
   records      one input object -> text, meta and the sft/dpo/grpo fields (presets for common layouts)
   ingest       each task writes its own shards into a private folder; the parent renames them into one global
                sequence in task order, so the output is byte-identical for any worker count

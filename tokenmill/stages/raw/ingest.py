@@ -328,7 +328,8 @@ def ingest(
     fingerprint = source_fingerprint(state)
     if not listing.files:
         raise SourceError(
-            f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz, .zst of these) or .parquet file: {source} "
+            f"corpus source has no .jsonl, .json, .txt or .csv file (or .gz, .zst of these), .parquet, .warc, .wet or "
+            f".html file: {source} "
             f"({len(listing.skipped)} other files; set TOKENMILL_SOURCE to a file or folder of these)"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
