@@ -185,6 +185,20 @@ def test_cut_gzip_member_bad_header_and_undecodable_payload(tmp_path):
     assert stats["dropped_corrupt_warc_record"] == 1 and stats["docs_in"] == 6
 
 
+def test_uncompressed_warc_resyncs_after_junk_and_a_missing_length(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    records = crawl(multilingual_pages()[:3])
+    no_length = records[5].replace(b"Content-Length", b"Content-Size", 1)  # zh's response
+    records = records[:5] + [no_length] + records[6:8] + [b"junk between records\r\n"] + records[8:]
+    offsets = write_warc(src / "plain.warc", records, gz=False)
+    stats, recs, rejected = run(src, tmp_path)
+    assert [r["reason"] for r in rejected] == ["bad_warc_header", "bad_warc_header"]
+    assert rejected[1]["offset"] == offsets[8] and rejected[1]["snippet"].startswith("junk between records")
+    assert [r["meta"]["url"].rsplit("/", 1)[1] for r in recs] == ["en_wikipedia_mozilla", "ja_lhpat-tm"]
+    assert all(r["source"]["offset"] == offsets[r["source"]["index"]] for r in recs)
+
+
 def test_same_output_for_any_worker_count(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -95,8 +95,12 @@ def _failed_at(raw, pos: int, last: int | None, reading: bool, gz: bool) -> int 
     it ends, or the next record start when its end cannot be told), else where this pass started."""
     if last is None or reading:
         return pos if last is None else last
-    end = (_member_end if gz else _plain_end)(raw, last)
+    end = _record_end(raw, last, gz)
     return end if end is not None else _next_start(raw, last + 1, gz)
+
+
+def _record_end(raw, start: int, gz: bool) -> int | None:
+    return (_member_end if gz else _plain_end)(raw, start)
 
 
 def _decode_text(payload: bytes) -> str:
@@ -150,10 +154,10 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
         gz = raw.read(2) == GZIP_MAGIC[:2]  # by content, not by `compression`: a .warc may be gzipped
         while pos is not None:
             raw.seek(pos)
-            last, reading = None, False
+            last, reading, last_rejected = None, False, False
             try:
                 for rec in ArchiveIterator(raw, parse_http=True):
-                    last, reading = rec.stream_pos, True
+                    last, reading, last_rejected = rec.stream_pos, True, False
                     payload_bytes += rec.content_length
                     if payload_bytes > settings.max_file_bytes:
                         yield Bad(
@@ -169,6 +173,7 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                     try:
                         got = _record(rec, settings)
                     except Rejected as e:
+                        last_rejected = True
                         yield Bad("index", index, e.reason, e.detail, "", last)
                     else:
                         if isinstance(got, str):
@@ -178,6 +183,9 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                     index, reading = index + 1, False
                 return
             except (OSError, ValueError) as e:  # a corrupt gzip member, a truncated record, a bad WARC header
+                if not reading and last_rejected and _record_end(raw, last, gz) is None:
+                    pos = _next_start(raw, last + 1, gz)  # the rejected record's own bytes, misread as the next
+                    continue
                 reason = "bad_warc_header" if "header" in str(e).lower() else "corrupt_warc_record"
                 bad_at = _failed_at(raw, pos, last, reading, gz)
                 if bad_at is None:
