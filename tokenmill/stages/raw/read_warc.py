@@ -37,19 +37,22 @@ SKIPPED_TYPES = {
 
 
 def _member_end(raw, start: int) -> int | None:
-    """Where the gzip member starting at `start` ends, None when it is corrupt or cut short."""
+    """Where the gzip member starting at `start` ends, None when it is corrupt or cut short. Its output is
+    produced SCAN_CHUNK bytes at a time and dropped: a bomb member is walked, never held."""
     raw.seek(start)
-    d, consumed = zlib.decompressobj(31), 0
+    d, fed, pending = zlib.decompressobj(31), 0, b""
     try:
         while not d.eof:
-            chunk = raw.read(SCAN_CHUNK)
-            if not chunk:
-                return None
-            d.decompress(chunk, 0)
-            consumed += len(chunk)
+            if not pending:
+                pending = raw.read(SCAN_CHUNK)
+                if not pending:
+                    return None
+                fed += len(pending)
+            d.decompress(pending, SCAN_CHUNK)
+            pending = d.unconsumed_tail
     except zlib.error:
         return None
-    return start + consumed - len(d.unused_data)
+    return start + fed - len(d.unused_data)  # at the end of the member, unused_data is all the input left
 
 
 def _plain_end(raw, start: int) -> int | None:
