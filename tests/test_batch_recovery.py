@@ -58,7 +58,7 @@ def test_a_bad_batch_is_quarantined_retired_and_later_batches_go_on(tmp_path, sh
         assert "retire_source_batch" in waits.skip_message
 
         retired = defs.resolve_job_def("retire_source_batch").execute_in_process(
-            instance=instance, run_config={"ops": {"retire_source_batch": {"config": {"batch": "g1-b000002"}}}}
+            instance=instance, run_config={"ops": {"retire_batch": {"config": {"batch": "g1-b000002"}}}}
         )
         assert retired.success
         assert read_registry(data).batch("g1-b000002").retired and quarantine.exists()

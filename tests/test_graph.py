@@ -276,3 +276,10 @@ def test_a_malformed_number_in_the_environment_names_the_variable(monkeypatch):
     monkeypatch.setenv("TOKENMILL_WORKERS", "-2")
     with pytest.raises(ConfigError, match="TOKENMILL_WORKERS"):
         number_from_env("TOKENMILL_WORKERS", 0, int)
+
+
+def test_the_code_location_loads():
+    """What `dagster dev` and `dg` load: names unique across jobs, ops and assets, resources complete."""
+    from definitions import defs
+
+    dg.Definitions.validate_loadable(defs)
