@@ -79,8 +79,11 @@ def bench(name: str, raw: Path, tmp: Path, args) -> None:
     plain = CleanSettings()
     with_eval = CleanSettings(decontaminate=[str(evals)])
     base, stats = best(raw, out, plain, args.workers, args.repeat)
-    shutil.rmtree(cache, ignore_errors=True)
-    cold, _ = timed(raw, out, with_eval, args.workers)
+    colds = []
+    for _ in range(args.repeat):
+        shutil.rmtree(cache, ignore_errors=True)
+        colds.append(timed(raw, out, with_eval, args.workers)[0])
+    cold = min(colds)
     warm, dstats = best(raw, out, with_eval, args.workers, args.repeat)
     no_pii, _ = best(raw, out, CleanSettings(pii_mask=False), args.workers, args.repeat)
     (report,) = dstats["decontamination"]["files"]
