@@ -2,8 +2,10 @@
 (`decontaminate`) is dropped (reason "contamination", the file and the item's index in `_rejected.jsonl`) or, with
 `decontaminate_mode: flag`, kept with `meta.contamination = {"eval_file", "eval_item"}`.
 
-Normalization, the same for records and evaluation items: NFKC, case-folded; punctuation, symbols, whitespace and
-control characters (Unicode P*, S*, Z*, C*) separate words and are otherwise dropped. Then a text is cut into
+Normalization, the same for records and evaluation items: the stage's Unicode form (`normalization`, NFC by
+default; records have it from rule 3, items get it when indexed), lowercased; punctuation, symbols, whitespace
+and control characters (Unicode P*, S*, Z*, C*) separate words and are otherwise dropped. Character n-grams use
+dedup's key (NFKC, case-folded, the same characters dropped), vectorized and cheap on CJK text. Then a text is cut into
 n-grams of `decontaminate_words` words (13) when it is in a space-separated script, or of `decontaminate_chars`
 characters (50, separators left out) when it is in a script written without spaces: by the
 record's language (`meta.language` zh, ja, th, lo, km, my, bo, dz: characters; any other code: words), else by its
@@ -38,6 +40,7 @@ import numpy as np
 
 from tokenmill.common.io import atomic_write_json
 from tokenmill.errors import ConfigError
+from tokenmill.stages.clean.repair import normalize_unicode
 from tokenmill.stages.dedup.keys import by_words, dedup_keys
 
 INDEX_VERSION = 1  # bump when the normalization or hashing changes (invalidates cached indexes)
@@ -75,19 +78,28 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> _U64(31))
 
 
-@functools.lru_cache(maxsize=4)
+_POWERS: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # base -> its powers, grown as longer batches come
+POWERS_KEPT = 1 << 22  # longer tables (a record near max_chars) are computed for the call and dropped
+
+
 def _powers(base: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """base^i and base^-i modulo 2^64 for i < n (n rounded up by the caller, so few sizes are cached)."""
-    pos = np.full(n, base, dtype=np.uint64)
-    neg = np.full(n, pow(base, -1, 1 << 64), dtype=np.uint64)
+    """base^i and base^-i modulo 2^64 for i < n (at least)."""
+    kept = _POWERS.get(base)
+    if kept is not None and len(kept[0]) >= n:
+        return kept
+    size = 1 << max(16, (n - 1).bit_length())
+    pos = np.full(size, base, dtype=np.uint64)
+    neg = np.full(size, pow(base, -1, 1 << 64), dtype=np.uint64)
     pos[0] = neg[0] = 1
-    return np.cumprod(pos, dtype=np.uint64), np.cumprod(neg, dtype=np.uint64)
+    powers = np.cumprod(pos, dtype=np.uint64), np.cumprod(neg, dtype=np.uint64)
+    if size <= POWERS_KEPT:
+        _POWERS[base] = powers
+    return powers
 
 
 def _span_hashes(values: np.ndarray, starts: np.ndarray, ends: np.ndarray, base: int) -> np.ndarray:
     """The mixed polynomial hash of values[s:e] for each (s, e): sum v_j * base^(e-1-j), from one prefix sum."""
-    size = 1 << max(10, int(len(values)).bit_length())
-    pos, neg = _powers(base, size)
+    pos, neg = _powers(base, len(values) + 1)
     prefix = np.zeros(len(values) + 1, dtype=np.uint64)
     np.cumsum(values * neg[: len(values)], out=prefix[1:])
     return _mix((prefix[ends] - prefix[starts]) * pos[ends - 1])
@@ -101,9 +113,10 @@ def _separators() -> np.ndarray:
 
 
 def _normalized(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The texts NFKC-normalized (ASCII is already) and case-folded, joined by newlines as uint64 code points;
-    which are separators; each text's length."""
-    folded = [(t if t.isascii() else unicodedata.normalize("NFKC", t)).casefold() for t in texts]
+    """The texts lowercased, joined by newlines as uint64 code points; which are separators; each text's length.
+    Records carry the stage's Unicode normalization already (rule 3), evaluation items get it when indexed (NFKC
+    here would cost ~20 us per 70 CJK characters: full-width punctuation takes CPython's slow path)."""
+    folded = [t.lower() for t in texts]
     lengths = np.fromiter(map(len, folded), dtype=np.int64, count=len(folded))
     cps = np.frombuffer("\n".join(folded).encode("utf-32-le", "surrogatepass"), dtype="<u4")
     return cps.astype(np.uint64), _separators()[np.minimum(cps, SEPARATOR_LIMIT)], lengths
@@ -122,8 +135,8 @@ def _word_ngrams(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _char_ngrams(texts: Sequence[str], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """(hash, text) of each window of n characters, separators left out, text by text and in order. The same
-    normalization as _normalized, by dedup's vectorized key (NFKC there costs ~7x more per Chinese poem)."""
+    """(hash, text) of each window of n characters, separators left out, text by text and in order (dedup's key:
+    one table lookup per code point)."""
     keys = dedup_keys(texts, strip_symbols=True)
     chars = np.frombuffer("".join(keys).encode("utf-32-le"), dtype="<u4").astype(np.uint64)
     owner = np.repeat(np.arange(len(keys)), np.fromiter(map(len, keys), dtype=np.int64, count=len(keys)))
@@ -241,7 +254,14 @@ def _content_key(path: Path, s) -> str:
     """SHA-256 of the index's inputs: the file's bytes and the settings that shape its n-grams."""
     digest = hashlib.sha256(
         json.dumps(
-            [INDEX_VERSION, s.decontaminate_field, s.decontaminate_words, s.decontaminate_chars, path.suffix]
+            [
+                INDEX_VERSION,
+                s.decontaminate_field,
+                s.decontaminate_words,
+                s.decontaminate_chars,
+                s.normalization,
+                path.suffix,
+            ]
         ).encode()
     )
     with open(path, "rb") as f:
@@ -264,7 +284,7 @@ def build_index(path: Path, s) -> tuple[np.ndarray, dict]:
         texts.clear()
 
     for text in eval_items(path, s.decontaminate_field):
-        texts.append(text)
+        texts.append(normalize_unicode(text, s.normalization))  # the form rule 3 gave the records
         count += 1
         if len(texts) >= ITEMS_PER_CHUNK:
             flush()
