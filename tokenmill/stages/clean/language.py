@@ -2,15 +2,19 @@
 
 Two models that ship inside their wheels (nothing is downloaded, at install or at run time):
 
-  CLD2 (pycld2)   Chromium's compact language detector, ~165 languages: decides when it calls its answer reliable
-                  (most texts: 10-80 us per record). Score: the share of the text's letters in that language.
+  CLD2 (pycld2)   Chromium's compact language detector, ~165 languages, asked for its best effort (an answer for
+                  short texts too): decides when it calls its answer reliable, most texts (10-100 us per record).
+                  Score: the share of the text's letters in that language.
   py3langid       langid.py's naive Bayes model (py3langid 0.4, 142 languages): decides the rest (short or mixed
-                  texts, bytes CLD2 refuses). Score: its probability, normalized over its languages.
+                  texts, bytes CLD2 refuses; ~100-500 us per record). Score: its probability over its languages.
 
-benchmarks/bench_langid.py chose the pair by measurement against fastText lid.176 (ftz), CLD3 and lingua: on
-lingua's Leipzig test sentences (67 languages lid.176 also knows) it scores 0.958 mean accuracy per language
-(py3langid alone 0.960 at 1/7 of the speed, CLD2 alone 0.937), 0.977 on 1 kB documents at ~10k documents/s per core,
-and calls classical Chinese poems Chinese where lid.176 calls a quarter of them Japanese (and short ones Korean).
+benchmarks/bench_langid.py chose the pair by measurement against fastText lid.176 (ftz), CLD3 and lingua, on the 75
+languages of lingua's Leipzig test sentences: 0.952 mean accuracy per language on sentences (py3langid alone 0.960 at
+a seventh of the speed, CLD2 alone 0.937, lid.176 0.797: it lacks 8 of the languages and scores 0.892 on the others),
+0.980 on 1 kB documents at ~10k documents/s per core, and 99% of Tang poems called Chinese (the rest Japanese: both
+shingled by characters in dedup) where lid.176 calls a quarter of them Japanese and some Korean. Asking CLD2 for its
+best effort (0.952) instead of falling back whenever it is unsure (0.958) keeps py3langid off short Chinese texts:
+10x faster on the renamed poems of the 355k-poem benchmark corpus.
 
 Codes: ISO 639-1 where one exists, else ISO 639-3, as both libraries give them, except CLD2's old or script-tagged
 codes (iw -> he, jw -> jv, zh-Hant -> zh: a script, not a language; sr-ME -> sr) and py3langid's `zxx` (no
@@ -69,7 +73,7 @@ def identify_languages(texts: Sequence[str]) -> list[tuple[str, float]]:
     for text in texts:
         sample = text[:LANGUAGE_CHARS]
         try:
-            reliable, _, found = detect(sample)
+            reliable, _, found = detect(sample, bestEffort=True)
         except (pycld2.error, UnicodeEncodeError):  # control characters, lone surrogates
             reliable = False
         if reliable and _names_language(found[0][1]):
