@@ -226,6 +226,9 @@ def test_curated_corpus_comes_out_unchanged_but_its_meta_language(corpus, curate
         sum(r["records_tokenized"] for r in languages)
         == json.loads(on["funnel_telemetry/funnel.json"])["stages"][-1]["docs_out"]
     )
+    assert sum(r["tokens"] for r in languages) == json.loads(on["funnel_telemetry/funnel.json"])["tokens"]["total"]
+    cleaned = json.loads(on[f"cleaned_jsonl/{BATCH}/_stats.json"])["languages"]
+    assert {k: v["records"] for k, v in cleaned.items()} == {r["language"]: r["records_cleaned"] for r in languages}
     assert json.loads(off["funnel_telemetry/funnel.json"])["languages"] == []
 
 

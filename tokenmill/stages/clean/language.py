@@ -9,12 +9,13 @@ Two models that ship inside their wheels (nothing is downloaded, at install or a
                   texts, bytes CLD2 refuses; ~100-500 us per record). Score: its probability over its languages.
 
 benchmarks/bench_langid.py chose the pair by measurement against fastText lid.176 (ftz), CLD3 and lingua, on the 75
-languages of lingua's Leipzig test sentences: 0.952 mean accuracy per language on sentences (py3langid alone 0.960 at
-a seventh of the speed, CLD2 alone 0.937, lid.176 0.797: it lacks 8 of the languages and scores 0.892 on the others),
-0.980 on 1 kB documents at ~10k documents/s per core, and 99% of Tang poems called Chinese (the rest Japanese: both
-shingled by characters in dedup) where lid.176 calls a quarter of them Japanese and some Korean. Asking CLD2 for its
-best effort (0.952) instead of falling back whenever it is unsure (0.958) keeps py3langid off short Chinese texts:
-10x faster on the renamed poems of the 355k-poem benchmark corpus.
+languages of lingua's Leipzig test sentences (1,000 each): 0.952 mean accuracy per language on sentences (CLD2 alone
+0.938, py3langid alone 0.923 at a ninth of the speed, lingua 0.960 at a hundredth, lid.176 0.797: it lacks 8 of the
+languages and scores 0.893 on the others), 0.980 on 1 kB documents at ~11k documents/s per core, and 98.8% of Tang
+and Song poems called Chinese (the rest Japanese: both shingled by characters in dedup) where lid.176 calls a quarter
+of them Japanese and some Korean. Asking CLD2 for its best effort (0.952) instead of falling back whenever it is
+unsure (0.958) keeps py3langid off short Chinese texts: 10x faster on the renamed poems of the 355k-poem benchmark
+corpus.
 
 Codes: ISO 639-1 where one exists, else ISO 639-3, as both libraries give them, except CLD2's old or script-tagged
 codes (iw -> he, jw -> jv, zh-Hant -> zh: a script, not a language; sr-ME -> sr) and py3langid's `zxx` (no
