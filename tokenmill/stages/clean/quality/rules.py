@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 
+import numpy as np
+
 from tokenmill.stages.clean.quality.settings import QualitySettings
 from tokenmill.stages.clean.quality.text import LETTER_RE, LINE_BREAKS_RE, PARAGRAPH_BREAK_RE, Doc
 
@@ -142,17 +144,23 @@ def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     ids = doc.word_ids
     if len(ids) < 10 or len(set(_ngrams(ids, 5))) == len(ids) - 4:
         return None
-    lengths = [len(w) for w in doc.words]
+    ends = np.cumsum([0] + [len(w) for w in doc.words]).tolist()  # characters of words [i, j): ends[j] - ends[i]
     total = len(doc.text)
+    words = np.asarray(ids, dtype=np.int64)
+    gram_ids, width = words, 1  # each n-gram as one exact small int (equal n-grams, equal ints), grown a word a time
     for n, limit in s.dup_ngram_limits().items():
+        while width < n:
+            pairs = gram_ids[:-1] * (len(ids) + 1) + words[width:]
+            gram_ids, width = np.unique(pairs, return_inverse=True)[1], width + 1
+        grams = gram_ids.tolist()
         budget = limit * total  # characters past which the text is rejected
-        seen: set[tuple] = set()
-        chars, i, last = 0, 0, len(ids) - n
+        seen: set[int] = set()
+        chars, i, last = 0, 0, len(grams) - 1
         first = None
         while i <= last:
-            gram = tuple(ids[i : i + n])
+            gram = grams[i]
             if gram in seen:
-                chars += sum(lengths[i : i + n])
+                chars += ends[i + n] - ends[i]
                 first = i if first is None else first
                 if chars > budget:
                     example = " ".join(doc.words[first : first + n])
