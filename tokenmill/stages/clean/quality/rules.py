@@ -142,24 +142,29 @@ def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     left to right and jumping past each repeat, over the text's characters. Any repeated n-gram holds a
     repeated 5-gram, so a text without one is done after one set of 5-grams."""
     ids = doc.word_ids
-    if len(ids) < 10 or len(set(_ngrams(ids, 5))) == len(ids) - 4:
+    if len(ids) < 10:
         return None
-    ends = np.cumsum([0] + [len(w) for w in doc.words]).tolist()  # characters of words [i, j): ends[j] - ends[i]
-    total = len(doc.text)
     words = np.asarray(ids, dtype=np.int64)
     gram_ids, width = words, 1  # each n-gram as one exact small int (equal n-grams, equal ints), grown a word a time
+    ends = None
+    total = len(doc.text)
     for n, limit in s.dup_ngram_limits().items():
         while width < n:
             pairs = gram_ids[:-1] * (len(ids) + 1) + words[width:]
             gram_ids, width = np.unique(pairs, return_inverse=True)[1], width + 1
+        distinct = int(gram_ids.max()) + 1
+        if distinct == len(gram_ids):
+            return None  # no n-gram repeats, so no longer one does either
+        if ends is None:
+            ends = np.cumsum([0] + [len(w) for w in doc.words]).tolist()  # characters of words [i, j)
         grams = gram_ids.tolist()
         budget = limit * total  # characters past which the text is rejected
-        seen: set[int] = set()
+        seen = bytearray(distinct)
         chars, i, last = 0, 0, len(grams) - 1
         first = None
         while i <= last:
             gram = grams[i]
-            if gram in seen:
+            if seen[gram]:
                 chars += ends[i + n] - ends[i]
                 first = i if first is None else first
                 if chars > budget:
@@ -168,7 +173,7 @@ def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
                     return _quoting(bad, _quote(example))
                 i += n
             else:
-                seen.add(gram)
+                seen[gram] = 1
                 i += 1
     return None
 
