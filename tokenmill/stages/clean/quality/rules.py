@@ -9,10 +9,7 @@ in FineWeb's order: Gopher repetition, Gopher quality, C4 (which also removes li
 from __future__ import annotations
 
 import re
-from collections import Counter
 from dataclasses import dataclass
-from itertools import islice
-from operator import itemgetter
 
 import numpy as np
 
@@ -108,33 +105,34 @@ def gopher_line_repetition(doc: Doc, s: QualitySettings) -> Reject | None:
     return _quoting(bad, _quote(first))
 
 
-def _ngrams(ids: list[int], n: int):
-    return zip(*(islice(ids, i, None) for i in range(n)))
+def _grow_ngram_ids(words: np.ndarray, gram_ids: np.ndarray, width: int, n: int) -> np.ndarray:
+    """Each n-gram of `words` (word ids < len(words)) as one exact small int (equal n-grams, equal ints), from
+    the ids of its (width)-grams, one word at a time."""
+    while width < n:
+        pairs = gram_ids[:-1] * (len(words) + 1) + words[width:]
+        gram_ids, width = np.unique(pairs, return_inverse=True)[1], width + 1
+    return gram_ids
 
 
 def gopher_top_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     """The most frequent word n-gram (n = 2..4): its occurrences x its length (words joined by spaces) over the
     text's characters. Ties go to the n-gram seen first."""
-    words, ids, total = doc.words, doc.word_ids, len(doc.text)
+    words, total = doc.words, len(doc.text)
+    ids = np.asarray(doc.word_ids, dtype=np.int64)
+    gram_ids, width = ids, 1
     for n, limit in s.top_ngram_limits().items():
         if len(ids) < n:
             continue
-        counts = Counter(_ngrams(ids, n))
-        gram, k = max(counts.items(), key=itemgetter(1))  # the first of the most frequent
-        start = _first_position(ids, gram)
+        gram_ids, width = _grow_ngram_ids(ids, gram_ids, width, n), n
+        counts = np.bincount(gram_ids)
+        k = int(counts.max())
+        firsts = np.unique(gram_ids, return_index=True)[1]  # first position of each id
+        start = int(firsts[counts == k].min())  # the first seen of the most frequent
         text = " ".join(words[start : start + n])
         bad = _above("gopher_top_ngram", k * len(text) / total, limit, f"top {n}-gram character share")
         if bad:
             return _quoting(bad, f"{_quote(text)} x {k}")
     return None
-
-
-def _first_position(ids: list[int], gram: tuple) -> int:
-    n, first = len(gram), gram[0]
-    i = ids.index(first)
-    while tuple(ids[i : i + n]) != gram:
-        i = ids.index(first, i + 1)
-    return i
 
 
 def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
@@ -145,13 +143,11 @@ def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     if len(ids) < 10:
         return None
     words = np.asarray(ids, dtype=np.int64)
-    gram_ids, width = words, 1  # each n-gram as one exact small int (equal n-grams, equal ints), grown a word a time
+    gram_ids, width = words, 1
     ends = None
     total = len(doc.text)
     for n, limit in s.dup_ngram_limits().items():
-        while width < n:
-            pairs = gram_ids[:-1] * (len(ids) + 1) + words[width:]
-            gram_ids, width = np.unique(pairs, return_inverse=True)[1], width + 1
+        gram_ids, width = _grow_ngram_ids(words, gram_ids, width, n), n
         distinct = int(gram_ids.max()) + 1
         if distinct == len(gram_ids):
             return None  # no n-gram repeats, so no longer one does either
