@@ -6,6 +6,7 @@ them here. Tables are built as pandas DataFrames and shown as Dagster tables or 
 
 from __future__ import annotations
 
+import html
 import itertools
 import json
 from pathlib import Path
@@ -469,7 +470,10 @@ def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
     hist["docs"] = hist["docs"].map("{:,}".format)
     sizes = pd.DataFrame(sorted(stats["bytes_on_disk"].items()), columns=["file", "bytes"])
     sample = (
-        ("Masked tokens in [~~brackets~~]:\n\n" + stats["sample"]["markdown"]) if "sample" in stats else "no records"
+        # escaped: the Markdown view would take special tokens such as </s> for HTML tags and hide them
+        ("Masked tokens in [~~brackets~~]:\n\n" + html.escape(stats["sample"]["markdown"], quote=False))
+        if "sample" in stats
+        else "no records"
     )
     return {
         **stage_counts(stats, folder),

@@ -295,6 +295,7 @@ def usage(folder: Path, tokenizer_dir: Path) -> str:
     return (
         "```python\n"
         "from datasets import load_dataset\n"
+        "from transformers import AutoTokenizer\n"
         f"records = load_dataset('parquet', data_files='{folder}/{RECORDS_DIR}/*.parquet', split='train')\n"
         f"tokenized = load_dataset('parquet', data_files={{'train': '{folder}/{TOKENIZED_DIR}/train/*.parquet', "
         f"'validation': '{folder}/{TOKENIZED_DIR}/val/*.parquet'}})\n"
