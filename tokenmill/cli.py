@@ -1,5 +1,5 @@
-"""`tokenmill` command line: `update` (every asset up to date with the source, with a short summary) and
-`lineage` (token position -> source record)."""
+"""`tokenmill` command line: `update` (every asset up to date with the source, with a short summary),
+`lineage` (token position -> source record) and `explain` (a record's fate through the graph)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("--key", default=None, help="token key (default: the dataset's first token key)")
     default_data = os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent.parent / "data"))
     lin.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
+    exp = sub.add_parser(
+        "explain", help="a record's fate: the stage that dropped it and why, or the duplicate it folded into"
+    )
+    exp.add_argument("id", help="record id, or PATH:N (source file and line or index)")
+    exp.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
     upd = sub.add_parser(
         "update",
         help="register the new files of TOKENMILL_SOURCE as a source batch and bring every asset in "
@@ -46,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         from tokenmill.update import update
 
         return update(args.config, rebuild=args.rebuild, drop_batches=tuple(args.drop_batch))
+    if args.command == "explain":
+        from tokenmill.explain import explain, render
+
+        fate = explain(Path(args.data), args.id)
+        if fate is None:
+            print(f"tokenmill explain: no record {args.id} in {args.data}", file=sys.stderr)
+            return 2
+        print(render(fate))
+        return 0
     if args.command == "lineage":
         from tokenmill.lineage import locate_token
 
