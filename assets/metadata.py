@@ -16,6 +16,7 @@ import pandas as pd
 
 from tokenmill.batches import REGISTRY_FILE, read_registry
 from tokenmill.common.io import iter_jsonl, record_shards
+from tokenmill.explain import word_diff
 
 CELL_CHARS = 100  # characters of free text shown in one table cell
 SAMPLE_CELL_CHARS = 160  # characters of a dropped record's text in the drop samples tables
@@ -402,21 +403,37 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
     }
 
 
+REMOVED_SAMPLES_COLUMNS = ["cluster", "role", "id", "record", "level", "similarity", "keep reason", "text", "diff"]
+DIFF_CELL_CHARS = 400  # characters of a removed record's word diff against the kept one
+
+
 def removed_samples_frame(clusters: list[dict]) -> pd.DataFrame:
-    """Sample clusters of the dedup report, one row per record: the kept one, then those removed as its
-    duplicates, with level, similarity and text."""
-    rows = [
-        {
-            "cluster": i + 1,
-            "role": m["role"],
-            "level": m["level"],
-            "similarity": f"{m['similarity']:.3f}",
-            "text": plain_cell(m["text"], SAMPLE_CELL_CHARS),
-        }
-        for i, c in enumerate(clusters)
-        for m in c["members"]
-    ]
-    return pd.DataFrame(rows, columns=["cluster", "role", "level", "similarity", "text"])
+    """Sample clusters of the dedup report, one row per record: the kept one (or the earlier batch's record it
+    duplicates), then those removed as its duplicates, with id, file:line, level, similarity, the cluster's keep
+    reason, the text and, for a removed record, where its words differ from the kept one's (a long text's change
+    can sit past the cell's end). Every other record: `tokenmill explain ID`."""
+    rows = []
+    for i, c in enumerate(clusters):
+        kept_text = c["members"][0].get("text")
+        for m in c["members"]:
+            removed = m["role"] == "removed"
+            diff = ""
+            if removed and kept_text is not None and m.get("text") is not None:
+                diff = word_diff(kept_text, m["text"]) or "same words"
+            rows.append(
+                {
+                    "cluster": i + 1,
+                    "role": m["role"],
+                    "id": m.get("id", ""),
+                    "record": plain_cell(where(m["source"]), 60) if m.get("source") else "",
+                    "level": m["level"],
+                    "similarity": f"{m['similarity']:.3f}",
+                    "keep reason": c.get("reason", "") if not removed else "",
+                    "text": plain_cell(m["text"], SAMPLE_CELL_CHARS),
+                    "diff": plain_cell(diff, DIFF_CELL_CHARS),
+                }
+            )
+    return pd.DataFrame(rows, columns=REMOVED_SAMPLES_COLUMNS)
 
 
 def deduped_jsonl_metadata(stats: dict, folder: Path, removed_file: str) -> dict:

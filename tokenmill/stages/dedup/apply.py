@@ -1,5 +1,6 @@
 """Step 8: apply the decisions: survivors to `part-*.jsonl` (same shard names as the input, lines copied byte for
-byte), every removed record to `removed.jsonl` with the id it duplicates, the level and the measured similarity,
+byte), every removed record to `removed.jsonl` with the id it duplicates, the level and the measured similarity
+(the batch's first SAMPLES_PER_REASON of each level with their text, as the other stages' rejected files),
 `_stats.json`, and the shards' figures (SHARDS_FILE: size, CRC-32 and records of each, and a CRC-32 of the kept ids,
 which deduped_no_exact_duplicates reads instead of re-parsing the shards). One task per input chunk, reading only
 that chunk's decisions. Records in = kept + removed."""
@@ -27,6 +28,7 @@ from tokenmill.common.io import (
 )
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.samples import SAMPLES_PER_REASON, with_text
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.dedup.layout import DECISION_DIR, LEVEL_NAMES, REPORT_FILE, Chunk, chunk_lines, parse
 
@@ -36,6 +38,7 @@ class ApplyTask:
     chunk: Chunk
     decisions: Path  # decisions/<stem>.npz (absent: nothing removed from the chunk)
     tmp_dir: Path
+    texts: tuple[int, int] = (0, 0)  # removed records of each level (exact, near) whose entry keeps its text
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
     kept_path, removed_path = task.tmp_dir / f"{chunk.stem}.kept", task.tmp_dir / f"{chunk.stem}.removed"
     kept, dropped = [], 0
     levels = [0, 0]
+    texts = list(task.texts)
     with open(kept_path, "wb") as fk, JsonlWriter(removed_path) as fr:
         for ordinal, line in chunk_lines(chunk):
             hit = removed.get(ordinal)
@@ -80,16 +84,18 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
                     f"{rec.get('id')!r}, the dedup report expected {rid!r}: cleaned_jsonl "
                     "changed since dedup_report was built; rematerialize dedup_report"
                 )
-            fr.write(
-                {
-                    "id": rid,
-                    "duplicate_of": kept_id,
-                    "level": LEVEL_NAMES[lv],
-                    "similarity": round(sim, 4),
-                    "reason": f"{LEVEL_NAMES[lv]}_duplicate",
-                    "source": rec.get("source"),
-                }
-            )
+            entry = {
+                "id": rid,
+                "duplicate_of": kept_id,
+                "level": LEVEL_NAMES[lv],
+                "similarity": round(sim, 4),
+                "reason": f"{LEVEL_NAMES[lv]}_duplicate",
+                "source": rec.get("source"),
+            }
+            if texts[lv] > 0 and isinstance(rec.get("text"), str):
+                texts[lv] -= 1
+                entry = with_text(entry, rec["text"])
+            fr.write(entry)
             dropped += 1
             levels[lv] += 1
         if kept:
@@ -122,7 +128,8 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
     ]
     tmp_dir = out_dir / ".chunks"
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    tasks = [ApplyTask(c, report_dir / DECISION_DIR / f"{c.stem}.npz", tmp_dir) for c in chunks]
+    decisions = [report_dir / DECISION_DIR / f"{c.stem}.npz" for c in chunks]
+    tasks = [ApplyTask(c, d, tmp_dir, texts) for c, d, texts in zip(chunks, decisions, text_quotas(decisions))]
     progress = Progress("dedup: writing survivors", unit="records", log=log)
     results = []
     for r in map_ordered(apply_chunk, tasks, workers):
@@ -156,6 +163,17 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
     write_stats(out_dir, stats)
     atomic_write_json(out_dir / SHARDS_FILE, {"shards": figures, "ids_crc32": kept_ids_crc32(results)})
     return stats
+
+
+def text_quotas(decisions: list[Path]) -> list[tuple[int, int]]:
+    """Per chunk, how many of its exact and near removals keep their text: the batch's first SAMPLES_PER_REASON of
+    each level in input order, whatever the worker count (only the chunks' level arrays are read)."""
+    left, quotas = [SAMPLES_PER_REASON, SAMPLES_PER_REASON], []
+    for path in decisions:
+        removed = np.bincount(np.load(path)["level"], minlength=2).tolist() if path.exists() else [0, 0]
+        quotas.append((min(left[0], removed[0]), min(left[1], removed[1])))
+        left = [left[0] - quotas[-1][0], left[1] - quotas[-1][1]]
+    return quotas
 
 
 def kept_ids_crc32(results: list[ApplyResult]) -> int | None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.common.io import atomic_write_json, write_stats
+from tokenmill.explain import find_line
 from tokenmill.stages.dedup import minhash as mh
 from tokenmill.stages.dedup.clusters import Clusters, _id, _source, keep_criteria, keep_reason, kept_role
 from tokenmill.stages.dedup.layout import (
@@ -39,13 +40,18 @@ SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clu
 
 
 def _texts(chunks: list[Chunk], docs: dict, wanted: list[int]) -> dict:
-    """{local index: text} of the wanted documents, re-read from their chunks (an indexed record's text is in its
-    batch's deduped_jsonl, not here: None)."""
+    """{local index: text} of the wanted documents, re-read from their chunks; an indexed record's from its own
+    batch's cleaned records (the folder next to this batch's named as its index segment; None where absent)."""
     by_chunk: dict[int, dict[int, int]] = {}
-    for d in wanted:
-        if not chunks[int(docs["chunk"][d])].root:
-            by_chunk.setdefault(int(docs["chunk"][d]), {})[int(docs["ordinal"][d])] = d
     out = dict.fromkeys(wanted)
+    batch_dir = next((Path(ch.path).parent for ch in chunks if not ch.root), None)
+    for d in wanted:
+        chunk = chunks[int(docs["chunk"][d])]
+        if not chunk.root:
+            by_chunk.setdefault(int(docs["chunk"][d]), {})[int(docs["ordinal"][d])] = d
+        elif batch_dir is not None:  # the segment's ordinals count indexed records only: found by id
+            record = find_line(batch_dir.parent / Path(chunk.root).name / chunk.name, _id(docs, d))
+            out[d] = record.get("text") if record else None
     for c, ordinals in sorted(by_chunk.items()):
         for ordinal, line in chunk_lines(chunks[c]):
             if ordinal in ordinals:
