@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from tokenmill.common.io import REMOVED_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.explain import find_in_shards
 
 
 def locate_token(data_root: Path, position: int, split: str = "train", key: str | None = None) -> dict:
@@ -62,15 +62,7 @@ def _record_of_item(shard_dir: Path, key: str, item: int) -> int:
 
 
 def find_record(stage_dir: Path, record_id: str) -> dict | None:
-    needle = f'"id": "{record_id}"'
-    for shard in record_shards(stage_dir):
-        with open(shard, encoding="utf-8") as f:
-            for line in f:
-                if needle in line:
-                    record = json.loads(line)
-                    if record.get("id") == record_id:
-                        return record
-    return None
+    return find_in_shards(record_shards(stage_dir), record_id)[1]
 
 
 def folded_into(deduped_dir: Path, record_id: str) -> list[dict]:
