@@ -13,21 +13,53 @@ DEMO_DIR = REPO / "demo_corpus"
 # design material and real corpora sit next to the repo (../shared) in CI and in the workspace
 SHARED = (REPO.parent / "shared").resolve()
 
-# Files and tests that take over ~5 s each on the 2-core CI machine (`--durations` of CI's run): whole-graph runs in
-# subprocesses (`tokenmill update`, the kill harness), Ray clusters, `dagster dev` and the browser, PostgreSQL.
-# A node id names one test (all its parameters); a path names every test in the file.
+# Tests that took over ~2 s each in the inner loop on the 2-core machine (`--durations`), and those CI's run shows
+# slowest: whole-graph runs, in subprocesses (`tokenmill update`, the kill harness) or in process, Ray clusters,
+# `dagster dev` and the browser, PostgreSQL, loader tests that spawn workers or processes. A path names every test
+# in the file; a node id one test with all its parameters.
 SLOW = (
     "tests/test_kill_harness.py",
     "tests/test_ray.py",
     "tests/test_ui.py",
     "tests/test_run_processes.py",
     "tests/test_production.py",
+    "tests/test_batch_recovery.py",
+    "tests/test_partition_keys.py",
+    "tests/test_automation.py::test_sensor_requests_one_run_per_new_batch_and_none_otherwise",
     "tests/test_concurrency.py::test_two_updates_on_one_data_root_run_one_after_the_other",
+    "tests/test_concurrency.py::test_a_waiting_run_queues_behind_the_holder",
+    "tests/test_dedup.py::test_partitioned_steps_decide_as_one_partition",
+    "tests/test_dedup.py::test_low_entropy_candidates_bounded_per_document",
+    "tests/test_dedup_index.py::test_identical_outputs_for_any_worker_count_and_partition",
+    "tests/test_demo.py::test_regenerating_gives_the_committed_files",
     "tests/test_graph.py::test_update_runs_the_graph_and_prints_a_summary",
     "tests/test_incremental.py::test_update_command_adds_batches_and_rebuilds_on_request",
+    "tests/test_language.py::test_full_curated_corpora_keep_their_shingle_unit",
+    "tests/test_operations.py::test_item8_source_and_data_root_problems_are_one_line",
     "tests/test_operations.py::test_item10_update_prints_the_step_the_reason_and_the_log",
+    "tests/test_parquet_zstd.py::test_mixed_folder_counts_and_worker_count_do_not_change_outputs",
+    "tests/test_pii.py::test_no_planted_address_reaches_the_data_root",
+    "tests/test_raw.py::test_gzip_bomb_stops_at_the_limits",
+    "tests/test_raw.py::test_raw_records_on_demo_corpus",
+    "tests/test_raw.py::test_byte_identical_for_any_worker_count_and_shard_rollover",
+    "tests/test_raw.py::test_missing_source_is_a_clear_error_before_any_work",
     "tests/test_versions.py::test_a_failed_check_or_a_kill_before_publishing_leaves_the_previous_version",
+    "loaders/tests/test_loader_resume.py",
+    "loaders/tests/test_loader_ddp.py::test_ddp_ranks_get_equal_batches_and_never_hang",
+    "loaders/tests/test_loader_datasets.py::test_readme_loop_on_cpu_cross_entropy_straight_from_the_dataloader",
+    "loaders/tests/test_loader_edges.py::test_truncation_under_an_open_reader_is_an_exception_not_sigbus",
+    "loaders/tests/test_loader_edges.py::test_workers_refuse_a_dataset_replaced_after_the_parent_opened_it",
+    "loaders/tests/test_loader_edges.py::test_workers_keep_reading_the_version_the_parent_opened",
 )
+# A module fixture that runs the whole graph makes every test of its file that uses it slow (marking only the first
+# would move the fixture's run to the next one).
+SLOW_FIXTURES = {
+    "tests/test_explain.py": "graph",
+    "tests/test_exports.py": "roots",
+    "tests/test_graph.py": "graph_run",
+    "tests/test_incremental.py": "batches_and_one_build",
+    "tests/test_language.py": "curated",
+}
 SLOW_TIMEOUT = 600  # seconds; every other test has the 120 s of pyproject.toml's `timeout`
 
 # .ci/run sets this to a file that holds `running <node id>` while a test runs and `finished <exit status>` once
@@ -35,13 +67,16 @@ SLOW_TIMEOUT = 600  # seconds; every other test has the 120 s of pyproject.toml'
 CURRENT_TEST_FILE = "TOKENMILL_CURRENT_TEST"
 
 
-def is_slow(nodeid: str) -> bool:
+def is_slow(item: pytest.Item) -> bool:
+    nodeid = item.nodeid
+    if SLOW_FIXTURES.get(nodeid.split("::")[0]) in item.fixturenames:
+        return True
     return any(nodeid == name or nodeid.startswith((f"{name}::", f"{name}[")) for name in SLOW)
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if is_slow(item.nodeid):
+        if is_slow(item):
             item.add_marker(pytest.mark.slow)
             if item.get_closest_marker("timeout") is None:  # a test's or module's own timeout stands
                 item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT))
