@@ -5,7 +5,7 @@ import ast
 import subprocess
 import sys
 
-from conftest import REPO, SLOW, SLOW_FIXTURES
+from tests.conftest import REPO, SLOW, SLOW_FIXTURES
 
 
 def functions(path) -> set[str]:
