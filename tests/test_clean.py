@@ -127,6 +127,23 @@ def test_whitespace_and_line_endings_normalized():
     assert R.normalize_whitespace(" \n \t\n") == ""
 
 
+def test_inner_space_runs_collapse_outside_code_like_text():
+    assert R.normalize_whitespace("two  spaces,   three\n  and more") == "two  spaces,   three\n  and more"
+    assert R.normalize_whitespace("two  spaces,   three\n and\t\tone") == "two spaces, three\n and\t\tone"
+    assert R.normalize_whitespace("x  = 1\nif x:\n\treturn  x") == "x  = 1\nif x:\n\treturn  x"
+    assert R.normalize_whitespace("keep  them", collapse_inner_spaces=False) == "keep  them"
+
+
+def test_cleaning_collapses_inner_spaces_of_otherwise_clean_text(tmp_path):
+    """A text needing no other repair still gets its inner runs collapsed (prepare's whitespace pass)."""
+    texts = ["Plain prose with  a double space in it, long enough to be kept.", "def f(x):\n    return  x + 1"]
+    settings = {"min_chars": 1, "boilerplate": False, "language_id": False}
+    ids, recs, _, _ = clean(tmp_path, texts, **settings)
+    assert [recs[i]["text"] for i in ids] == [texts[0].replace("  ", " "), texts[1]]
+    ids, recs, _, _ = clean(tmp_path, texts, name="kept", collapse_inner_spaces=False, **settings)
+    assert [recs[i]["text"] for i in ids] == texts
+
+
 def test_invalid_surrogates_do_not_crash(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

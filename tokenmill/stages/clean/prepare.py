@@ -145,8 +145,10 @@ def repair_batch(b: _Batch, s: CleanSettings, timer: Timer, counts: Counter) -> 
         texts[i], n = R.strip_control_chars(texts[i])
         counts["control_chars_removed"] += n
     timer.lap("strip_control_chars")
-    for i in flagged:
-        texts[i] = R.normalize_whitespace(texts[i])
+    # a text with an inner run of spaces and nothing else to repair skips the passes above, not this one
+    spaced = [i for i in live if "  " in texts[i]] if s.collapse_inner_spaces else []
+    for i in sorted({*flagged, *spaced}):
+        texts[i] = R.normalize_whitespace(texts[i], s.collapse_inner_spaces)
     timer.lap("normalize_whitespace")
     if s.pii_mask:  # before metadata extraction: a header line moves into meta masked
         masker_for(s).mask_batch(texts, live, counts)

@@ -24,6 +24,9 @@ LINEBREAK_RE = re.compile(r"\r\n?|[\x0b\x0c\x85\u2028\u2029]")
 SPACE_RE = re.compile(r"[\u00a0\u1680\u2000-\u200a\u202f\u205f]")
 TRAILING_WS_RE = re.compile(r"[ \t\u3000]+$", re.M)
 BLANK_RUN_RE = re.compile(r"\n{3,}")
+INNER_SPACES_RE = re.compile(r"(?<=[^ \n])  +")  # two or more spaces after a line's first non-space character
+# a line indented by a tab or two spaces: code or aligned text, whose inner spacing means something
+INDENTED_LINE_RE = re.compile(r"^(?:\t| {2})", re.M)
 
 _FTFY_CONFIG = None
 
@@ -99,13 +102,17 @@ def strip_control_chars(text: str) -> tuple[str, int]:
     return CONTROL_RE.subn("", text)
 
 
-def normalize_whitespace(text: str) -> str:
+def normalize_whitespace(text: str, collapse_inner_spaces: bool = True) -> str:
     """Line endings to \\n, exotic spaces to ' ', no trailing spaces, at most one blank line in a row, no
-    leading/trailing blank lines. Leading indentation of a line is kept (verse and code use it)."""
+    leading/trailing blank lines. Leading indentation of a line is kept (verse and code use it). With
+    `collapse_inner_spaces`, a run of spaces inside a line becomes one space, unless a line of the text is
+    indented (code-like: its alignment is kept)."""
     text = LINEBREAK_RE.sub("\n", text)
     text = SPACE_RE.sub(" ", text)
     text = TRAILING_WS_RE.sub("", text)
     text = BLANK_RUN_RE.sub("\n\n", text)
+    if collapse_inner_spaces and "  " in text and not INDENTED_LINE_RE.search(text):
+        text = INNER_SPACES_RE.sub(" ", text)
     return text.strip("\n")
 
 

@@ -28,6 +28,11 @@ class CleanSettings(StageSettings, QualitySettings):
         description="Repair mojibake (UTF-8 read with the wrong codec) and HTML "
         "entities with ftfy (no width/quote/line-break changes)",
     )
+    collapse_inner_spaces: bool = Field(
+        True,
+        description="Collapse a run of spaces inside a line to one space; a text with an indented line (a tab or "
+        "two spaces: code, aligned text) keeps its spacing",
+    )
     extract_metadata: bool = Field(
         True,
         description="Move title/author/dynasty/date/source header lines "
