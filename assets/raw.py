@@ -10,7 +10,14 @@ from assets.checks import RAW_RECORDS_NOT_EMPTY, raw_records_not_empty
 from assets.metadata import compute_metadata, raw_records_metadata
 from resources import Compute, CorpusSource, DataRoot
 from tokenmill.batches import quarantine, retire_hint, source_file
-from tokenmill.common.io import REJECTED_FILE, STATS_FILE, atomic_write_json, read_json, staged_output
+from tokenmill.common.io import (
+    REJECTED_FILE,
+    STATS_FILE,
+    atomic_write_json,
+    gather_batch_files,
+    read_json,
+    staged_output,
+)
 from tokenmill.errors import CheckFailedError, SourceError
 from tokenmill.stages.raw import RawSettings, ingest
 
@@ -32,8 +39,10 @@ def raw_records(
     """The records of one source batch (the files of TOKENMILL_SOURCE, a file or a folder of .jsonl/.json/.txt/.csv,
     .gz and .zst too, .parquet, and web inputs: .warc/.wet and .html, plain or .gz, whose HTML is reduced to its
     main text, that were new when the batch was registered) as `{"id", "text", "meta", "source"}` JSONL shards
-    with stable ids. Malformed lines, records without text, undecodable bytes and unreadable files go to
-    `_rejected.jsonl` with path, line and reason; WARC records that hold no document are counted by reason."""
+    with stable ids. Malformed lines, records without text, undecodable bytes, unreadable files and the files the
+    readers refuse (FIFOs, sockets, symlinks out of the source) go to `_rejected.jsonl` with path, line and reason
+    (the stage folder's `_rejected.jsonl` gathers every batch's); WARC records that hold no document are counted by
+    reason."""
     src = source.resolved()  # a missing source is a clear error before any work
     batch = registered_batch(context, data_root, source)
     folder = batch_output(data_root, "raw_records", batch.key)
@@ -44,7 +53,9 @@ def raw_records(
             f"{f' and {len(missing) - 5} more' if len(missing) > 5 else ''}; restore them, or {retire_hint(batch.key)}"
         )
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:
-        stats = ingest(src, out, config, log=context.log, exclude=data_root.path(""), only=batch.files)
+        stats = ingest(
+            src, out, config, log=context.log, exclude=data_root.path(""), only=batch.files, refused=batch.refused
+        )
         check = raw_records_not_empty(out, config.max_rejected_share)
         if not check.passed:  # the rejected records stay readable: the staged folder goes with the failed step
             held.mkdir(parents=True, exist_ok=True)
@@ -59,6 +70,7 @@ def raw_records(
                 "the corrected files come in as a new batch; or raise the bound"
             )
     shutil.rmtree(held, ignore_errors=True)  # an earlier failed attempt's, superseded by the published batch
+    gather_batch_files(data_root.path("raw_records"), REJECTED_FILE)
     yield dg.MaterializeResult(
         metadata={**raw_records_metadata(stats, folder), **compute_metadata(usage)}, check_results=[check]
     )

@@ -11,6 +11,10 @@ A file is told changed by its content: size, then (only when size or mtime moved
 batch was published cannot be taken back out of the records, the dedup index and the shards built from it: it
 waits for a full rebuild, which starts a new generation (`tokenmill update --rebuild`), while new files go on.
 
+A file the readers refuse (a FIFO, a socket, a symlink out of the source) or cannot open when its batch is registered
+is listed with the batch's refused files and reported, with its reason, in the batch's `_rejected.jsonl`; it counts as
+never read, so once it can be read (made readable, or replaced by a regular file) it comes in with a later batch.
+
 A batch that failed and never published can be retired (`tokenmill update --drop-batch KEY`, or the
 retire_source_batch job): its partial outputs are removed (the raw records it rejected are kept in
 `raw_records/_quarantine/<key>/`), later batches no longer count it, and its files stay out until they change: a
@@ -37,6 +41,7 @@ from tokenmill.common.io import (
     remove_stage,
 )
 from tokenmill.errors import CorruptOutputError, SourceChangedError, UnknownBatchError
+from tokenmill.stages.raw.discover import examine
 from tokenmill_loader.format import DATASET_FILE
 
 REGISTRY_FILE = "_batches.json"
@@ -87,6 +92,9 @@ class Batch:
     written before content hashes: [size, mtime_ns])."""
     retired: str | None = None
     """Why the batch was retired (it never published; later batches do not count it), None while it counts."""
+    refused: dict[str, list[str]] = field(default_factory=dict)
+    """{path relative to the source: [reason, detail]}: files of the batch that were refused or could not be read
+    when it was registered; raw_records rejects them whole, unopened, and a later batch takes each once readable."""
 
 
 def _plural(n: int, one: str, many: str) -> str:
@@ -160,21 +168,31 @@ class Registry:
     def compare(self, source: Path, state: dict[str, list[int]]) -> SourceChanges:
         """New, changed, removed and touched files of `state` (a `source_state`) against the registered batches.
         A file whose size and mtime are as registered is not read; one whose mtime alone moved is hashed. A file of
-        a retired batch is new again once its content changed."""
+        a retired batch is new again once its content changed; one its batch refused or could not open, once it can
+        be read."""
         if self.source is not None and Path(self.source) != Path(source):
             raise SourceChangedError(
                 f"this data root was built from {self.source}, not {source}: point TOKENMILL_DATA at another "
                 f"folder for another corpus, or {REBUILD_HINT}"
             )
-        registered = {f: (b.key, meta) for b in self.batches if not b.retired for f, meta in b.files.items()}
-        retired = {f: meta for b in self.batches if b.retired for f, meta in b.files.items()}  # the latest wins
+        registered, retired = {}, {}  # file -> (batch key, entry), its latest batch; entry None: refused there
+        for b in self.batches:
+            held = retired if b.retired else registered
+            held.update({f: (b.key, None) for f in b.refused})
+            held.update({f: (b.key, meta) for f, meta in b.files.items()})
         changes = SourceChanges()
         for f, now in state.items():
-            if f in registered:
-                continue
-            if f not in retired or _content(source, f, retired[f], now) is None:
+            key, meta = registered.get(f) or retired.get(f) or (None, None)
+            if key is None:
+                changes.new[f] = now
+            elif meta is None:  # never read: new once it can be read
+                if _readable(source, f):
+                    changes.new[f] = now
+            elif f not in registered and _content(source, f, meta, now) is None:
                 changes.new[f] = now
         for f, (key, meta) in sorted(registered.items()):
+            if meta is None:
+                continue
             if f not in state:
                 changes.removed.append((f, key))
             elif meta[:2] != state[f]:
@@ -183,6 +201,26 @@ class Registry:
                 else:
                     changes.touched[f] = same
         return changes
+
+
+def _refusal(source: Path, rel: str) -> list[str] | None:
+    """[reason, detail] when the readers refuse the file without opening it (`examine`; a symlink out of the source
+    is refused here whatever raw_records' follow_outside_symlinks says: registering never reads outside the
+    source), None when it is a regular file inside the source."""
+    root = os.path.realpath(source) if source.is_dir() else None
+    found = examine(rel, str(source_file(source, rel)), root, follow_outside_symlinks=False)
+    return [found.refused, found.detail] if found.refused else None
+
+
+def _readable(source: Path, rel: str) -> bool:
+    """Whether a file registered as refused or unreadable can be read now (a regular file that opens)."""
+    if _refusal(source, rel) is not None:
+        return False
+    try:
+        content_hash(source_file(source, rel))
+    except OSError:
+        return False
+    return True
 
 
 def _content(source: Path, rel: str, registered: list, now: list[int]) -> list | None:
@@ -205,7 +243,7 @@ def read_registry(data_root: Path) -> Registry:
         return Registry()
     try:
         raw = read_json(path)
-        batches = [Batch(b["key"], b["files"], b.get("retired")) for b in raw["batches"]]
+        batches = [Batch(b["key"], b["files"], b.get("retired"), b.get("refused", {})) for b in raw["batches"]]
         registry = Registry(raw["source"], raw["generation"], batches)
         if bad := [b.key for b in registry.batches if not isinstance(b.key, str) or not is_batch_key(b.key)]:
             raise ValueError(f"batch keys not of the form g<generation>-b<number>: {bad[:3]}")
@@ -223,7 +261,12 @@ def _write(data_root: Path, registry: Registry) -> None:
             "source": registry.source,
             "generation": registry.generation,
             "batches": [
-                {"key": b.key, "files": b.files, **({"retired": b.retired} if b.retired else {})}
+                {
+                    "key": b.key,
+                    "files": b.files,
+                    **({"retired": b.retired} if b.retired else {}),
+                    **({"refused": b.refused} if b.refused else {}),
+                }
                 for b in registry.batches
             ],
         },
@@ -242,16 +285,26 @@ def _registry_lock(data_root: Path):
         os.close(fd)
 
 
-def hashed(source: Path, files: dict[str, list[int]]) -> dict[str, list]:
-    """`files` (a `source_state`'s entries) with each file's content hash, sorted by path; a file gone since it
-    was listed keeps [size, mtime_ns] (its run then names it missing)."""
-    entries = {}
+def new_batch(key: str, source: Path, files: dict[str, list[int]]) -> Batch:
+    """Batch `key` of `files` (a `source_state`'s entries), each with its content hash, sorted by path; a file the
+    readers refuse, or one that cannot be opened, goes to the batch's refused files with its reason instead. A file
+    gone since it was listed keeps [size, mtime_ns] (its run then names it missing)."""
+    entries, refused = {}, {}
     for f, meta in sorted(files.items()):
+        if (why := _refusal(source, f)) is not None:
+            refused[f] = why
+            continue
         try:
             entries[f] = [*meta[:2], content_hash(source_file(source, f))]
-        except OSError:
+        except FileNotFoundError:
             entries[f] = list(meta[:2])
-    return entries
+        except OSError as e:  # chmod 000, an I/O error: not read now, tried again by a later batch
+            refused[f] = [
+                "unreadable_file",
+                f"could not be opened when batch {key} was registered ({type(e).__name__}: {e.strerror or e}); a later "
+                "batch reads it once it can be opened",
+            ]
+    return Batch(key, entries, refused=refused)
 
 
 def register_new_files(
@@ -281,7 +334,7 @@ def register_new_files(
         new_key = None
         if changes.new:
             new_key = registry.next_key
-            registry.batches.append(Batch(new_key, hashed(source, changes.new)))
+            registry.batches.append(new_batch(new_key, source, changes.new))
         _write(data_root, registry)
         return new_key, changes
 
@@ -296,7 +349,7 @@ def start_generation(data_root: Path, source: Path, state: dict[str, list[int]],
             previous = 0
         registry = Registry(str(source), max(previous, after) + 1)
         key = batch_key(registry.generation, 1)
-        registry.batches.append(Batch(key, hashed(source, state)))
+        registry.batches.append(new_batch(key, source, state))
         _write(data_root, registry)
         return key
 

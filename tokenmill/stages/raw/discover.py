@@ -108,21 +108,22 @@ def list_source(source: Path, exclude: Path | None = None, follow_outside_symlin
 
 
 def source_state(source: Path, exclude: Path | None = None) -> dict[str, list[int]]:
-    """{relative path: [size, mtime_ns]} of the files the readers ingest: one stat each, nothing read. Files the
-    readers skip (a README, a hidden file) are not in it, so changing them changes nothing downstream."""
+    """{relative path: [size, mtime_ns]} of the files the readers list: one stat each, nothing read. Files the
+    readers skip (a README, a hidden file) are not in it, so changing them changes nothing downstream. Files they
+    refuse (a FIFO, a socket, a symlink out of the source: `examine`) are, with their own stat (not followed), so
+    the batch that first sees one lists it in its `_rejected.jsonl`; a dangling link inside the source is not."""
     state = {}
     for f in list_source(source, exclude).files:
-        if f.refused is None:
-            try:
-                st = os.stat(f.path)
-            except OSError:
-                continue
-            state[f.rel] = [st.st_size, st.st_mtime_ns]
+        try:
+            st = os.lstat(f.path) if f.refused else os.stat(f.path)
+        except OSError:
+            continue
+        state[f.rel] = [st.st_size, st.st_mtime_ns]
     return state
 
 
 def source_fingerprint(state: dict[str, list[int]]) -> str:
-    """16 hex of SHA-256 over a `source_state`: equal fingerprints, same ingestible files (names, sizes, mtimes)."""
+    """16 hex of SHA-256 over a `source_state`: equal fingerprints, same listed files (names, sizes, mtimes)."""
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -8,7 +8,7 @@ import shutil
 import time
 import zlib
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -303,9 +303,12 @@ def ingest(
     log=None,
     exclude: Path | None = None,
     only: Collection[str] | None = None,
+    refused: Mapping[str, Sequence[str]] | None = None,
 ) -> dict:
     """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`; with `only`,
-    just those files (paths relative to the source: one source batch), ids as in a read of the whole source.
+    just those files (paths relative to the source: one source batch), ids as in a read of the whole source, and
+    `refused` ({path: [reason, detail]}: the batch's files refused or unopenable when it was registered) rejected
+    whole without being opened, but for symlinks out of the source when `follow_outside_symlinks` is set.
 
     Writes part-XXXXX.jsonl, _rejected.jsonl (every bad line/record/file with a reason) and _stats.json;
     returns the stats. Raises SourceError before any work when `source` does not exist.
@@ -320,11 +323,18 @@ def ingest(
     state = source_state(source, exclude)
     listing = list_source(source, exclude, settings.follow_outside_symlinks)
     if only is not None:
-        only = set(only)
+        refused = dict(refused or {})
+        # registering never reads outside the source; with follow_outside_symlinks this run does
+        followed = {rel for rel, why in refused.items() if why[0] == "outside_source"}
+        followed = followed if settings.follow_outside_symlinks else set()
+        only = set(only) | followed
+        refused = {rel: why for rel, why in refused.items() if rel not in followed}
         if missing := sorted(only - {f.rel for f in listing.files}):
             raise SourceError(f"files of this source batch are gone from {source}: {', '.join(missing[:5])}")
-        state = {rel: meta for rel, meta in state.items() if rel in only}
-        listing = Listing([f for f in listing.files if f.rel in only], listing.skipped)
+        state = {rel: meta for rel, meta in state.items() if rel in only or rel in refused}
+        unopened = [SourceFile(rel, os.path.join(source, rel), 0, *why) for rel, why in refused.items()]
+        files = sorted([f for f in listing.files if f.rel in only] + unopened, key=lambda f: f.rel)
+        listing = Listing(files, listing.skipped)
     fingerprint = source_fingerprint(state)
     if not listing.files:
         raise SourceError(
