@@ -1,0 +1,401 @@
+#!/usr/bin/env python3
+"""tokenmill against datatrove, side by side in one run: read, exact + near dedup, tokenize; wall and CPU seconds of
+each process tree, GB of input per core-hour, peak memory, records out, and near-duplicate removal against an exact
+ground truth.
+
+usage: python benchmarks/bench_peers.py [--docs N] [--source DIR] [--workers 2]
+                                        [--dt-ngrams 2] [--dt-buckets 20] [--dt-hashes 5] [--skip-truth]
+The input is a chinese-poetry corpus of about --docs poems (benchmarks/poetry_corpus.py builds it: the Tang and Song
+files, then renamed Tang copies; below the ~79k poems of those files, a spread of whole files), or --source.
+- tokenmill: `tokenmill update` on a fresh data root (read, clean, exact + near dedup with its defaults, BPE training,
+  tokenization; its Dagster start-up included), one process tree.
+- datatrove: its four MinHash steps (signatures, buckets, clusters, filter) and DocumentTokenizer, in a process of its
+  own (LocalPipelineExecutor, --workers processes), reading tokenmill's cleaned_jsonl (the same cleaned records:
+  datatrove does neither the raw read nor the cleaning, so its side of the work is the smaller) and tokenizing with
+  the tokenizer.json tokenmill trained. Its shingles are characters ("words" of a custom WordTokenizer: datatrove's
+  zh tokenizer needs jieba, and word n-grams of poems miss most character-level near copies), --dt-ngrams long.
+  The default, 2-character shingles in 20 buckets of 5 hashes, had the best recall of those tried on the 80k-poem
+  corpus (recall / precision: 5 chars 14x8, datatrove's default shape, 74.6% / 94.8%; 3 chars 14x8 93.3% / 86.8%;
+  2 chars 14x8 99.0% / 77.4%; 16x4 99.96% / 62.2%; 20x5 100% / 65.6%; 32x4 100% / 60.2%; 3 chars 20x4 99.9% / 66.4%).
+Both sides' CPU seconds are user + sys of the process and every descendant it waited for; memory is sampled every
+0.1 s (bench_graph.run_measured). GB per core-hour divides the source corpus's bytes by both sides' CPU hours.
+Ground truth: every pair of cleaned records with the same exact key, or with exact Jaccard >= tokenmill's threshold
+of their shingle sets at the pair's shingle code (tokenmill's definition: character 2/3/5-grams by the longer key's
+length), found by an exact prefix-filter join; its connected components C each hold |C| - 1 removable duplicates.
+A side's removals R are scored keeper-agnostically: correct = sum over C of min(|R & C|, |C| - 1);
+recall = correct / sum(|C| - 1), precision = correct / |R|.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_graph import BATCH, Measured, run_measured, stage_table  # noqa: E402
+from poetry_corpus import SONG, TANG, build  # noqa: E402
+
+from tokenmill.common.io import iter_jsonl, read_json  # noqa: E402
+from tokenmill.stages.dedup import DedupSettings  # noqa: E402
+from tokenmill.stages.dedup import minhash as mh  # noqa: E402
+from tokenmill.stages.dedup.keys import exact_key  # noqa: E402
+from tokenmill.stages.dedup.signatures import shingle_keys  # noqa: E402
+
+JOIN_PAIRS = 20_000_000  # candidate pairs generated at once by the ground truth's join (two int64 arrays)
+VERIFY_PAIRS = 200_000  # candidate pairs whose shingle rows are gathered at once for the exact intersection
+
+# ------------------------------------------------------------------------------------------------
+# Input
+# ------------------------------------------------------------------------------------------------
+
+
+def corpus(folder: Path, docs: int) -> int:
+    """About `docs` poems in `folder`: build() at or above the Tang + Song files' size, else whole Tang and Song files
+    taken at an even stride (both collections, and Tang's cross-file duplicates, stay represented)."""
+    files = TANG + SONG
+    sizes = [len(json.loads(f.read_text(encoding="utf-8"))) for f in files]
+    if docs >= sum(sizes):
+        return build(folder, docs)
+    folder.mkdir(parents=True, exist_ok=True)
+    share = max(1, round(len(files) * docs / sum(sizes)))
+    count = 0
+    for i in np.linspace(0, len(files) - 1, share).round().astype(int).tolist():
+        (folder / files[i].name).write_bytes(files[i].read_bytes())
+        count += sizes[i]
+    return count
+
+
+def tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------------------------
+# datatrove (run in a child process of its own: `--_datatrove CONFIG.json`)
+# ------------------------------------------------------------------------------------------------
+
+
+def run_datatrove(cfg: dict) -> None:
+    """datatrove's four MinHash steps, then its DocumentTokenizer on the records kept, as its examples chain them."""
+    import xxhash
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.dedup import MinhashDedupCluster, MinhashDedupFilter, MinhashDedupSignature
+    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupBuckets
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.tokens import DocumentTokenizer
+    from datatrove.pipeline.writers import JsonlWriter
+    from datatrove.utils.hashing import HashConfig
+    from datatrove.utils.word_tokenizers import WordTokenizer
+
+    class CharTokenizer(WordTokenizer):
+        """Every non-space character a word: n-grams of it are character n-grams."""
+
+        def word_tokenize(self, text: str) -> list[str]:
+            return [c for c in text if not c.isspace()]
+
+        def sent_tokenize(self, text: str) -> list[str]:
+            return [text]
+
+        def span_tokenize(self, text: str) -> list[tuple[int, int]]:
+            return [(0, len(text))]
+
+    work, tasks, workers = Path(cfg["work"]), cfg["tasks"], cfg["workers"]
+    config = MinhashConfig(
+        n_grams=cfg["ngrams"],
+        num_buckets=cfg["buckets"],
+        hashes_per_bucket=cfg["hashes"],
+        hash_config=HashConfig(precision=64),
+    )
+
+    def reader():
+        return JsonlReader(cfg["input"], glob_pattern="part-*.jsonl", compression=None)
+
+    def execute(pipeline, name, n_tasks):
+        # fork, not datatrove's default forkserver: the pool's workers are then this process's children, waited for,
+        # so their CPU seconds reach the rusage the benchmark reads
+        LocalPipelineExecutor(
+            pipeline=pipeline,
+            tasks=n_tasks,
+            workers=min(workers, n_tasks),
+            logging_dir=str(work / "logs" / name),
+            start_method="fork",
+        ).run()
+
+    signature = MinhashDedupSignature(str(work / "sigs"), config, language=CharTokenizer())
+    # datatrove 0.10 hashes shingles as str, which xxhash 4 (in this venv for datasets) refuses; xxhash 3, which
+    # datatrove pins, encoded them as UTF-8 itself: the same here
+    signature._hash_func = lambda shingle: xxhash.xxh64_intdigest(shingle.encode("utf-8"))
+    execute([reader(), signature], "sigs", tasks)
+    execute(
+        [MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=config)], "buckets", config.num_buckets
+    )
+    execute([MinhashDedupCluster(str(work / "buckets"), str(work / "remove_ids"), config=config)], "clusters", 1)
+    execute(
+        [
+            reader(),
+            MinhashDedupFilter(
+                str(work / "remove_ids"), exclusion_writer=JsonlWriter(str(work / "removed"), compression=None)
+            ),
+            # shuffle_documents=False: tokenmill's shards keep record order too (its loader shuffles)
+            DocumentTokenizer(str(work / "tokens"), cfg["tokenizer"], eos_token=cfg["eos"], shuffle_documents=False),
+        ],
+        "filter_tokenize",
+        tasks,
+    )
+
+
+def datatrove_outputs(work: Path) -> tuple[set[str], int]:
+    """(ids datatrove removed, tokens it wrote: the count on the second line of each token file's .metadata)."""
+    removed = {r["id"] for f in sorted((work / "removed").glob("*.jsonl")) for r in iter_jsonl(f)}
+    tokens = sum(int(f.read_text().split("\n")[1]) for f in (work / "tokens").rglob("*.ds.metadata"))
+    return removed, tokens
+
+
+def datatrove_steps(work: Path) -> list[str]:
+    """Each datatrove step's seconds summed over its tasks (its stats.json; wall inside the tasks, so on a loaded
+    machine above the CPU seconds they used)."""
+    lines = []
+    for run in ("sigs", "buckets", "clusters", "filter_tokenize"):
+        for step in json.loads((work / "logs" / run / "stats.json").read_text()):
+            total = (step.get("time_stats") or {}).get("total", 0.0)
+            name = " ".join(step["name"].encode("ascii", "ignore").decode().split()).lstrip("- ")  # no emoji
+            lines.append(f"  {run:16s} {name:26s} {total:7.1f}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# Ground truth
+# ------------------------------------------------------------------------------------------------
+
+
+def token_ids(sets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, offsets): each set's shingles as dense integer ids (the same shingle, the same id), concatenated."""
+    lengths = np.fromiter((len(s) for s in sets), dtype=np.int64, count=len(sets))
+    offsets = np.zeros(len(sets) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    _, ids = np.unique(np.concatenate(sets) if sets else np.empty(0), return_inverse=True)
+    return ids.astype(np.int64), offsets
+
+
+def similar_pairs(sets: list[np.ndarray], threshold: float) -> np.ndarray:
+    """Every pair (i < j) of the shingle sets with exact Jaccard >= threshold: a prefix-filter join (shingles ordered
+    rarest first; two sets at the threshold share one of their first |x| - ceil(t |x|) + 1), then exact
+    intersections of the candidates."""
+    import scipy.sparse as sp
+
+    ids, offsets = token_ids(sets)
+    n, size = len(sets), np.diff(offsets)
+    doc = np.repeat(np.arange(n), size)
+    rank = np.argsort(np.argsort(np.bincount(ids), kind="stable"), kind="stable")  # rarest first, then by id
+    order = np.lexsort((rank[ids], doc))
+    ranked, position = rank[ids][order], np.arange(len(ids)) - np.repeat(offsets[:-1], size)
+    prefix = size - np.ceil(threshold * size - 1e-9).astype(np.int64) + 1
+    keep = position < np.repeat(prefix, size)
+    tok, pdoc = ranked[keep], doc[keep]
+    by_tok = np.lexsort((pdoc, tok))
+    tok, pdoc = tok[by_tok], pdoc[by_tok]
+    group_end = np.searchsorted(tok, tok, side="right")  # each entry pairs with the later entries of its token
+    partners = group_end - np.arange(len(tok)) - 1
+    rows = sp.csr_matrix((np.ones(len(ids), dtype=np.int32), ids, offsets), shape=(n, int(ids.max(initial=-1)) + 1))
+    found, start = [], 0
+    ends = np.cumsum(partners)
+    while start < len(tok):
+        stop = max(int(np.searchsorted(ends, (ends[start - 1] if start else 0) + JOIN_PAIRS, side="right")), start + 1)
+        entry = np.arange(start, stop)
+        count = partners[start:stop]
+        first = np.repeat(entry, count)
+        second = first + 1 + np.arange(len(first)) - np.repeat(np.cumsum(count) - count, count)
+        a, b = pdoc[first], pdoc[second]
+        pairs = np.unique(np.minimum(a, b) * n + np.maximum(a, b))
+        a, b = pairs // n, pairs % n
+        big, small = np.maximum(size[a], size[b]), np.minimum(size[a], size[b])
+        fits = small >= threshold * big - 1e-9
+        a, b = a[fits], b[fits]
+        for lo in range(0, len(a), VERIFY_PAIRS):
+            x, y = a[lo : lo + VERIFY_PAIRS], b[lo : lo + VERIFY_PAIRS]
+            inter = np.asarray(rows[x].multiply(rows[y]).sum(axis=1)).ravel()
+            ok = inter >= threshold * (size[x] + size[y] - inter) - 1e-9
+            found.append(np.stack([x[ok], y[ok]], axis=1))
+        start = stop
+    out = np.concatenate(found) if found else np.empty((0, 2), dtype=np.int64)
+    return np.unique(out, axis=0) if len(out) else out
+
+
+def truth_components(texts: list[str], languages: list, settings: DedupSettings) -> tuple[np.ndarray, dict]:
+    """(component root of every record, counts): records with the same exact key, or whose keys reach the
+    threshold at the pair's shingle code, joined transitively; records with an empty key stand alone."""
+    keys, units, by_word = shingle_keys(texts, settings, languages)
+    uf = mh.UnionFind(len(texts))
+    first: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        if k:
+            uf.union(first.setdefault(exact_key(k), i), i)
+    reps = np.asarray(sorted(first.values()), dtype=np.int64)
+    doc, code = settings.items(units[reps], by_word[reps])
+    near = 0
+    for c in np.unique(code).tolist():
+        members = reps[doc[code == c]]
+        sets = [mh.coded_shingle_set(keys[i], c) for i in members.tolist()]
+        pairs = members[similar_pairs(sets, settings.threshold)]
+        at_code = settings.pair_codes(units[pairs], by_word[pairs]) == c
+        uf.union_pairs(pairs[at_code].tolist())
+        near += int(at_code.sum())
+    roots = uf.roots()
+    sizes = np.bincount(roots, minlength=len(texts))
+    return roots, {"near_pairs": near, "removable": int((sizes[sizes > 1] - 1).sum())}
+
+
+def score(removed: np.ndarray, roots: np.ndarray) -> dict:
+    """Recall and precision of a removal mask against the truth components (see the module's docstring)."""
+    sizes = np.bincount(roots, minlength=len(roots))
+    hit = np.bincount(roots[removed], minlength=len(roots))
+    correct = int(np.minimum(hit, np.maximum(sizes - 1, 0)).sum())
+    should = int((sizes[sizes > 1] - 1).sum())
+    return {
+        "removed": int(removed.sum()),
+        "correct": correct,
+        "recall": correct / should if should else 1.0,
+        "precision": correct / int(removed.sum()) if removed.any() else 1.0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Report
+# ------------------------------------------------------------------------------------------------
+
+
+def cleaned_records(data: Path) -> tuple[list[str], list[str], list]:
+    ids, texts, languages = [], [], []
+    for f in sorted((data / "cleaned_jsonl" / BATCH).glob("part-*.jsonl")):
+        for r in iter_jsonl(f):
+            ids.append(r["id"])
+            texts.append(r["text"])
+            languages.append((r.get("meta") or {}).get("language"))
+    return ids, texts, languages
+
+
+def tokenmill_outputs(data: Path) -> tuple[set[str], int, int]:
+    """(ids tokenmill kept, records out, tokens out)."""
+    kept = {r["id"] for f in sorted((data / "deduped_jsonl" / BATCH).glob("part-*.jsonl")) for r in iter_jsonl(f)}
+    stats = read_json(data / "tokenized_bins" / "_stats.json")
+    return kept, stats["docs_out"], stats["tokens"] if "tokens" in stats else stats["batches"][BATCH]["tokens"]
+
+
+def stage_profile(data: Path, started: float) -> list[str]:
+    """Each tokenmill stage's wall seconds (its _timings.json) and step seconds, with the passes inside it."""
+    lines = [f"  {'stage':18s} {'stage s':>8s} {'step s':>8s}  inside"]
+    details = {
+        "cleaned_jsonl": lambda t: t.get("pass_seconds", {}),
+        "dedup_report": lambda t: t.get("timings", {}),
+        "tokenizer": lambda t: {k: v for k, v in t.items() if k.endswith("_seconds")},
+    }
+    for asset, seconds, step in stage_table(data, started):
+        timings = data / asset / (BATCH if (data / asset / BATCH).is_dir() else "") / "_timings.json"
+        inside = details.get(asset, lambda t: {})(read_json(timings) if timings.exists() else {})
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in inside.items())
+        lines.append(f"  {asset:18s} {seconds or 0:8.1f} {step:8.1f}  {parts}")
+    return lines
+
+
+HEADER = (
+    "| tool      |  wall s |   CPU s | GB/core-h | largest MiB | tree MiB | records out |  tokens out |  recall "
+    "| precision |\n|-----------|--------:|--------:|----------:|------------:|---------:|------------:|------------:"
+    "|--------:|----------:|"
+)
+
+
+def row(name: str, m: Measured, input_bytes: int, records: int, tokens: int, quality: dict | None) -> str:
+    """A markdown row of HEADER: GB/core-h is the source's bytes over the side's CPU hours."""
+    rate = input_bytes / 1e9 / (m.cpu_seconds / 3600)
+    acc = f"{quality['recall']:7.2%} | {quality['precision']:9.2%}" if quality else f"{'-':>7s} | {'-':>9s}"
+    return (
+        f"| {name:9s} | {m.seconds:7.1f} | {m.cpu_seconds:7.1f} | {rate:9.2f} | {m.process_peak_mib:11.0f} | "
+        f"{m.peak_mib:8.0f} | {records:11,d} | {tokens:11,d} | {acc} |"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=80_000, help="poems in the built corpus (355000: the full corpus)")
+    ap.add_argument("--source", type=Path, help="a source folder instead of the built corpus")
+    ap.add_argument("--workers", type=int, default=2, help="datatrove's worker processes")
+    ap.add_argument("--dt-ngrams", type=int, default=2, help="datatrove shingle size (characters)")
+    ap.add_argument("--dt-buckets", type=int, default=20, help="datatrove LSH buckets (bands)")
+    ap.add_argument("--dt-hashes", type=int, default=5, help="datatrove hashes per bucket (rows)")
+    ap.add_argument("--skip-truth", action="store_true", help="no ground truth (speed and memory only)")
+    ap.add_argument("--_datatrove", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args._datatrove:
+        run_datatrove(json.loads(args._datatrove.read_text()))
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="tokenmill-peers-"))
+    source = args.source or work / "poems"
+    if not args.source:
+        print(f"built {corpus(source, args.docs):,} poems in {source}")
+    input_bytes = tree_bytes(source)
+    data = work / "data"
+    env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(data)}
+    env.pop("DAGSTER_HOME", None)
+    tm = run_measured([sys.executable, "-m", "tokenmill.cli", "update"], env, work / "tokenmill.log")
+    if tm.returncode:
+        sys.exit(f"tokenmill failed (rc {tm.returncode}): see {work / 'tokenmill.log'}")
+
+    tokenizer = data / "tokenizer" / "tokenizer.json"
+    eos = json.loads((data / "tokenizer" / "special_tokens_map.json").read_text())["eos_token"]
+    eos = eos["content"] if isinstance(eos, dict) else eos
+    cleaned = data / "cleaned_jsonl" / BATCH
+    cfg = {
+        "work": str(work / "dt"),
+        "input": str(cleaned),
+        "tokenizer": str(tokenizer),
+        "eos": eos,
+        "tasks": max(args.workers, len(list(cleaned.glob("part-*.jsonl")))),
+        "workers": args.workers,
+        "ngrams": args.dt_ngrams,
+        "buckets": args.dt_buckets,
+        "hashes": args.dt_hashes,
+    }
+    (work / "dt.json").write_text(json.dumps(cfg))
+    dt = run_measured(
+        [sys.executable, __file__, "--_datatrove", str(work / "dt.json")], dict(os.environ), work / "dt.log"
+    )
+    if dt.returncode:
+        sys.exit(f"datatrove failed (rc {dt.returncode}): see {work / 'dt.log'}")
+
+    ids, texts, languages = cleaned_records(data)
+    kept, tm_records, tm_tokens = tokenmill_outputs(data)
+    dt_removed, dt_tokens = datatrove_outputs(work / "dt")
+    tm_quality = dt_quality = None
+    if not args.skip_truth:
+        roots, truth = truth_components(texts, languages, DedupSettings())
+        tm_quality = score(np.asarray([i not in kept for i in ids]), roots)
+        dt_quality = score(np.asarray([i in dt_removed for i in ids]), roots)
+        print(
+            f"ground truth: {len(ids):,} cleaned records, {truth['near_pairs']:,} near pairs at Jaccard >= "
+            f"{DedupSettings().threshold}, {truth['removable']:,} removable duplicates (exact + near)"
+        )
+    print(f"source: {source} ({input_bytes / 1e6:.1f} MB); logs and outputs: {work}")
+    print(
+        f"datatrove {cfg['buckets']} buckets x {cfg['hashes']} hashes, {cfg['ngrams']}-character shingles, "
+        f"{cfg['tasks']} tasks on {cfg['workers']} workers; load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} cores (shared machine: figures are noisy)"
+    )
+    print(HEADER)
+    print(row("tokenmill", tm, input_bytes, tm_records, tm_tokens, tm_quality))
+    print(row("datatrove", dt, input_bytes, len(ids) - len(dt_removed), dt_tokens, dt_quality))
+    print(f"tokenmill / datatrove, GB per core-hour: {dt.cpu_seconds / tm.cpu_seconds:.2f}x (target >= 4x)")
+    print("tokenmill per stage:")
+    print("\n".join(stage_profile(data, tm.started)))
+    print("datatrove per step (task seconds, summed over its tasks):")
+    print("\n".join(datatrove_steps(work / "dt")))
+
+
+if __name__ == "__main__":
+    main()
