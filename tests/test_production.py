@@ -144,9 +144,9 @@ def instigators(instance):
 
 
 def test_a_killed_update_never_wedges_the_queue(production_env):
-    """kill -9 of `tokenmill update` mid-run leaves its run STARTED (no code server watches it), which would keep
-    every queued run of its data root QUEUED; run monitoring fails it (the data root's lock names its dead process)
-    and the queued run starts within a minute of the daemon's start."""
+    """kill -9 of `tokenmill update` mid-run leaves its run STARTED in PostgreSQL (no code server watches it), which
+    would keep every queued run of its data root QUEUED; the daemon's run monitoring fails it (the data root's lock
+    names its dead process) and the queued run starts within a minute of the daemon's start, and succeeds."""
     env = production_env
     update = subprocess.Popen(
         [sys.executable, "-m", "tokenmill.cli", "update"],
@@ -166,6 +166,10 @@ def test_a_killed_update_never_wedges_the_queue(production_env):
 
     queued = dagster("job", "launch", "-j", WHOLE_GRAPH_JOB, "--tags", '{"dagster/partition": "g1-b000001"}', env=env)
     assert queued.returncode == 0, queued.stderr[-3000:]
+    with dg.DagsterInstance.get() as instance:  # the production instance: PostgreSQL, the run queue, one per root
+        assert type(instance.run_storage).__name__ == "PostgresRunStorage"
+        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert instance.get_run_by_id(killed_run).status == dg.DagsterRunStatus.STARTED  # what wedged the queue
     daemon = subprocess.Popen(
         [str(BIN / "dagster-daemon"), "run", "-m", "definitions"],
         env=env,
@@ -185,6 +189,11 @@ def test_a_killed_update_never_wedges_the_queue(production_env):
             assert dead.dagster_run.status == dg.DagsterRunStatus.FAILURE
             failure = instance.all_logs(killed_run, of_type=dg.DagsterEventType.RUN_FAILURE)
             assert f"its process {update.pid}" in failure[-1].message, failure[-1].message
+            deadline = time.monotonic() + WAIT_SECONDS  # and it recovers what the killed run left
+            while not (run := instance.get_run_by_id(waiting.run_id)).is_finished:
+                assert time.monotonic() < deadline, f"the queued run did not finish: {run.status}"
+                time.sleep(1)
+            assert run.status == dg.DagsterRunStatus.SUCCESS
     finally:
         os.killpg(daemon.pid, signal.SIGINT)
         try:
