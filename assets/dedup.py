@@ -12,6 +12,12 @@ from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, sta
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.dedup import CLUSTERS_FILE, REPORT_FILE, DedupSettings, dedup_batch, write_deduped
 
+# said on each per-batch asset's page: its Overview holds one batch only
+PER_BATCH_PAGES = (
+    "One materialization per source batch: Overview shows the latest batch's; every batch's is under Partitions "
+    "(select the batch) and Events."
+)
+
 
 class DedupConfig(DedupSettings, dg.Config):
     """dedup_report run config: the DedupSettings fields (validated before the run starts)."""
@@ -30,7 +36,7 @@ class DedupConfig(DedupSettings, dg.Config):
             "normalized key) and near (shingles, MinHash, LSH bands chosen for the threshold, every candidate "
             "verified by exact Jaccard), within the batch by the keep rule and against every record kept from "
             "earlier batches (first seen wins: a kept record is never removed later). `report.json` and "
-            "`clusters.jsonl` hold the full report; `deduped_jsonl` applies it.",
+            "`clusters.jsonl` hold the full report; `deduped_jsonl` applies it. " + PER_BATCH_PAGES,
         ),
         dg.AssetSpec(
             "dedup_index",
@@ -40,7 +46,7 @@ class DedupConfig(DedupSettings, dg.Config):
             code_version="1",
             description="The persistent dedup index, one segment per batch: exact-key digests, LSH band hashes and "
             "what verification needs for every record the batch kept, so later batches are deduplicated against "
-            "them without re-reading earlier batches.",
+            "them without re-reading earlier batches. " + PER_BATCH_PAGES,
         ),
     ],
     partitions_def=SOURCE_BATCHES,
@@ -86,7 +92,10 @@ def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, d
 def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot, compute: Compute):
     """One batch of cleaned records minus the duplicates `dedup_report` found (lines copied unchanged, same shard
     names); `removed.jsonl` names, for every removed id, the id it duplicates, the level and the similarity (the
-    stage folder's `removed.jsonl` gathers every batch's)."""
+    stage folder's `removed.jsonl` gathers every batch's).
+
+    One materialization per source batch: Overview shows the latest batch's; every batch's is under Partitions
+    (select the batch) and Events."""
     key = registered_batch(context, data_root).key
     folder = batch_output(data_root, "deduped_jsonl", key)
     report_dir = data_root.path("dedup_report") / key

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.metadata import source_metadata
 from resources import Compute, DataRoot
 from tokenmill.common.io import staged_output
 from tokenmill.exports import hf_parquet as hf
@@ -20,8 +21,12 @@ class ParquetConfig(hf.ParquetSettings, dg.Config):
 
 
 def export_metadata(stats: dict, folder: Path, usage: str, seconds: float) -> dict:
-    """The figures every export shows, and how to use it (a code snippet for the target library)."""
+    """The figures every export shows, what it was written from (the source, its generation and the
+    tokenized_bins version) and how to use it (a code snippet for the target library)."""
+    version = stats["tokenized_bins_version"]
     return {
+        **source_metadata(folder),
+        "tokenized_bins_version": dg.MetadataValue.int(version) if version is not None else "unversioned",
         "tokens": dg.MetadataValue.int(stats.get("tokens") or 0),
         "bytes": dg.MetadataValue.int(stats.get("bytes") or 0),
         "bytes_per_token": dg.MetadataValue.float(float(stats.get("bytes_per_token") or 0.0)),

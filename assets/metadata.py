@@ -6,6 +6,7 @@ them here. Tables are built as pandas DataFrames and shown as Dagster tables or 
 
 from __future__ import annotations
 
+import base64
 import html
 import itertools
 import json
@@ -117,17 +118,34 @@ def stage_counts(stats: dict, path: Path) -> dict:
     }
 
 
-FUNNEL_BAR = 24  # characters of the input's bar in the inline funnel chart
+FUNNEL_BAR = 40  # characters of the input's bar in the inline funnel chart
+# a bar's last character in eighths of a character: 1% of the input is a third of a character on a 40-character bar,
+# so a stage that drops a few percent is visibly shorter than the one before
+EIGHTHS = ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")
+
+
+def text_bar(n: int, of: int, width: int) -> str:
+    """`n` as a bar of block characters on a scale where `of` fills `width` characters."""
+    eighths = round(8 * width * n / of) if of else 0
+    return "█" * (eighths // 8) + EIGHTHS[eighths % 8]
+
+
+def png_image(path: Path, alt: str) -> dg.MetadataValue:
+    """A PNG shown in the page itself (a data: URI in Markdown), so it opens from the browser, not only on the
+    machine that wrote it."""
+    data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
+    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{data})")
 
 
 def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
-    """The funnel inline in the UI: records per stage with bars, drops per reason and tokens as tables, and the
-    counts as numeric entries, which the asset page's Plots view draws across materializations."""
+    """The funnel inline in the UI: records per stage with bars, drops per reason (and per language) and tokens as
+    tables, per batch, the chart, and the counts as numeric entries, which the asset page's Plots view draws across
+    materializations."""
     first = funnel["stages"][0]
-    raw = first["docs_in"] or 1
+    raw = first["docs_in"]
     counts = [("input records", first["docs_in"])] + [(s["label"], s["docs_out"]) for s in funnel["stages"]]
     chart = pd.DataFrame(
-        [(label, f"{n:,}", f"{100 * n / raw:.2f}%", "█" * round(FUNNEL_BAR * n / raw)) for label, n in counts],
+        [(label, f"{n:,}", f"{100 * n / (raw or 1):.2f}%", text_bar(n, raw, FUNNEL_BAR)) for label, n in counts],
         columns=["stage", "records", "share of input", ""],
     )
     dropped = pd.DataFrame(
@@ -147,21 +165,19 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         for name, split in funnel["split"].items()
         if split
     ]
-    conservation = (
-        "Every stage conserves records (in = out + dropped)."
-        if funnel["conserved"]
-        else "**A stage does not conserve records: see funnel.json.**"
-    )
     token_md = markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value
+    chart_file = Path(folder) / "funnel.png"
     return {
         **source_metadata(folder),
         "funnel": markdown_table(chart),
         "dropped": dagster_table(dropped),
-        "token_counts": dg.MetadataValue.md(f"{token_md}\n\n{conservation}"),
+        **dropped_by_language_table(funnel.get("dropped_by_language") or {}),
+        "token_counts": dg.MetadataValue.md(f"{token_md}\n\n{conservation(funnel)}"),
         "batches": dagster_table(batches_frame(funnel)),
         **languages_table(
             funnel.get("languages") or [], ["records_cleaned", "records_tokenized", "tokens", "token_share"]
         ),
+        **({"chart": png_image(chart_file, "funnel.png")} if chart_file.exists() else {}),
         "pii_masked": dg.MetadataValue.json(funnel.get("pii_masked", {})),
         "history_row": dg.MetadataValue.json(history),
         "input_records": first["docs_in"],
@@ -170,8 +186,36 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         "supervised_share": round(t["supervised_share"], 4),
         "conserved": funnel["conserved"],
         "path": dg.MetadataValue.path(str(folder / "funnel.json")),
-        "chart_path": dg.MetadataValue.path(str(folder / "funnel.png")),
+        "chart_path": dg.MetadataValue.path(str(chart_file)),
     }
+
+
+def conservation(funnel: dict) -> str:
+    """One line under the token counts: every stage conserves records, or which do not (in total, per batch)."""
+    if funnel["conserved"]:
+        return "Every stage conserves records (in = out + dropped)."
+    broken = [s["label"] for s in funnel["stages"] if not (s["conserved"] and s["linked"])] + [
+        f"batch {b['batch']}" for b in funnel["batches"] if not all(s["conserved"] and s["linked"] for s in b["stages"])
+    ]
+    return f"**Records are not conserved ({', '.join(broken)}): see funnel.json.**"
+
+
+def dropped_by_language_table(by_language: dict[str, dict[str, int]]) -> dict:
+    """`dropped_by_language`: per meta.language, the records cleaning dropped and by which rule, most first;
+    nothing when the stats do not break drops down by language."""
+    rows = [
+        (
+            language,
+            f"{sum(reasons.values()):,}",
+            ", ".join(f"{r} {n:,}" for r, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])) if n),
+        )
+        for language, reasons in sorted(by_language.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+        if sum(reasons.values())
+    ]
+    if not rows:
+        return {}
+    frame = pd.DataFrame(rows, columns=["language", "dropped", "by rule"])
+    return {"dropped_by_language": markdown_table(frame)}
 
 
 def languages_table(rows: list[dict], columns: list[str]) -> dict:
@@ -183,23 +227,21 @@ def languages_table(rows: list[dict], columns: list[str]) -> dict:
 
 
 def batches_frame(funnel: dict) -> pd.DataFrame:
-    """One row per source batch: records after each stage, tokens, and whether the batch conserves records. Columns
-    are named by the stage's first word (raw, cleaned, deduped, tokenized) so the table fits the page."""
+    """One row per source batch, every batch: its input and the records after each stage, then tokens, with
+    thousands separators like the other tables. Columns are named by the stage's first word (raw, cleaned, deduped,
+    tokenized) so the table fits the page; a batch that does not conserve records is named under token_counts."""
     stages = {s["stage"]: s["stage"].split("_")[0] for s in funnel["stages"]}
     labels = list(stages.values())
     rows = []
     for batch in funnel["batches"]:
         out = {stages[s["stage"]]: s["docs_out"] for s in batch["stages"]}
-        rows.append(
-            {
-                "batch": batch["batch"],
-                "input": batch["stages"][0]["docs_in"] if batch["stages"] else 0,
-                **{label: out.get(label, 0) for label in labels},
-                "tokens": batch["tokens"],
-                "conserved": str(all(s["conserved"] and s["linked"] for s in batch["stages"])),
-            }
-        )
-    return pd.DataFrame(rows, columns=["batch", "input", *labels, "tokens", "conserved"])
+        counts = {
+            "input": batch["stages"][0]["docs_in"] if batch["stages"] else 0,
+            **{label: out.get(label, 0) for label in labels},
+            "tokens": batch["tokens"],
+        }
+        rows.append({"batch": batch["batch"], **{k: f"{n:,}" for k, n in counts.items()}})
+    return pd.DataFrame(rows, columns=["batch", "input", *labels, "tokens"])
 
 
 RAW_FILE_ROWS = 50  # per-file rows in the raw_records UI table; _stats.json lists every file
@@ -483,7 +525,7 @@ def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
     tpd = stats["tokens_per_doc"]
     hist = pd.DataFrame(tpd["histogram"], columns=["tokens", "docs"])
     top = max(int(hist["docs"].max()) if len(hist) else 0, 1)
-    hist["bar"] = hist["docs"].map(lambda n: "█" * round(HISTOGRAM_BAR * n / top))
+    hist["bar"] = hist["docs"].map(lambda n: text_bar(n, top, HISTOGRAM_BAR))
     hist["docs"] = hist["docs"].map("{:,}".format)
     sizes = pd.DataFrame(sorted(stats["bytes_on_disk"].items()), columns=["file", "bytes"])
     sample = (

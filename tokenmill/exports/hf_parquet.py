@@ -34,7 +34,7 @@ from pydantic import Field
 
 from tokenmill.common.io import json_parser, record_shards, shards_as_written
 from tokenmill.common.parallel import map_ordered
-from tokenmill.exports.streams import open_splits, size_stats
+from tokenmill.exports.streams import dataset_version, open_splits, size_stats
 from tokenmill.settings import StageSettings
 from tokenmill_loader import Store, open_store
 
@@ -281,7 +281,11 @@ def write_hf_parquet(
     }
     for _ in map_ordered(write_parquet_file, [*records, *(t for tasks in tokenized.values() for t in tasks)]):
         pass
-    stats = {"records": _outcome(records), "training_type": training_type}
+    stats = {
+        "records": _outcome(records),
+        "training_type": training_type,
+        "tokenized_bins_version": dataset_version(stores),
+    }
     if not tokenized:
         stats["tokenized"] = None
         return stats

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.errors import ConfigError
-from tokenmill.exports.streams import copy_key, open_splits, size_stats
+from tokenmill.exports.streams import copy_key, dataset_version, open_splits, size_stats
 from tokenmill_loader import Store
 from tokenmill_loader.format import GROUP_KEY, KIND_OF, MASK, RESPONSE_KEYS, TOKENS
 
@@ -105,6 +105,7 @@ def write_megatron(bins_dir: str | os.PathLike, out_dir: str | os.PathLike) -> d
         "training_type": stores["train"].training_type,
         "vocab_size": stores["train"].vocab_size,
         "datasets": datasets,
+        "tokenized_bins_version": dataset_version(stores),
         **size_stats(stores, token_bytes),
         "bytes_with_masks": sum(d["bin_bytes"] + d["idx_bytes"] for d in datasets.values()),
     }

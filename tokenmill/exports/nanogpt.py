@@ -13,7 +13,7 @@ import pickle
 from pathlib import Path
 
 from tokenmill.errors import ConfigError
-from tokenmill.exports.streams import copy_key, open_splits, size_stats
+from tokenmill.exports.streams import copy_key, dataset_version, open_splits, size_stats
 
 TOKENS_KEY, MASK_KEY = "sequence", "loss_mask"
 META_PKL = "meta.pkl"
@@ -58,6 +58,7 @@ def write_nanogpt(bins_dir: str | os.PathLike, out_dir: str | os.PathLike) -> di
         **meta,
         "files": files,
         "documents": {split: store.num_records for split, store in stores.items()},
+        "tokenized_bins_version": dataset_version(stores),
         **size_stats(stores, tokens_bytes),
         "bytes_with_masks": sum(files.values()),
     }
@@ -75,6 +76,10 @@ def usage(folder: Path, stats: dict) -> str:
         f"Set nanoGPT's `data_dir` to `{folder}`: train.py reads `meta.pkl` for `vocab_size`; {reads}.",
         "",
         "```python",
+        "import numpy as np",
+        "import torch",
+        "",
+        "block_size, batch_size = 1024, 12  # train.py's defaults",
         f"data = np.memmap('{folder}/train.bin', dtype=np.{dtype}, mode='r')",
         "ix = torch.randint(len(data) - block_size, (batch_size,))",
         "x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])",

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.errors import CorruptOutputError
 from tokenmill_loader import Store, open_store
 from tokenmill_loader.format import SPLITS
 
@@ -37,6 +38,16 @@ def shard_bytes(store: Store) -> int:
 
 def token_count(store: Store) -> int:
     return int(store.info["totals"]["tokens"])
+
+
+def dataset_version(stores: dict[str, Store]) -> int | None:
+    """The tokenized_bins version an export read: both splits are published as one version (None for shards
+    written before versions existed)."""
+    versions = {split: store.version for split, store in stores.items()}
+    if len(set(versions.values())) != 1:  # tokenize publishes both splits as one version, under the data root's lock
+        where = ", ".join(f"{store.path} at version {store.version}" for store in stores.values())
+        raise CorruptOutputError(f"tokenized_bins splits are at different versions: {where}")
+    return versions["train"]
 
 
 def size_stats(stores: dict[str, Store], export_bytes: int) -> dict:

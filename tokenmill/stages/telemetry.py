@@ -129,6 +129,7 @@ def build_funnel(data_root: Path) -> dict:
         },
         "split": {name: tok.get(name, {}) for name in ("train", "val")},
         "languages": language_rows(data_root, tok),
+        "dropped_by_language": dropped_by_language(data_root),
         "bytes_on_disk": {key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES if (data_root / key).exists()},
         "conserved": all(s["conserved"] and s["linked"] for s in stages)
         and all(s["conserved"] and s["linked"] for b in batches for s in b["stages"]),
@@ -158,6 +159,19 @@ def language_rows(data_root: Path, tokenized: dict) -> list[dict]:
         for language in set(kept) | set(encoded)
     ]
     return sorted(rows, key=lambda r: (-r["tokens"], -r["records_cleaned"], r["language"]))
+
+
+def dropped_by_language(data_root: Path) -> dict[str, dict[str, int]]:
+    """{language: {reason: records}} cleaning dropped, summed over cleaned_jsonl's batches (their stats'
+    `dropped_by_language`); {} when the stats do not break drops down by language."""
+    cleaned = batch_stats(data_root, "cleaned_jsonl").values() or [stage_stats(data_root, "cleaned_jsonl")]
+    total: dict[str, dict[str, int]] = {}
+    for stats in cleaned:
+        for language, reasons in stats.get("dropped_by_language", {}).items():
+            counts = total.setdefault(language, {})
+            for reason, n in reasons.items():
+                counts[reason] = counts.get(reason, 0) + int(n)
+    return {language: dict(sorted(reasons.items())) for language, reasons in sorted(total.items())}
 
 
 # one look per funnel row, drawn in order: each later row has a smaller marker of another shape on top, so a row
