@@ -10,6 +10,7 @@ import base64
 import html
 import itertools
 import json
+import re
 from pathlib import Path
 
 import dagster as dg
@@ -38,6 +39,17 @@ def cell(text, width: int = CELL_CHARS) -> str:
     return plain_cell(text, width).replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
+LONGEST_RUN = 40  # characters of a run without spaces shown as is; a longer one may wrap after . / = ( ,
+BREAK_AFTER = re.compile(r"([./=(,])(?=\S)")
+
+
+def wrappable(text, longest: int = LONGEST_RUN) -> str:
+    """`text` with a zero-width space after the punctuation of each run longer than `longest` characters
+    (`hashfunc=tokenmill.stages...`), where a browser may then wrap it instead of pushing the table off the page.
+    For descriptive text only: a path or an id someone copies must keep its exact characters."""
+    return re.sub(rf"\S{{{longest + 1},}}", lambda m: BREAK_AFTER.sub("\\1\u200b", m.group(0)), str(text))
+
+
 def where(entry: dict) -> str:
     """path:line (or :index) of a drop entry: a stage's rejected entry names its `source`, raw_records' its own."""
     src = entry.get("source") or entry
@@ -46,19 +58,19 @@ def where(entry: dict) -> str:
 
 
 def drop_samples_table(samples: dict, text_key: str = "text") -> dg.MetadataValue:
-    """The first dropped records of each reason: where, the rule's detail and the text (raw_records: the snippet
-    of the bad input) as a Dagster table."""
+    """The first dropped records of each reason: where, the reason with the rule's detail, and the text
+    (raw_records: the snippet of the bad input) as a Dagster table; three columns, so the text keeps its place on
+    a 1600 px window."""
     rows = [
         {
-            "reason": reason,
             "record": plain_cell(where(e), 60),
-            "detail": plain_cell(e.get("detail"), 80),
+            "reason": plain_cell(f"{reason}: {e['detail']}" if e.get("detail") else reason, 100),
             "text": plain_cell(e.get(text_key), SAMPLE_CELL_CHARS),
         }
         for reason, entries in sorted(samples.items())
         for e in entries[:SAMPLES_SHOWN]
     ]
-    return dagster_table(pd.DataFrame(rows, columns=["reason", "record", "detail", "text"]))
+    return dagster_table(pd.DataFrame(rows, columns=["record", "reason", "text"]))
 
 
 def markdown_table(frame: pd.DataFrame) -> dg.MetadataValue:
@@ -118,9 +130,9 @@ def stage_counts(stats: dict, path: Path) -> dict:
     }
 
 
-FUNNEL_BAR = 40  # characters of the input's bar in the inline funnel chart
-# a bar's last character in eighths of a character: 1% of the input is a third of a character on a 40-character bar,
-# so a stage that drops a few percent is visibly shorter than the one before
+FUNNEL_BAR = 24  # characters of the input's bar in the inline funnel chart (more would not fit a 1600 px window)
+# a bar's last character in eighths of a character: 1% of the input is a quarter of a character on a 24-character
+# bar, so a stage that drops a percent or two is visibly shorter than the one before
 EIGHTHS = ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")
 
 
@@ -223,7 +235,9 @@ def languages_table(rows: list[dict], columns: list[str]) -> dict:
     tokens); nothing when language identification was off."""
     if not rows:
         return {}
-    return {"languages": dagster_table(pd.DataFrame(rows, columns=["language", *columns]))}
+    frame = pd.DataFrame(rows, columns=["language", *columns])
+    # "records cleaned", not "records_cleaned": a header the browser can wrap keeps the table on the page
+    return {"languages": dagster_table(frame.rename(columns=lambda c: c.replace("_", " ")))}
 
 
 def batches_frame(funnel: dict) -> pd.DataFrame:
@@ -260,20 +274,19 @@ def _raw_files_frame(files: list[dict]) -> pd.DataFrame:
 
 
 def _raw_preview_frame(folder: Path) -> pd.DataFrame:
-    """The first records of the first shard: id, source path:locator, meta, text."""
+    """The first records of the first shard: id and source path:locator, meta (wrappable: it is cut anyway), text."""
     rows = []
     for shard in record_shards(folder)[:1]:
         for rec in itertools.islice(iter_jsonl(shard), RAW_PREVIEW_RECORDS):
             src = rec["source"]
             rows.append(
                 {
-                    "id": rec["id"],
-                    "source": cell(f"{src['path']}:{src.get('line', src.get('index'))}", RAW_PREVIEW_CHARS),
-                    "meta": cell(json.dumps(rec["meta"], ensure_ascii=False), RAW_PREVIEW_CHARS),
+                    "record": cell(f"{rec['id']} {src['path']}:{src.get('line', src.get('index'))}", RAW_PREVIEW_CHARS),
+                    "meta": wrappable(cell(json.dumps(rec["meta"], ensure_ascii=False), RAW_PREVIEW_CHARS), 20),
                     "text": cell(rec["text"], RAW_PREVIEW_CHARS),
                 }
             )
-    return pd.DataFrame(rows, columns=["id", "source", "meta", "text"])
+    return pd.DataFrame(rows, columns=["record", "meta", "text"])
 
 
 def raw_records_metadata(stats: dict, path: Path) -> dict:
@@ -417,7 +430,7 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
     sources = pd.DataFrame(
         sorted(report["per_source"], key=lambda r: -(r["exact_removed"] + r["near_removed"]))[:DEDUP_SOURCE_ROWS],
         columns=["path", "records_in", "kept", "exact_removed", "near_removed", "cross_file"],
-    )
+    ).rename(columns=lambda c: c.replace("_", " "))  # headers the browser can wrap: the table stays on the page
     return {
         **stage_counts(stats, folder / report_file),
         **{
@@ -437,7 +450,9 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
             )
         },
         "bands_x_rows": f"{p['bands']} x {p['rows']}",
-        "parameters": markdown_table(pd.DataFrame(params, columns=["parameter", "value"])),
+        "parameters": markdown_table(
+            pd.DataFrame([(name, wrappable(value)) for name, value in params], columns=["parameter", "value"])
+        ),
         "per_source": dagster_table(sources),
         "cluster_sizes": dagster_table(pd.DataFrame(report["cluster_sizes"], columns=["size", "clusters", "records"])),
         "sample_clusters": dg.MetadataValue.md(_dedup_samples_md(report["samples"])),
@@ -478,11 +493,29 @@ def removed_samples_frame(clusters: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=REMOVED_SAMPLES_COLUMNS)
 
 
+def removed_samples_page(frame: pd.DataFrame) -> pd.DataFrame:
+    """`removed_samples_frame` in three columns that fit a 1600 px window: the record (id, file:line), its part in
+    the cluster (kept with the keep reason, or removed with level and similarity) and its text, or for a removed
+    record its word diff against the kept one (`tokenmill explain ID` prints both texts in full)."""
+    rows = []
+    for r in frame.to_dict("records"):
+        removed = r["role"] == "removed"
+        part = f"{r['level']} {r['similarity']}" if removed else r["keep reason"]
+        rows.append(
+            {
+                "record": f"{r['id']} {r['record']}".strip(),
+                "cluster": f"{r['cluster']} {r['role']}" + (f": {part}" if part else ""),
+                "text (removed: diff from kept)": r["diff"] if removed and r["diff"] else r["text"],
+            }
+        )
+    return pd.DataFrame(rows, columns=["record", "cluster", "text (removed: diff from kept)"])
+
+
 def deduped_jsonl_metadata(stats: dict, folder: Path, removed_file: str) -> dict:
     """deduped_jsonl: the counts, removed records next to the one kept, and where every removed record is listed."""
     return {
         **stage_counts(stats, folder),
-        "removed_samples": dagster_table(removed_samples_frame(stats["removed_samples"])),
+        "removed_samples": dagster_table(removed_samples_page(removed_samples_frame(stats["removed_samples"]))),
         "removed_path": dg.MetadataValue.path(str(folder / removed_file)),
     }
 

@@ -147,18 +147,14 @@ def test_drop_samples_show_text_and_evidence_per_reason():
     meta = cleaned_jsonl_metadata(clean_stats(), Path("/tmp/cleaned"))
     rows = table_rows(meta["rejected_samples"])
     assert len(rows) == 5  # SAMPLES_SHOWN of the 8 kept in the stats
-    assert rows[1] == {
-        "reason": "too_short",
-        "record": "a.jsonl:1",
-        "detail": "2 chars < min_chars 20",
-        "text": "hi / 1",
-    }
+    # three columns, the reason with the rule's evidence: the text keeps its place on a 1600 px window
+    assert rows[1] == {"record": "a.jsonl:1", "reason": "too_short: 2 chars < min_chars 20", "text": "hi / 1"}
     raw = drop_samples_table(
         {"malformed_json": [{"path": "b.jsonl", "line": 3, "detail": "Expecting value", "snippet": '{"text": "cut'}]},
         "snippet",
     )
     assert table_rows(raw) == [
-        {"reason": "malformed_json", "record": "b.jsonl:3", "detail": "Expecting value", "text": '{"text": "cut'}
+        {"record": "b.jsonl:3", "reason": "malformed_json: Expecting value", "text": '{"text": "cut'}
     ]
 
 
@@ -170,8 +166,9 @@ def test_removed_duplicates_shown_next_to_the_kept_record():
     stats = {"docs_in": 2, "docs_out": 1, "dropped_near_duplicate": 1, "seconds": 0.1}
     meta = deduped_jsonl_metadata({**stats, "removed_samples": [{"members": members}]}, Path("/tmp/d"), "removed.jsonl")
     rows = table_rows(meta["removed_samples"])
-    assert [(r["cluster"], r["role"], r["similarity"]) for r in rows] == [(1, "kept", "1.000"), (1, "removed", "0.812")]
-    assert rows[1]["text"] == "Seize him, AEdiles!!"
+    assert [r["cluster"] for r in rows] == ["1 kept", "1 removed: near 0.812"]
+    text = "text (removed: diff from kept)"  # a removed record shows where its words differ from the kept one's
+    assert [r[text] for r in rows] == ["Seize him, AEdiles!", "Seize him, [-AEdiles!-] {+AEdiles!!+}"]
 
 
 def test_tokenizer_examples_keep_one_row_per_text():

@@ -6,6 +6,7 @@ tables fit a 1600 px window, and each `usage` snippet runs when pasted."""
 import ast
 import base64
 import builtins
+import html
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import dagster as dg
 import pytest
 from support import write_batch_file
 
-from assets.metadata import funnel_metadata, text_bar
+from assets.metadata import FUNNEL_BAR, funnel_metadata, text_bar
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
 from tokenmill.exports import hf_parquet
@@ -32,7 +33,8 @@ EXPORTS = ("nanogpt_bins", "megatron_indexed", "hf_parquet")
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory, demo_source):
     """The demo corpus as batch 1, a file added as batch 2, both through tokenmill_all, then the three exports;
-    yields the data root and each asset's latest metadata ({key: {label: value}})."""
+    yields the data root, each asset's latest metadata ({key: {label: value}}) and every materialization's
+    (each batch's for the per-batch assets) as (key, metadata)."""
     root = tmp_path_factory.mktemp("truths")
     source, data = root / "source", root / "data"
     shutil.copytree(demo_source, source)
@@ -49,15 +51,18 @@ def demo(tmp_path_factory, demo_source):
             asset_selection={dg.AssetKey(k) for k in EXPORTS}
         )
         assert exports.execute_in_process(instance=instance).success
-        metadata = {}
+        metadata, every = {}, []
         for key in instance.get_asset_keys():
-            event = instance.get_latest_materialization_event(key)
-            metadata[key.to_user_string()] = {k: v.value for k, v in event.asset_materialization.metadata.items()}
-        yield data, metadata
+            for i, record in enumerate(instance.fetch_materializations(key, limit=10).records):  # newest first
+                values = {k: v.value for k, v in record.asset_materialization.metadata.items()}
+                every.append((key.to_user_string(), values))
+                if i == 0:
+                    metadata[key.to_user_string()] = values
+        yield data, metadata, every
 
 
 def test_funnel_batches_table_lists_every_batch_with_formatted_numbers(demo):
-    data, meta = demo
+    data, meta, _ = demo
     funnel = json.loads((data / "funnel_telemetry" / "funnel.json").read_text())
     table = meta["funnel_telemetry"]["batches"]
     rows = [dict(r.data) for r in table.records]
@@ -71,13 +76,13 @@ def test_funnel_batches_table_lists_every_batch_with_formatted_numbers(demo):
 
 
 def test_funnel_bars_narrow_with_each_stage_relative_to_the_input(demo):
-    _, meta = demo
+    _, meta, _ = demo
     bars = [line.split("|")[4].strip() for line in meta["funnel_telemetry"]["funnel"].splitlines()[2:]]
     shares = [float(line.split("|")[3].strip(" %")) for line in meta["funnel_telemetry"]["funnel"].splitlines()[2:]]
     eighths = [8 * b.count("█") + eighth_of(b) for b in bars]
-    assert eighths[0] == 8 * 40  # the input fills the bar
+    assert eighths[0] == 8 * FUNNEL_BAR  # the input fills the bar
     for share, e in zip(shares, eighths):
-        assert abs(e - 320 * share / 100) <= 0.5 + 1e-9  # each bar is its share of the input, to an eighth
+        assert abs(e - 8 * FUNNEL_BAR * share / 100) <= 0.5 + 1e-9  # each bar is its share of the input, to 1/8
     # the demo drops ~0.5% at raw, ~2% at cleaning, ~3.6% at dedup: each of those bars is shorter than the last
     assert eighths[0] > eighths[1] > eighths[2] > eighths[3]
 
@@ -94,7 +99,7 @@ def test_text_bar_resolves_an_eighth_of_a_character():
 
 
 def test_funnel_chart_is_embedded_as_an_image_the_browser_opens(demo):
-    data, meta = demo
+    data, meta, _ = demo
     chart = meta["funnel_telemetry"]["chart"]
     match = re.fullmatch(r"!\[funnel\.png\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", chart)
     assert match
@@ -120,7 +125,7 @@ def test_drops_per_rule_per_language_summed_over_batches(tmp_path):
 
 
 def test_funnel_sums_dropped_by_language_over_the_batches(demo, tmp_path):
-    data, _ = demo
+    data, _, _ = demo
     copy = tmp_path / "data"
     shutil.copytree(data, copy, symlinks=True)
     per_batch = {"g1-b000001": {"en": {"too_short": 2}}, "g1-b000002": {"en": {"too_short": 1}, "zh": {"empty": 4}}}
@@ -136,7 +141,7 @@ def test_funnel_sums_dropped_by_language_over_the_batches(demo, tmp_path):
 
 
 def test_exports_record_the_source_generation_and_dataset_version(demo):
-    data, meta = demo
+    data, meta, _ = demo
     version = open_store(data / "tokenized_bins" / "train").version
     assert version >= 2  # one version per batch
     for asset in EXPORTS:
@@ -193,8 +198,10 @@ def test_hf_parquet_usage_imports_what_it_uses():
 def test_usage_snippet_runs_when_pasted(demo, asset, tmp_path):
     """The python block of the asset's `usage`, as the page shows it, run by the venv's python in a fresh process
     (offline, caches under tmp_path)."""
-    _, meta = demo
+    data, meta, _ = demo
     (code,) = python_blocks(meta[asset]["usage"])
+    # the page shows the snippet about 60 characters wide at 1600 px: only a path may run longer
+    assert max(len(line.replace(str(data), "")) for line in code.splitlines()) <= SNIPPET_CHARS, code
     script = tmp_path / "pasted.py"
     script.write_text(code, encoding="utf-8")
     env = {
@@ -206,3 +213,53 @@ def test_usage_snippet_runs_when_pasted(demo, asset, tmp_path):
     }
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"{asset} usage failed:\n{code}\n{done.stderr[-3000:]}"
+
+
+# Dagster 1.13's asset page at a 1600 px window, measured on its screenshots: the metadata value column holds
+# 516 px of table; a table cell adds 12 px to its text, a character of the monospace font is 8.4 px (a CJK one
+# twice that); a browser breaks a cell's text at spaces, after hyphens and between CJK characters only.
+VALUE_COLUMN_PX, CELL_PX, CHAR_PX = 516, 12, 8.4
+SNIPPET_CHARS = 60  # a code block's lines do not wrap: a longer one pushes the block's text off the page
+WIDE = "\u3000-\u9fff\uac00-\ud7af\uff00-\uffef"  # CJK: a break may fall between any two
+UNBREAKABLE = re.compile(rf"[^\s\u200b\-{WIDE}]+-?|[{WIDE}]|-")  # \u200b: metadata.wrappable's break
+
+
+def text_px(text: str) -> float:
+    """The widest piece of `text` a browser cannot break, in px."""
+    return max(
+        (CHAR_PX * (2 if re.match(f"[{WIDE}]", w) else len(w)) for w in UNBREAKABLE.findall(str(text))), default=0
+    )
+
+
+def min_table_px(columns: list[str], rows: list[list]) -> float:
+    """The narrowest the table can be laid out: each column as wide as its widest unbreakable piece."""
+    return sum(CELL_PX + max(text_px(v) for v in [name, *(r[i] for r in rows)]) for i, name in enumerate(columns))
+
+
+def markdown_cells(line: str) -> list[str]:
+    cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+    return [html.unescape(c.replace("\\|", "|").strip()) for c in cells]
+
+
+def page_tables(meta: dict) -> list[tuple[str, list[str], list[list]]]:
+    """(label, columns, rows) of every Dagster table and Markdown table among an asset's metadata values."""
+    out = []
+    for label, value in meta.items():
+        if isinstance(value, dg.TableMetadataValue):
+            columns = [c.name for c in value.schema.columns]
+            out.append((label, columns, [[r.data.get(c, "") for c in columns] for r in value.records]))
+        elif isinstance(value, str) and value.lstrip().startswith("|"):
+            lines = [ln for ln in value.splitlines() if ln.startswith("|")]
+            out.append((label, markdown_cells(lines[0]), [markdown_cells(ln) for ln in lines[2:]]))
+    return out
+
+
+def test_tables_fit_a_1600_px_window(demo):
+    _, _, every = demo
+    too_wide = {
+        f"{asset}.{label}": round(min_table_px(columns, rows))
+        for asset, meta in every
+        for label, columns, rows in page_tables(meta)
+        if min_table_px(columns, rows) > VALUE_COLUMN_PX
+    }
+    assert too_wide == {}

@@ -115,10 +115,14 @@ def usage(folder: Path, tokenizer_dir: Path) -> str:
     """How to read the folder with megatron-core and train on it with Megatron-LM (markdown)."""
     train, val = folder / dataset_prefix("train", "sequence"), folder / dataset_prefix("val", "sequence")
     return (
-        "```python\n"
-        "from megatron.core.datasets.indexed_dataset import IndexedDataset\n"
-        f"ds = IndexedDataset('{train}')  # the prefix of the .bin/.idx pair\n"
-        "tokens = ds[0]  # record 0 of train; ds.document_indices: the sequences of each record\n"
+        "```python\n"  # short lines: the page shows the snippet about 60 characters wide
+        "from megatron.core.datasets import indexed_dataset\n"
+        "\n"
+        "# the prefix of the .bin/.idx pair\n"
+        f"prefix = '{train}'\n"
+        "ds = indexed_dataset.IndexedDataset(prefix)\n"
+        "tokens = ds[0]  # record 0 of train\n"
+        "# ds.document_indices: the sequences of each record\n"
         "```\n\n"
         f"Megatron-LM: `--train-data-path {train} --valid-data-path {val} --tokenizer-type HuggingFaceTokenizer "
         f"--tokenizer-model {tokenizer_dir}` (every record already ends with `</s>`). dpo and grpo keys are datasets "

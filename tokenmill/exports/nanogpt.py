@@ -72,6 +72,7 @@ def usage(folder: Path, stats: dict) -> str:
         if dtype == "uint16"
         else f"change train.py's `np.uint16` to `np.{dtype}` (vocabulary over 65,536)"
     )
+    # short lines: the page shows the snippet in a column about 60 characters wide at a 1600 px window
     lines = [
         f"Set nanoGPT's `data_dir` to `{folder}`: train.py reads `meta.pkl` for `vocab_size`; {reads}.",
         "",
@@ -79,21 +80,26 @@ def usage(folder: Path, stats: dict) -> str:
         "import numpy as np",
         "import torch",
         "",
+        f"folder = '{folder}'",
         "block_size, batch_size = 1024, 12  # train.py's defaults",
-        f"data = np.memmap('{folder}/train.bin', dtype=np.{dtype}, mode='r')",
+        f"data = np.memmap(f'{{folder}}/train.bin', np.{dtype}, mode='r')",
         "ix = torch.randint(len(data) - block_size, (batch_size,))",
-        "x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])",
-        "y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64)) for i in ix])",
+        "# one window of block_size + 1 tokens per row, split in two",
+        "rows = np.stack([data[i : i + 1 + block_size] for i in ix])",
+        "rows = torch.from_numpy(rows.astype(np.int64))",
+        "x, y = rows[:, :-1], rows[:, 1:]",
     ]
     if stats["loss_mask"]:
         lines += [
-            f"m = np.memmap('{folder}/train_{MASK_KEY}.bin', dtype=np.uint8, mode='r')  # 1 = trained",
-            "keep = torch.stack([torch.from_numpy(m[i + 1 : i + 1 + block_size].astype(bool)) for i in ix])",
-            "y[~keep] = -1  # nanoGPT's cross_entropy(ignore_index=-1)",
+            f"mask = f'{{folder}}/train_{MASK_KEY}.bin'  # 1 = trained",
+            "m = np.memmap(mask, dtype=np.uint8, mode='r')",
+            "keep = np.stack([m[i + 1 : i + 1 + block_size] for i in ix])",
+            "y[~torch.from_numpy(keep.astype(bool))] = -1  # ignore_index",
             "```",
             "",
             f"**nanoGPT's own train.py ignores `<split>_{MASK_KEY}.bin`**: unchanged, it trains on every token "
-            "(prompts and metadata too). Add the three mask lines to its get_batch to train only the masked-in tokens.",
+            "(prompts and metadata too). Add the mask lines to its get_batch to train only the masked-in tokens "
+            "(its cross_entropy has `ignore_index=-1`).",
         ]
     else:
         lines.append("```")
