@@ -21,12 +21,14 @@ from support import write_batch_file
 
 from assets.metadata import FUNNEL_BAR, funnel_metadata, text_bar
 from definitions import build_defs
+from devtools.dagster_server import DagsterDev
 from resources import CorpusSource, DataRoot
 from tokenmill.exports import hf_parquet
 from tokenmill.stages.telemetry import build_funnel, history_row
 from tokenmill.update import register_batches, run_batches
 from tokenmill_loader import open_store
 
+REPO = Path(__file__).resolve().parents[1]
 EXPORTS = ("nanogpt_bins", "megatron_indexed", "hf_parquet")
 
 
@@ -263,3 +265,48 @@ def test_tables_fit_a_1600_px_window(demo):
         if min_table_px(columns, rows) > VALUE_COLUMN_PX
     }
     assert too_wide == {}
+
+
+SENSOR_STATUS = """
+query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor { sensorState { status } } } }
+"""
+
+
+def readme_commands(word: str) -> list[str]:
+    """The README's shell lines that contain `word`, inside code blocks."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = readme.split("```")[1::2]
+    return [line.strip() for block in blocks for line in block.splitlines() if word in line]
+
+
+def test_readme_sensor_commands_switch_the_sensor_dagster_dev_shows(tmp_path):
+    """The README's `dagster sensor start/stop` lines, run as written (DAGSTER_HOME the test's), switch the sensor
+    a real `dagster dev` shows; `-m definitions` would address another location and change nothing there."""
+    commands = readme_commands("dagster sensor ")
+    assert [c.split()[3] for c in commands] == ["start", "stop"]
+    source = tmp_path / "empty_source"  # the sensor's ticks find nothing to run
+    source.mkdir()
+    env = {"TOKENMILL_DATA": str(tmp_path / "data"), "TOKENMILL_SOURCE": str(source)}
+    with DagsterDev(tmp_path / "home", env=env) as server:
+        selector = {
+            "repositoryLocationName": "tokenmill",
+            "repositoryName": "__repository__",
+            "sensorName": "source_files_sensor",
+        }
+
+        def shown() -> str:
+            return server.graphql(SENSOR_STATUS, {"s": selector})["sensorOrError"]["sensorState"]["status"]
+
+        def run(command: str) -> str:
+            command = command.replace("$PWD/dagster_home", str(server.dagster_home))
+            done = subprocess.run(
+                ["bash", "-c", command], cwd=REPO, env=server.env, capture_output=True, text=True, timeout=120
+            )
+            assert done.returncode == 0, done.stderr[-2000:]
+            return done.stdout
+
+        assert shown() == "STOPPED"
+        assert "Started" in run(commands[0]) and shown() == "RUNNING"
+        other = commands[1].replace("-w workspace.yaml", "-m definitions")
+        assert "Stopped" in run(other) and shown() == "RUNNING"  # what the README warns about
+        assert "Stopped" in run(commands[1]) and shown() == "STOPPED"
