@@ -44,9 +44,14 @@ def _index_dtype(token_dtype: np.dtype) -> np.dtype:
     return np.dtype(np.int32) if token_dtype.itemsize <= 2 or token_dtype == np.int32 else np.dtype(np.int64)
 
 
-def _alloc(shape, dtype: np.dtype) -> torch.Tensor:
-    """An uninitialized tensor; in a DataLoader worker, allocated directly in shared memory."""
+def _alloc(shape, dtype: np.dtype, ring=None) -> torch.Tensor:
+    """An uninitialized tensor: in a free slot of a DataLoader worker's BatchRing if it has one, else in a worker
+    allocated directly in shared memory, else in private memory."""
     tdt = torch.int32 if dtype == np.int32 else torch.int64
+    if ring is not None:
+        t = ring.take(shape, tdt)
+        if t is not None:
+            return t
     n = int(np.prod(shape))
     if torch.utils.data.get_worker_info() is not None:
         try:
@@ -142,7 +147,12 @@ class TokenDataset(torch.utils.data.Dataset):
     def __getstate__(self):
         state = dict(self.__dict__)
         state.pop("_ar_flat", None)  # a cache: rebuilt in the receiving process
+        state.pop("batch_ring", None)  # a worker's own
         return state
+
+    def batch_nbytes(self, batch_size: int) -> int:
+        """Bytes of the (3, batch_size, seq_len) block get_batch fills (input_ids, labels, position_ids)."""
+        return 3 * int(batch_size) * self.seq_len * self.out_dtype.itemsize
 
     def window(self, index: int) -> tuple[int, int]:
         """Stream range [begin, end) of window `index`."""
@@ -175,10 +185,9 @@ class TokenDataset(torch.utils.data.Dataset):
     def get_batch(self, indices) -> dict:
         starts = self._starts(indices)
         B, L = len(starts), self.seq_len
-        # input_ids, labels and position_ids share one (3, B, L) buffer: one allocation, and in a worker
-        # process one shared-memory segment per batch instead of three (created directly in shared
-        # memory, as torch's default_collate does, so nothing is copied again on the way out)
-        buf_t = _alloc((3, B, L), self.out_dtype)
+        # input_ids, labels and position_ids share one (3, B, L) buffer: one allocation, and in a worker one
+        # slot of its BatchRing (or one shared-memory segment), so nothing is copied again on the way out
+        buf_t = _alloc((3, B, L), self.out_dtype, self.__dict__.get("batch_ring"))
         buf = buf_t.numpy()
         ids, labels, pos = buf[0], buf[1], buf[2]
         self.store.gather(self.key, starts, L, out=ids)
@@ -209,8 +218,10 @@ class TokenDataset(torch.utils.data.Dataset):
             a = self._ar_flat = np.arange(n, dtype=self.out_dtype)
         return a[:n]
 
-    def __getitems__(self, indices) -> dict:
-        return self.get_batch(indices)
+    def __getitems__(self, indices):
+        batch = self.get_batch(indices)
+        ring = self.__dict__.get("batch_ring")  # attached in DataLoader workers (tokenmill_loader.DataLoader)
+        return batch if ring is None else ring.pack(batch)
 
     def __getitem__(self, index) -> dict:
         b = self.get_batch([index])

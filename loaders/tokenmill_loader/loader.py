@@ -16,11 +16,20 @@ from .datasets import (
     with_version,
 )
 from .sampler import ResumableSampler, iter_chunks
+from .shared import BatchRing, RingBatch
 
 
 def long_labels_collate(samples, collate_fn):
     """`collate_fn`, then every `*labels` entry as int64."""
     return long_labels(collate_fn(samples))
+
+
+def attach_ring(worker_id: int, ring: BatchRing, worker_init_fn=None) -> None:
+    """worker_init_fn of a DataLoader whose workers read into `ring`: the worker's dataset takes its slots."""
+    ring.attach(worker_id)
+    torch.utils.data.get_worker_info().dataset.batch_ring = ring
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
 
 
 class _ResumableBatchSampler:
@@ -64,9 +73,13 @@ class DataLoader(torch.utils.data.DataLoader):
     - `labels` (and `chosen_labels`, ...) come as int64, which F.cross_entropy needs when the batch is used
       as it is (CPU). `compact_labels=True` keeps them in the dataset's compact dtype (int32 for uint16
       tokens); DevicePrefetcher sets it while it iterates, since it upcasts on the device after a half-size copy.
+    - Workers (num_workers > 0) over a dataset with `batch_nbytes` (TokenDataset, default collate) read each
+      batch into a slot of a BatchRing, shared memory mapped once before they start, and send only where it
+      lies; the batch's tensors view the slot, which is reused once the caller has dropped them
+      (benchmarks/bench_loader.py: 0.1x the in-process rate when torch sent every batch as a new
+      shared-memory segment). Batches are identical to the in-process path's.
     - num_workers defaults to 0: with vectorized batch reads from the page cache the main process is
-      fastest (see benchmarks/bench_loader.py: worker processes pay for copying every batch between
-      processes).
+      fastest (see benchmarks/bench_loader.py).
     """
 
     def __init__(
@@ -104,15 +117,27 @@ class DataLoader(torch.utils.data.DataLoader):
                 collate_fn = default_collate
         if pin_memory is None:
             pin_memory = torch.cuda.is_available()
+        # slot size for a BatchRing: only for batches get_batch fills whole (default collate)
+        ring_slot_bytes = (
+            dataset.batch_nbytes(batch_size)
+            if num_workers > 0 and collate_fn is batched_collate and hasattr(dataset, "batch_nbytes")
+            else 0
+        )
+        worker_init_fn = kwargs.pop("worker_init_fn", None)
         super().__init__(
             dataset,
             batch_sampler=_ResumableBatchSampler(sampler, batch_size, drop_last),
             num_workers=num_workers,
             collate_fn=collate_fn,
             pin_memory=pin_memory,
+            worker_init_fn=worker_init_fn,
             **kwargs,
         )
         self.resumable_sampler = sampler
+        self._ring_slot_bytes = ring_slot_bytes
+        self._user_worker_init_fn = worker_init_fn
+        self._ring: BatchRing | None = None
+        self.shared_memory_batches = 0  # batches that came through a BatchRing (the rest: torch's own way)
         self._per_batch = batch_size
         self._collate = collate_fn
         self.set_compact_labels(compact_labels)
@@ -121,15 +146,38 @@ class DataLoader(torch.utils.data.DataLoader):
         """Labels in the dataset's compact dtype (True) or int64 (False), from the next iter() on (persistent
         workers keep the collate they started with)."""
         self.compact_labels = bool(compact)
-        self.collate_fn = self._collate if compact else functools.partial(long_labels_collate, collate_fn=self._collate)
+        if compact or self._ring_slot_bytes:  # with a ring, labels widen as they are copied out (__iter__)
+            self.collate_fn = self._collate
+        else:
+            self.collate_fn = functools.partial(long_labels_collate, collate_fn=self._collate)
+
+    def _ring_for_workers(self) -> BatchRing | None:
+        """The BatchRing of the workers the next iterator uses: persistent workers keep theirs; workers started
+        anew get a new one (an earlier iterator's workers may still be writing into the last)."""
+        if not self._ring_slot_bytes:
+            return None
+        if self._ring is None or not (self.persistent_workers and self._iterator is not None):
+            # a slot per batch torch keeps in flight per worker, plus the two a loop holds (the batch in use while
+            # the next is fetched) and one spare
+            self._ring = BatchRing(self.num_workers, self.prefetch_factor + 3, self._ring_slot_bytes)
+            self.worker_init_fn = functools.partial(
+                attach_ring, ring=self._ring, worker_init_fn=self._user_worker_init_fn
+            )
+        return self._ring
 
     def __iter__(self):
         s = self.resumable_sampler
         if s.position >= s.num_samples():  # the previous epoch was fully consumed
             s.set_epoch(s.epoch + 1)
+        ring = self._ring_for_workers()
         it = super().__iter__()
         epoch = s.epoch
         for batch in it:
+            if isinstance(batch, RingBatch):
+                batch = ring.open(batch, long_labels=not self.compact_labels, pin=self.pin_memory)
+                self.shared_memory_batches += 1
+            elif ring is not None and not self.compact_labels:  # a worker found no free slot
+                batch = long_labels(batch)
             s.position = min(s.position + self._per_batch, s.num_samples())
             yield batch
         if s.epoch == epoch:
