@@ -124,7 +124,11 @@ def stage_counts(stats: dict, path: Path) -> dict:
         **source_metadata(path),
         "docs_in": dg.MetadataValue.int(stats["docs_in"]),
         "docs_out": dg.MetadataValue.int(stats["docs_out"]),
-        **{k: dg.MetadataValue.int(v) for k, v in sorted(stats.items()) if k.startswith("dropped_")},
+        **{
+            k: dg.MetadataValue.int(v)
+            for k, v in sorted(stats.items())
+            if k.startswith("dropped_") and isinstance(v, int)
+        },
         "seconds": dg.MetadataValue.float(float(stats["seconds"])),
         "path": dg.MetadataValue.path(str(path)),
     }
@@ -347,7 +351,8 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
         "boilerplate_lines_stripped": bp["lines_stripped"],
         "boilerplate_docs_touched": bp["docs_touched"],
         "boilerplate_top_lines": dagster_table(top),
-        "rejected_samples": drop_samples_table(stats["rejected_samples"]),
+        "rejected_samples": _cleaned_drop_samples(stats["rejected_samples"]),
+        **dropped_by_language_table(stats.get("dropped_by_language") or {}),
         "quality_profile": stats.get("quality_profile", {}).get("why", "not recorded"),
         "examples": dagster_table(examples),
         "length_distribution": markdown_table(lengths),
@@ -356,6 +361,23 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
         "chars_in": stats["chars_in"],
         "chars_out": stats["chars_out"],
     }
+
+
+def _cleaned_drop_samples(samples: dict) -> dg.MetadataValue:
+    """The first dropped records of each rule: the rule, the value it measured and its threshold in columns of
+    their own (a rule without them, one of the curated filters, states both in its detail, shown as the value),
+    and the text as the rule saw it."""
+    rows = [
+        {
+            "rule": reason,
+            "value": plain_cell(e["value"] if "value" in e else e.get("detail", ""), 60),
+            "threshold": str(e.get("threshold", "")),
+            "text": plain_cell(e.get("text"), SAMPLE_CELL_CHARS),
+        }
+        for reason, entries in sorted(samples.items())
+        for e in entries[:SAMPLES_SHOWN]
+    ]
+    return dagster_table(pd.DataFrame(rows, columns=["rule", "value", "threshold", "text"]))
 
 
 def _cleaned_languages(stats: dict) -> list[dict]:

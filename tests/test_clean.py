@@ -599,3 +599,26 @@ def test_cleaned_jsonl_asset(demo_source, tmp_path):
     names = {p.name for p in (tmp_path / "data" / "cleaned_jsonl" / BATCH).iterdir()}
     assert (tmp_path / "data" / "cleaned_jsonl" / REJECTED_FILE).exists()  # every batch's, gathered
     assert all(n.startswith("part-") or n in (REJECTED_FILE, SHARDS_FILE, STATS_FILE, TIMINGS_FILE) for n in names)
+
+
+def test_drops_counted_per_language_for_every_reason(tmp_path, monkeypatch):
+    """`dropped_by_language` ({language: {reason: records}}) names a language for every drop: its meta.language,
+    else the one identified on its text, else 'und'; the same figures for any worker count."""
+    import tokenmill.stages.clean.corpus as stage
+
+    monkeypatch.setattr(stage, "POOL_MIN_BYTES", 0)  # small input: force both passes into worker processes
+    texts = [
+        "Hi there",
+        "",
+        "\n".join(["Achetez des montres pas chères maintenant, la livraison est gratuite !"] * 12),
+        "\n".join(["今天天气很好，我们一起去公园散步，然后去吃饭。"] * 12),
+        "Hallo du",
+        PROSE,
+    ]
+    metas = [{"language": "de"}, {}, {}, {}, {"language": "deu"}, {}]
+    _, _, rej, s1 = clean(tmp_path, texts, metas, per_shard=2, name="w1")
+    _, _, _, s2 = clean(tmp_path, texts, metas, per_shard=2, workers=2, name="w2")
+    want = {"de": {"too_short": 2}, "fr": {"repetition": 1}, "zh": {"repetition": 1}, "und": {"empty": 1}}
+    assert s1["dropped_by_language"] == s2["dropped_by_language"] == want
+    assert list(s1["dropped_by_language"]) == ["de", "fr", "und", "zh"]  # most drops first, then by code
+    assert sum(n for reasons in want.values() for n in reasons.values()) == s1["rejected"] == len(rej)

@@ -147,8 +147,8 @@ def test_drop_samples_show_text_and_evidence_per_reason():
     meta = cleaned_jsonl_metadata(clean_stats(), Path("/tmp/cleaned"))
     rows = table_rows(meta["rejected_samples"])
     assert len(rows) == 5  # SAMPLES_SHOWN of the 8 kept in the stats
-    # three columns, the reason with the rule's evidence: the text keeps its place on a 1600 px window
-    assert rows[1] == {"record": "a.jsonl:1", "reason": "too_short: 2 chars < min_chars 20", "text": "hi / 1"}
+    # a curated filter states its value and threshold in its detail (the web rules: tests/test_quality.py)
+    assert rows[1] == {"rule": "too_short", "value": "2 chars < min_chars 20", "threshold": "", "text": "hi / 1"}
     raw = drop_samples_table(
         {"malformed_json": [{"path": "b.jsonl", "line": 3, "detail": "Expecting value", "snippet": '{"text": "cut'}]},
         "snippet",

@@ -109,6 +109,25 @@ def test_c4_lines_and_documents():
     assert doc.reject.rule == "c4_no_terminal_punct"
 
 
+@pytest.mark.parametrize(
+    ("line", "sentences"),
+    [
+        ("One. Two! Three? Four.", 4),
+        ('He said "stop." Then he left.', 2),  # the closing quote stays with its sentence
+        ("Dr. Griffin met Mr. X on Feb. 9 in St. Moritz.", 1),  # abbreviations
+        ("J. R. R. Tolkien lived in the U.S. for a while.", 1),  # initials
+        ("It was 1999. the end", 2),  # a number's period before a lower-case word
+        ("Planes, trains, etc., and more", 2),  # spaCy cuts "etc." before a comma
+        ("I doubt.Has it ended", 2),  # a period between lower and upper case
+        ("you hate America!...you have no evidence!...hate!...", 1),  # '!' inside a word
+        ("Wait... what happened", 1),  # an ellipsis ends no sentence
+    ],
+)
+def test_c4_counts_sentences_as_spacy_sentencizer(line, sentences):
+    assert R.count_sentences(line, 100) == sentences
+    assert R.count_sentences(line, 2) == min(sentences, 2)  # stops once it has enough
+
+
 def test_fineweb_rules():
     long_line = "This line is long enough to not count as a short line at all."
     assert check(R.fineweb_punct_lines, "\n".join([long_line] * 3 + ["no end"] * 22)) is None  # 0.12
@@ -158,12 +177,29 @@ def test_auto_profile_web_with_url_curated_without(tmp_path):
     stats = clean_corpus(web, tmp_path / "web_out", CleanSettings(language_id=False), workers=1)
     assert stats["quality_profile"]["profile"] == "web" and stats["docs_out"] == 0
     assert stats["rejected_by_reason"] == {"gopher_ellipsis_lines": 1}
-    assert stats["rejected_by_language"] == {"und": {"gopher_ellipsis_lines": 1}}
+    assert stats["dropped_by_language"] == {"und": {"gopher_ellipsis_lines": 1}}
     entry = json.loads((tmp_path / "web_out" / "_rejected.jsonl").read_text())
     assert (entry["value"], entry["threshold"]) == (1.0, 0.3)
     curated = _raw(tmp_path / "cur", [{"text": HEADLINES, "meta": {}}])
     stats = clean_corpus(curated, tmp_path / "cur_out", CleanSettings(language_id=False), workers=1)
     assert stats["quality_profile"]["profile"] == "curated" and stats["docs_out"] == 1
+
+
+def test_cleaned_metadata_shows_rule_value_threshold_and_drops_per_language(tmp_path):
+    from assets.metadata import cleaned_jsonl_metadata
+
+    pages = [{"text": HEADLINES, "meta": {"url": f"http://news.example/{i}"}} for i in range(2)]
+    raw = _raw(tmp_path / "web", [*pages, {"text": "Hi", "meta": {"url": "http://news.example/x"}}])
+    stats = clean_corpus(raw, tmp_path / "out", CleanSettings(language_id=False), workers=1)
+    meta = cleaned_jsonl_metadata(stats, tmp_path / "out")
+    rows = [r.data for r in meta["rejected_samples"].records]
+    assert rows[0] == {
+        "rule": "gopher_ellipsis_lines", "value": "1.0", "threshold": "0.3", "text": rows[0]["text"],
+    }  # fmt: skip
+    assert rows[0]["text"].startswith("The ") and " / The " in rows[0]["text"]  # the page's lines, readable
+    assert rows[2] == {"rule": "too_short", "value": "2 chars < min_chars 10", "threshold": "", "text": "Hi"}
+    assert stats["dropped_by_language"] == {"und": {"gopher_ellipsis_lines": 2, "too_short": 1}}
+    assert meta["dropped_by_language"].value.splitlines()[2] == "| und | 3 | gopher_ellipsis_lines 2, too_short 1 |"
 
 
 def test_choose_profile_counts_warc_sources_and_url_keys(tmp_path):

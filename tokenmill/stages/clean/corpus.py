@@ -265,7 +265,7 @@ def build_stats(
         **{f"dropped_{r}": reasons.get(r, 0) for r in REASONS},
         "rejected": sum(reasons.values()),
         "rejected_by_reason": dict(sorted(reasons.items())),
-        "rejected_by_language": drops_by_language(totals.drops_by_language),
+        "dropped_by_language": drops_by_language(totals.drops_by_language),
         **(quality_stats(profile, counts) if profile is not None else {}),
         **{
             k: counts.get(k, 0)

@@ -24,6 +24,8 @@ from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.pii import mask_text
 from tokenmill.stages.clean.prepare import coerce_text
 from tokenmill.stages.clean.quality import recheck_record
+from tokenmill.stages.clean.quality.settings import UNKNOWN_LANGUAGE
+from tokenmill.stages.clean.quality.text import language_code
 from tokenmill.stages.clean.report import Examples, Timer, length_hist
 from tokenmill.stages.clean.settings import CleanSettings
 from tokenmill.stages.clean.staging import StagedBatch, rejected_line
@@ -65,7 +67,7 @@ class FinishResult:
     languages: dict
     """language -> [records, characters] of the records written (empty when identification is off)."""
     drops_by_language: dict
-    """(language, reason) -> records rejected, for the rejections that name a language (web rules, language)."""
+    """(language, reason) -> records rejected (drop_languages)."""
 
 
 class _Stripper:
@@ -124,6 +126,32 @@ class _Stripper:
         return n_stripped
 
 
+def drop_languages(b: StagedBatch, entries: dict[int, dict], identify: bool) -> dict[int, str]:
+    """The language each rejected record of the batch is counted under: the one its rule judged it in (web rules,
+    `language`), else the one identified for it, else its meta.language, else the one identified on its text as
+    the rule saw it (one call for the batch, when identification is on), else UNKNOWN_LANGUAGE."""
+    found, unknown = {}, {}
+    for i, entry in entries.items():
+        if entry.get("language"):
+            found[i] = entry["language"]
+        elif b.languages[i] is not None:
+            found[i] = b.languages[i][0]
+        else:
+            rec = loads(b.out_lines[i])
+            meta = rec.get("meta")
+            code = language_code(meta) if isinstance(meta, dict) else None
+            text = coerce_text(rec.get("text"))
+            if code:
+                found[i] = code
+            elif identify and text.strip():
+                unknown[i] = text
+            else:
+                found[i] = UNKNOWN_LANGUAGE
+    for i, (code, _) in zip(unknown, identify_languages(list(unknown.values()))):
+        found[i] = code
+    return dict(sorted(found.items()))
+
+
 def finish_task(task: FinishTask) -> FinishResult:
     """Pass 2 on one shard (see the module docstring)."""
     timer = Timer()
@@ -142,12 +170,13 @@ def finish_task(task: FinishTask) -> FinishResult:
             n_stripped = stripper.strip(b, examples)
             timer.lap("strip_boilerplate")
             kept = []
+            entries = {i: loads(r) for i, r in enumerate(b.rej_lines) if r is not None}
+            for i, language in drop_languages(b, entries, task.settings.language_id).items():
+                drops_by_language[language, entries[i]["reason"]] += 1
             for i, r in enumerate(b.rej_lines):
                 if r is not None:
-                    entry = loads(r)
+                    entry = entries[i]
                     reasons[entry["reason"]] += 1
-                    if "language" in entry:
-                        drops_by_language[entry["language"], entry["reason"]] += 1
                     if samples.wants(entry["reason"]):  # the text as it stood when the rule rejected it
                         text = coerce_text(loads(b.out_lines[i]).get("text"))
                         text = mask_text(text, task.settings)  # a record rejected before masking holds its input

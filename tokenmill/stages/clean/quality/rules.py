@@ -9,12 +9,13 @@ in FineWeb's order: Gopher repetition, Gopher quality, C4 (which also removes li
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 import numpy as np
 
 from tokenmill.stages.clean.quality.settings import QualitySettings
-from tokenmill.stages.clean.quality.text import LETTER_RE, LINE_BREAKS_RE, PARAGRAPH_BREAK_RE, Doc
+from tokenmill.stages.clean.quality.text import LETTER_RE, LINE_BREAKS_RE, PARAGRAPH_BREAK_RE, TOKEN_RE, Doc
 
 EVIDENCE_CHARS = 60  # characters of a repeated line or n-gram quoted in a rejection's detail
 
@@ -286,9 +287,48 @@ def fineweb_list_like(doc: Doc, s: QualitySettings) -> Reject | None:
 CITATION_RE = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 C4_END_PUNCTUATION = (".", "?", "!", '"', "'")
 POLICY_RE = re.compile(r"terms of use|privacy policy|cookie policy|uses cookies|use of cookies|use cookies")
-# a sentence ends at '?', '!' or a '.' of its own (not an ellipsis, not the period of "N." or "U.S."), then any
-# punctuation, before the next word (spaCy's sentencizer, which datatrove counts with)
-SENTENCE_BREAK_RE = re.compile(r"(?:[!?]+|(?<!\.)(?<!\b[^\W\d_])\.(?![.\w]))[^\w\s]*\s*(?=\w)")
+SENTENCE_END = frozenset(TERMINAL_PUNCTUATION)
+# words whose period is no sentence end (spaCy's English tokenizer keeps these whole, case-sensitively)
+ABBREVIATIONS = frozenset(
+    "Adm. Ak. Ala. Apr. Ariz. Ark. Aug. Bros. Calif. Co. Colo. Conn. Corp. Dec. Del. Dr. Feb. Fla. Ga. Gen. Gov. Ia."
+    " Id. Ill. Inc. Ind. Jan. Jr. Jul. Jun. Kan. Kans. Ky. La. Ltd. Mar. Mass. Md. Messrs. Mich. Minn. Miss. Mo. Mont."
+    " Mr. Mrs. Ms. Mt. Neb. Nebr. Nev. Nov. Oct. Okla. Ore. Pa. Prof. Rep. Rev. Sen. Sep. Sept. St. Tenn. Va. Wash."
+    " Wis. co. vs. e.g. i.e. E.g. I.e. a.m. p.m. Ph.D.".split()
+)
+DOTTED_RE = re.compile(r"(?:[^\W\d_]\.)+")  # an initial or "U.S.": one word, period included
+UNSPACED_PERIOD_RE = re.compile(r"(?<=[a-z])\.(?=[A-Z])")  # "doubt.Has": spaCy cuts the period out
+INNER_MARK_RE = re.compile(r"(?<=\w)[!?]+(?=(?:\.{2,})?\w)")  # "wow!...you", "Hi!There": spaCy keeps it in the word
+
+
+def count_sentences(line: str, enough: int) -> int:
+    """Sentences in a line as spaCy's sentencizer (datatrove's C4 count) cuts them, on tokenmill's words: one
+    more after each terminal mark ('.', '!', '?', '。', ...) that a word or symbol follows (closing quotes and
+    brackets stay with the sentence they close). A word's final period ("1999." before a lower-case word,
+    "etc.,") counts unless the word is an abbreviation or an initial; a period between a lower-case and an
+    upper-case letter counts, a '!' or '?' inside a word does not. Stops counting at `enough`."""
+    count, ended, previous = 1, False, ""
+    if enough <= 1:
+        return count
+    if "." in line:
+        line = UNSPACED_PERIOD_RE.sub(". ", line)
+    if "!" in line or "?" in line:
+        line = INNER_MARK_RE.sub("", line)
+    for token in TOKEN_RE.findall(line):
+        if token == "." and previous + "." in ABBREVIATIONS:
+            continue  # "Dr" "." is spaCy's one word "Dr."
+        previous, period = token, False
+        if token[-1] == "." and len(token) > 1 and token[-2] != ".":
+            if token not in ABBREVIATIONS and not DOTTED_RE.fullmatch(token):
+                token, period = token[:-1], True  # spaCy splits the period off
+        if token in SENTENCE_END:
+            ended = True
+        elif ended and not all(unicodedata.category(c)[0] == "P" for c in token):
+            count, ended = count + 1, False
+            if count >= enough:
+                return count
+        if period:
+            ended = True
+    return count
 
 
 @dataclass
@@ -307,7 +347,7 @@ def c4_filter(doc: Doc, s: QualitySettings) -> C4Result:
     in lines that survive the earlier line rules."""
     off = doc.rules.off
     min_words = 0 if "c4_min_words_per_line" in off else s.c4_min_words_per_line
-    count_sentences = s.c4_min_sentences and "c4_too_few_sentences" not in off
+    counting = s.c4_min_sentences and "c4_too_few_sentences" not in off
     removed: dict[str, int] = {}
     kept, sentences = [], 0
     for raw in doc.text.splitlines():
@@ -344,11 +384,11 @@ def c4_filter(doc: Doc, s: QualitySettings) -> C4Result:
         if why:
             removed[why] = removed.get(why, 0) + 1
             continue
-        if count_sentences:
-            sentences += 1 + len(SENTENCE_BREAK_RE.findall(line))
+        if counting and sentences < s.c4_min_sentences:
+            sentences += count_sentences(line, s.c4_min_sentences - sentences)
         kept.append(line)
     reject = None
-    if count_sentences and sentences < s.c4_min_sentences:
+    if counting and sentences < s.c4_min_sentences:
         reject = Reject(
             "c4_too_few_sentences", sentences, s.c4_min_sentences, f"sentences {sentences} < min {s.c4_min_sentences}"
         )

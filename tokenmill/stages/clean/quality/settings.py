@@ -139,6 +139,7 @@ _UNSPACED_WHY = (
     "words are not separated by spaces: counted in characters (mean word length is always 1), and C4's words per "
     "line, sentences (., ?, ! only) and FineWeb's line breaks per word do not apply"
 )
+UNKNOWN_LANGUAGE = "und"  # ISO 639-2 "undetermined": a space-separated script, language not known
 LANGUAGES: dict[str, LanguageRules] = {
     **{lang: LanguageRules("words", words) for lang, words in STOP_WORDS.items() if lang not in ("zh", "ja")},
     "zh": LanguageRules("chars", STOP_WORDS["zh"], _UNSPACED_OFF, _UNSPACED_WHY),
@@ -147,7 +148,9 @@ LANGUAGES: dict[str, LanguageRules] = {
     "ko": LanguageRules(
         "words", frozenset(), why_off="Korean particles attach to words: no stop words without a segmenter"
     ),
-    "und": LanguageRules("words", ANY_LANGUAGE, why_off="language unknown: the stop words of every shipped list"),
+    UNKNOWN_LANGUAGE: LanguageRules(
+        "words", ANY_LANGUAGE, why_off="language unknown: the stop words of every shipped list"
+    ),
 }
 OTHER_LANGUAGE = LanguageRules("words", frozenset(), why_off="no stop-word list shipped for this language")
 """A language with spaces between words that the table does not name."""

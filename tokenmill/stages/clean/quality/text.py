@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from functools import cached_property
 
-from tokenmill.stages.clean.quality.settings import LANGUAGES, OTHER_LANGUAGE, LanguageRules
+from tokenmill.stages.clean.quality.settings import LANGUAGES, OTHER_LANGUAGE, UNKNOWN_LANGUAGE, LanguageRules
 
 _SPLIT = r";@#$%&?!*\[\](){}<>«“‘„»”\"`—"  # always a token of their own
 _CLOSE = r"[\]\)}>\"'”’»]*"  # closing marks a sentence's final period may sit before
@@ -69,9 +69,9 @@ def language_code(meta: dict) -> str | None:
 
 def detect_script_language(text: str) -> str:
     """A language from the code points alone, for a record without meta.language: zh or ja (kana), th, ko, else
-    'und' (a space-separated script, language unknown)."""
+    UNKNOWN_LANGUAGE (a space-separated script, language unknown)."""
     if text.isascii():
-        return "und"
+        return UNKNOWN_LANGUAGE
     sample = text[:SCRIPT_SAMPLE_CHARS]
     letters = max(1, len(sample) - sample.count(" ") - sample.count("\n"))
     kana = len(KANA_RE.findall(sample))
@@ -81,7 +81,7 @@ def detect_script_language(text: str) -> str:
         return "th"
     if len(HANGUL_RE.findall(sample)) / letters >= SCRIPT_SHARE:
         return "ko"
-    return "und"
+    return UNKNOWN_LANGUAGE
 
 
 def rules_for(language: str) -> LanguageRules:
