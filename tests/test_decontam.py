@@ -38,6 +38,8 @@ def test_language_or_script_chooses_words_or_characters():
     assert np.bincount(by_script).tolist() == [len(POEM) - 49, len(QUESTION.split()) - 12]
     _, as_chinese = ngram_hashes([QUESTION], ["zh"], 13, 50)  # meta.language wins over the script
     assert len(as_chinese) == len("".join(QUESTION.lower().replace(",", "").replace(".", "").split())) - 49
+    _, as_cantonese = ngram_hashes([QUESTION], ["yue"], 13, 50)  # dedup's list of unspaced languages, shared
+    assert len(as_cantonese) == len(as_chinese)
 
 
 def test_contaminated_records_are_dropped_with_file_and_item(tmp_path, eval_file):

@@ -7,10 +7,10 @@ default; records have it from rule 3, items get it when indexed), lowercased; pu
 and control characters (Unicode P*, S*, Z*, C*) separate words and are otherwise dropped. Character n-grams use
 dedup's key (NFKC, case-folded, the same characters dropped), vectorized and cheap on CJK text. Then a text is cut into
 n-grams of `decontaminate_words` words (13) when it is in a space-separated script, or of `decontaminate_chars`
-characters (50, separators left out) when it is in a script written without spaces: by the
-record's language (`meta.language` zh, ja, th, lo, km, my, bo, dz: characters; any other code: words), else by its
-script (dedup's `by_words`: at most half of its characters CJK/Thai/... -> words). An item shorter than one n-gram
-cannot match anything; the report counts such items (`items_too_short`).
+characters (50, separators left out) when it is in a script written without spaces: by the record's language
+(`meta.language` in dedup's UNSPACED_LANGUAGES, zh, yue, ja, th, ...: characters; any other code: words), else by
+its script (dedup's `by_words`: at most half of its characters CJK/Thai/... -> words). An item shorter than one
+n-gram cannot match anything; the report counts such items (`items_too_short`).
 
 The index of an evaluation file is built once and cached by content (the file's bytes and the n-gram settings) in
 `<cache>/<sha256>.npy`, written atomically: a (2, n) uint64 array, row 0 the sorted, distinct n-gram hashes, row 1
@@ -41,7 +41,7 @@ import numpy as np
 from tokenmill.common.io import atomic_write_json
 from tokenmill.errors import ConfigError
 from tokenmill.stages.clean.repair import normalize_unicode
-from tokenmill.stages.dedup.keys import by_words, dedup_keys
+from tokenmill.stages.dedup.keys import UNSPACED_LANGUAGES, by_words, dedup_keys
 
 INDEX_VERSION = 1  # bump when the normalization or hashing changes (invalidates cached indexes)
 CACHE_DIR = "_decontam_cache"  # under the cleaned_jsonl stage folder
@@ -58,7 +58,6 @@ FALLBACK_FIELDS = (
     "sentence",
     "passage",
 )
-UNSPACED_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo", "dz"})
 EVAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 ITEMS_PER_CHUNK = 2048  # evaluation items hashed at a time while building an index
 SEPARATOR_LIMIT = 0x40000  # code points above (planes 4+: unassigned but for tags and private use) are word characters
