@@ -2,11 +2,14 @@
 bad input (a cut gzip member, a bad header, an undecodable payload), skip counts, bounded time per page."""
 
 import gzip
+import io
 import json
 import time
+import zlib
 from pathlib import Path
 
 import pytest
+from fastwarc.stream_io import BrotliWriter
 
 from tokenmill.common.io import REJECTED_FILE, iter_jsonl, record_shards
 from tokenmill.stages.raw import RawSettings, ingest
@@ -197,6 +200,67 @@ def test_uncompressed_warc_resyncs_after_junk_and_a_missing_length(tmp_path):
     assert rejected[1]["offset"] == offsets[8] and rejected[1]["snippet"].startswith("junk between records")
     assert [r["meta"]["url"].rsplit("/", 1)[1] for r in recs] == ["en_wikipedia_mozilla", "ja_lhpat-tm"]
     assert all(r["source"]["offset"] == offsets[r["source"]["index"]] for r in recs)
+
+
+def brotli(data: bytes) -> bytes:
+    out = io.BytesIO()
+    writer = BrotliWriter(out)
+    writer.write(data)
+    writer.close()  # flushes the last block (finish() does not)
+    return out.getvalue()
+
+
+def chunked(data: bytes, size: int = 1000) -> bytes:
+    chunks = [data[i : i + size] for i in range(0, len(data), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+
+
+def test_content_and_transfer_encodings_are_decoded(tmp_path):
+    html = page("en_wikipedia_mozilla")
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
+    encoded = {  # name -> (extra HTTP headers, body as the server sent it)
+        "plain": ("", html),
+        "gzip": ("Content-Encoding: gzip", gzip.compress(html)),
+        "x-gzip": ("Content-Encoding: x-gzip", gzip.compress(html)),
+        "deflate": ("Content-Encoding: deflate", zlib.compress(html)),
+        "raw-deflate": ("Content-Encoding: deflate", deflate.compress(html) + deflate.flush()),
+        "br": ("Content-Encoding: br", brotli(html)),
+        "chunked": ("Transfer-Encoding: chunked", chunked(html)),
+        "chunked-gzip": ("Transfer-Encoding: chunked\r\nContent-Encoding: gzip", chunked(gzip.compress(html))),
+        "stored-dechunked": ("Transfer-Encoding: chunked", html),  # some crawlers keep the header, not the chunks
+        "bad-gzip": ("Content-Encoding: gzip", b"\x1f\x8b\x08 not gzip after all"),
+        "unknown": ("Content-Encoding: compress", b"\x1f\x9d..."),
+        "bomb": ("Content-Encoding: gzip", gzip.compress(b"<html><body><p>" + b"a" * (64 << 20))),
+    }
+    responses = []
+    for name, (headers, body) in encoded.items():
+        head = f"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\n{headers}\r\n".replace("\r\n\r\n", "\r\n")
+        responses.append(
+            ("response", f"https://example.org/{name}", head.encode() + b"\r\n" + body, "application/http")
+        )
+    src = tmp_path / "src"
+    src.mkdir()
+    write_warc(src / "encoded.warc.gz", crawl([], responses))
+    t0 = time.perf_counter()
+    stats, recs, rejected = run(src, tmp_path)
+    assert time.perf_counter() - t0 < 20  # the 64 MB bomb is cut at html_max_bytes, never inflated whole
+    texts = {r["meta"]["url"].rsplit("/", 1)[1]: r["text"] for r in recs}
+    assert list(texts) == [
+        "plain",
+        "gzip",
+        "x-gzip",
+        "deflate",
+        "raw-deflate",
+        "br",
+        "chunked",
+        "chunked-gzip",
+        "stored-dechunked",
+    ]
+    assert set(texts.values()) == {texts["plain"]} and MAIN_TEXT["en_wikipedia_mozilla"][0] in texts["plain"]
+    assert [r["reason"] for r in rejected] == ["undecodable_bytes", "undecodable_bytes", "record_too_large"]
+    bad_gzip, unknown, bomb = (r["detail"] for r in rejected)
+    assert bad_gzip.startswith("the payload's gzip coding does not decode: ")
+    assert unknown == "unknown HTTP content coding 'compress'" and "html_max_bytes" in bomb
 
 
 def test_same_output_for_any_worker_count(tmp_path):

@@ -7,13 +7,19 @@ Each record is located by its ordinal in the file (`index`, 0-based, over every 
 FastWARC parses (benchmarks/bench_extract.py: 2.6-4x warcio's records/s; neither resyncs after a corrupt record).
 Resync is ours: after a corrupt gzip member or a bad header the record is rejected at its offset and reading
 resumes at the next record start (the next gzip member that decompresses to "WARC/", or the next "WARC/1." line).
+
+A response's payload is stored as the server sent it: its Transfer-Encoding (chunked) and Content-Encoding (gzip,
+deflate, br) are undone here (decode_http_payload), not by FastWARC's auto_decode, whose errors end the iteration
+(the record would read as corrupt) and which knows neither x-gzip nor raw deflate.
 """
 
 from __future__ import annotations
 
+import io
 import zlib
 from collections.abc import Iterator
 
+from fastwarc.stream_io import BrotliReader, ChunkedReader
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from tokenmill.stages.raw.html_text import page_text
@@ -106,6 +112,59 @@ def _record_end(raw, start: int, gz: bool) -> int | None:
     return (_member_end if gz else _plain_end)(raw, start)
 
 
+def _read_upto(reader, limit: int) -> bytes:
+    """Up to `limit` bytes of a FastWARC reader (it may return less than asked before its end)."""
+    parts, n = [], 0
+    while n < limit:
+        part = reader.read(min(SCAN_CHUNK, limit - n))
+        if not part:
+            break
+        parts.append(part)
+        n += len(part)
+    return b"".join(parts)
+
+
+def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
+    """zlib/gzip/raw deflate data, at most `limit` bytes out; a stream cut short gives what it holds (crawlers
+    truncate large responses, and browsers show the part that came)."""
+    return zlib.decompressobj(wbits).decompress(data, limit)
+
+
+def _undo_coding(coding: str, data: bytes, limit: int) -> bytes:
+    if coding in ("identity", ""):
+        return data
+    if coding in ("gzip", "x-gzip"):
+        return _inflate(data, 31, limit)
+    if coding == "deflate":  # RFC 9110 says zlib-wrapped; servers also send raw deflate, which browsers accept
+        try:
+            return _inflate(data, 15, limit)
+        except zlib.error:
+            return _inflate(data, -15, limit)
+    if coding == "br":
+        return _read_upto(BrotliReader(io.BytesIO(data)), limit)
+    raise Rejected("undecodable_bytes", f"unknown HTTP content coding {coding!r}")
+
+
+def decode_http_payload(payload: bytes, transfer_encoding: str | None, content_encoding: str | None, limit: int):
+    """The payload as the page's bytes: the chunked transfer coding removed (a payload already de-chunked, which
+    some crawlers store while keeping the header, is taken as it is), then every other coding undone, the last
+    applied first. At most `limit` bytes come out (decoding a bomb stops there); raises Rejected
+    ('undecodable_bytes') naming the coding that is unknown or does not decode."""
+    transfer = [c.strip().lower() for c in (transfer_encoding or "").split(",") if c.strip()]
+    if "chunked" in transfer:
+        try:
+            payload = _read_upto(ChunkedReader(io.BytesIO(payload)), len(payload))
+        except OSError:
+            pass
+    content = [c.strip().lower() for c in (content_encoding or "").split(",") if c.strip()]
+    for coding in reversed(content + [c for c in transfer if c != "chunked"]):
+        try:
+            payload = _undo_coding(coding, payload, limit)
+        except (zlib.error, OSError) as e:
+            raise Rejected("undecodable_bytes", f"the payload's {coding} coding does not decode: {e}") from None
+    return payload
+
+
 def _decode_text(payload: bytes) -> str:
     try:
         return payload.decode("utf-8")
@@ -145,6 +204,11 @@ def _record(rec, settings: RawSettings) -> Mapped | str:
         if not text.strip():
             raise Rejected("extraction_empty", "the conversion record holds no text")
         return Mapped(text, meta)
+    http = rec.http_headers
+    # one byte over html_max_bytes is enough for page_text to refuse the page as too large
+    payload = decode_http_payload(
+        payload, http.get("Transfer-Encoding"), http.get("Content-Encoding"), settings.html_max_bytes + 1
+    )
     page = page_text(payload, rec.http_charset, settings.html_max_bytes, settings.html_max_tags)
     if page.title:
         meta["title"] = page.title
