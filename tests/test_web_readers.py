@@ -23,9 +23,9 @@ DATE = "2024-05-01T12:00:00Z"
 MAIN_TEXT = {
     "en_wikipedia_mozilla": ("Mozilla is a free-software community", "Jump to navigation"),
     "zh_wikipedia_caocao": ("曹操（155年－220年3月15日），字孟德", "跳到导航"),
-    "ja_lhpat-tm": ("商標法違反の疑いで20代の男性が逮捕された", None),
-    "ko_entermedia": ("엘제이의 리벤지인가", None),
-    "ru_wday": ("чешская красавица заявила о себе", None),
+    "ja_wikipedia_press_release": ("30万件目の項目は“パウル・ヘルマン・ミュラー”", "最近の更新"),
+    "ko_wikipedia_korean_wikipedia": ("한국어 위키백과(영어: Korean Wikipedia)는", "본문으로 이동"),
+    "ru_tolstoy_anna_karenina": ("Все счастливые семьи похожи друг на друга", "Новые поступления"),
 }
 
 
@@ -184,7 +184,11 @@ def test_cut_gzip_member_bad_header_and_undecodable_payload(tmp_path):
     assert "not utf-8" in by_reason["undecodable_bytes"]["detail"]
     assert all(r["path"] == "broken.warc.gz" and "index" in r for r in rejected)
     # the rest of the file is read: en before, ko and ru after the cut member
-    assert [r["meta"]["url"].rsplit("/", 1)[1] for r in recs] == ["en_wikipedia_mozilla", "ko_entermedia", "ru_wday"]
+    assert [r["meta"]["url"].rsplit("/", 1)[1] for r in recs] == [
+        "en_wikipedia_mozilla",
+        "ko_wikipedia_korean_wikipedia",
+        "ru_tolstoy_anna_karenina",
+    ]
     assert stats["dropped_corrupt_warc_record"] == 1 and stats["docs_in"] == 6
 
 
@@ -198,7 +202,7 @@ def test_uncompressed_warc_resyncs_after_junk_and_a_missing_length(tmp_path):
     stats, recs, rejected = run(src, tmp_path)
     assert [r["reason"] for r in rejected] == ["bad_warc_header", "bad_warc_header"]
     assert rejected[1]["offset"] == offsets[8] and rejected[1]["snippet"].startswith("junk between records")
-    assert [r["meta"]["url"].rsplit("/", 1)[1] for r in recs] == ["en_wikipedia_mozilla", "ja_lhpat-tm"]
+    assert [r["meta"]["url"].rsplit("/", 1)[1] for r in recs] == ["en_wikipedia_mozilla", "ja_wikipedia_press_release"]
     assert all(r["source"]["offset"] == offsets[r["source"]["index"]] for r in recs)
 
 
