@@ -119,7 +119,7 @@ def gopher_top_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     """The most frequent word n-gram (n = 2..4): its occurrences x its length (words joined by spaces) over the
     text's characters. Ties go to the n-gram seen first."""
     words, total = doc.words, len(doc.text)
-    ids = np.asarray(doc.word_ids, dtype=np.int64)
+    ids = doc.word_ids
     gram_ids, width = ids, 1
     for n, limit in s.top_ngram_limits().items():
         if len(ids) < n:
@@ -140,10 +140,9 @@ def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     """Characters (words joined without spaces) in word n-grams (n = 5..10) repeating an earlier one, scanning
     left to right and jumping past each repeat, over the text's characters. Any repeated n-gram holds a
     repeated 5-gram, so a text without one is done after one set of 5-grams."""
-    ids = doc.word_ids
-    if len(ids) < 10:
+    words = doc.word_ids
+    if len(words) < 10:
         return None
-    words = np.asarray(ids, dtype=np.int64)
     gram_ids, width = words, 1
     ends = None
     total = len(doc.text)
@@ -179,17 +178,17 @@ def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
 
 
 def gopher_word_count(doc: Doc, s: QualitySettings) -> Reject | None:
-    n = len(doc.content_words)
+    n = doc.content_words[0]
     return _below("gopher_word_count", n, s.gopher_min_words, "words") or _above(
         "gopher_word_count", n, s.gopher_max_words, "words"
     )
 
 
 def gopher_mean_word_length(doc: Doc, s: QualitySettings) -> Reject | None:
-    words = doc.content_words
-    if not words:
+    n, chars = doc.content_words
+    if not n:
         return None
-    mean = sum(map(len, words)) / len(words)
+    mean = chars / n
     return _below("gopher_mean_word_length", mean, s.gopher_min_mean_word_length, "mean word length") or _above(
         "gopher_mean_word_length", mean, s.gopher_max_mean_word_length, "mean word length"
     )
@@ -228,11 +227,9 @@ def gopher_ellipsis_lines(doc: Doc, s: QualitySettings) -> Reject | None:
 
 
 def gopher_alpha_words(doc: Doc, s: QualitySettings) -> Reject | None:
-    words = doc.words
-    if not words:
+    if not doc.words:
         return None
-    found = LETTER_RE.search
-    share = sum(1 for w in words if found(w)) / len(words)
+    share = doc.words_with(LETTER_RE)[0] / len(doc.words)
     return _below("gopher_alpha_words", share, s.gopher_min_alpha_words_ratio, "share of words with a letter")
 
 
@@ -242,7 +239,7 @@ def gopher_stop_words(doc: Doc, s: QualitySettings) -> Reject | None:
     stop = doc.rules.stop_words
     if not s.gopher_min_stop_words or not stop:
         return None
-    found = len(stop.intersection(w.lower() for w in doc.words))
+    found = len(stop.intersection(w.lower() for w in doc.distinct_words))
     return _below("gopher_stop_words", found, s.gopher_min_stop_words, f"stop words ({doc.language})")
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from functools import cached_property
 
+import numpy as np
+
 from tokenmill.stages.clean.quality.settings import LANGUAGES, OTHER_LANGUAGE, UNKNOWN_LANGUAGE, LanguageRules
 
 _SPLIT = r";@#$%&?!*\[\](){}<>«“‘„»”\"`—"  # always a token of their own
@@ -113,13 +115,26 @@ class Doc:
         return TOKEN_RE.findall(self.text)
 
     @cached_property
-    def content_words(self) -> list[str]:
-        """Words holding a letter or a digit (Gopher's 'non-symbol' words)."""
-        found = LETTER_OR_DIGIT_RE.search
-        return [w for w in self.words if found(w)]
+    def distinct_words(self) -> list[str]:
+        """Each word once, in the order first seen (word id i is distinct_words[i])."""
+        return list(dict.fromkeys(self.words))
 
     @cached_property
-    def word_ids(self) -> list[int]:
-        """Each word as a small int (equal words, equal ids): n-grams become tuples of ints, hashed at C speed."""
-        ids: dict[str, int] = {}
-        return [ids.setdefault(w, len(ids)) for w in self.words]
+    def word_ids(self) -> np.ndarray:
+        """Each word as a small int (equal words, equal ids), the n-gram rules' input."""
+        index = {w: i for i, w in enumerate(self.distinct_words)}
+        return np.fromiter(map(index.__getitem__, self.words), np.int64, len(self.words))
+
+    def words_with(self, pattern: re.Pattern) -> tuple[int, int]:
+        """How many words hold a match of `pattern` (a letter matches it), and their characters: each distinct word
+        searched once, most of them (all letters) by str.isalpha alone."""
+        distinct, search = self.distinct_words, pattern.search
+        hit = np.fromiter((w.isalpha() or search(w) is not None for w in distinct), bool, len(distinct))
+        per_word = np.bincount(self.word_ids, minlength=len(distinct))[hit]
+        lengths = np.fromiter(map(len, distinct), np.int64, len(distinct))[hit]
+        return int(per_word.sum()), int(per_word @ lengths)
+
+    @cached_property
+    def content_words(self) -> tuple[int, int]:
+        """How many words hold a letter or a digit (Gopher's 'non-symbol' words), and their characters."""
+        return self.words_with(LETTER_OR_DIGIT_RE)
