@@ -11,6 +11,7 @@ import html
 import itertools
 import json
 import re
+import textwrap
 from pathlib import Path
 
 import dagster as dg
@@ -58,19 +59,20 @@ def where(entry: dict) -> str:
 
 
 def drop_samples_table(samples: dict, text_key: str = "text") -> dg.MetadataValue:
-    """The first dropped records of each reason: where, the reason with the rule's detail, and the text
-    (raw_records: the snippet of the bad input) as a Dagster table; three columns, so the text keeps its place on
-    a 1600 px window."""
+    """The first dropped records of each reason as a Dagster table of two columns, so the text keeps its place on a
+    1600 px window: where and why (file:line, the reason and the rule's detail) and the text (raw_records: the
+    snippet of the bad input)."""
     rows = [
         {
-            "record": plain_cell(where(e), 60),
-            "reason": plain_cell(f"{reason}: {e['detail']}" if e.get("detail") else reason, 100),
+            "record and reason": plain_cell(where(e), 60)
+            + " "
+            + plain_cell(f"{reason}: {e['detail']}" if e.get("detail") else reason, 100),
             "text": plain_cell(e.get(text_key), SAMPLE_CELL_CHARS),
         }
         for reason, entries in sorted(samples.items())
         for e in entries[:SAMPLES_SHOWN]
     ]
-    return dagster_table(pd.DataFrame(rows, columns=["record", "reason", "text"]))
+    return dagster_table(pd.DataFrame(rows, columns=["record and reason", "text"]))
 
 
 def markdown_table(frame: pd.DataFrame) -> dg.MetadataValue:
@@ -278,19 +280,21 @@ def _raw_files_frame(files: list[dict]) -> pd.DataFrame:
 
 
 def _raw_preview_frame(folder: Path) -> pd.DataFrame:
-    """The first records of the first shard: id and source path:locator, meta (wrappable: it is cut anyway), text."""
+    """The first records of the first shard: id, source path:locator and meta (wrappable: it is cut anyway) in one
+    column, the text in the other (two columns fit a 1600 px window)."""
     rows = []
     for shard in record_shards(folder)[:1]:
         for rec in itertools.islice(iter_jsonl(shard), RAW_PREVIEW_RECORDS):
             src = rec["source"]
             rows.append(
                 {
-                    "record": cell(f"{rec['id']} {src['path']}:{src.get('line', src.get('index'))}", RAW_PREVIEW_CHARS),
-                    "meta": wrappable(cell(json.dumps(rec["meta"], ensure_ascii=False), RAW_PREVIEW_CHARS), 20),
+                    "record": cell(f"{rec['id']} {src['path']}:{src.get('line', src.get('index'))}", RAW_PREVIEW_CHARS)
+                    + " "
+                    + wrappable(cell(json.dumps(rec["meta"], ensure_ascii=False), RAW_PREVIEW_CHARS), 20),
                     "text": cell(rec["text"], RAW_PREVIEW_CHARS),
                 }
             )
-    return pd.DataFrame(rows, columns=["record", "meta", "text"])
+    return pd.DataFrame(rows, columns=["record", "text"])
 
 
 def raw_records_metadata(stats: dict, path: Path) -> dict:
@@ -449,10 +453,21 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
         ),
     ]
     params += [(f"P(candidate) at Jaccard {s}", v) for s, v in p["catch_probability"].items()]
+    # three columns, so the table fits a 1600 px window beside its key
     sources = pd.DataFrame(
-        sorted(report["per_source"], key=lambda r: -(r["exact_removed"] + r["near_removed"]))[:DEDUP_SOURCE_ROWS],
-        columns=["path", "records_in", "kept", "exact_removed", "near_removed", "cross_file"],
-    ).rename(columns=lambda c: c.replace("_", " "))  # headers the browser can wrap: the table stays on the page
+        [
+            {
+                "path": r["path"],
+                "records": f"{r['records_in']:,} in, {r['kept']:,} kept",
+                "removed": f"{r['exact_removed']:,} exact, {r['near_removed']:,} near "
+                f"({r['cross_file']:,} duplicating another file)",
+            }
+            for r in sorted(report["per_source"], key=lambda r: -(r["exact_removed"] + r["near_removed"]))[
+                :DEDUP_SOURCE_ROWS
+            ]
+        ],
+        columns=["path", "records", "removed"],
+    )
     return {
         **stage_counts(stats, folder / report_file),
         **{
@@ -516,8 +531,8 @@ def removed_samples_frame(clusters: list[dict]) -> pd.DataFrame:
 
 
 def removed_samples_page(frame: pd.DataFrame) -> pd.DataFrame:
-    """`removed_samples_frame` in three columns that fit a 1600 px window: the record (id, file:line), its part in
-    the cluster (kept with the keep reason, or removed with level and similarity) and its text, or for a removed
+    """`removed_samples_frame` in two columns that fit a 1600 px window: the record (id, file:line, cluster and its
+    part in it: kept with the keep reason, or removed with level and similarity) and its text, or for a removed
     record its word diff against the kept one (`tokenmill explain ID` prints both texts in full)."""
     rows = []
     for r in frame.to_dict("records"):
@@ -525,12 +540,14 @@ def removed_samples_page(frame: pd.DataFrame) -> pd.DataFrame:
         part = f"{r['level']} {r['similarity']}" if removed else r["keep reason"]
         rows.append(
             {
-                "record": f"{r['id']} {r['record']}".strip(),
-                "cluster": f"{r['cluster']} {r['role']}" + (f": {part}" if part else ""),
+                "record": " ".join(
+                    x for x in (r["id"], r["record"], f"cluster {r['cluster']}", r["role"] + (":" if part else "")) if x
+                )
+                + (f" {part}" if part else ""),
                 "text (removed: diff from kept)": r["diff"] if removed and r["diff"] else r["text"],
             }
         )
-    return pd.DataFrame(rows, columns=["record", "cluster", "text (removed: diff from kept)"])
+    return pd.DataFrame(rows, columns=["record", "text (removed: diff from kept)"])
 
 
 def deduped_jsonl_metadata(stats: dict, folder: Path, removed_file: str) -> dict:
@@ -570,7 +587,8 @@ def tokenizer_metadata(stats: dict, folder: Path) -> dict:
         "chars_per_token_held_out": stats["chars_per_token"] or 0.0,
         "examples": dagster_table(examples),
         "special_tokens": dg.MetadataValue.json(stats["special_tokens"]),
-        "tokenizer_sha256": stats["tokenizer_sha256"],
+        # in groups of 16 hex digits: 64 in one piece would push the page's values off the window
+        "tokenizer_sha256": " ".join(textwrap.wrap(stats["tokenizer_sha256"], 16)),
         "train_seconds": stats["train_seconds"],
     }
 

@@ -36,8 +36,9 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot):
     """The data funnel of the whole run: records kept and dropped per stage, tokens, split and bytes.
 
     Built from the `_stats.json` each stage measured. `funnel.json` is machine-readable; the page shows the funnel
-    with bars, the drops per reason and the tokens, its Plots view how the counts moved across materializations,
-    and `funnel.png` (chart_path) draws both.
+    with bars (each stage's share of the input), the drops per reason and per language, the tokens and every
+    batch's counts, its Plots view how the counts moved across materializations, and `chart` draws both
+    (`funnel.png`, embedded in the page: Show Markdown).
     """
     start = time.perf_counter()
     funnel = build_funnel(data_root.path(""))

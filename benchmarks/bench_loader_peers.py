@@ -463,9 +463,56 @@ def fmt(r: dict, key: str, scale: float = 1.0, spec: str = ".1f") -> str:
     return format(r[key] * scale, spec) if key in r else "-"
 
 
+def main_table(root: Path, tokens: int, sparse: bool, dtypes: list[str], peers: list[str]) -> None:
+    rows = []
+    for dtype in dtypes:
+        corpus = build_corpus(root, dtype, tokens, sparse)
+        for seq_len in SEQ_LENS:
+            for batch in BATCHES:
+                for peer in peers:
+                    r = run_child(peer, corpus, seq_len, batch)
+                    rows.append((dtype, seq_len, batch, peer, r))
+                    print(f"  {dtype} L={seq_len} B={batch} {peer}: {r}", flush=True)
+    print(f"\n== {tokens:,} tokens{' (sparse files)' if sparse else ''}, shuffled, one process per reader ==")
+    print(
+        "| tokens | L | B | reader | M tokens/s | tokenmill / reader | CPU s per 1M tokens | first batch ms "
+        "| peak MB | resume ms | reopen ms | resumed batch |"
+    )
+    print("|" + "---|" * 12)
+    rate = {(d, s, b): r.get("tokens_per_s") for d, s, b, p, r in rows if p == "tokenmill"}
+    for d, s, b, p, r in rows:
+        if "error" in r and "first_batch_s" not in r:
+            print(f"| {d} | {s} | {b} | {p} | n/a: {r['error']} |||||||")
+            continue
+        ratio = f"{rate[(d, s, b)] / r['tokens_per_s']:.2f}x" if rate.get((d, s, b)) and "tokens_per_s" in r else "-"
+        same = {True: "same", False: "DIFFERENT"}.get(r.get("resume_same"), "-")
+        error = f" ({r['error']})" if "error" in r else ""
+        print(
+            f"| {d} | {s} | {b} | {p} | {fmt(r, 'tokens_per_s', 1e-6)} | {ratio} | {fmt(r, 'cpu_s_per_m', 1, '.4f')} "
+            f"| {fmt(r, 'first_batch_s', 1e3, '.0f')} | {fmt(r, 'peak_mb', 1, '.0f')} | {fmt(r, 'resume_s', 1e3)} "
+            f"| {fmt(r, 'reopen_s', 1e3)} | {same}{error} |"
+        )
+
+
+def first_batch_table(root: Path, tokens: int, dtypes: list[str], peers: list[str]) -> None:
+    rows = []
+    for dtype in dtypes:
+        corpus = build_corpus(root, dtype, tokens, sparse=True)
+        for peer in peers:
+            r = run_child(peer, corpus, 2048, 8, first_only=True)
+            rows.append((dtype, peer, r))
+            print(f"  {dtype} {tokens:,} tokens {peer}: {r}", flush=True)
+    print(f"\n== first batch at {tokens:,} tokens (generated sparse files), L=2048, B=8 ==")
+    print("| tokens | reader | first batch ms | peak MB |")
+    print("|---|---|---|---|")
+    for dtype, peer, r in rows:
+        first = fmt(r, "first_batch_s", 1e3, ".0f") + (f" (n/a: {r['error']})" if "error" in r else "")
+        print(f"| {dtype} | {peer} | {first} | {fmt(r, 'peak_mb', 1, '.0f')} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokens", type=int, default=100_000_000, help="tokens per corpus (1_000_000_000 for 1B)")
+    ap.add_argument("--tokens", type=int, default=100_000_000, help="tokens per corpus (1_000_000_000: 1B; 0: skip)")
     ap.add_argument("--large-tokens", type=int, default=10_000_000_000, help="first-batch pass (0: skip)")
     ap.add_argument("--sparse-above", type=int, default=1_000_000_000, help="larger corpora are sparse files")
     ap.add_argument("--peers", default=",".join(PEERS))
@@ -483,47 +530,10 @@ def main():
     peers = args.peers.split(",")
     dtypes = args.dtypes.split(",")
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; corpora under {root}", flush=True)
-    rows = []
-    for dtype in dtypes:
-        corpus = build_corpus(root, dtype, args.tokens, sparse=args.tokens > args.sparse_above)
-        for seq_len in SEQ_LENS:
-            for batch in BATCHES:
-                for peer in peers:
-                    r = run_child(peer, corpus, seq_len, batch)
-                    rows.append((dtype, seq_len, batch, peer, r))
-                    print(f"  {dtype} L={seq_len} B={batch} {peer}: {r}", flush=True)
-    print(f"\n== {args.tokens:,} tokens, shuffled, one process per reader (num_workers=0) ==")
-    head = (
-        "| tokens | L | B | reader | M tokens/s | vs tokenmill | CPU s / 1M tokens | first batch ms "
-        "| peak MB | resume ms | reopen ms | resumed batch |"
-    )
-    print(head)
-    print("|" + "---|" * 12)
-    rate = {(d, s, b): r.get("tokens_per_s") for d, s, b, p, r in rows if p == "tokenmill"}
-    for d, s, b, p, r in rows:
-        if "error" in r and "first_batch_s" not in r:
-            print(f"| {d} | {s} | {b} | {p} | n/a: {r['error']} |||||||")
-            continue
-        ratio = f"{rate[(d, s, b)] / r['tokens_per_s']:.2f}x" if rate.get((d, s, b)) and "tokens_per_s" in r else "-"
-        same = {True: "same", False: "DIFFERENT"}.get(r.get("resume_same"), "-")
-        print(
-            f"| {d} | {s} | {b} | {p} | {fmt(r, 'tokens_per_s', 1e-6)} | {ratio} | {fmt(r, 'cpu_s_per_m', 1, '.4f')} "
-            f"| {fmt(r, 'first_batch_s', 1e3, '.0f')} | {fmt(r, 'peak_mb', 1, '.0f')} | {fmt(r, 'resume_s', 1e3)} "
-            f"| {fmt(r, 'reopen_s', 1e3)} | {same}{' (' + r['error'] + ')' if 'error' in r else ''} |"
-        )
-    print("(vs tokenmill: tokenmill's tokens/s divided by the reader's; >1: tokenmill faster)")
+    if args.tokens:
+        main_table(root, args.tokens, args.tokens > args.sparse_above, dtypes, peers)
     if args.large_tokens:
-        print(f"\n== first batch at {args.large_tokens:,} tokens (generated sparse files), L=2048, B=8 ==")
-        print("| tokens | reader | first batch ms | peak MB |")
-        print("|---|---|---|---|")
-        for dtype in dtypes:
-            corpus = build_corpus(root, dtype, args.large_tokens, sparse=True)
-            for peer in peers:
-                r = run_child(peer, corpus, 2048, 8, first_only=True)
-                err = f" (n/a: {r['error']})" if "error" in r else ""
-                print(
-                    f"| {dtype} | {peer} | {fmt(r, 'first_batch_s', 1e3, '.0f')}{err} | {fmt(r, 'peak_mb', 1, '.0f')} |"
-                )
+        first_batch_table(root, args.large_tokens, dtypes, peers)
     return 0
 
 

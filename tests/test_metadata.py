@@ -153,8 +153,9 @@ def test_drop_samples_show_text_and_evidence_per_reason():
         {"malformed_json": [{"path": "b.jsonl", "line": 3, "detail": "Expecting value", "snippet": '{"text": "cut'}]},
         "snippet",
     )
+    # two columns, where and why (the rule's evidence), then the text: it keeps its place on a 1600 px window
     assert table_rows(raw) == [
-        {"record": "b.jsonl:3", "reason": "malformed_json: Expecting value", "text": '{"text": "cut'}
+        {"record and reason": "b.jsonl:3 malformed_json: Expecting value", "text": '{"text": "cut'}
     ]
 
 
@@ -166,7 +167,7 @@ def test_removed_duplicates_shown_next_to_the_kept_record():
     stats = {"docs_in": 2, "docs_out": 1, "dropped_near_duplicate": 1, "seconds": 0.1}
     meta = deduped_jsonl_metadata({**stats, "removed_samples": [{"members": members}]}, Path("/tmp/d"), "removed.jsonl")
     rows = table_rows(meta["removed_samples"])
-    assert [r["cluster"] for r in rows] == ["1 kept", "1 removed: near 0.812"]
+    assert [r["record"] for r in rows] == ["cluster 1 kept", "cluster 1 removed: near 0.812"]
     text = "text (removed: diff from kept)"  # a removed record shows where its words differ from the kept one's
     assert [r[text] for r in rows] == ["Seize him, AEdiles!", "Seize him, [-AEdiles!-] {+AEdiles!!+}"]
 

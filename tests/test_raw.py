@@ -70,7 +70,8 @@ def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
     assert meta["docs_out"].value == len(recs) == demo_manifest["records"]
     assert meta["docs_in"].value == demo_manifest["records"] + len(demo_manifest["rejected_raw"])
     assert meta["path"].value == str(out)
-    assert "| id | source |" in meta["preview"].value
+    first = recs[0]  # the preview starts with the first record: id and where it came from
+    assert f"{first['id']} {first['source']['path']}:{first['source']['line']}" in meta["preview"].value
     rows = {r.data["path"]: r.data for r in meta["files"].value.records}
     for path, want in demo_manifest["files"].items():
         assert (rows[path]["records"], rows[path]["rejected"]) == (want["records"], want["rejected"]), path

@@ -390,3 +390,29 @@ def test_workers_keep_reading_the_version_the_parent_opened(tmp_path):
     for context in ("fork", "spawn"):
         loader = DataLoader(ds, batch_size=len(ds), shuffle=False, num_workers=2, multiprocessing_context=context)
         assert torch.equal(next(iter(loader))["input_ids"], expected)
+
+
+def test_large_meta_json_offsets_parse_as_arrays_equal_to_plain_json(tmp_path):
+    """Past 1 MiB, meta.json's plain integer offset lists are parsed by numpy; what comes out equals json's, and
+    lists numpy must not take (negative, spaced, strings) still reach the offsets checks as json."""
+    from tokenmill_loader.format import load_json
+
+    big = list(range(0, 3_000_000, 7))
+    meta = {
+        "tokens": {"offsets": big},
+        "neg": {"offsets": [0, -1, 5]},
+        "gap": {"offsets": "0,,2"},
+        "text": {"offsets": "offsets-0-0"},  # a string stays a string, whatever it looks like
+    }
+    data = json.dumps(meta, separators=(",", ":")).encode()
+    path = tmp_path / "meta.json"
+    path.write_bytes(data.replace(b'"gap":{"offsets":"0,,2"}', b'"gap":{"offsets":[0, 2]}'))  # a spaced list
+    assert path.stat().st_size > 1 << 20
+    got, digest = load_json(path, "shard metadata", offsets_as_arrays=True)
+    want, want_digest = load_json(path, "shard metadata")
+    assert isinstance(got["tokens"]["offsets"], np.ndarray) and got["tokens"]["offsets"].tolist() == big
+    assert got["neg"]["offsets"] == [0, -1, 5] and got["gap"]["offsets"] == [0, 2]
+    assert got["text"]["offsets"] == "offsets-0-0"
+    assert digest == want_digest and {k: v for k, v in got.items() if k != "tokens"} == {
+        k: v for k, v in want.items() if k != "tokens"
+    }

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import reprlib
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -276,10 +277,48 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_json(path: Path, what: str, digest: bool = True) -> tuple[object, str]:
+_OFFSETS_OPEN = b'"offsets":['
+_PARSE_LISTS_ABOVE = 1 << 20  # bytes of JSON above which offsets lists are parsed by numpy
+
+
+def _int_lists_as_arrays(data: bytes, nonce: str) -> tuple[bytes, list[np.ndarray]]:
+    """`data` with each `"offsets":[...]` list of plain integers replaced by a placeholder string (a nonce drawn
+    for this call and the list's index in the returned arrays, so no string of the file can pass for one), and those
+    lists as int64 arrays: numpy parses them ~3x faster than json + np.asarray (a 10B-token dataset's meta.json
+    files hold ~10M offsets). Lists with anything but digits and single commas are left to json; a number past
+    int64 saturates, which the offsets checks then refuse."""
+    arrays: list[np.ndarray] = []
+    pieces, copied, at = [], 0, 0
+    while (at := data.find(_OFFSETS_OPEN, at)) >= 0:
+        begin = at + len(_OFFSETS_OPEN)
+        end = data.find(b"]", begin)
+        if end < 0:
+            break
+        text = data[begin:end]
+        if text and not text.translate(None, b"0123456789,"):
+            arr = np.fromstring(text, dtype=np.int64, sep=",")
+            if len(arr) == text.count(b",") + 1:  # no empty item ("1,,2", "1,2,")
+                pieces += [data[copied:at], b'"offsets":"%s%d"' % (nonce.encode(), len(arrays))]
+                arrays.append(arr)
+                copied = end + 1
+        at = end + 1
+    return b"".join([*pieces, data[copied:]]), arrays
+
+
+def _put_arrays(obj, arrays: list[np.ndarray], nonce: str):
+    """Placeholders back: each key's `offsets` placeholder becomes its array."""
+    if isinstance(obj, dict):
+        for m in obj.values():
+            at = m.get("offsets") if isinstance(m, dict) else None
+            if isinstance(at, str) and at.startswith(nonce):
+                m["offsets"] = arrays[int(at[len(nonce) :])]
+    return obj
+
+
+def load_json(path: Path, what: str, digest: bool = True, offsets_as_arrays: bool = False) -> tuple[object, str]:
     """A JSON file and the SHA-256 of the bytes parsed ("" unless `digest`). Unreadable, invalid (NaN, numbers
     over Python's 4300 digits, nesting past the recursion limit) or non-UTF-8 content raises DatasetError naming
-    the file."""
+    the file. `offsets_as_arrays` (meta.json): in a large file, the keys' offsets lists come as int64 arrays."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -287,11 +326,18 @@ def load_json(path: Path, what: str, digest: bool = True) -> tuple[object, str]:
         raise DatasetError(f"{path}: missing ({what})") from None
     except OSError as e:
         raise DatasetError(f"{path}: cannot be read ({what}): {e.strerror or e}") from None
+    arrays: list[np.ndarray] = []
+    text = data
+    nonce = f"offsets-{secrets.token_hex(8)}-"
+    if offsets_as_arrays and len(data) > _PARSE_LISTS_ABOVE:
+        text, arrays = _int_lists_as_arrays(data, nonce)
     try:
-        content = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+        content = json.loads(text.decode("utf-8"), parse_constant=_no_constant)
     except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise DatasetError(f"{path}: not valid JSON ({what}): {str(e)[:200]}") from None
-    return content, hashlib.sha256(data).hexdigest() if digest else ""
+    return _put_arrays(content, arrays, nonce) if arrays else content, hashlib.sha256(
+        data
+    ).hexdigest() if digest else ""
 
 
 def read_json(path: Path, what: str):
@@ -363,7 +409,7 @@ def check_records(shard: Shard, training_type: str | None, where) -> int:
 def _offsets(value, n: int, mpath: Path, key: str) -> np.ndarray:
     """A key's item boundaries: a flat list of integers from 0 to n, non-decreasing."""
     try:
-        raw = np.asarray(value) if isinstance(value, list) else None
+        raw = value if isinstance(value, np.ndarray) else np.asarray(value) if isinstance(value, list) else None
     except (ValueError, TypeError, OverflowError, RecursionError):  # ragged or absurdly nested lists
         raw = None
     if raw is None or raw.ndim != 1 or (raw.size and raw.dtype.kind not in "iu"):
@@ -389,7 +435,7 @@ def read_shard(
     folder = Path(folder)
     inside = os.path.realpath(folder)
     mpath = _confine(folder / SHARD_META_FILE, inside, folder)
-    meta, meta_sha256 = load_json(mpath, "shard metadata", digest)
+    meta, meta_sha256 = load_json(mpath, "shard metadata", digest, offsets_as_arrays=True)
     if not isinstance(meta, dict) or not meta:
         raise DatasetError(f"{mpath}: expected a mapping from key to {{shape, dtype, offsets}}")
     shard = Shard(folder.name, folder, {}, meta_sha256=meta_sha256)
