@@ -89,7 +89,10 @@ def retire(instance, data_root: Path, key: str, by: str) -> str:
 
 
 def summary(data_root: Path) -> str:
-    """Records per stage, tokens, batches and where the shards are (funnel_telemetry/funnel.json, dataset.json)."""
+    """Records per stage, tokens, batches and where the shards are (funnel_telemetry/funnel.json, dataset.json);
+    a data root where no batch has been published yet (every batch so far retired) says so."""
+    if not (data_root / FUNNEL_FILE).exists():
+        return "  nothing published yet: no batch has come through the graph"
     funnel = read_json(data_root / FUNNEL_FILE)
     lines = [
         f"  {s['stage']:<15} {s['docs_out']:>10,} records  (dropped {s['dropped_total']:,})" for s in funnel["stages"]
