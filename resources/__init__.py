@@ -20,7 +20,7 @@ from tokenmill.batches import read_registry
 from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, activated
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
-from tokenmill.common.parallel import workers_kept
+from tokenmill.common.parallel import local_workers, workers_kept
 from tokenmill.errors import ConfigError, DataRootBusyError, SourceError
 from tokenmill.settings import number_from_env, validate_run_settings
 
@@ -217,7 +217,7 @@ class Compute(dg.ConfigurableResource):
         than at the first task list), and shuts it down when the run ends, failed or refused at set-up included:
         otherwise the run process and its workers outlive the run. A Ray run disconnects at the end."""
         if self.engine == "local":
-            with workers_kept(self.workers or None):
+            with workers_kept(local_workers(self.workers)):
                 yield self
         else:
             try:

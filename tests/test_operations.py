@@ -80,20 +80,26 @@ def test_item7_bounds_refuse_what_would_exhaust_the_machine(demo_source, tmp_pat
     # Dagster's schema carries the type only: the run's setup refuses the bound before any asset
     huge = {"ops": {"tokenizer": {"config": {"vocab_size": 2**32}}}}
     assert "tokenizer.vocab_size" in run_job(demo_source, tmp_path / "data", run_config=huge)
-    # reviewed without an upper bound: counts compared, nothing allocated by them (0 = every record for the
-    # tokenizer's samples, so a bound would not make it safer)
-    unbounded = {"sample_chars", "held_out_chars", "min_val_records"}
+    # reviewed without an upper bound: each is compared with a count or a size, nothing is allocated by it
+    # (0 = every record for the tokenizer's samples; raw files are streamed, so a larger cap reads no more at once;
+    # cleaning's word, character and document-frequency thresholds only decide which records pass)
+    unbounded = {
+        "tokenizer": {"sample_chars", "held_out_chars"},
+        "tokenized_bins": {"min_val_records"},
+        "raw_records": {"max_file_bytes"},
+        "cleaned_jsonl": {"gopher_min_words", "gopher_max_words", "c4_max_word_length", "bp_min_df"}
+        | {"min_chars", "max_chars"},
+    }
     for asset_key, cls in _SETTINGS_BY_ASSET.items():
         for name, field in cls.model_fields.items():
             upper = next((m for m in field.metadata if isinstance(m, Le | Lt)), None)
-            if field.annotation not in (int, float) or name in unbounded:
+            if field.annotation not in (int, float) or name in unbounded.get(asset_key, ()):
                 continue
-            # the stages this item owns are complete; raw and clean settings are checked where they have a bound
-            assert upper is not None or asset_key not in ("tokenizer", "tokenized_bins", "dedup_report"), name
-            if upper is not None:  # the extreme just above the bound is refused, naming the field
-                above = (upper.le if isinstance(upper, Le) else upper.lt) + (1 if field.annotation is int else 1e-9)
-                with pytest.raises(ConfigError, match=rf"{asset_key}\.{name}\b"):
-                    validate_run_settings({"ops": {asset_key: {"config": {name: above}}}})
+            assert upper is not None, f"{asset_key}.{name}: a number setting without an upper bound, not reviewed"
+            # the extreme just above the bound is refused, naming the field
+            above = (upper.le if isinstance(upper, Le) else upper.lt) + (1 if field.annotation is int else 1e-9)
+            with pytest.raises(ConfigError, match=rf"{asset_key}\.{name}\b"):
+                validate_run_settings({"ops": {asset_key: {"config": {name: above}}}})
     with pytest.raises(ValidationError, match="lock_wait_seconds"):
         DataRoot(root=str(tmp_path), lock_wait_seconds=float("inf"))
 
@@ -119,6 +125,7 @@ def test_item8_source_and_data_root_problems_are_one_line(demo_source, tmp_path)
         "is inside the data root": {"TOKENMILL_DATA": str(tmp_path), "TOKENMILL_SOURCE": str(tmp_path / "src")},
         "cannot write there": {"TOKENMILL_DATA": str(read_only_folder(tmp_path))},
         "DAGSTER_HOME": {"DAGSTER_HOME": str(tmp_path / "no-home")},
+        "100000 worker processes, at most": {"TOKENMILL_WORKERS": "100000"},  # would exhaust memory spawning
     }
     for expected, env in cases.items():
         done = update({"TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(tmp_path / "d"), **env})

@@ -23,7 +23,7 @@ from tokenmill.batches import (
 )
 from tokenmill.common.io import REJECTED_FILE, read_json, remove_stage
 from tokenmill.common.lock import DataRootLock
-from tokenmill.common.parallel import workers_kept
+from tokenmill.common.parallel import local_workers, workers_kept
 from tokenmill.errors import ConfigError, SourceError, TokenmillError
 from tokenmill.settings import validate_run_settings
 from tokenmill.stages.raw.discover import source_state
@@ -207,7 +207,12 @@ def update(config_path: str | None = None, rebuild: bool = False, drop_batches: 
     # One worker pool for every batch's run, spawning while Dagster and the definitions import (~2 s); a Ray run's
     # tasks go to the cluster, not to local workers.
     ray = bool(os.environ.get("TOKENMILL_RAY_ADDRESS"))
-    with contextlib.nullcontext() if ray else workers_kept():
+    try:
+        pool = contextlib.nullcontext() if ray else workers_kept(local_workers())
+    except ConfigError as e:  # TOKENMILL_WORKERS out of bounds
+        print(f"tokenmill update: {e}", file=sys.stderr)
+        return 2
+    with pool:
         return _update(config_path, rebuild, drop_batches)
 
 

@@ -53,7 +53,7 @@ class LocalEngine:
     name = "local"
 
     def __init__(self, workers: int = 0, label: str = "", log=None):
-        self._workers = workers or local_workers()
+        self._workers = local_workers(workers)
         self.label, self.log = label, log
         self.usage = Usage(self.name, nodes=1, cpus=self._workers)
 

@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Protocol, TypeVar
 
 from tokenmill.common.failpoints import failpoint
+from tokenmill.errors import ConfigError
 from tokenmill.settings import number_from_env
 
 T = TypeVar("T")
@@ -55,12 +56,20 @@ def default_workers() -> int:
     return local_workers()
 
 
-def local_workers() -> int:
-    """TOKENMILL_WORKERS, else the usable cores."""
-    workers = number_from_env("TOKENMILL_WORKERS", 0, int)
-    if workers:
-        return workers
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+MAX_WORKERS_PER_CORE = 8  # each worker is a process of its own (~150 MB once imported): more only add memory
+
+
+def local_workers(requested: int = 0) -> int:
+    """`requested` (compute.workers), else TOKENMILL_WORKERS, else the usable cores; more than
+    MAX_WORKERS_PER_CORE per usable core is a ConfigError (thousands would exhaust memory before any work)."""
+    cores = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    workers = requested or number_from_env("TOKENMILL_WORKERS", 0, int)
+    if workers > MAX_WORKERS_PER_CORE * cores:
+        raise ConfigError(
+            f"compute.workers / TOKENMILL_WORKERS: {workers} worker processes, at most {MAX_WORKERS_PER_CORE * cores} "
+            f"on this machine ({MAX_WORKERS_PER_CORE} per usable core; {cores} usable)"
+        )
+    return workers or cores
 
 
 @contextlib.contextmanager
