@@ -11,7 +11,8 @@ from support import BATCH, materialize_batch
 
 from assets.raw import raw_records
 from tokenmill.common.io import REJECTED_FILE, iter_jsonl, read_stats, record_id, record_shards
-from tokenmill.stages.clean.language import identify_languages, with_language
+from tokenmill.stages.clean import CleanSettings, clean_corpus
+from tokenmill.stages.clean.language import identify_languages
 from tokenmill.stages.raw import RawSettings, ingest
 from tokenmill.stages.raw.read_parquet import read_parquet
 from tokenmill.stages.raw.stream import Found, zstd
@@ -106,25 +107,26 @@ def test_parquet_rows_map_like_json_objects(src, tmp_path):
     assert poem["text"] == "床前明月光，\n疑是地上霜。" and poem["meta"] == {"title": "静夜思", "author": "李白"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="clean/language.py with_language overwrites the source's meta.language; issue 25 decision: keep it as "
-    "meta.source_language / source_language_score (change proposed to the clean stage's owner)",
-)
 def test_a_fineweb_language_column_is_kept_beside_the_identified_language(src, tmp_path):
     """raw_records has no meta_fields setting (JSON has none either: every field but the text goes to meta), so
-    FineWeb's `language` / `language_score` columns reach meta.language; cleaned_jsonl's identification must not
-    overwrite them silently."""
+    FineWeb's `language` / `language_score` columns reach meta.language; cleaned_jsonl's identification keeps them
+    as meta.source_language / source_language_score instead of overwriting them unseen."""
     text = "Le chat dort sur le canapé du salon pendant que la pluie tombe doucement sur la ville."
     row = {"text": text, "id": "<urn:uuid:1>", "url": "https://example.fr/", "language": "en", "language_score": 0.8}
     pq.write_table(pa.Table.from_pylist([row]), src / "fineweb.parquet")
-    _, (rec,), _ = run(src, tmp_path / "out")
+    _, (rec,), _ = run(src, tmp_path / "raw")
     assert rec["meta"] == {"id": "<urn:uuid:1>", "url": "https://example.fr/", "language": "en", "language_score": 0.8}
-    ((language, score),) = identify_languages([rec["text"]])
-    assert language == "fr"
-    meta = with_language(rec, language, score)["meta"]
-    assert (meta["language"], meta["language_score"]) == ("fr", score)
-    assert (meta["source_language"], meta["source_language_score"]) == ("en", 0.8)
+    clean_corpus(tmp_path / "raw", tmp_path / "clean", CleanSettings(quality="curated"), workers=1)
+    ((cleaned,),) = [list(iter_jsonl(shard)) for shard in record_shards(tmp_path / "clean")]
+    ((language, score),) = identify_languages([text])
+    assert language == "fr" and cleaned["meta"] == {
+        "id": "<urn:uuid:1>",
+        "url": "https://example.fr/",
+        "source_language": "en",
+        "source_language_score": 0.8,
+        "language": "fr",
+        "language_score": score,
+    }
 
 
 def test_parquet_timestamps_binary_and_nested_columns_serialize_deterministically(src, tmp_path):

@@ -19,7 +19,7 @@ from tokenmill.common.io import JsonlWriter, dumps, line_ids, loads
 from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.stages.clean.boilerplate import BoilerplateTable
 from tokenmill.stages.clean.filters import first_failure, record_filters
-from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language
+from tokenmill.stages.clean.language import LanguageRule, identify_languages, relabelled
 from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.pii import mask_text
 from tokenmill.stages.clean.prepare import coerce_text
@@ -112,7 +112,7 @@ class _Stripper:
             reject = first_failure(text, self.filters)
             if reject is None and self.language is not None:  # identified again on the text as written
                 b.languages[i] = identify_languages([text])[0]
-                rec = with_language(rec, *b.languages[i])
+                rec = relabelled(rec, *b.languages[i])
                 reject = self.language.check(*b.languages[i])
             if reject is None and self.settings.quality == "web":  # the web rules on the text as written
                 rec["text"], reject = recheck_record(rec, text, self.settings)

@@ -115,9 +115,19 @@ class LanguageRule:
 
 
 def with_language(rec: dict, language: str, score: float) -> dict:
-    """A copy of the record with meta.language and meta.language_score (after its other meta fields)."""
-    meta = rec.get("meta")
-    return {**rec, "meta": {**(meta if isinstance(meta, dict) else {}), "language": language, "language_score": score}}
+    """A copy of the record with meta.language and meta.language_score (after its other meta fields). A label the
+    source gave (FineWeb's `language` / `language_score` columns) is kept as meta.source_language /
+    source_language_score, not overwritten unseen."""
+    meta = dict(rec["meta"]) if isinstance(rec.get("meta"), dict) else {}
+    for field in ("language", "language_score"):
+        if field in meta:
+            meta[f"source_{field}"] = meta.pop(field)
+    return {**rec, "meta": {**meta, "language": language, "language_score": score}}
+
+
+def relabelled(rec: dict, language: str, score: float) -> dict:
+    """A copy of a record `with_language` labelled, with the language identified again (its text changed)."""
+    return {**rec, "meta": {**rec["meta"], "language": language, "language_score": score}}
 
 
 RECORD_KEYS = ["id", "text", "meta", "source"]
