@@ -130,14 +130,20 @@ class RayEngine:
         )
         tracker = _Step(self.usage, step, len(tasks), self.log)
         refs = [remote.remote(fn, task, self.data_root) for task in tasks]
+        taken = 0
         try:
             for i, ref in enumerate(refs):
+                taken = i + 1
                 result, node = self._result(ref, step, i, len(tasks))
                 tracker.task_done(node)
                 yield result
         finally:
-            for ref in refs:
-                ray.cancel(ref, force=True)  # a no-op for finished tasks
+            # Only tasks still running or queued: Ray 2.60 aborts the driver when a cancel meets the reply of a task
+            # that has just finished ("Tried to complete task that was not pending", task_manager.cc).
+            left = refs[taken:]
+            _, running = ray.wait(left, num_returns=len(left), timeout=0) if left else ([], [])
+            for ref in running:
+                ray.cancel(ref, force=True)
 
     def _result(self, ref, step: str, i: int, n: int):
         from ray.exceptions import RayError, RayTaskError
