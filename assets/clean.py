@@ -24,7 +24,8 @@ class CleanConfig(CleanSettings, dg.Config):
 )
 def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_root: DataRoot, compute: Compute):
     """One batch of raw_records cleaned: mojibake repaired, Unicode normalized, control characters and extra
-    whitespace gone, title/author/dynasty header lines moved into meta, boilerplate lines stripped by a batch-wide
+    whitespace gone (runs of spaces inside lines too, unless the text is code-like or collapse_inner_spaces is
+    off), title/author/dynasty header lines moved into meta, boilerplate lines stripped by a batch-wide
     detector (document frequency x positional consistency x template look x shortness, so frequent genuine lines
     stay), and empty, too short, garbled or repetitive records rejected to `_rejected.jsonl` with a reason (the
     stage folder's `_rejected.jsonl` gathers every batch's)."""

@@ -7,7 +7,8 @@ Rules, in the order they run on each record (each a plain function, one module p
   2. repair_mojibake      ftfy, encodings and HTML entities only (no width/quote/line-break changes)
   3. normalize_unicode    NFC (default), NFKC or none
   4. strip_control_chars  control, zero-width, BOM and bidi characters removed
-  5. normalize_whitespace \\r\\n -> \\n, exotic spaces, trailing spaces, blank-line runs, outer blank lines
+  5. normalize_whitespace \\r\\n -> \\n, exotic spaces, trailing spaces, blank-line runs, outer blank lines, runs
+                          of spaces inside a line (kept in code-like texts, or with collapse_inner_spaces off)
   5b. mask_pii            e-mail and IP addresses (phone numbers when asked) -> placeholders, counted     pii
                           per kind; also in chat fields, rejected samples and examples (never the input's)
   6. extract_metadata     Title:/Author:/作者：/朝代：/By ... header lines (and repeats of the reader's    metadata
