@@ -113,15 +113,18 @@ def test_get_batch_equals_items_and_dtypes(sft):
             assert b[k].dtype == torch.int32  # compact host dtype for uint16 data
 
 
-def test_uint32_tokens_give_int64(tmp_path):
+@pytest.mark.parametrize("vocab_size, host", [(100000, torch.int32), (2**31, torch.int32), (2**31 + 1, torch.int64)])
+def test_uint32_tokens_give_int32_while_the_vocabulary_fits(tmp_path, vocab_size, host):
+    """uint32 ids come as int32 when vocab_size <= 2**31 (every id read is checked against it), else int64."""
     recs = [{"sequence": [0, 70000, 70001, 5, 6]}, {"sequence": [0, 99999, 3]}]
-    path = write_dataset(tmp_path / "big", recs, "seq", token_dtype="uint32", vocab_size=100000)
+    path = write_dataset(tmp_path / "big", recs, "seq", token_dtype="uint32", vocab_size=vocab_size)
     ds = TokenDataset(path, 4, stride=1)
     b = ds.get_batch([0, 1])
-    assert b["input_ids"].dtype == torch.int64
+    assert b["input_ids"].dtype == b["labels"].dtype == b["position_ids"].dtype == host
     assert b["input_ids"][0].tolist() == [0, 70000, 70001, 5]
     assert b["position_ids"][1].tolist() == [0, 1, 2, 3]
     assert ds[4]["position_ids"].tolist() == [0, 0, 1, 2]
+    assert RecordDataset(path)[0]["input_ids"].dtype == host
 
 
 def test_record_dataset_sft_and_pad_collate(sft):
@@ -177,3 +180,37 @@ def test_readme_loop_on_cpu_cross_entropy_straight_from_the_dataloader(sft, work
         assert loader.compact_labels, name  # what crosses to the device: int32
         prefetched.close()
         assert not loader.compact_labels and next(iter(loader))["labels"].dtype == torch.int64, name
+
+
+def test_batch_memory_is_reused_only_once_every_view_is_gone(tmp_path):
+    """In the reading process a batch's buffer is used again after the caller dropped the batch, never while a
+    tensor or numpy view of it lives; batches are the same either way."""
+    path = write_dataset(tmp_path / "d", random_docs(200, seed=5), "seq")
+    ds = TokenDataset(path, 16)
+    fresh = TokenDataset(path, 16)
+    first = ds.get_batch([0, 1, 2])
+    where, kept_ids, kept_numpy = first["input_ids"].data_ptr(), first["input_ids"].clone(), first["labels"].numpy()
+    kept_labels = kept_numpy.copy()
+    del first
+    for i in range(10):  # the labels' numpy view keeps the buffer: never written again
+        assert ds.get_batch([i, i + 1, i + 2])["input_ids"].data_ptr() != where
+    assert np.array_equal(kept_numpy, kept_labels)
+    del kept_numpy
+    again = ds.get_batch([5, 6, 7])
+    assert again["input_ids"].data_ptr() == where  # dropped: its memory serves the next batch
+    for k, v in fresh.get_batch([5, 6, 7]).items():
+        assert torch.equal(again[k], v), k
+    assert torch.equal(ds.get_batch([0, 1, 2])["input_ids"], kept_ids)
+
+
+def test_batches_read_from_threads_never_share_memory(tmp_path):
+    import concurrent.futures
+
+    path = write_dataset(tmp_path / "d", random_docs(200, seed=6), "seq")
+    ds, reference = TokenDataset(path, 16), TokenDataset(path, 16)
+    indices = [[i, i + 3, i + 7] for i in range(60)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        batches = list(pool.map(ds.get_batch, indices))  # all kept: 60 batches in 60 buffers
+    assert len({b["input_ids"].data_ptr() for b in batches}) == len(batches)
+    for b, idx in zip(batches, indices):
+        assert torch.equal(b["input_ids"], reference.get_batch(idx)["input_ids"])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import torch
 
 from .errors import DatasetError
 from .format import PAD_TOKEN, RECORD_KEY
+from .shared import _use_count
 from .store import Store, open_store, to_torch
 
 IGNORE_INDEX = -100
@@ -39,14 +42,40 @@ def check_state_version(state: dict, dataset) -> None:
         )
 
 
-def _index_dtype(token_dtype: np.dtype) -> np.dtype:
-    """Compact signed host dtype for token ids: int32 for uint16/int32 data, int64 otherwise."""
-    return np.dtype(np.int32) if token_dtype.itemsize <= 2 or token_dtype == np.int32 else np.dtype(np.int64)
+def _index_dtype(token_dtype: np.dtype, vocab_size: int | None) -> np.dtype:
+    """Compact signed host dtype for token ids: int32 for uint16/int32 data and for uint32 data whose vocabulary
+    fits (every id read is checked against vocab_size), int64 otherwise. Half the bytes of int64 per batch: the
+    batch is written once and read again by the copy to the device."""
+    fits = token_dtype.itemsize <= 2 or token_dtype == np.int32 or (vocab_size is not None and vocab_size <= 2**31)
+    return np.dtype(np.int32) if fits else np.dtype(np.int64)
 
 
-def _alloc(shape, dtype: np.dtype, ring=None) -> torch.Tensor:
+class BufferPool:
+    """Batch buffers of the reading process used again once the caller dropped every tensor of a batch. A fresh
+    (3, B, L) buffer per batch is new memory whenever glibc has returned the last one to the system: a page fault
+    per 4 KiB, which held the in-process loader at ~250M tokens/s against ~800M reusing memory (2 cores,
+    benchmarks/bench_loader_peers.py). A buffer still viewed by any tensor, numpy array or storage is never taken."""
+
+    def __init__(self, keep: int = 4):
+        self.keep = keep
+        self._buffers: list[tuple[torch.Tensor, int]] = []  # (buffer, use count of its storage when idle)
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor of `shape` and `dtype`, uninitialized: an idle buffer's memory if one fits, else new."""
+        with self._lock:  # the view made under the lock counts as a use: no second caller gets the same buffer
+            for buf, idle in self._buffers:
+                if buf.shape == shape and buf.dtype == dtype and _use_count(buf.untyped_storage()._cdata) == idle:
+                    return buf.view(shape)
+            buf = torch.empty(shape, dtype=dtype)
+            if _use_count is not None and len(self._buffers) < self.keep:
+                self._buffers.append((buf, _use_count(buf.untyped_storage()._cdata)))
+            return buf.view(shape)
+
+
+def _alloc(shape, dtype: np.dtype, ring=None, pool: BufferPool | None = None) -> torch.Tensor:
     """An uninitialized tensor: in a free slot of a DataLoader worker's BatchRing if it has one, else in a worker
-    allocated directly in shared memory, else in private memory."""
+    allocated directly in shared memory, else from the reading process's pool, else in private memory."""
     tdt = torch.int32 if dtype == np.int32 else torch.int64
     if ring is not None:
         t = ring.take(shape, tdt)
@@ -59,6 +88,8 @@ def _alloc(shape, dtype: np.dtype, ring=None) -> torch.Tensor:
             return torch.empty(0, dtype=tdt).new(storage).view(*shape)
         except (AttributeError, RuntimeError, TypeError):  # private API moved: share after the fact
             return torch.empty(shape, dtype=tdt).share_memory_()
+    if pool is not None:
+        return pool.take(tuple(shape), tdt)
     return torch.empty(shape, dtype=tdt)
 
 
@@ -103,7 +134,7 @@ class TokenDataset(torch.utils.data.Dataset):
 
     Window count: (total_tokens - seq_len) // stride + 1 (stride defaults to seq_len: disjoint windows;
     the tail shorter than a window is not served). Host tensors are compact: int32 ids/labels/positions
-    for uint16 data (int64 for uint32 data); upcast on the device (DevicePrefetcher does).
+    (int64 for uint32 data without a vocab_size of at most 2**31); upcast on the device (DevicePrefetcher does).
 
     `get_batch(indices)` (also `__getitems__`, which torch's DataLoader calls with a batch of indices)
     reads a whole batch in one call (vectorized shard lookup, one slice copy per window) and returns
@@ -135,7 +166,7 @@ class TokenDataset(torch.utils.data.Dataset):
         self.cu_seqlens = bool(cu_seqlens)
         self.total_tokens = self.store.num_items(key)
         self.has_mask = key == "sequence" and "loss_mask" in self.store.keys
-        self.out_dtype = _index_dtype(self.store.dtypes[key])
+        self.out_dtype = _index_dtype(self.store.dtypes[key], self.store.vocab_size)
         if self.total_tokens < self.seq_len:
             self.num_windows = 0
         else:
@@ -148,6 +179,7 @@ class TokenDataset(torch.utils.data.Dataset):
         state = dict(self.__dict__)
         state.pop("_ar_flat", None)  # a cache: rebuilt in the receiving process
         state.pop("batch_ring", None)  # a worker's own
+        state.pop("_buffer_pool", None)  # this process's memory
         return state
 
     def batch_nbytes(self, batch_size: int) -> int:
@@ -187,7 +219,7 @@ class TokenDataset(torch.utils.data.Dataset):
         B, L = len(starts), self.seq_len
         # input_ids, labels and position_ids share one (3, B, L) buffer: one allocation, and in a worker one
         # slot of its BatchRing (or one shared-memory segment), so nothing is copied again on the way out
-        buf_t = _alloc((3, B, L), self.out_dtype, self.__dict__.get("batch_ring"))
+        buf_t = _alloc((3, B, L), self.out_dtype, self.__dict__.get("batch_ring"), self._pool())
         buf = buf_t.numpy()
         ids, labels, pos = buf[0], buf[1], buf[2]
         self.store.gather(self.key, starts, L, out=ids)
@@ -211,6 +243,12 @@ class TokenDataset(torch.utils.data.Dataset):
             out["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
             out["max_seqlen"] = int(np.diff(cu).max()) if B else 0
         return out
+
+    def _pool(self) -> BufferPool:
+        pool = self.__dict__.get("_buffer_pool")
+        if pool is None:
+            pool = self._buffer_pool = BufferPool()
+        return pool
 
     def _flat_arange(self, n: int) -> np.ndarray:
         a = self.__dict__.get("_ar_flat")
@@ -269,7 +307,7 @@ class RecordDataset(torch.utils.data.Dataset):
         index = int(index)
         if tt in ("seq", "conditional", "sft"):
             ids = st.read_record(index, "sequence")
-            ids = ids.astype(_index_dtype(ids.dtype))
+            ids = ids.astype(_index_dtype(ids.dtype, st.vocab_size))
             mask = st.read_record(index, "loss_mask") if "loss_mask" in st.keys else None
             return {
                 "input_ids": torch.from_numpy(ids),
@@ -280,7 +318,7 @@ class RecordDataset(torch.utils.data.Dataset):
             out = {}
             for side in ("chosen", "rejected"):
                 ids = st.read_record(index, side)
-                ids = ids.astype(_index_dtype(ids.dtype))
+                ids = ids.astype(_index_dtype(ids.dtype, st.vocab_size))
                 mkey = f"{side}_mask"
                 mask = st.read_record(index, mkey) if mkey in st.keys else None
                 out[f"{side}_input_ids"] = torch.from_numpy(ids)
@@ -288,7 +326,7 @@ class RecordDataset(torch.utils.data.Dataset):
             return out
         # grpo
         prompt = st.read_record(index, "prompts")
-        dt = _index_dtype(prompt.dtype)
+        dt = _index_dtype(prompt.dtype, st.vocab_size)
         resps = [r.astype(dt) for r in st.read_record(index, "responses")]
         masks = st.read_record(index, "masks") if "masks" in st.keys else [None] * len(resps)
         return {
