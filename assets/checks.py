@@ -25,7 +25,8 @@ RAW_RECORDS_NOT_EMPTY = dg.AssetCheckSpec(
     "raw_records_not_empty",
     asset="raw_records",
     blocking=True,
-    description="At least one record, and the rejected share within raw_records.max_rejected_share.",
+    description="At least one record, and the rejected share of the records read within "
+    "raw_records.max_rejected_share (refused files, never opened, are not in it).",
 )
 CLEANED_RECORDS_VALID = dg.AssetCheckSpec(
     "cleaned_records_valid",
@@ -76,12 +77,18 @@ def raw_records_not_empty(
     folder: Path, max_rejected_share: float = RawSettings.model_fields["max_rejected_share"].default
 ) -> dg.AssetCheckResult:
     stats = read_json(Path(folder) / STATS_FILE)
-    seen = stats["docs_in"]
-    share = (seen - stats["docs_out"]) / seen if seen else 1.0
+    # the share of the records read: a refused file (a FIFO, a broken symlink) is reported, but no bad input line
+    read = stats["docs_in"] - stats.get("refused_files", 0)
+    share = (read - stats["docs_out"]) / read if read else 1.0
     return dg.AssetCheckResult(
         check_name=RAW_RECORDS_NOT_EMPTY.name,
         passed=stats["docs_out"] > 0 and share <= max_rejected_share,
-        metadata={"records": stats["docs_out"], "rejected_share": round(share, 4), "bound": max_rejected_share},
+        metadata={
+            "records": stats["docs_out"],
+            "rejected_share": round(share, 4),
+            "bound": max_rejected_share,
+            "refused_files": stats.get("refused_files", 0),
+        },
     )
 
 

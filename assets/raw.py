@@ -62,10 +62,12 @@ def raw_records(
             os.replace(out / REJECTED_FILE, held / REJECTED_FILE)
             atomic_write_json(held / STATS_FILE, read_json(out / STATS_FILE))
             yield check
-            rejected = stats["docs_in"] - stats["docs_out"]
+            read = stats["docs_in"] - stats["refused_files"]
+            refused = f" (and {stats['refused_files']:,} refused files)" if stats["refused_files"] else ""
             raise CheckFailedError(
-                f"raw_records: {rejected:,} of the {stats['docs_in']:,} records of batch {batch.key} were rejected, "
-                f"{stats['docs_out']:,} kept (bound raw_records.max_rejected_share {config.max_rejected_share:g}); "
+                f"raw_records: {read - stats['docs_out']:,} of the {read:,} records read from batch {batch.key} were "
+                f"rejected{refused}, {stats['docs_out']:,} kept (bound raw_records.max_rejected_share "
+                f"{config.max_rejected_share:g}); "
                 f"each one and its reason is in {held / REJECTED_FILE}. Fix the files and {retire_hint(batch.key)}: "
                 "the corrected files come in as a new batch; or raise the bound"
             )

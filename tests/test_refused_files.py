@@ -17,7 +17,7 @@ from support import write_batch_file
 import tokenmill.batches
 from assets.raw import raw_records
 from resources import Compute, CorpusSource, DataRoot
-from tokenmill.batches import quarantine, read_registry, register_new_files, retire_batch
+from tokenmill.batches import published_batches, quarantine, read_registry, register_new_files, retire_batch
 from tokenmill.common.io import REJECTED_FILE
 from tokenmill.stages.raw import ingest
 from tokenmill.stages.raw.discover import source_state
@@ -208,3 +208,68 @@ def test_drop_batch_of_the_first_batch_says_up_to_date(tmp_path):
     assert read_registry(data).batch("g1-b000001").retired
     assert dropped.returncode == 0, dropped.stderr[-2000:]
     assert "up to date" in dropped.stdout and "nothing published yet" in dropped.stdout
+
+
+def test_refused_files_do_not_count_toward_the_rejected_share_bound(tmp_path):
+    """3 good lines and a FIFO: 1 rejected record of 4 is over the 0.2 bound, but the FIFO is a refused file, not a
+    bad line of a file that was read; the batch publishes, the FIFO listed and counted."""
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    (source / "a.jsonl").write_text("".join(json.dumps({"text": f"kept line {i}"}) + "\n" for i in range(3)))
+    os.mkfifo(source / "pipe.jsonl")
+    resources = {"source": CorpusSource(path=str(source)), "data_root": DataRoot(root=str(data)), "compute": Compute()}
+    key = register(data, source)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("source_batch", [key])
+        assert dg.materialize([raw_records], instance=instance, partition_key=key, resources=resources).success
+    stats = json.loads((data / "raw_records" / key / "_stats.json").read_text())
+    assert (stats["docs_in"], stats["docs_out"], stats["refused_files"]) == (4, 3, 1)
+    assert [(r["path"], r["reason"]) for r in rejected(data / "raw_records")] == [("pipe.jsonl", "not_a_regular_file")]
+
+
+def test_a_batch_of_refused_files_alone_is_retired_and_update_goes_on(tmp_path):
+    """A FIFO as the only new file: `tokenmill update` retires its batch when registering it (nothing to read: an
+    empty batch would fail every stage after raw_records), says so, lists the FIFO in the batch's quarantine and
+    exits 0; the next new file comes in as the next batch and publishes."""
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    write_batch_file(source / "a.jsonl", 20, seed=1)
+    assert cli_update(source, data).returncode == 0
+    os.mkfifo(source / "pipe.jsonl")
+    refused = cli_update(source, data)
+    assert refused.returncode == 0, refused.stderr[-2000:]
+    assert "batch g1-b000002 retired when registered" in refused.stderr and "pipe.jsonl" in refused.stderr
+    assert "up to date" in refused.stdout
+    (entry,) = rejected(quarantine(data, "g1-b000002"))
+    assert entry["path"] == "pipe.jsonl" and entry["reason"] == "not_a_regular_file" and "a FIFO" in entry["detail"]
+    assert read_registry(data).batch("g1-b000002").retired
+
+    write_batch_file(source / "b.jsonl", 20, seed=2)
+    third = cli_update(source, data)
+    assert third.returncode == 0, third.stderr[-2000:]
+    batch = read_registry(data).batch("g1-b000003")
+    assert set(batch.files) == {"b.jsonl"} and not batch.refused  # the FIFO was reported once
+    assert published_batches(data) == ["g1-b000001", "g1-b000003"]
+
+
+def test_a_broken_symlink_is_reported_and_read_by_a_later_batch_once_its_target_exists(tmp_path):
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    write_batch_file(source / "good.jsonl", 5, seed=1)
+    target = source / "store" / "later.dat"  # not a type the readers list: only the link reads it
+    os.symlink(target, source / "link.jsonl")
+    first = register(data, source)
+    batch = read_registry(data).batch(first)
+    assert set(batch.files) == {"good.jsonl"} and batch.refused["link.jsonl"][0] == "unreadable_file"
+    stats = ingest_batch(source, tmp_path / "b1", data, first)
+    assert stats["docs_out"] == 5 and stats["rejected_by_reason"] == {"unreadable_file": 1}
+    (entry,) = rejected(tmp_path / "b1")
+    assert entry["path"] == "link.jsonl" and f"a symlink to {target}, which does not exist" in entry["detail"]
+    assert register(data, source) is None  # reported once, in the batch that first saw it
+
+    target.parent.mkdir()
+    write_batch_file(target, 4, seed=2)
+    second = register(data, source)
+    assert set(read_registry(data).batch(second).files) == {"link.jsonl"}
+    assert ingest_batch(source, tmp_path / "b2", data, second)["docs_out"] == 4
+    assert register(data, source) is None

@@ -14,6 +14,8 @@ waits for a full rebuild, which starts a new generation (`tokenmill update --reb
 A file the readers refuse (a FIFO, a socket, a symlink out of the source) or cannot open when its batch is registered
 is listed with the batch's refused files and reported, with its reason, in the batch's `_rejected.jsonl`; it counts as
 never read, so once it can be read (made readable, or replaced by a regular file) it comes in with a later batch.
+A batch of refused files alone has nothing to read, and an empty batch would fail every stage after raw_records: it is
+retired when registered, its refused files listed in its quarantine's `_rejected.jsonl`.
 
 A batch that failed and never published can be retired (`tokenmill update --drop-batch KEY`, or the
 retire_source_batch job): its partial outputs are removed (the raw records it rejected are kept in
@@ -36,6 +38,8 @@ from tokenmill.common.io import (
     REJECTED_FILE,
     REMOVED_FILE,
     atomic_write_json,
+    atomic_write_text,
+    dumps,
     gather_batch_files,
     read_json,
     remove_stage,
@@ -287,8 +291,9 @@ def _registry_lock(data_root: Path):
 
 def new_batch(key: str, source: Path, files: dict[str, list[int]]) -> Batch:
     """Batch `key` of `files` (a `source_state`'s entries), each with its content hash, sorted by path; a file the
-    readers refuse, or one that cannot be opened, goes to the batch's refused files with its reason instead. A file
-    gone since it was listed keeps [size, mtime_ns] (its run then names it missing)."""
+    readers refuse, or one that cannot be opened, goes to the batch's refused files with its reason instead, and a
+    batch of refused files alone is retired (nothing to read). A file gone since it was listed keeps [size,
+    mtime_ns] (its run then names it missing)."""
     entries, refused = {}, {}
     for f, meta in sorted(files.items()):
         if (why := _refusal(source, f)) is not None:
@@ -304,7 +309,27 @@ def new_batch(key: str, source: Path, files: dict[str, list[int]]) -> Batch:
                 f"could not be opened when batch {key} was registered ({type(e).__name__}: {e.strerror or e}); a later "
                 "batch reads it once it can be opened",
             ]
-    return Batch(key, entries, refused=refused)
+    batch = Batch(key, entries, refused=refused)
+    if refused and not entries:
+        shown = ", ".join(f"{f} ({why[0]})" for f, why in list(refused.items())[:5])
+        more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
+        batch.retired = (
+            f"retired when registered: nothing to read, its {_plural(len(refused), 'file was', 'files were')} "
+            f"refused: {shown}{more}; each comes in with a later batch once it can be read"
+        )
+    return batch
+
+
+def _list_refused(data_root: Path, batch: Batch) -> None:
+    """The refused files of a batch retired when registered, in its quarantine's `_rejected.jsonl` as raw_records
+    lists refused files (raw_records never runs for a retired batch)."""
+    held = quarantine(data_root, batch.key)
+    held.mkdir(parents=True, exist_ok=True)
+    entries = [
+        dumps({"path": f, "line": None, "reason": why[0], "detail": why[1], "snippet": ""}) + "\n"
+        for f, why in sorted(batch.refused.items())
+    ]
+    atomic_write_text(held / REJECTED_FILE, "".join(entries))
 
 
 def register_new_files(
@@ -335,6 +360,8 @@ def register_new_files(
         if changes.new:
             new_key = registry.next_key
             registry.batches.append(new_batch(new_key, source, changes.new))
+            if registry.batches[-1].retired:
+                _list_refused(data_root, registry.batches[-1])
         _write(data_root, registry)
         return new_key, changes
 
@@ -350,6 +377,8 @@ def start_generation(data_root: Path, source: Path, state: dict[str, list[int]],
         registry = Registry(str(source), max(previous, after) + 1)
         key = batch_key(registry.generation, 1)
         registry.batches.append(new_batch(key, source, state))
+        if registry.batches[-1].retired:
+            _list_refused(data_root, registry.batches[-1])
         _write(data_root, registry)
         return key
 

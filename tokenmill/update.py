@@ -51,7 +51,8 @@ def register_batches(instance, data_root: Path, source: Path, rebuild: bool = Fa
     """Registers the source's new files as a batch (with `rebuild`, every file as the first batch of a new
     generation, the per-batch outputs and the tokenizer removed) and adds the batches to the instance's dynamic
     partitions; returns the pending batches, and what waits for the user (files already ingested that changed or
-    were removed: `SourceChanges.waiting`), None when nothing does."""
+    were removed: `SourceChanges.waiting`; new files all refused, whose batch was retired when registered), None
+    when nothing does."""
     state = source_state(source, exclude=data_root)
     if not state:
         raise SourceError(
@@ -60,13 +61,21 @@ def register_batches(instance, data_root: Path, source: Path, rebuild: bool = Fa
     if rebuild:
         funnel = data_root / FUNNEL_FILE
         with DataRootLock(data_root).acquire("tokenmill update --rebuild"):
-            start_generation(data_root, source, state, after=read_json(funnel)["generation"] if funnel.exists() else 0)
+            new_key = start_generation(
+                data_root, source, state, after=read_json(funnel)["generation"] if funnel.exists() else 0
+            )
             for stage in REBUILT_STAGES:
                 remove_stage(data_root / stage)
         waiting = None
     else:
-        waiting = register_new_files(data_root, source, state)[1].waiting()
-    keys = read_registry(data_root).live_keys
+        new_key, changes = register_new_files(data_root, source, state)
+        waiting = changes.waiting()
+    registry = read_registry(data_root)
+    if new_key is not None and (retired := registry.batch(new_key).retired):  # every new file refused
+        held = quarantine(data_root, new_key) / REJECTED_FILE
+        refused = f"batch {new_key} {retired}{f' (listed in {held})' if held.exists() else ''}"
+        waiting = f"{refused}; {waiting}" if waiting else refused
+    keys = registry.live_keys
     known = instance.get_dynamic_partitions(PARTITIONS_NAME)
     if rebuild:  # the earlier generations' batches leave the instance's partitions
         for key in sorted(set(known) - set(keys)):
@@ -253,7 +262,7 @@ def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...
         print(f"tokenmill update: {config_path}: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
     if not pending:
-        print(f"tokenmill update: {source} -> {data_root}: up to date, no new files\n{summary(data_root)}")
+        print(f"tokenmill update: {source} -> {data_root}: up to date, no new files to read\n{summary(data_root)}")
         return 0
     for key in pending:
         try:
@@ -273,7 +282,9 @@ def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...
                 file=sys.stderr,
             )
             return 1
-        files = len(read_registry(data_root).batch(key).files)
-        print(f"tokenmill update: batch {key} ({files} files): run {result.run_id}")
+        batch = read_registry(data_root).batch(key)
+        listed = data_root / "raw_records" / key / REJECTED_FILE
+        refused = f", {len(batch.refused)} refused: listed in {listed}" if batch.refused else ""
+        print(f"tokenmill update: batch {key} ({len(batch.files)} files{refused}): run {result.run_id}")
     print(f"tokenmill update: {source} -> {data_root}\n{summary(data_root)}")
     return 0

@@ -24,7 +24,8 @@ class SourceFile:
     size: int
     """Bytes on disk (compressed size for .gz/.zst); 0 when it cannot be read or is refused."""
     refused: str | None = None
-    """Why the file is not opened at all ("not_a_regular_file", "outside_source"), None when it is read."""
+    """Why the file is not opened at all ("not_a_regular_file", "outside_source", "unreadable_file": a symlink to
+    nothing), None when it is read."""
     detail: str = ""
 
 
@@ -67,8 +68,8 @@ def _walk(source: Path, exclude: Path | None) -> list[tuple[str, str]]:
 
 def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool) -> SourceFile:
     """The file as a task will read it, or refused with a reason: checked with stat before anything opens it
-    (opening a FIFO blocks forever). A path that cannot be stat-ed (a dangling link) is left to the reader,
-    which rejects it as unreadable."""
+    (opening a FIFO blocks forever). A symlink to nothing is refused as unreadable_file, naming its target; any
+    other path that cannot be stat-ed (gone since it was listed) is left to the reader, which rejects it so too."""
     if root is not None and os.path.islink(full) and not follow_outside_symlinks:
         target = os.path.realpath(full)
         if os.path.commonpath([root, target]) != root:
@@ -82,6 +83,9 @@ def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool
     try:
         st = os.stat(full)
     except OSError:
+        if os.path.islink(full):
+            missing = f"a symlink to {os.readlink(full)}, which does not exist"
+            return SourceFile(rel, full, 0, "unreadable_file", missing)
         return SourceFile(rel, full, 0)
     kind = file_type(st.st_mode)
     if kind is not None:
@@ -110,8 +114,8 @@ def list_source(source: Path, exclude: Path | None = None, follow_outside_symlin
 def source_state(source: Path, exclude: Path | None = None) -> dict[str, list[int]]:
     """{relative path: [size, mtime_ns]} of the files the readers list: one stat each, nothing read. Files the
     readers skip (a README, a hidden file) are not in it, so changing them changes nothing downstream. Files they
-    refuse (a FIFO, a socket, a symlink out of the source: `examine`) are, with their own stat (not followed), so
-    the batch that first sees one lists it in its `_rejected.jsonl`; a dangling link inside the source is not."""
+    refuse (a FIFO, a socket, a symlink out of the source or to nothing: `examine`) are, with their own stat (not
+    followed), so the batch that first sees one lists it in its `_rejected.jsonl`."""
     state = {}
     for f in list_source(source, exclude).files:
         try:

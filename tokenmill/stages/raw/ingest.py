@@ -361,6 +361,9 @@ def ingest(
     stats = {
         **_stats(reports, samples, listing.skipped, shards, len(tasks), source, settings, t0),
         "source_fingerprint": fingerprint,
+        # files rejected whole, unopened (each one rejected record): not malformed input, the rejected-share bound
+        # leaves them out
+        "refused_files": sum(f.refused is not None for f in listing.files),
     }
     write_stats(out_dir, stats)
     return stats

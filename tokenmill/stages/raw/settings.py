@@ -73,8 +73,9 @@ class RawSettings(StageSettings):
         0.2,
         ge=0.0,
         le=1.0,
-        description="Largest share of a batch's records rejected before the batch fails (above it the source or "
-        "these settings are wrong, not the records); the rejected ones stay in raw_records/_quarantine/<batch>",
+        description="Largest share of a batch's records read that are rejected before the batch fails (above it the "
+        "source or these settings are wrong, not the records; refused files, never opened, are not in it); the "
+        "rejected ones stay in raw_records/_quarantine/<batch>",
     )
     html_max_bytes: int = Field(
         4 << 20,
