@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,6 +43,13 @@ class CorpusSource(dg.ConfigurableResource):
         if not p.exists():
             raise SourceError(f"TOKENMILL_SOURCE does not exist: {p} (set TOKENMILL_SOURCE to a file or folder)")
         return p.resolve()
+
+
+class RunConfigRefused(dg.DagsterUserCodeExecutionError):
+    """Invalid stage settings found at the run's set-up (a run the instance's launcher did not start: `dagster job
+    execute`). Raised as Dagster's own user-code error, it passes the resource boundary as it is: the run's failure
+    reads `invalid run config, nothing was run: <asset>.<field>: ...`, not "Error executing resource_fn on
+    ResourceDefinition data_root", and the resource-init failure event still carries the ConfigError."""
 
 
 class DataRoot(dg.ConfigurableResource):
@@ -120,7 +128,10 @@ class DataRoot(dg.ConfigurableResource):
         run = context.run
         if run is None:  # built outside a run (tests calling an asset function directly)
             return
-        validate_run_settings(run.run_config)
+        try:  # the launcher refuses these runs before their process starts; here for runs it did not launch
+            validate_run_settings(run.run_config)
+        except ConfigError as e:
+            raise RunConfigRefused(str(e), user_exception=e, original_exc_info=sys.exc_info()) from e
         self.check_run_tags(run)
         self._lock = self.acquire(run.run_id, context.log.warning)
         # a run that died holding the lock stays STARTED in Dagster (and keeps its data root's queue closed)

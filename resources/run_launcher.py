@@ -1,13 +1,46 @@
-"""Runs whose process died: Dagster keeps a killed run STARTED, and the production queue (deploy/dagster.yaml: one
+"""The instance's run launcher (deploy/dagster.yaml, dagster_home/dagster.yaml).
+
+Runs whose process died: Dagster keeps a killed run STARTED, and the production queue (deploy/dagster.yaml: one
 run per data root) then keeps every later run of that data root QUEUED. The data root's lock names the process that
-holds it (tokenmill.common.lock), which tells a dead run from a live one."""
+holds it (tokenmill.common.lock), which tells a dead run from a live one.
+
+Runs refused before any work: Dagster's config schema carries no bounds, so the launchpad accepts `bp_threshold:
+1.5`; the launcher checks the settings and ends such a run CANCELED, its process never started, with the one-line
+`invalid run config, nothing was run: <asset>.<field>: ...` as the cancel message. A FAILED run would show its
+assets red, their checks failed and its partitions Failed until a later run succeeds; a canceled one leaves each as
+its last materialization (Dagster marks a partition failed and a planned check "execution failed" only for a run
+that ended in FAILURE)."""
 
 from __future__ import annotations
 
+import importlib
+
 import dagster as dg
-from dagster._core.launcher import CheckRunHealthResult, WorkerStatus  # the run-monitoring health check's types
+from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus  # the launcher API's types
 
 from tokenmill.common.lock import holder_gone, read_holder
+from tokenmill.errors import ConfigError
+from tokenmill.settings import validate_run_settings
+
+# the modules declaring a stage's settings (tests/test_refused_runs.py checks that none is missing)
+SETTINGS_MODULES = (
+    "tokenmill.stages.raw.settings",
+    "tokenmill.stages.clean.settings",
+    "tokenmill.stages.dedup.settings",
+    "tokenmill.stages.tokenize.settings",
+    "tokenmill.exports.hf_parquet",
+)
+
+
+def refused_settings(run_config: dict | None) -> str | None:
+    """The one-line ConfigError that `validate_run_settings` raises for this run config, or None when it passes."""
+    for module in SETTINGS_MODULES:  # each registers its stage's settings class on import
+        importlib.import_module(module)
+    try:
+        validate_run_settings(run_config)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def dead_holder_message(holder: dict, data_root: str) -> str:
@@ -32,12 +65,23 @@ def fail_run_of_dead_holder(
 
 
 class DataRootRunLauncher(dg.DefaultRunLauncher):
-    """Dagster's default run launcher with the worker health check that run monitoring asks a launcher for (the
+    """Dagster's default run launcher (a run process per run, started by the code server) that first refuses a run
+    whose stage settings are invalid (marked canceled with the one-line message, no process started), with the
+    worker health check that run monitoring asks a launcher for (the
     default launcher has none, so monitoring never looks at a STARTED run). A run is failed once its data root's
     lock names it and its process has ended: a killed `tokenmill update` or `dagster job execute` (no code server
     watches those processes) or a run whose code server went down with it. Every other run counts as running: the
     code server that launched a run reports its process's death itself, and a run that holds no lock yet is setting
     up or waiting for the lock. The daemon must run on the runs' host to see their processes."""
+
+    def launch_run(self, context: LaunchRunContext) -> None:
+        run = context.dagster_run
+        refused = refused_settings(run.run_config)
+        if refused is None:
+            super().launch_run(context)
+            return
+        # CANCELED, not FAILURE: nothing ran, so no asset, check or partition may show failed
+        self._instance.report_run_canceled(run, message=refused)
 
     @property
     def supports_check_run_worker_health(self) -> bool:

@@ -1,5 +1,6 @@
 """Every run process ends with its run: a real `dagster dev`, runs launched through GraphQL (a failed step, a config
-refused at set-up after the run's worker pool started, a success) and one by the sensor through the daemon. Within
+the launcher refuses: canceled before any process starts, tests/test_refused_runs.py; a run refused at set-up after
+its worker pool started; a success) and one by the sensor through the daemon. Within
 10 s of each run's end neither its process nor its workers are left, and the code server's process tree does not
 grow run after run (each leaked run kept ~340 MB). And a run that died holding its data root's lock is found and
 marked failed (the queue on PostgreSQL: tests/test_production.py)."""
@@ -27,7 +28,7 @@ EXIT_SECONDS = 10  # from a run's end to the end of its process and workers
 RUN_SECONDS = 300
 MEMORY_RUNS = 6  # runs over which the code server's tree may not grow (10 asked; 6 keep the test shorter)
 GROWTH_LIMIT_MB = 100  # a leaked run process with its two workers holds ~340 MB
-REFUSED_CONFIG = {"ops": {"cleaned_jsonl": {"config": {"bp_threshold": 1.5}}}}  # out of bounds: refused at set-up
+REFUSED_CONFIG = {"ops": {"cleaned_jsonl": {"config": {"bp_threshold": 1.5}}}}  # out of bounds: refused at launch
 START_SENSOR = """
 mutation Start($selector: SensorSelector!) {
   startSensor(sensorSelector: $selector) { __typename ... on PythonError { message } }
@@ -60,12 +61,15 @@ def finished(dev: DagsterDev, run_id: str) -> str:
 
 
 def run_processes(dev: DagsterDev, run_id: str) -> list:
-    """The run's process (the pid its log names) and its children (the pool's workers), those still alive."""
+    """The run's process (the pid its log names) and its children (the pool's workers), those still alive (none
+    for a run the launcher refused: no process started)."""
     events = dev.graphql(RUN_LOG_QUERY, {"runId": run_id})["logsForRun"]["events"]
     pids = [
         int(m[1]) for e in events if (m := re.search(r"Started process for run \(pid: (\d+)\)", e["message"] or ""))
     ]
-    assert len(pids) == 1, f"run {run_id}: {pids}"
+    assert len(pids) <= 1, f"run {run_id}: {pids}"
+    if not pids:
+        return []
     try:
         process = psutil.Process(pids[0])
         return [process, *process.children(recursive=True)]
@@ -88,18 +92,18 @@ def code_server_mb(dev: DagsterDev) -> float:
     return sum(p.memory_info().rss for p in processes) / 2**20
 
 
-def launch(dev: DagsterDev, batch: str, assets: list[str], run_config: dict | None = None) -> str:
-    """A materialization of `assets` for the batch, as the launchpad launches it."""
-    selector = {
-        "repositoryLocationName": "tokenmill",
-        "repositoryName": "__repository__",
-        "jobName": "__ASSET_JOB",
-        "assetSelection": [{"path": [k]} for k in assets],
-    }
+def launch(
+    dev: DagsterDev, batch: str | None, assets: list[str], run_config: dict | None = None, job: str = "__ASSET_JOB"
+) -> str:
+    """A materialization of `assets` (or all of `job`'s) for the batch (none: no partition), as the launchpad
+    launches it."""
+    selector = {"repositoryLocationName": "tokenmill", "repositoryName": "__repository__", "jobName": job}
+    if assets:
+        selector["assetSelection"] = [{"path": [k]} for k in assets]
     params = {
         "selector": selector,
         "runConfigData": run_config or {},
-        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": batch}]},
+        "executionMetadata": {"tags": [{"key": "dagster/partition", "value": batch}] if batch else []},
     }
     launched = dev.graphql(LAUNCH_ASSETS_MUTATION, {"params": params})["launchRun"]
     assert launched["__typename"] == "LaunchRunSuccess", launched
@@ -111,11 +115,12 @@ def test_every_run_process_ends_and_the_code_server_does_not_grow(server):
     memory = []
     checked = [
         ("a failed step", lambda: launch(dev, batch, ["cleaned_jsonl"]), "FAILURE"),  # raw_records not written yet
-        ("a config refused at set-up", lambda: launch(dev, batch, ["cleaned_jsonl"], REFUSED_CONFIG), "FAILURE"),
+        ("a config refused at launch", lambda: launch(dev, batch, ["cleaned_jsonl"], REFUSED_CONFIG), "CANCELED"),
+        ("a run refused at set-up", lambda: launch(dev, None, [], job="tokenmill_all"), "FAILURE"),  # no batch
         ("a success", lambda: launch(dev, batch, ["raw_records"]), "SUCCESS"),
         ("the sensor's run", lambda: sensor_run(dev, instance), "SUCCESS"),
     ]
-    refused = ("a refused config", lambda: launch(dev, batch, ["cleaned_jsonl"], REFUSED_CONFIG), "FAILURE")
+    refused = ("a run refused at set-up", lambda: launch(dev, None, [], job="tokenmill_all"), "FAILURE")
     for what, start, expected in checked + [refused] * (MEMORY_RUNS - len(checked)):
         run_id = start()
         assert finished(dev, run_id) == expected, f"{what}: run {run_id}; log {dev.log_path}"
