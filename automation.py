@@ -11,7 +11,7 @@ from pydantic import Field
 from assets.batches import PLANNED_BATCH_TAG
 from assets.exports import EXPORTS_GROUP
 from resources import CorpusSource, DataRoot
-from tokenmill.batches import PARTITIONS_NAME, read_registry, retire_hint
+from tokenmill.batches import PARTITIONS_NAME, read_registry, refusal, retire_hint
 from tokenmill.errors import CorruptOutputError, SourceChangedError
 from tokenmill.stages.raw.discover import source_state
 from tokenmill.update import TOKENMILL_ERRORS, failure_reason, pending_batches, retire
@@ -77,6 +77,13 @@ def next_batch(source: CorpusSource, data_root: DataRoot, instance: dg.DagsterIn
     if pending:
         key, planned, files = pending[0], False, len(registry.batch(pending[0]).files)
     elif changes.new:
+        refused = {f: why for f in changes.new if (why := refusal(path.resolve(), f)) is not None}
+        if len(refused) == len(changes.new):  # nothing to read: a run would only retire the batch it registers
+            shown = ", ".join(f"{f} ({why[0]})" for f, why in sorted(refused.items())[:5])
+            return (
+                f"no new file to read under {path}: the readers refuse {len(refused)} ({shown}); "
+                f"each comes in once it is a readable file{waiting}"
+            )
         key, planned, files = registry.next_key, True, len(changes.new)
     else:
         return changes.waiting() or f"no new files among the files the readers ingest under {path}"

@@ -88,3 +88,23 @@ def test_daily_schedule_registers_new_files_and_is_stopped_by_default(tmp_path):
             (request,) = daily_refresh.evaluate_tick(context).run_requests
         assert request.partition_key == "g1-b000001" and request.tags["tokenmill/planned_batch"] == "g1-b000001"
         assert instance.get_dynamic_partitions("source_batch") == ["g1-b000001"]  # a schedule adds it itself
+
+
+def test_sensor_skips_new_files_the_readers_refuse_naming_them(tmp_path):
+    """A FIFO as the only new file: no run is asked for (it would only retire the batch it registers); the tick
+    names the file and why, and a readable file added next is asked for as usual."""
+    import os
+
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    write_batch_file(source / "a.jsonl", 30, seed=1)
+    defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
+    with dg.instance_for_test() as instance:
+        assert run_requested(defs, instance, sensor_tick(source, data, instance)).success
+        os.mkfifo(source / "pipe.jsonl")
+        tick = sensor_tick(source, data, instance)
+        assert isinstance(tick, dg.SkipReason), tick
+        assert "pipe.jsonl (not_a_regular_file)" in tick.skip_message
+        assert read_registry(data).keys == ["g1-b000001"]
+        write_batch_file(source / "b.jsonl", 30, seed=2)
+        assert sensor_tick(source, data, instance).run_requests[0].partition_key == "g1-b000002"

@@ -207,7 +207,7 @@ class Registry:
         return changes
 
 
-def _refusal(source: Path, rel: str) -> list[str] | None:
+def refusal(source: Path, rel: str) -> list[str] | None:
     """[reason, detail] when the readers refuse the file without opening it (`examine`; a symlink out of the source
     is refused here whatever raw_records' follow_outside_symlinks says: registering never reads outside the
     source), None when it is a regular file inside the source."""
@@ -218,7 +218,7 @@ def _refusal(source: Path, rel: str) -> list[str] | None:
 
 def _readable(source: Path, rel: str) -> bool:
     """Whether a file registered as refused or unreadable can be read now (a regular file that opens)."""
-    if _refusal(source, rel) is not None:
+    if refusal(source, rel) is not None:
         return False
     try:
         content_hash(source_file(source, rel))
@@ -296,7 +296,7 @@ def new_batch(key: str, source: Path, files: dict[str, list[int]]) -> Batch:
     mtime_ns] (its run then names it missing)."""
     entries, refused = {}, {}
     for f, meta in sorted(files.items()):
-        if (why := _refusal(source, f)) is not None:
+        if (why := refusal(source, f)) is not None:
             refused[f] = why
             continue
         try:
