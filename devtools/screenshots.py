@@ -82,7 +82,7 @@ def serve_and_shoot(out_dir: Path) -> dict[str, Path]:
         home = Path(tmp) / "dagster_home"
         with DagsterDev(home, env={"TOKENMILL_DATA": str(data)}) as server:
             with dg.DagsterInstance.from_config(str(home)) as instance:  # as `tokenmill update` registers them
-                batches = register_batches(instance, data, source_from_env().resolved())
+                batches, _ = register_batches(instance, data, source_from_env().resolved())
             for batch in batches:
                 server.run_job("tokenmill_all", partition=batch)
             return take_screenshots(server.url, out_dir)
