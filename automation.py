@@ -8,20 +8,24 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
-from assets.batches import PLANNED_BATCH_TAG
+from assets.batches import retire
 from assets.exports import EXPORTS_GROUP
 from resources import CorpusSource, DataRoot
-from tokenmill.batches import PARTITIONS_NAME, read_registry, refusal, retire_hint
-from tokenmill.errors import CorruptOutputError, SourceChangedError
+from tokenmill.batches import (
+    DATA_ROOT_TAG,
+    PARTITIONS_NAME,
+    PLANNED_BATCH_TAG,
+    SOURCE_TAG,
+    WHOLE_GRAPH_JOB,
+    pending_batches,
+    read_registry,
+    refusal,
+    retire_hint,
+)
+from tokenmill.errors import TOKENMILL_ERRORS, CorruptOutputError, SourceChangedError, failure_reason
 from tokenmill.stages.raw.discover import source_state
-from tokenmill.update import TOKENMILL_ERRORS, failure_reason, pending_batches, retire
 
-WHOLE_GRAPH_JOB = "tokenmill_all"
 RETIRE_JOB = "retire_source_batch"
-# Runs carry their data root, so the production instance's run queue admits one run per data root
-# (deploy/dagster.yaml: tag_concurrency_limits with applyLimitPerUniqueValue).
-DATA_ROOT_TAG = "tokenmill/data_root"
-SOURCE_TAG = "tokenmill/source"
 PARTITION_TAG = "dagster/partition"
 DAILY_CRON = os.environ.get("TOKENMILL_SCHEDULE_CRON", "0 3 * * *")
 # A failed batch is requested again (a new run key: `<batch>:<attempt>`) up to this many attempts in all when the

@@ -6,17 +6,24 @@ import dagster as dg
 
 from resources import CorpusSource, DataRoot
 from tokenmill.batches import (
+    FUNNEL_FILE,
     PARTITIONS_NAME,
     PER_BATCH_STAGES,
+    PLANNED_BATCH_TAG,
     REBUILD_HINT,
     Batch,
     Registry,
     is_batch_key,
+    pending_batches,
+    quarantine,
     read_registry,
     register_new_files,
+    retire_batch,
+    start_generation,
 )
-from tokenmill.common.io import STATS_FILE, read_json
-from tokenmill.errors import ConfigError, SourceChangedError, UnknownBatchError
+from tokenmill.common.io import REJECTED_FILE, STATS_FILE, read_json, remove_stage
+from tokenmill.common.lock import DataRootLock
+from tokenmill.errors import ConfigError, SourceChangedError, SourceError, UnknownBatchError
 from tokenmill.settings import StageSettings
 from tokenmill.stages.clean import CleanSettings
 from tokenmill.stages.dedup import DedupSettings
@@ -25,9 +32,9 @@ from tokenmill.stages.raw.discover import source_state
 
 SOURCE_BATCHES = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 PER_BATCH_ASSETS = PER_BATCH_STAGES
-# A sensor or schedule tick plans the next batch without writing anything (a previewed tick must not register it);
-# its run carries the key in this tag, and raw_records registers the batch when the run starts.
-PLANNED_BATCH_TAG = "tokenmill/planned_batch"
+# A rebuild starts these again from the source; tokenized_bins keeps its versions for running readers and the
+# funnel its history.
+REBUILT_STAGES = ("raw_records", "cleaned_jsonl", "dedup_report", "dedup_index", "deduped_jsonl", "tokenizer")
 
 # The settings of the per-batch stages hold for a whole generation: the op whose config they are, where a published
 # batch records the ones it was built with, and those that change how the work is split or reported, not the records
@@ -119,3 +126,53 @@ def batch_output(data_root: DataRoot, asset_key: str, key: str) -> Path:
         raise SourceChangedError(f"{stage_dir} holds a whole-corpus build of an earlier release; {REBUILD_HINT}")
     stage_dir.mkdir(parents=True, exist_ok=True)
     return stage_dir / key
+
+
+def register_batches(instance, data_root: Path, source: Path, rebuild: bool = False) -> tuple[list[str], str | None]:
+    """Registers the source's new files as a batch (with `rebuild`, every file as the first batch of a new
+    generation, the per-batch outputs and the tokenizer removed) and adds the batches to the instance's dynamic
+    partitions; returns the pending batches, and what waits for the user (files already ingested that changed or
+    were removed: `SourceChanges.waiting`; new files all refused, whose batch was retired when registered), None
+    when nothing does."""
+    state = source_state(source, exclude=data_root)
+    if not state:
+        raise SourceError(
+            f"TOKENMILL_SOURCE has no .jsonl, .json, .txt or .csv file (or .gz, .zst of these) or .parquet: {source}"
+        )
+    if rebuild:
+        funnel = data_root / FUNNEL_FILE
+        with DataRootLock(data_root).acquire("tokenmill update --rebuild"):
+            new_key = start_generation(
+                data_root, source, state, after=read_json(funnel)["generation"] if funnel.exists() else 0
+            )
+            for stage in REBUILT_STAGES:
+                remove_stage(data_root / stage)
+        waiting = None
+    else:
+        new_key, changes = register_new_files(data_root, source, state)
+        waiting = changes.waiting()
+    registry = read_registry(data_root)
+    if new_key is not None and (retired := registry.batch(new_key).retired):  # every new file refused
+        held = quarantine(data_root, new_key) / REJECTED_FILE
+        refused = f"batch {new_key} {retired}{f' (listed in {held})' if held.exists() else ''}"
+        waiting = f"{refused}; {waiting}" if waiting else refused
+    keys = registry.live_keys
+    known = instance.get_dynamic_partitions(PARTITIONS_NAME)
+    if rebuild:  # the earlier generations' batches leave the instance's partitions
+        for key in sorted(set(known) - set(keys)):
+            instance.delete_dynamic_partition(PARTITIONS_NAME, key)
+    instance.add_dynamic_partitions(PARTITIONS_NAME, [k for k in keys if k not in known])
+    return pending_batches(data_root), waiting
+
+
+def retire(instance, data_root: Path, key: str, by: str) -> str:
+    """Retires batch `key` (`retire_batch`; hold the data root's lock) and removes its partition from the
+    instance; returns one line saying what was removed and where its rejected records are."""
+    removed = retire_batch(data_root, key, f"retired by {by}")
+    if key in instance.get_dynamic_partitions(PARTITIONS_NAME):
+        instance.delete_dynamic_partition(PARTITIONS_NAME, key)
+    held = quarantine(data_root, key) / REJECTED_FILE
+    return (
+        f"batch {key} retired: later batches no longer count it (removed: {', '.join(removed) or 'no output'}"
+        f"{f'; its rejected records: {held}' if held.exists() else ''}); its files come in again once they change"
+    )

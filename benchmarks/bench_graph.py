@@ -118,7 +118,7 @@ def registered_instance(home: Path, env: dict) -> Path:
     (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
     register = (
         "import dagster as dg; from pathlib import Path; from resources import data_root_from_env, source_from_env; "
-        "from tokenmill.update import register_batches; "
+        "from assets.batches import register_batches; "
         "pending, _ = register_batches(dg.DagsterInstance.get(), data_root_from_env().path(''), "
         "source_from_env().resolved()); print(pending)"
     )
@@ -162,7 +162,7 @@ def main() -> None:
             env = {**os.environ, "TOKENMILL_SOURCE": source, "TOKENMILL_DATA": str(data)}
             env.pop("DAGSTER_HOME", None)
             if launch == "job":
-                cmd = [sys.executable, "-m", "tokenmill.cli", "update"]
+                cmd = [sys.executable, "-m", "cli", "update"]
             else:
                 env["DAGSTER_HOME"] = str(registered_instance(work / f"home-{launch}{run}", env))
                 dagster = str(Path(sys.executable).with_name("dagster"))

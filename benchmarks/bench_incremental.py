@@ -28,7 +28,7 @@ def update(env: dict, *args: str) -> tuple[float, float, str]:
     start = time.perf_counter()
     with TreeSampler(lambda pids: sum(status_mib(p, "VmRSS") for p in pids), 0.1) as mem:
         done = subprocess.run(
-            [sys.executable, "-m", "tokenmill.cli", "update", *args], env=env, cwd=REPO, capture_output=True, text=True
+            [sys.executable, "-m", "cli", "update", *args], env=env, cwd=REPO, capture_output=True, text=True
         )
     if done.returncode:
         sys.exit(f"tokenmill update {' '.join(args)} failed:\n{done.stderr[-3000:]}")

@@ -343,7 +343,7 @@ def main() -> None:
     data = work / "data"
     env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(data)}
     env.pop("DAGSTER_HOME", None)
-    tm = run_measured([sys.executable, "-m", "tokenmill.cli", "update"], env, work / "tokenmill.log")
+    tm = run_measured([sys.executable, "-m", "cli", "update"], env, work / "tokenmill.log")
     if tm.returncode:
         sys.exit(f"tokenmill failed (rc {tm.returncode}): see {work / 'tokenmill.log'}")
 

@@ -72,7 +72,7 @@ def run_update(env: dict, log: Path) -> tuple[float, float, float, list[tuple[fl
     samples: list[tuple[float, float]] = []
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tokenmill.cli", "update"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
+            [sys.executable, "-m", "cli", "update"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO
         )
         stop = threading.Event()
 

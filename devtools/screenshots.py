@@ -73,9 +73,9 @@ def take_screenshots(base_url: str, out_dir: Path, chromium: str | None = None) 
 def serve_and_shoot(out_dir: Path) -> dict[str, Path]:
     import dagster as dg
 
+    from assets.batches import register_batches
     from devtools.dagster_server import DagsterDev
     from resources import source_from_env
-    from tokenmill.update import register_batches
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(os.environ.get("TOKENMILL_DATA", str(Path(tmp) / "data")))

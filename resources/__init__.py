@@ -16,8 +16,7 @@ from typing import Literal
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from resources.run_launcher import fail_run_of_dead_holder
-from tokenmill.batches import read_registry
+from tokenmill.batches import DATA_ROOT_TAG, SOURCE_TAG, WHOLE_GRAPH_JOB, read_registry
 from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, activated
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
@@ -29,6 +28,27 @@ PARTITION_TAG = "dagster/partition"  # the partition key of a run of one partiti
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = REPO_ROOT / "demo_corpus" / "source"
 DEFAULT_DATA = REPO_ROOT / "data"
+
+
+def dead_holder_message(holder: dict, data_root: str) -> str:
+    return (
+        f"run {holder['run_id']}: its process {holder['pid']} on {holder['host']} ended while it held the data root "
+        f"{data_root} (since {holder.get('since', '?')}), without finishing the run: killed (kill -9, the OOM killer) "
+        "or crashed"
+    )
+
+
+def fail_run_of_dead_holder(
+    instance: dg.DagsterInstance, holder: dict, data_root: str, by_run_id: str, log: dg.DagsterLogManager
+) -> None:
+    """Marks failed the run that died holding the data root's lock (`DataRootLock.dead_holder`, found by the run
+    `by_run_id` that takes the lock next) when Dagster still shows it in progress."""
+    run = instance.get_run_by_id(holder["run_id"]) if holder else None
+    if run is None or run.is_finished:
+        return
+    message = dead_holder_message(holder, data_root)
+    instance.report_run_failed(run, f"{message}; marked failed by run {by_run_id}")
+    log.warning(f"marked run {run.run_id} failed: {message}")
 
 
 class CorpusSource(dg.ConfigurableResource):
@@ -142,7 +162,6 @@ class DataRoot(dg.ConfigurableResource):
     def check_run_tags(self, run: dg.DagsterRun) -> None:
         """Before anything is written: the data root and source a tokenmill_all run is tagged with (the code
         location's own) are the ones this run would use, and the run names its source batch."""
-        from automation import DATA_ROOT_TAG, SOURCE_TAG, WHOLE_GRAPH_JOB  # automation imports this module
 
         tagged_root = run.tags.get(DATA_ROOT_TAG)
         if tagged_root and Path(tagged_root).resolve() != self.path(""):

@@ -18,6 +18,8 @@ import importlib
 import dagster as dg
 from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus  # the launcher API's types
 
+from resources import data_root_from_env, dead_holder_message
+from tokenmill.batches import DATA_ROOT_TAG
 from tokenmill.common.lock import holder_gone, read_holder
 from tokenmill.errors import ConfigError
 from tokenmill.settings import validate_run_settings
@@ -41,27 +43,6 @@ def refused_settings(run_config: dict | None) -> str | None:
     except ConfigError as e:
         return str(e)
     return None
-
-
-def dead_holder_message(holder: dict, data_root: str) -> str:
-    return (
-        f"run {holder['run_id']}: its process {holder['pid']} on {holder['host']} ended while it held the data root "
-        f"{data_root} (since {holder.get('since', '?')}), without finishing the run: killed (kill -9, the OOM killer) "
-        "or crashed"
-    )
-
-
-def fail_run_of_dead_holder(
-    instance: dg.DagsterInstance, holder: dict, data_root: str, by_run_id: str, log: dg.DagsterLogManager
-) -> None:
-    """Marks failed the run that died holding the data root's lock (`DataRootLock.dead_holder`, found by the run
-    `by_run_id` that takes the lock next) when Dagster still shows it in progress."""
-    run = instance.get_run_by_id(holder["run_id"]) if holder else None
-    if run is None or run.is_finished:
-        return
-    message = dead_holder_message(holder, data_root)
-    instance.report_run_failed(run, f"{message}; marked failed by run {by_run_id}")
-    log.warning(f"marked run {run.run_id} failed: {message}")
 
 
 class DataRootRunLauncher(dg.DefaultRunLauncher):
@@ -88,9 +69,6 @@ class DataRootRunLauncher(dg.DefaultRunLauncher):
         return True
 
     def check_run_worker_health(self, run: dg.DagsterRun) -> CheckRunHealthResult:
-        from automation import DATA_ROOT_TAG  # automation imports resources
-        from resources import data_root_from_env
-
         # a UI asset selection carries no data-root tag: its code location's data root (the daemon's environment)
         data_root = run.tags.get(DATA_ROOT_TAG) or str(data_root_from_env().path(""))
         holder = read_holder(data_root)

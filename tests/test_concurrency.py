@@ -93,7 +93,7 @@ def test_two_updates_on_one_data_root_run_one_after_the_other(tmp_path, demo_sou
     }
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    cmd = [sys.executable, "-m", "tokenmill.cli", "update"]
+    cmd = [sys.executable, "-m", "cli", "update"]
     subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "dagster"), "instance", "migrate"],
         env=env,

@@ -8,13 +8,14 @@ import dagster as dg
 import pytest
 from support import run_config, write_batch_file
 
+from assets.batches import register_batches
 from assets.metadata import removed_samples_frame
+from cli import main
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
-from tokenmill.cli import main
+from runs import run_batches
 from tokenmill.common.io import record_id
 from tokenmill.explain import explain, word_diff
-from tokenmill.update import register_batches, run_batches
 
 FIRST, SECOND = "g1-b000001", "g1-b000002"
 

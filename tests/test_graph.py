@@ -9,11 +9,12 @@ import dagster as dg
 import numpy as np
 import pytest
 
+from assets.batches import register_batches
+from cli import main as cli_main
 from definitions import build_defs
 from resources import Compute, CorpusSource, DataRoot
-from tokenmill.cli import main as cli_main
+from runs import run_batches
 from tokenmill.common.io import read_json, record_shards
-from tokenmill.update import register_batches, run_batches
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -238,7 +239,7 @@ def test_update_runs_the_graph_and_prints_a_summary(tmp_path, demo_source):
     env = {**__import__("os").environ, "TOKENMILL_SOURCE": str(demo_source), "TOKENMILL_DATA": str(tmp_path / "data")}
     env.pop("DAGSTER_HOME", None)
     done = subprocess.run(
-        [sys.executable, "-m", "tokenmill.cli", "update"],
+        [sys.executable, "-m", "cli", "update"],
         env=env,
         capture_output=True,
         text=True,

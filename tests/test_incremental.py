@@ -12,13 +12,14 @@ import numpy as np
 import pytest
 from support import run_config, write_batch_file
 
+from assets.batches import register_batches
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
+from runs import run_batches
 from tokenmill.batches import read_registry, register_new_files
 from tokenmill.common.io import iter_jsonl, read_json, record_shards
 from tokenmill.errors import SourceChangedError
 from tokenmill.stages.raw.discover import source_state
-from tokenmill.update import register_batches, run_batches
 from tokenmill_loader import open_store
 from tokenmill_loader.format import read_record_ids
 
@@ -135,7 +136,7 @@ def test_a_changed_or_removed_file_is_named_and_waits_while_new_files_go_on(tmp_
 def cli(source: Path, data: Path, home: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(data), "DAGSTER_HOME": str(home)}
     return subprocess.run(
-        [sys.executable, "-m", "tokenmill.cli", "update", *args], cwd=REPO, env=env, capture_output=True, text=True
+        [sys.executable, "-m", "cli", "update", *args], cwd=REPO, env=env, capture_output=True, text=True
     )
 
 

@@ -42,7 +42,8 @@ from pathlib import Path
 import dagster as dg
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
-from tokenmill.update import register_batches, run_batches
+from assets.batches import register_batches
+from runs import run_batches
 defs = build_defs(CorpusSource(path=sys.argv[1]), DataRoot(root=sys.argv[2]))
 with dg.instance_for_test() as instance:
     pending = register_batches(instance, Path(sys.argv[2]), Path(sys.argv[1]).resolve())[0] or ["g1-b000001"]

@@ -18,14 +18,14 @@ from pydantic import ValidationError
 
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
-from tokenmill.batches import register_new_files
+from runs import still_pending
+from tokenmill.batches import FUNNEL_FILE, register_new_files
 from tokenmill.common.lock import DataRootLock
-from tokenmill.errors import ConfigError
+from tokenmill.errors import ConfigError, failure_reason
 from tokenmill.settings import _SETTINGS_BY_ASSET, validate_run_settings
 from tokenmill.stages.raw.discover import source_state
 from tokenmill.stages.tokenize.encode import SplitChunk, read_splits, save_splits
 from tokenmill.stages.tokenize.settings import MAX_TRAINED_VOCAB, TokenizerSettings
-from tokenmill.update import FUNNEL_FILE, failure_reason, still_pending
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH = "g1-b000001"
@@ -50,7 +50,7 @@ def run_job(source: Path, data: Path, partition: str | None = BATCH, run_config:
 
 def update(env: dict, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "tokenmill.cli", "update", *args],
+        [sys.executable, "-m", "cli", "update", *args],
         cwd=REPO,
         env={**os.environ, "TOKENMILL_WORKERS": "1", **env},
         capture_output=True,

@@ -10,14 +10,15 @@ import pytest
 from support import run_config, write_batch_file
 from test_clean import clean
 
+from assets.batches import register_batches
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
+from runs import run_batches
 from tokenmill.common.io import REJECTED_FILE, iter_jsonl
 from tokenmill.errors import ConfigError
 from tokenmill.settings import load_settings
 from tokenmill.stages.clean import CleanSettings
 from tokenmill.stages.clean.pii import PiiMasker, masker_for
-from tokenmill.update import register_batches, run_batches
 
 ALL = PiiMasker(phone=True, public_ips_only=True, email="<EMAIL>", ip="<IP_ADDRESS>", phone_placeholder="<PHONE>")
 

@@ -73,9 +73,7 @@ def dagster(*args, env):
 
 def test_update_schedule_and_sensor_on_postgres_one_run_per_data_root(production_env):
     env = production_env
-    updated = subprocess.run(
-        [sys.executable, "-m", "tokenmill.cli", "update"], env=env, cwd=REPO, capture_output=True, text=True
-    )
+    updated = subprocess.run([sys.executable, "-m", "cli", "update"], env=env, cwd=REPO, capture_output=True, text=True)
     assert updated.returncode == 0, updated.stderr[-3000:]
     write_batch_file(Path(env["TOKENMILL_SOURCE"]) / "added.jsonl", 20, seed=7)  # the next batch
 
@@ -149,7 +147,7 @@ def test_a_killed_update_never_wedges_the_queue(production_env):
     names its dead process) and the queued run starts within a minute of the daemon's start, and succeeds."""
     env = production_env
     update = subprocess.Popen(
-        [sys.executable, "-m", "tokenmill.cli", "update"],
+        [sys.executable, "-m", "cli", "update"],
         env=env,
         cwd=REPO,
         stdout=subprocess.DEVNULL,

@@ -24,14 +24,15 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 from support import BATCH, published_files  # noqa: E402
 
+from assets.batches import register_batches  # noqa: E402
 from definitions import build_defs  # noqa: E402
 from devtools.dagster_server import DagsterDev  # noqa: E402
 from resources import DEFAULT_SOURCE as DEMO_SOURCE  # noqa: E402
 from resources import Compute, CorpusSource, DataRoot  # noqa: E402
+from runs import run_batches  # noqa: E402
 from tokenmill.common.compute import RayEngine, RayOptions, activated  # noqa: E402
 from tokenmill.common.parallel import map_ordered  # noqa: E402
 from tokenmill.errors import ComputeError  # noqa: E402
-from tokenmill.update import register_batches, run_batches  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 SKIPPED = {"_timings.json"}  # seconds and worker counts; every other file must be byte-identical

@@ -167,7 +167,7 @@ def cli_update(source: Path, data: Path, *args: str) -> subprocess.CompletedProc
     env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(data), "TOKENMILL_WORKERS": "1"}
     env.pop("DAGSTER_HOME", None)
     return subprocess.run(
-        [sys.executable, "-m", "tokenmill.cli", "update", *args],
+        [sys.executable, "-m", "cli", "update", *args],
         env=env,
         cwd=REPO,
         capture_output=True,

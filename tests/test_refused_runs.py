@@ -12,9 +12,9 @@ import time
 import dagster as dg
 import pytest
 
+from assets.batches import register_batches
 from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, DagsterDev
 from resources.run_launcher import SETTINGS_MODULES, refused_settings
-from tokenmill.update import register_batches
 
 REFUSED_CONFIG = {"ops": {"cleaned_jsonl": {"config": {"bp_threshold": 1.5}}}}
 REFUSED_MESSAGE = (

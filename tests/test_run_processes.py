@@ -17,10 +17,10 @@ import time
 import dagster as dg
 import pytest
 
+from assets.batches import register_batches
 from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, RUN_LOG_QUERY, DagsterDev
 from resources import DataRoot
 from tokenmill.common.lock import LOCK_FILE, DataRootLock, holder_gone
-from tokenmill.update import register_batches
 
 psutil = pytest.importorskip("psutil", reason="psutil (the test extra) reads the server's process tree")
 

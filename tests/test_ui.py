@@ -4,11 +4,11 @@ and the asset graph and funnel page rendered in headless Chromium."""
 import dagster as dg
 import pytest
 
+from assets.batches import register_batches
 from definitions import ASSETS
 from devtools.dagster_server import DagsterDev
 from devtools.screenshots import find_chromium, take_screenshots
 from resources import DEFAULT_SOURCE
-from tokenmill.update import register_batches
 
 ALL_ASSETS = [key.to_user_string() for asset in ASSETS for key in asset.keys]
 

@@ -19,13 +19,14 @@ import dagster as dg
 import pytest
 from support import write_batch_file
 
+from assets.batches import register_batches
 from assets.metadata import FUNNEL_BAR, funnel_metadata, text_bar
 from definitions import build_defs
 from devtools.dagster_server import DagsterDev
 from resources import CorpusSource, DataRoot
+from runs import run_batches
 from tokenmill.exports import hf_parquet
 from tokenmill.stages.telemetry import build_funnel, history_row
-from tokenmill.update import register_batches, run_batches
 from tokenmill_loader import open_store
 
 REPO = Path(__file__).resolve().parents[1]

@@ -51,8 +51,17 @@ from tokenmill_loader.format import DATASET_FILE
 REGISTRY_FILE = "_batches.json"
 REGISTRY_LOCK = ".batches.lock"
 PARTITIONS_NAME = "source_batch"  # the Dagster dynamic partitions definition of the per-batch assets
+# Names the wiring gives batches' runs. Runs carry their data root, so the production instance's run queue admits one
+# run per data root (deploy/dagster.yaml: tag_concurrency_limits with applyLimitPerUniqueValue). A sensor or
+# schedule tick plans the next batch without writing anything (a previewed tick must not register it): its run
+# carries the key in PLANNED_BATCH_TAG, and raw_records registers the batch when the run starts.
+WHOLE_GRAPH_JOB = "tokenmill_all"
+DATA_ROOT_TAG = "tokenmill/data_root"
+SOURCE_TAG = "tokenmill/source"
+PLANNED_BATCH_TAG = "tokenmill/planned_batch"
 REBUILD_HINT = "run `tokenmill update --rebuild` to rebuild every asset from the source as it is now"
 PER_BATCH_STAGES = ("raw_records", "cleaned_jsonl", "dedup_report", "dedup_index", "deduped_jsonl")
+FUNNEL_FILE = Path("funnel_telemetry") / "funnel.json"  # lists the batches through the whole graph
 QUARANTINE_DIR = Path("raw_records") / "_quarantine"  # a failed or retired batch's rejected raw records
 HASH_BLOCK = 1 << 20
 
@@ -424,3 +433,15 @@ def retire_batch(data_root: Path, key: str, reason: str) -> list[str]:
             if (data_root / stage / gathered).exists():
                 gather_batch_files(data_root / stage, gathered)
     return removed
+
+
+def pending_batches(data_root: Path) -> list[str]:
+    """Registered batches, in order, that the funnel does not list yet (not yet through the whole graph)."""
+    registry = read_registry(data_root)
+    funnel_path = Path(data_root) / FUNNEL_FILE
+    done = set()
+    if funnel_path.exists():
+        funnel = read_json(funnel_path)
+        if funnel.get("generation") == registry.generation:
+            done = {b["batch"] for b in funnel.get("batches", [])}
+    return [k for k in registry.live_keys if k not in done]

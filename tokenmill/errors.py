@@ -56,3 +56,17 @@ class CapacityError(TokenmillError):
 class ComputeError(TokenmillError):
     """The compute engine failed a step: a Ray cluster unreachable, a node or worker lost past its retries, a node
     that cannot see the data root (the step, node and address named)."""
+
+
+TOKENMILL_ERRORS = {"TokenmillError", *(cls.__name__ for cls in TokenmillError.__subclasses__())}
+
+
+def failure_reason(error) -> str:
+    """The TokenmillError at the root of a step failure (one line a user can act on), else the outermost error.
+    `error` is Dagster's serialized error (cls_name, message, cause), read by name: this module imports no Dagster."""
+    outer = error
+    while error is not None:
+        if error.cls_name in TOKENMILL_ERRORS:  # Dagster records it as "<module>.<class>: <message>"
+            return error.message.strip().removeprefix("tokenmill.errors.")
+        error = error.cause
+    return outer.message.strip()

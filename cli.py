@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("position", type=int, help="token position in the split's token stream")
     lin.add_argument("--split", default="train")
     lin.add_argument("--key", default=None, help="token key (default: the dataset's first token key)")
-    default_data = os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent.parent / "data"))
+    default_data = os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent / "data"))
     lin.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
     exp = sub.add_parser(
         "explain", help="a record's fate: the stage that dropped it and why, or the duplicate it folded into"
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "update":
-        from tokenmill.update import update
+        from runs import update
 
         return update(args.config, rebuild=args.rebuild, drop_batches=tuple(args.drop_batch))
     if args.command == "explain":

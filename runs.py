@@ -2,7 +2,8 @@
 this process, print one line per problem a user can fix and a summary at the end.
 
 Dagster's console log is silenced: a run's warnings are printed after it, one line each; a failed run prints its
-failing step, the one-line reason and the file holding its full log (the events are in the instance too).
+failing step, the one-line reason and the file holding its full log (the events are in the instance too). Dagster
+and the definitions are imported once the worker pool is spawning (`update`), so both start together.
 """
 
 from __future__ import annotations
@@ -13,88 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from tokenmill.batches import (
-    PARTITIONS_NAME,
-    quarantine,
-    read_registry,
-    register_new_files,
-    retire_batch,
-    start_generation,
-)
-from tokenmill.common.io import REJECTED_FILE, read_json, remove_stage
+from tokenmill.batches import FUNNEL_FILE, pending_batches, read_registry
+from tokenmill.common.io import REJECTED_FILE, read_json
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import local_workers, workers_kept
-from tokenmill.errors import ConfigError, SourceError, TokenmillError
+from tokenmill.errors import ConfigError, TokenmillError, failure_reason
 from tokenmill.settings import validate_run_settings
-from tokenmill.stages.raw.discover import source_state
 from tokenmill_loader.format import DATASET_FILE
-
-FUNNEL_FILE = Path("funnel_telemetry") / "funnel.json"
-# A rebuild starts these again from the source; tokenized_bins keeps its versions for running readers and the
-# funnel its history.
-REBUILT_STAGES = ("raw_records", "cleaned_jsonl", "dedup_report", "dedup_index", "deduped_jsonl", "tokenizer")
-
-
-def pending_batches(data_root: Path) -> list[str]:
-    """Registered batches, in order, that the funnel does not list yet (not yet through the whole graph)."""
-    registry = read_registry(data_root)
-    funnel_path = Path(data_root) / FUNNEL_FILE
-    done = set()
-    if funnel_path.exists():
-        funnel = read_json(funnel_path)
-        if funnel.get("generation") == registry.generation:
-            done = {b["batch"] for b in funnel.get("batches", [])}
-    return [k for k in registry.live_keys if k not in done]
-
-
-def register_batches(instance, data_root: Path, source: Path, rebuild: bool = False) -> tuple[list[str], str | None]:
-    """Registers the source's new files as a batch (with `rebuild`, every file as the first batch of a new
-    generation, the per-batch outputs and the tokenizer removed) and adds the batches to the instance's dynamic
-    partitions; returns the pending batches, and what waits for the user (files already ingested that changed or
-    were removed: `SourceChanges.waiting`; new files all refused, whose batch was retired when registered), None
-    when nothing does."""
-    state = source_state(source, exclude=data_root)
-    if not state:
-        raise SourceError(
-            f"TOKENMILL_SOURCE has no .jsonl, .json, .txt or .csv file (or .gz, .zst of these) or .parquet: {source}"
-        )
-    if rebuild:
-        funnel = data_root / FUNNEL_FILE
-        with DataRootLock(data_root).acquire("tokenmill update --rebuild"):
-            new_key = start_generation(
-                data_root, source, state, after=read_json(funnel)["generation"] if funnel.exists() else 0
-            )
-            for stage in REBUILT_STAGES:
-                remove_stage(data_root / stage)
-        waiting = None
-    else:
-        new_key, changes = register_new_files(data_root, source, state)
-        waiting = changes.waiting()
-    registry = read_registry(data_root)
-    if new_key is not None and (retired := registry.batch(new_key).retired):  # every new file refused
-        held = quarantine(data_root, new_key) / REJECTED_FILE
-        refused = f"batch {new_key} {retired}{f' (listed in {held})' if held.exists() else ''}"
-        waiting = f"{refused}; {waiting}" if waiting else refused
-    keys = registry.live_keys
-    known = instance.get_dynamic_partitions(PARTITIONS_NAME)
-    if rebuild:  # the earlier generations' batches leave the instance's partitions
-        for key in sorted(set(known) - set(keys)):
-            instance.delete_dynamic_partition(PARTITIONS_NAME, key)
-    instance.add_dynamic_partitions(PARTITIONS_NAME, [k for k in keys if k not in known])
-    return pending_batches(data_root), waiting
-
-
-def retire(instance, data_root: Path, key: str, by: str) -> str:
-    """Retires batch `key` (`retire_batch`; hold the data root's lock) and removes its partition from the
-    instance; returns one line saying what was removed and where its rejected records are."""
-    removed = retire_batch(data_root, key, f"retired by {by}")
-    if key in instance.get_dynamic_partitions(PARTITIONS_NAME):
-        instance.delete_dynamic_partition(PARTITIONS_NAME, key)
-    held = quarantine(data_root, key) / REJECTED_FILE
-    return (
-        f"batch {key} retired: later batches no longer count it (removed: {', '.join(removed) or 'no output'}"
-        f"{f'; its rejected records: {held}' if held.exists() else ''}); its files come in again once they change"
-    )
 
 
 def summary(data_root: Path) -> str:
@@ -116,19 +42,6 @@ def summary(data_root: Path) -> str:
         "(tokenmill_loader.open_store)"
     )
     return "\n".join(lines)
-
-
-TOKENMILL_ERRORS = {"TokenmillError", *(cls.__name__ for cls in TokenmillError.__subclasses__())}
-
-
-def failure_reason(error) -> str:
-    """The TokenmillError at the root of a step failure (one line a user can act on), else the outermost error."""
-    outer = error
-    while error is not None:
-        if error.cls_name in TOKENMILL_ERRORS:  # Dagster records it as "<module>.<class>: <message>"
-            return error.message.strip().removeprefix("tokenmill.errors.")
-        error = error.cause
-    return outer.message.strip()
 
 
 def load_run_config(config_path: str | None) -> dict:
@@ -238,6 +151,7 @@ def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...
         return 2
     instance = dg.DagsterInstance.get() if home else dg.DagsterInstance.ephemeral()
     try:
+        from assets.batches import register_batches, retire
         from definitions import defs
         from resources import data_root_from_env, source_from_env
 
