@@ -11,8 +11,10 @@ import dagster as dg
 
 from tokenmill.common.io import STATS_FILE, read_json
 from tokenmill.errors import CheckFailedError
+from tokenmill.stages.dedup.checks import validate_exact_keys
 from tokenmill.stages.raw import RawSettings
-from tokenmill.validate import MAX_PROBLEMS, validate_exact_keys, validate_records, validate_token_shards
+from tokenmill.stages.tokenize.checks import validate_token_shards
+from tokenmill.validate import MAX_PROBLEMS, validate_records
 
 
 def _problems_md(problems: list[str]) -> dg.MetadataValue:

@@ -16,11 +16,11 @@ import tokenmill.stages.tokenize.stage as stage_mod
 from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json, write_stats
 from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer, verify
+from tokenmill.stages.tokenize.checks import validate_token_shards
 from tokenmill.stages.tokenize.encode import MIN_TASK_BYTES, SplitChunk, check_ids, encoder, piece_ids, plan_ranges
 from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer, pin_tokenizer
 from tokenmill.stages.tokenize.verify import find_records
-from tokenmill.validate import validate_token_shards
 from tokenmill_loader import RecordDataset, TokenDataset, open_store
 from tokenmill_loader.format import SPECIAL_TOKENS, TRAINING_TYPES
 

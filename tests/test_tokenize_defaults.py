@@ -12,10 +12,10 @@ from assets.metadata import tokenized_bins_metadata
 from tokenmill.common.io import read_json
 from tokenmill.common.samples import SAMPLE_CHARS, SAMPLES_PER_REASON
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_batches, train_tokenizer
+from tokenmill.stages.tokenize.checks import validate_token_shards
 from tokenmill.stages.tokenize.render import TrainingTypeChoice, split_hash, split_of
 from tokenmill.stages.tokenize.shards import REJECTED_JSON
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer
-from tokenmill.validate import validate_token_shards
 from tokenmill_loader import open_store
 from tokenmill_loader.format import read_record_ids
 

@@ -29,7 +29,7 @@ RUN_FACT_KEYS = frozenset(
 )
 REJECTED_FILE = "_rejected.jsonl"
 # each record shard as its stage wrote it (name, bytes, records, CRC-32), with what the stage found about the records
-# while writing them: an asset check reads these figures instead of re-parsing every record (tokenmill.validate)
+# while writing them: an asset check reads these figures instead of re-parsing every record (the checks)
 SHARDS_FILE = "_shards.json"
 READ_BLOCK = 1 << 20  # bytes per read when checksumming a file (memory stays flat whatever the shard size)
 REMOVED_FILE = "removed.jsonl"

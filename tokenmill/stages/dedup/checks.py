@@ -1,0 +1,108 @@
+"""The check behind deduped_jsonl's exact-duplicate asset check: no two kept records share an exact dedup key, from
+the figures the stage wrote when they show it, else by re-deriving every key."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import all_distinct, id_values, iter_jsonl, read_json, record_shards, shards_as_written
+from tokenmill.common.parallel import map_ordered
+from tokenmill.stages.dedup.index import INDEX_FORMAT, SEGMENT_FILE
+from tokenmill.stages.dedup.keys import dedup_keys, key_digest
+from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, Chunk
+
+
+@dataclass(frozen=True)
+class KeyDigestTask:
+    shard: Path
+    strip_symbols: bool
+    fold_chinese: bool
+
+
+def shard_key_digests(task: KeyDigestTask) -> list[tuple[str, bytes | None]]:
+    """(id, exact dedup key digest, None for an empty key) of each record of one shard, in order."""
+    batch = list(iter_jsonl(task.shard))
+    keys = dedup_keys([r["text"] for r in batch], task.strip_symbols, task.fold_chinese)
+    return [(r["id"], key_digest(key) if key else None) for r, key in zip(batch, keys)]
+
+
+def validate_exact_keys(stage_dir: Path, settings: dict, index_dir: Path) -> dict:
+    """No two records of the shards share an exact dedup key (`settings`: the dedup report's strip_symbols and
+    fold_chinese): from the figures when they show it (kept_by_index), else by audit_exact_keys."""
+    records = kept_by_index(stage_dir, settings, index_dir)
+    if records is not None:
+        return {"records": records, "problems": [], "audit": "figures"}
+    return audit_exact_keys(stage_dir, settings)
+
+
+def kept_by_index(stage_dir: Path, settings: dict, index_dir: Path) -> int | None:
+    """The records of a deduplicated batch folder when the figures show no two share an exact key: its shards are
+    as written, their ids (the CRC-32 of them, in order) are those of the records the batch's dedup index segment
+    `index_dir` keeps, and the key digests the segment holds for those (from the same keys, by dedup_keys and
+    key_digest) differ in their first 8 bytes. None when one of these does not hold."""
+    figures = shards_as_written(stage_dir)
+    if figures is None or figures.get("ids_crc32") is None:
+        return None
+    kept = segment_kept(Path(index_dir), settings)
+    if kept is None:
+        return None
+    ids, prefixes = kept
+    records = sum(f["records"] for f in figures["shards"])
+    if len(ids) != records or zlib.crc32(ids.tobytes()) != figures["ids_crc32"] or not all_distinct(prefixes):
+        return None
+    return records
+
+
+def segment_kept(segment: Path, settings: dict) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ids as uint64, first 8 bytes of the key digest) of the records a dedup index segment keeps, in order: those
+    it holds a key for (index.py). None when it is not there, or was built with other key settings or in another
+    format."""
+    if not (segment / SEGMENT_FILE).exists():
+        return None
+    manifest = read_json(segment / SEGMENT_FILE)
+    built = manifest.get("settings", {})
+    if manifest.get("format_version") != INDEX_FORMAT or any(
+        built.get(k) != settings[k] for k in ("strip_symbols", "fold_chinese")
+    ):
+        return None
+    ids, prefixes = [], []
+    for c in manifest["chunks"]:
+        chunk = Chunk(-1, c["name"], "", 0, 0, c["chunk"])
+
+        def load(step: str, suffix: str, chunk: Chunk = chunk) -> np.ndarray:
+            return np.load(chunk.step_file(segment, step, suffix))
+
+        kept = np.diff(load(KEYS_DIR, ".key_offsets.npy")) > 0
+        digits = load(DOCS_DIR, ".npy")["id"][kept]
+        if digits.dtype != np.dtype("S16"):
+            return None
+        chunk_ids = id_values(np.frombuffer(digits.tobytes(), dtype=np.uint8).reshape(-1, 16))
+        if chunk_ids is None:
+            return None
+        ids.append(chunk_ids)
+        by_record = np.empty(len(kept), dtype=np.uint64)  # the digest files are sorted by digest
+        by_record[load(KEYS_DIR, ".digest_ordinal.npy")] = load(KEYS_DIR, ".digest_prefix.npy")
+        prefixes.append(by_record[kept])
+    empty = [np.zeros(0, np.uint64)]
+    return np.concatenate(ids or empty), np.concatenate(prefixes or empty)
+
+
+def audit_exact_keys(stage_dir: Path, settings: dict) -> dict:
+    """validate_exact_keys by re-deriving every record's key (shards in parallel, map_ordered), in shard order."""
+    seen, problems, records = {}, [], 0
+    shards = record_shards(stage_dir)
+    tasks = [KeyDigestTask(shard, settings["strip_symbols"], settings["fold_chinese"]) for shard in shards]
+    for shard, digests in zip(shards, map_ordered(shard_key_digests, tasks)):
+        records += len(digests)
+        for record_id, digest in digests:
+            if digest is None:
+                continue  # nothing to compare: the report counts empty keys
+            if digest in seen:
+                problems.append(f"{record_id} duplicates {seen[digest]} ({shard.name})")
+            else:
+                seen[digest] = record_id
+    return {"records": records, "problems": problems, "audit": "records"}
