@@ -6,6 +6,7 @@ non-interactive shell it ignores SIGTERM, so it is stopped with SIGINT, then its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -211,3 +213,23 @@ class DagsterDev:
             value = next((e[k] for k in ("intValue", "floatValue", "mdStr", "text", "boolValue") if k in e), None)
             out[e["label"]] = value
         return out
+
+
+@contextlib.contextmanager
+def dev_with_source_batch(folder: Path, source: Path, workers: int = 2) -> Iterator[tuple[DagsterDev, object, str]]:
+    """A `dagster dev` over a copy of `source` (folder/source, data root folder/data, instance folder/home), the copy
+    registered as the first batch, as `tokenmill update` would: yields (dev, its instance, the batch key)."""
+    import dagster as dg
+
+    from assets.batches import register_batches
+
+    shutil.copytree(source, folder / "source")
+    env = {
+        "TOKENMILL_SOURCE": str(folder / "source"),
+        "TOKENMILL_DATA": str(folder / "data"),
+        "TOKENMILL_WORKERS": str(workers),
+    }
+    with DagsterDev(folder / "home", env=env) as dev:
+        with dg.DagsterInstance.from_config(str(dev.dagster_home)) as instance:
+            (batch,), _ = register_batches(instance, folder / "data", folder / "source")
+            yield dev, instance, batch

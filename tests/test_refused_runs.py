@@ -6,14 +6,12 @@ partition not failed, the asset's checks not failed, and the published materiali
 the launcher did not start (`dagster job execute`) fails at set-up with the same one line, not the data_root
 resource's name."""
 
-import shutil
 import time
 
 import dagster as dg
 import pytest
 
-from assets.batches import register_batches
-from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, DagsterDev
+from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, DagsterDev, dev_with_source_batch
 from resources.run_launcher import SETTINGS_MODULES, refused_settings
 
 REFUSED_CONFIG = {"ops": {"cleaned_jsonl": {"config": {"bp_threshold": 1.5}}}}
@@ -83,13 +81,8 @@ def test_a_run_the_launcher_did_not_start_fails_with_the_one_line_message():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_source):
-    tmp = tmp_path_factory.mktemp("refused_runs")
-    shutil.copytree(demo_source, tmp / "source")
-    env = {"TOKENMILL_SOURCE": str(tmp / "source"), "TOKENMILL_DATA": str(tmp / "data"), "TOKENMILL_WORKERS": "2"}
-    with DagsterDev(tmp / "home", env=env) as dev:
-        with dg.DagsterInstance.from_config(str(dev.dagster_home)) as instance:
-            (batch,), _ = register_batches(instance, tmp / "data", tmp / "source")
-            yield dev, batch
+    with dev_with_source_batch(tmp_path_factory.mktemp("refused_runs"), demo_source) as (dev, instance, batch):
+        yield dev, batch
 
 
 def launch(dev: DagsterDev, batch: str, assets: list[str], run_config: dict) -> str:

@@ -8,7 +8,6 @@ marked failed (the queue on PostgreSQL: tests/test_production.py)."""
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -17,8 +16,7 @@ import time
 import dagster as dg
 import pytest
 
-from assets.batches import register_batches
-from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, RUN_LOG_QUERY, DagsterDev
+from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, RUN_LOG_QUERY, DagsterDev, dev_with_source_batch
 from resources import DataRoot
 from tokenmill.common.lock import LOCK_FILE, DataRootLock, holder_gone
 
@@ -37,13 +35,8 @@ mutation Start($selector: SensorSelector!) {
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, demo_source):
-    tmp = tmp_path_factory.mktemp("run_processes")
-    shutil.copytree(demo_source, tmp / "source")
-    env = {"TOKENMILL_SOURCE": str(tmp / "source"), "TOKENMILL_DATA": str(tmp / "data"), "TOKENMILL_WORKERS": "2"}
-    with DagsterDev(tmp / "home", env=env) as dev:
-        with dg.DagsterInstance.from_config(str(dev.dagster_home)) as instance:
-            (batch,), _ = register_batches(instance, tmp / "data", tmp / "source")
-            yield dev, instance, batch
+    with dev_with_source_batch(tmp_path_factory.mktemp("run_processes"), demo_source) as (dev, instance, batch):
+        yield dev, instance, batch
 
 
 def finished(dev: DagsterDev, run_id: str) -> str:
