@@ -7,6 +7,7 @@ from assets.checks import CLEANED_RECORDS_VALID, cleaned_records_valid, publish_
 from assets.metadata import cleaned_jsonl_metadata, compute_metadata
 from resources import Compute, DataRoot
 from tokenmill.common.io import REJECTED_FILE, gather_batch_files, staged_output
+from tokenmill.stages import clean
 from tokenmill.stages.clean import CleanSettings, clean_corpus
 
 
@@ -18,7 +19,7 @@ class CleanConfig(CleanSettings, dg.Config):
     group_name="prepare",
     kinds={"python", "jsonl"},
     deps=["raw_records"],
-    code_version="1",
+    code_version=clean.VERSION,
     partitions_def=SOURCE_BATCHES,
     check_specs=[CLEANED_RECORDS_VALID],
 )

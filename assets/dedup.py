@@ -10,6 +10,7 @@ from resources import Compute, DataRoot
 from tokenmill.batches import read_registry
 from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, staged_output
 from tokenmill.errors import StaleUpstreamError
+from tokenmill.stages import dedup
 from tokenmill.stages.dedup import CLUSTERS_FILE, REPORT_FILE, DedupSettings, dedup_batch, write_deduped
 
 # said on each per-batch asset's page: its Overview holds one batch only
@@ -31,7 +32,7 @@ class DedupConfig(DedupSettings, dg.Config):
             group_name="dedup",
             kinds={"python", "numpy"},
             deps=["cleaned_jsonl"],
-            code_version="1",
+            code_version=dedup.VERSION,
             description="Which records of one batch are duplicates, and of which record: exact (SHA-256 of a "
             "normalized key) and near (shingles, MinHash, LSH bands chosen for the threshold, every candidate "
             "verified by exact Jaccard), within the batch by the keep rule and against every record kept from "
@@ -43,7 +44,7 @@ class DedupConfig(DedupSettings, dg.Config):
             group_name="dedup",
             kinds={"numpy"},
             deps=["cleaned_jsonl"],
-            code_version="1",
+            code_version=dedup.VERSION,
             description="The persistent dedup index, one segment per batch: exact-key digests, LSH band hashes and "
             "what verification needs for every record the batch kept, so later batches are deduplicated against "
             "them without re-reading earlier batches. " + PER_BATCH_PAGES,
@@ -85,7 +86,7 @@ def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, d
     group_name="dedup",
     kinds={"python", "jsonl"},
     deps=["dedup_report", "cleaned_jsonl"],
-    code_version="1",
+    code_version=dedup.VERSION,
     partitions_def=SOURCE_BATCHES,
     check_specs=[DEDUPED_NO_EXACT_DUPLICATES],
 )

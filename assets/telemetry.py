@@ -8,6 +8,7 @@ from assets.checks import FUNNEL_CONSERVED, funnel_conserved, publish_only_if_pa
 from assets.metadata import funnel_metadata
 from resources import DataRoot
 from tokenmill.common.io import atomic_write_json, staged_output
+from tokenmill.stages import telemetry
 from tokenmill.stages.telemetry import build_funnel, funnel_chart_png, history_row
 
 HISTORY_RUNS = 10  # materializations shown in the "how counts moved" chart
@@ -29,7 +30,7 @@ def previous_history_rows(context: dg.AssetExecutionContext, source: str) -> lis
     group_name="report",
     kinds={"python", "json"},
     deps=["raw_records", "cleaned_jsonl", "dedup_report", "deduped_jsonl", "tokenizer", "tokenized_bins"],
-    code_version="1",
+    code_version=telemetry.VERSION,
     check_specs=[FUNNEL_CONSERVED],
 )
 def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot):

@@ -8,6 +8,7 @@ from assets.metadata import compute_metadata, tokenized_bins_metadata, tokenizer
 from resources import Compute, DataRoot
 from tokenmill.common.io import batch_folders, staged_output
 from tokenmill.errors import CheckFailedError, StaleUpstreamError
+from tokenmill.stages import tokenize
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_batches, train_tokenizer
 from tokenmill.stages.tokenize.frozen import frozen_tokenizer_stats
 from tokenmill.stages.tokenize.versions import added_batches
@@ -21,7 +22,7 @@ class ShardConfig(ShardSettings, dg.Config):
     """The training type's rendering, the train/val split, shard size, token dtype and version retention."""
 
 
-@dg.asset(group_name="tokenize", kinds={"python", "huggingface"}, deps=["deduped_jsonl"], code_version="1")
+@dg.asset(group_name="tokenize", kinds={"python", "huggingface"}, deps=["deduped_jsonl"], code_version=tokenize.VERSION)
 def tokenizer(
     context: dg.AssetExecutionContext, config: TokenizerConfig, data_root: DataRoot, compute: Compute
 ) -> dg.MaterializeResult:
@@ -45,7 +46,7 @@ def tokenizer(
     group_name="tokenize",
     kinds={"python", "numpy"},
     deps=["deduped_jsonl", "tokenizer"],
-    code_version="1",
+    code_version=tokenize.VERSION,
     check_specs=[TOKEN_SHARDS_CONSISTENT],
 )
 def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_root: DataRoot, compute: Compute):

@@ -38,6 +38,10 @@ from tokenmill.exports.streams import dataset_version, open_splits, size_stats
 from tokenmill.settings import StageSettings
 from tokenmill_loader import Store, open_store
 
+# code_version of hf_parquet (Dagster shows what an older one built as stale): the date of the last
+# change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
+VERSION = "2026-12-03"
+
 RECORDS_DIR, TOKENIZED_DIR = "records", "tokenized"
 ROW_GROUP_ROWS = 4096  # rows held in memory at a time (a few MiB of text or tokens)
 IGNORE_INDEX = -100  # labels of masked tokens, what transformers' losses skip

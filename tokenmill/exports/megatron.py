@@ -24,6 +24,10 @@ from tokenmill.exports.streams import copy_key, dataset_version, open_splits, si
 from tokenmill_loader import Store
 from tokenmill_loader.format import GROUP_KEY, KIND_OF, MASK, RESPONSE_KEYS, TOKENS
 
+# code_version of megatron_indexed (Dagster shows what an older one built as stale): the date of the last
+# change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
+VERSION = "2026-12-03"
+
 INDEX_HEADER = b"MMIDIDX\x00\x00"
 INDEX_VERSION = 1
 DTYPE_CODES = {"uint8": 1, "int32": 4, "float32": 7, "uint16": 8}  # megatron.core's DType enum values

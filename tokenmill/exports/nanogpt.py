@@ -15,6 +15,10 @@ from pathlib import Path
 from tokenmill.errors import ConfigError
 from tokenmill.exports.streams import copy_key, dataset_version, open_splits, size_stats
 
+# code_version of nanogpt_bins (Dagster shows what an older one built as stale): the date of the last
+# change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
+VERSION = "2026-12-03"
+
 TOKENS_KEY, MASK_KEY = "sequence", "loss_mask"
 META_PKL = "meta.pkl"
 META_JSON = "meta.json"  # the same facts for readers that do not unpickle

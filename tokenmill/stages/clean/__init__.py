@@ -41,4 +41,8 @@ Output is byte-identical for any worker count; records in = out + rejected (chec
 from tokenmill.stages.clean.corpus import REASONS, clean_corpus
 from tokenmill.stages.clean.settings import CleanSettings
 
-__all__ = ["REASONS", "CleanSettings", "clean_corpus"]
+# code_version of cleaned_jsonl (Dagster shows what an older one built as stale): the date of the last
+# change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
+VERSION = "2026-12-03"
+
+__all__ = ["REASONS", "VERSION", "CleanSettings", "clean_corpus"]

@@ -20,10 +20,16 @@ from tokenmill.stages.dedup.layout import CLUSTERS_FILE, DECISION_DIR, REPORT_FI
 from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.stage import Partitions, build_dedup_report, dedup_batch
 
+# code_version of dedup_report, dedup_index and deduped_jsonl (Dagster shows what an older one built as stale):
+# the date of the last change to the output's bytes; bump it with such a change, not with a refactor that keeps
+# them byte-identical.
+VERSION = "2026-12-04"
+
 __all__ = [
     "CLUSTERS_FILE",
     "DECISION_DIR",
     "REPORT_FILE",
+    "VERSION",
     "DedupSettings",
     "Partitions",
     "build_dedup_report",

@@ -18,4 +18,8 @@ The shard format itself (names, keys, kinds, dtypes, manifest, validator) is tok
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
 from tokenmill.stages.tokenize.stage import tokenize_batches, tokenize_corpus, train_tokenizer
 
-__all__ = ["ShardSettings", "TokenizerSettings", "tokenize_batches", "tokenize_corpus", "train_tokenizer"]
+# code_version of tokenizer and tokenized_bins (Dagster shows what an older one built as stale): the date of the last
+# change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
+VERSION = "2026-12-04"
+
+__all__ = ["VERSION", "ShardSettings", "TokenizerSettings", "tokenize_batches", "tokenize_corpus", "train_tokenizer"]
