@@ -35,7 +35,7 @@ from tokenmill_loader.format import (
     dataset_manifest,
     dumps_compact,
     key_meta,
-    shard_name,
+    shard_folder_name,
 )
 
 SEQ_LEN, BATCH = 2048, 32
@@ -88,8 +88,10 @@ def make_dataset(root: Path, tokens: int, shards: int = 4, seed: int = 0, vocab:
             toks = rng.integers(3, vocab, size=int(offs[-1]), dtype=np.uint16)
             toks[offs[:-1]] = 0  # <s> at every document start
             toks.tofile(nano)
-            files = _write_shard(ds / shard_name(s), {"sequence": toks}, offs)
-            entries.append({"name": shard_name(s), "tokens": int(offs[-1]), "records": len(lens), "files": files})
+            files = _write_shard(ds / shard_folder_name(s), {"sequence": toks}, offs)
+            entries.append(
+                {"name": shard_folder_name(s), "tokens": int(offs[-1]), "records": len(lens), "files": files}
+            )
     _write_manifest(ds, "seq", vocab, entries)
     return ds
 
@@ -104,8 +106,10 @@ def make_sft(root: Path, n: int = 20000, seed: int = 1) -> Path:
     offs = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     toks = rng.integers(3, 4096, size=int(offs[-1]), dtype=np.uint16)
     mask = np.ones(int(offs[-1]), dtype=np.uint8)
-    files = _write_shard(ds / shard_name(0), {"sequence": toks, "loss_mask": mask}, offs)
-    _write_manifest(ds, "sft", 4096, [{"name": shard_name(0), "tokens": int(offs[-1]), "records": n, "files": files}])
+    files = _write_shard(ds / shard_folder_name(0), {"sequence": toks, "loss_mask": mask}, offs)
+    _write_manifest(
+        ds, "sft", 4096, [{"name": shard_folder_name(0), "tokens": int(offs[-1]), "records": n, "files": files}]
+    )
     return ds
 
 

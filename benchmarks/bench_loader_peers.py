@@ -105,7 +105,7 @@ def build_corpus(root: Path, dtype: str, total: int, sparse: bool) -> Path:
         dumps_compact,
         key_meta,
         shard_entry,
-        shard_name,
+        shard_folder_name,
     )
 
     base = root / f"{dtype}-{total}{'-sparse' if sparse else ''}"
@@ -126,7 +126,7 @@ def build_corpus(root: Path, dtype: str, total: int, sparse: bool) -> Path:
             cuts[-1] += 1
     entries = []
     for s, (a, b) in enumerate(zip(cuts, cuts[1:])):
-        folder = tm / shard_name(s)
+        folder = tm / shard_folder_name(s)
         folder.mkdir()
         n = int(cum[b] - cum[a])
         write_tokens(folder / data_file("sequence"), n, dtype, lens, a, sparse, seed=s)
@@ -134,7 +134,7 @@ def build_corpus(root: Path, dtype: str, total: int, sparse: bool) -> Path:
         (folder / SHARD_META_FILE).write_bytes(dumps_compact({"sequence": key_meta(dtype, offsets)}))
         files = {f: {"bytes": (folder / f).stat().st_size} for f in (data_file("sequence"), SHARD_META_FILE)}
         top = VOCAB[dtype] - 1
-        entries.append(shard_entry(shard_name(s), tokens=n, records=b - a, max_token_id=top, files=files))
+        entries.append(shard_entry(shard_folder_name(s), tokens=n, records=b - a, max_token_id=top, files=files))
     info = dataset_manifest(
         training_type="seq",
         split="train",

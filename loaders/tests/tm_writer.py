@@ -26,7 +26,7 @@ from tokenmill_loader.format import (
     key_dtype,
     key_meta,
     shard_entry,
-    shard_name,
+    shard_folder_name,
 )
 
 
@@ -80,7 +80,7 @@ def write_dataset(
     chunks = [records[i : i + n] for i in range(0, len(records), n)] or [[]]
     shards, keys = [], []
     for si, chunk in enumerate(chunks):
-        entry, keys = write_shard(root / shard_name(si), chunk, training_type, token_dtype)
+        entry, keys = write_shard(root / shard_folder_name(si), chunk, training_type, token_dtype)
         shards.append(entry)
     tokenizer = None
     if tokenizer_file:

@@ -97,7 +97,8 @@ class DatasetError(ValueError):
 SHARD_DIR = re.compile(r"shard-(\d{5,})")
 
 
-def shard_name(index: int) -> str:
+def shard_folder_name(index: int) -> str:
+    """The folder of a split's index-th shard (its data files, meta and record ids)."""
     return f"shard-{index:05d}"
 
 
@@ -338,10 +339,6 @@ def load_json(path: Path, what: str, digest: bool = True, offsets_as_arrays: boo
     return _put_arrays(content, arrays, nonce) if arrays else content, hashlib.sha256(
         data
     ).hexdigest() if digest else ""
-
-
-def read_json(path: Path, what: str):
-    return load_json(path, what, digest=False)[0]
 
 
 def _int(value, where, what: str, low: int | None = None, high: int | None = None) -> int:
@@ -696,7 +693,7 @@ def validate_dataset(
 
 def read_record_ids(shard_folder: Path) -> list[str]:
     """record_ids.json of a shard: the record id of each record, in order (lineage; the loader ignores it)."""
-    return read_json(Path(shard_folder) / RECORD_IDS_FILE, "record ids")
+    return load_json(Path(shard_folder) / RECORD_IDS_FILE, "record ids", digest=False)[0]
 
 
 def dumps_compact(obj) -> bytes:

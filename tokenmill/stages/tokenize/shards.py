@@ -36,7 +36,7 @@ from tokenmill_loader.format import (
     key_dtype,
     key_meta,
     shard_entry,
-    shard_name,
+    shard_folder_name,
     versioned_tokenizer_file,
 )
 
@@ -100,7 +100,7 @@ class ShardWriter:
         self._open = None
 
     def _start(self):
-        name = shard_name(self.first_index + len(self.shards))
+        name = shard_folder_name(self.first_index + len(self.shards))
         tmp = self.dir / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
