@@ -17,6 +17,9 @@ def main(argv: list[str] | None = None) -> int:
     lin.add_argument("position", type=int, help="token position in the split's token stream")
     lin.add_argument("--split", default="train")
     lin.add_argument("--key", default=None, help="token key (default: the dataset's first token key)")
+    lin.add_argument(
+        "--dataset-version", type=int, default=None, help="the version a training run read (default: the latest)"
+    )
     default_data = os.environ.get("TOKENMILL_DATA", str(Path(__file__).resolve().parent / "data"))
     lin.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
     exp = sub.add_parser(
@@ -62,10 +65,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "lineage":
         from tokenmill.lineage import locate_token
+        from tokenmill_loader import DatasetError
 
         try:
-            found = locate_token(Path(args.data), args.position, split=args.split, key=args.key)
-        except (FileNotFoundError, IndexError) as e:
+            found = locate_token(Path(args.data), args.position, args.split, args.key, args.dataset_version)
+        except (DatasetError, FileNotFoundError, IndexError, KeyError) as e:  # a missing split, an unknown key
             print(f"tokenmill lineage: {e}", file=sys.stderr)
             return 2
         print(json.dumps(found, ensure_ascii=False, indent=2))

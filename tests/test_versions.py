@@ -15,6 +15,7 @@ import torch
 
 from tokenmill.common.io import STATS_FILE, read_json
 from tokenmill.errors import CheckFailedError
+from tokenmill.lineage import locate_token
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_batches, train_tokenizer
 from tokenmill_loader import DataLoader, DatasetError, RecordDataset, TokenDataset, open_store
 from tokenmill_loader.format import list_versions, read_record_ids, version_file
@@ -125,6 +126,26 @@ def test_pinned_version_and_loader_state_of_another_version(tmp_path, world):
     assert pinned.state_dict() == state
     with pytest.raises(DatasetError, match=r"dataset\.v000007\.json: version 7 is not available.*available: 1, 2"):
         open_store(bins / "train", version=7)
+
+
+def test_lineage_reads_the_latest_or_a_pinned_version_through_the_loader(tmp_path, world):
+    root, batches = world
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "deduped_jsonl").symlink_to(root / "deduped_jsonl")
+    build(root, data / "tokenized_bins", batches[:1])
+    build(root, data / "tokenized_bins", batches[:2])
+    store = open_store(data / "tokenized_bins" / "train")
+    last = locate_token(data, store.num_items("sequence") - 1)  # in a shard only version 2 lists
+    assert last["dataset_version"] == 2 and last["record_id"] == list(records_by_id(store.real_path))[-1]
+    assert last["source"] == {"path": "g1-b0002.json", "line": last["source"]["line"]}
+    first = locate_token(data, 0)
+    assert (first["shard"], first["record_in_shard"], first["offset_in_record"]) == (store.parts[0].name, 0, 0)
+    with pytest.raises(IndexError, match="outside train/sequence"):
+        locate_token(data, store.num_items("sequence"))
+    first_version = open_store(data / "tokenized_bins" / "train", version=1)
+    pinned = locate_token(data, first_version.num_items("sequence") - 1, version=1)
+    assert pinned["dataset_version"] == 1 and pinned["source"]["path"] == "g1-b0001.json"
 
 
 def _age(bins: Path, version: int, hours: float) -> None:

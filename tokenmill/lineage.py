@@ -6,43 +6,42 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import REMOVED_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.common.io import REMOVED_FILE, iter_jsonl, record_shards
 from tokenmill.explain import find_in_shards
+from tokenmill_loader import open_store
+from tokenmill_loader.format import GROUP_KEY, RESPONSE_KEYS, TOKEN_KEYS, read_record_ids
 
 
-def locate_token(data_root: Path, position: int, split: str = "train", key: str | None = None) -> dict:
-    """Where token `position` of `split` came from.
+def locate_token(
+    data_root: Path, position: int, split: str = "train", key: str | None = None, version: int | None = None
+) -> dict:
+    """Where token `position` of `split` came from, in the dataset version a training run read (default: the
+    latest published).
 
-    Walks dataset.json (shard token counts) -> the shard's meta.json offsets -> record_ids.json, then finds the
-    record in deduped_jsonl and the records the dedup stage folded into it (removed.jsonl).
+    The loader's Store gives each shard's token count and offsets; the shard's record ids name the record, then
+    found in deduped_jsonl with the records the dedup stage folded into it (removed.jsonl).
     """
     data_root = Path(data_root)
-    folder = data_root / "tokenized_bins" / split
-    manifest = read_json(folder / "dataset.json")
-    key = key or next(k for k, v in manifest["keys"].items() if v.get("kind") == "tokens")
-    shard_tokens = []
-    for shard in manifest["shards"]:
-        meta = read_json(folder / shard["name"] / "meta.json")
-        shard_tokens.append(int(meta[key]["shape"][0]))
-    ends = np.cumsum(shard_tokens)
-    if not 0 <= position < (int(ends[-1]) if len(ends) else 0):
-        raise IndexError(
-            f"token position {position} is outside {split}/{key} (0..{int(ends[-1]) - 1 if len(ends) else -1})"
-        )
-    shard_idx = int(np.searchsorted(ends, position, side="right"))
-    local = position - (int(ends[shard_idx - 1]) if shard_idx else 0)
-    shard_dir = folder / manifest["shards"][shard_idx]["name"]
-    offsets = np.asarray(read_json(shard_dir / "meta.json")[key]["offsets"], dtype=np.int64)
+    store = open_store(data_root / "tokenized_bins" / split, version=version)
+    key = key or TOKEN_KEYS[store.training_type][0]
+    total = store.num_items(key)
+    if not 0 <= position < total:
+        raise IndexError(f"token position {position} is outside {split}/{key} (0..{total - 1})")
+    ends = np.cumsum([part.lengths.get(key, 0) for part in store.parts])
+    shard = int(np.searchsorted(ends, position, side="right"))
+    part = store.parts[shard]
+    local = position - (int(ends[shard - 1]) if shard else 0)
+    offsets = part.offsets[key]
     item = int(np.searchsorted(offsets, local, side="right")) - 1
-    record_ids = read_json(shard_dir / "record_ids.json")
-    record_index = _record_of_item(shard_dir, key, item)
-    record_id = record_ids[record_index]
+    record_index = _record_of_item(part.offsets, key, item)
+    record_id = read_record_ids(part.folder)[record_index]
     record = find_record(data_root / "deduped_jsonl", record_id)
     return {
         "split": split,
+        "dataset_version": store.version,
         "key": key,
         "position": position,
-        "shard": shard_dir.name,
+        "shard": part.name,
         "record_in_shard": record_index,
         "offset_in_record": int(local - offsets[item]),
         "record_id": record_id,
@@ -53,11 +52,10 @@ def locate_token(data_root: Path, position: int, split: str = "train", key: str 
     }
 
 
-def _record_of_item(shard_dir: Path, key: str, item: int) -> int:
+def _record_of_item(shard_offsets: dict[str, np.ndarray], key: str, item: int) -> int:
     """Item index -> record index: grpo responses are grouped by record through rewards' offsets."""
-    if key in ("responses", "masks"):
-        group = np.asarray(read_json(shard_dir / "meta.json")["rewards"]["offsets"], dtype=np.int64)
-        return int(np.searchsorted(group, item, side="right")) - 1
+    if key in RESPONSE_KEYS and GROUP_KEY in shard_offsets:
+        return int(np.searchsorted(shard_offsets[GROUP_KEY], item, side="right")) - 1
     return item
 
 
