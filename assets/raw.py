@@ -19,6 +19,7 @@ from tokenmill.common.io import (
     staged_output,
 )
 from tokenmill.errors import CheckFailedError, SourceError
+from tokenmill.stages import raw
 from tokenmill.stages.raw import RawSettings, ingest
 
 
@@ -29,7 +30,7 @@ class RawConfig(RawSettings, dg.Config):
 @dg.asset(
     group_name="ingest",
     kinds={"python", "jsonl"},
-    code_version="1",
+    code_version=raw.VERSION,
     partitions_def=SOURCE_BATCHES,
     check_specs=[RAW_RECORDS_NOT_EMPTY],
 )
