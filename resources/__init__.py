@@ -162,25 +162,36 @@ class DataRoot(dg.ConfigurableResource):
     def check_run_tags(self, run: dg.DagsterRun) -> None:
         """Before anything is written: the data root and source a tokenmill_all run is tagged with (the code
         location's own) are the ones this run would use, and the run names its source batch."""
+        if (moved := self.moved_by_run_config(run)) is not None:
+            raise ConfigError(moved)
+        tagged_source = run.tags.get(SOURCE_TAG)
+        self.usable(Path(tagged_source) if tagged_source else None)
+        if (missing := self.missing_batch(run)) is not None:
+            raise ConfigError(missing)
 
+    def moved_by_run_config(self, run: dg.DagsterRun) -> str | None:
+        """Why the run may not start when its run config moves the data root away from its tag, else None."""
         tagged_root = run.tags.get(DATA_ROOT_TAG)
         if tagged_root and Path(tagged_root).resolve() != self.path(""):
-            raise ConfigError(
+            return (
                 f"data_root.root: the run config moves the data root to {self.path('')}, but this run is tagged "
                 f"{DATA_ROOT_TAG}={tagged_root}; run config may not change where a tokenmill_all run writes "
                 "(set TOKENMILL_DATA where the code location starts)"
             )
-        tagged_source = run.tags.get(SOURCE_TAG)
-        self.usable(Path(tagged_source) if tagged_source else None)
-        if run.job_name == WHOLE_GRAPH_JOB and run.tags.get(PARTITION_TAG) is None:
-            batches = ", ".join(read_registry(self.path("")).keys[-3:]) or "none yet: run `tokenmill update`"
-            tags = json.dumps({PARTITION_TAG: "<batch>"})
-            raise ConfigError(
-                f"{WHOLE_GRAPH_JOB} runs one source batch (the latest: {batches}): choose it with `dg launch --job "
-                f"{WHOLE_GRAPH_JOB} --partition <batch>`, `dagster job execute -m definitions -j {WHOLE_GRAPH_JOB} "
-                f"--tags '{tags}'` or the UI's partition dialog, or run `tokenmill "
-                "update`, which registers the new files and runs every pending batch"
-            )
+        return None
+
+    def missing_batch(self, run: dg.DagsterRun) -> str | None:
+        """Why a tokenmill_all run may not start when it names no source batch, else None."""
+        if run.job_name != WHOLE_GRAPH_JOB or run.tags.get(PARTITION_TAG) is not None:
+            return None
+        batches = ", ".join(read_registry(self.path("")).keys[-3:]) or "none yet: run `tokenmill update`"
+        tags = json.dumps({PARTITION_TAG: "<batch>"})
+        return (
+            f"{WHOLE_GRAPH_JOB} runs one source batch (the latest: {batches}): choose it with `dg launch --job "
+            f"{WHOLE_GRAPH_JOB} --partition <batch>`, `dagster job execute -m definitions -j {WHOLE_GRAPH_JOB} "
+            f"--tags '{tags}'` or the UI's partition dialog, or run `tokenmill "
+            "update`, which registers the new files and runs every pending batch"
+        )
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if self._lock is not None:
@@ -258,6 +269,17 @@ class Compute(dg.ConfigurableResource):
 
 def source_from_env() -> CorpusSource:
     return CorpusSource(path=os.environ.get("TOKENMILL_SOURCE", str(DEFAULT_SOURCE)))
+
+
+def data_root_of_run(run: dg.DagsterRun) -> DataRoot | None:
+    """The DataRoot a run sets up: the code location's (its environment) with the run config's fields over it;
+    None when the run config's fields are not valid (the run's own set-up says why)."""
+    default = data_root_from_env()
+    config = (((run.run_config or {}).get("resources") or {}).get("data_root") or {}).get("config") or {}
+    try:
+        return DataRoot(**{"root": default.root, "lock_wait_seconds": default.lock_wait_seconds, **config})
+    except (TypeError, ValueError, dg.DagsterError):  # pydantic's ValidationError is a ValueError
+        return None
 
 
 def data_root_from_env() -> DataRoot:

@@ -9,7 +9,8 @@ Runs refused before any work: Dagster's config schema carries no bounds, so the 
 `invalid run config, nothing was run: <asset>.<field>: ...` as the cancel message. A FAILED run would show its
 assets red, their checks failed and its partitions Failed until a later run succeeds; a canceled one leaves each as
 its last materialization (Dagster marks a partition failed and a planned check "execution failed" only for a run
-that ended in FAILURE)."""
+that ended in FAILURE). Runs the DataRoot would refuse without touching the disk (a tokenmill_all run naming no
+batch, run config moving the tagged data root) are canceled the same way."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import importlib
 import dagster as dg
 from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus  # the launcher API's types
 
-from resources import data_root_from_env, dead_holder_message
+from resources import data_root_from_env, data_root_of_run, dead_holder_message
 from tokenmill.batches import DATA_ROOT_TAG
 from tokenmill.common.lock import holder_gone, read_holder
 from tokenmill.errors import ConfigError
@@ -45,6 +46,16 @@ def refused_settings(run_config: dict | None) -> str | None:
     return None
 
 
+def refused_placement(run: dg.DagsterRun) -> str | None:
+    """Why the run's DataRoot would refuse it at set-up without touching the disk (run config moving a tagged data
+    root; a tokenmill_all run without a batch), else None. Refused here, the run ends canceled, not failed."""
+    data_root = data_root_of_run(run)
+    if data_root is None:
+        return None
+    problem = data_root.moved_by_run_config(run) or data_root.missing_batch(run)
+    return None if problem is None else f"nothing was run: {problem}"
+
+
 class DataRootRunLauncher(dg.DefaultRunLauncher):
     """Dagster's default run launcher (a run process per run, started by the code server) that first refuses a run
     whose stage settings are invalid (marked canceled with the one-line message, no process started), with the
@@ -57,7 +68,7 @@ class DataRootRunLauncher(dg.DefaultRunLauncher):
 
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
-        refused = refused_settings(run.run_config)
+        refused = refused_settings(run.run_config) or refused_placement(run)
         if refused is None:
             super().launch_run(context)
             return

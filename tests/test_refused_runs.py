@@ -13,6 +13,7 @@ import pytest
 
 from devtools.dagster_server import LAUNCH_ASSETS_MUTATION, DagsterDev, dev_with_source_batch
 from resources.run_launcher import SETTINGS_MODULES, refused_settings
+from tokenmill.batches import DATA_ROOT_TAG
 
 REFUSED_CONFIG = {"ops": {"cleaned_jsonl": {"config": {"bp_threshold": 1.5}}}}
 REFUSED_MESSAGE = (
@@ -149,3 +150,38 @@ def test_a_refused_launch_ends_canceled_with_the_message_and_fails_nothing(serve
     assert after["latest"]["latestRun"] == {"id": run_id, "status": "CANCELED"}  # the UI shows red only for FAILURE
     for name, (execution,) in after["checks"].items():
         assert execution["status"] not in ("FAILED", "EXECUTION_FAILED"), (name, execution)
+
+
+def launch_job(dev: DagsterDev, tags: dict, run_config: dict) -> str:
+    """A launch of the tokenmill_all job with these tags and run config, as the launchpad sends it."""
+    selector = {"repositoryLocationName": "tokenmill", "repositoryName": "__repository__", "jobName": "tokenmill_all"}
+    params = {
+        "selector": selector,
+        "runConfigData": run_config,
+        "executionMetadata": {"tags": [{"key": k, "value": v} for k, v in tags.items()]},
+    }
+    launched = dev.graphql(LAUNCH_ASSETS_MUTATION, {"params": params})["launchRun"]
+    assert launched["__typename"] == "LaunchRunSuccess", launched
+    return launched["run"]["runId"]
+
+
+def test_runs_the_data_root_would_refuse_end_canceled_naming_why(server, tmp_path):
+    """A tokenmill_all run without a batch, and one whose run config moves its tagged data root, are refused by the
+    launcher the same way: canceled with the DataRoot's one-line reason, no process, nothing written elsewhere."""
+    dev, batch = server
+    data = dev.env["TOKENMILL_DATA"]
+    elsewhere = tmp_path / "elsewhere"
+    cases = {
+        "runs one source batch": ({DATA_ROOT_TAG: data}, {}),
+        f"moves the data root to {elsewhere}": (
+            {DATA_ROOT_TAG: data, "dagster/partition": batch},
+            {"resources": {"data_root": {"config": {"root": str(elsewhere)}}}},
+        ),
+    }
+    for reason, (tags, run_config) in cases.items():
+        run_id = launch_job(dev, tags, run_config)
+        run = finished(dev, run_id)
+        assert run["runOrError"]["status"] == "CANCELED", (reason, run_id, dev.log_path)
+        (canceled,) = [e for e in run["logsForRun"]["events"] if e["__typename"] == "RunCanceledEvent"]
+        assert canceled["message"].startswith("nothing was run: ") and reason in canceled["message"], canceled
+    assert not elsewhere.exists()

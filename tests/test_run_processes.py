@@ -1,6 +1,6 @@
 """Every run process ends with its run: a real `dagster dev`, runs launched through GraphQL (a failed step, a config
 the launcher refuses: canceled before any process starts, tests/test_refused_runs.py; a run refused at set-up after
-its worker pool started; a success) and one by the sensor through the daemon. Within
+its worker pool started: its data root is a file; a success) and one by the sensor through the daemon. Within
 10 s of each run's end neither its process nor its workers are left, and the code server's process tree does not
 grow run after run (each leaked run kept ~340 MB). And a run that died holding its data root's lock is found and
 marked failed (the queue on PostgreSQL: tests/test_production.py)."""
@@ -105,15 +105,17 @@ def launch(
 
 def test_every_run_process_ends_and_the_code_server_does_not_grow(server):
     dev, instance, batch = server
+    # a data root that is a file: refused by the DataRoot at set-up (after the run's pool started), not at launch
+    on_a_file = {"resources": {"data_root": {"config": {"root": str(dev.dagster_home / "dagster.yaml")}}}}
     memory = []
     checked = [
         ("a failed step", lambda: launch(dev, batch, ["cleaned_jsonl"]), "FAILURE"),  # raw_records not written yet
         ("a config refused at launch", lambda: launch(dev, batch, ["cleaned_jsonl"], REFUSED_CONFIG), "CANCELED"),
-        ("a run refused at set-up", lambda: launch(dev, None, [], job="tokenmill_all"), "FAILURE"),  # no batch
+        ("a run refused at set-up", lambda: launch(dev, batch, ["raw_records"], on_a_file), "FAILURE"),
         ("a success", lambda: launch(dev, batch, ["raw_records"]), "SUCCESS"),
         ("the sensor's run", lambda: sensor_run(dev, instance), "SUCCESS"),
     ]
-    refused = ("a run refused at set-up", lambda: launch(dev, None, [], job="tokenmill_all"), "FAILURE")
+    refused = ("a run refused at set-up", lambda: launch(dev, batch, ["raw_records"], on_a_file), "FAILURE")
     for what, start, expected in checked + [refused] * (MEMORY_RUNS - len(checked)):
         run_id = start()
         assert finished(dev, run_id) == expected, f"{what}: run {run_id}; log {dev.log_path}"
