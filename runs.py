@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from tokenmill.batches import FUNNEL_FILE, pending_batches, read_registry
+from tokenmill.common.cache import cache_folder
 from tokenmill.common.io import REJECTED_FILE, read_json
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import local_workers, workers_kept
@@ -86,7 +87,7 @@ def write_run_log(instance, run_id: str) -> Path:
     import logging
 
     home = os.environ.get("DAGSTER_HOME")
-    folder = Path(home) if home else Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
+    folder = Path(home) if home else cache_folder()
     lines = []
     for e in instance.all_logs(run_id):
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.timestamp))

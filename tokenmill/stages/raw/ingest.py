@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
 import time
 import zlib
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,13 +35,6 @@ from tokenmill.stages.raw.discover import (
     source_fingerprint,
     source_state,
 )
-from tokenmill.stages.raw.read_csv import read_csv
-from tokenmill.stages.raw.read_html import read_html
-from tokenmill.stages.raw.read_json import read_json
-from tokenmill.stages.raw.read_jsonl import read_jsonl
-from tokenmill.stages.raw.read_parquet import read_parquet
-from tokenmill.stages.raw.read_txt import read_txt
-from tokenmill.stages.raw.read_warc import read_warc
 from tokenmill.stages.raw.records import Mapped, map_record
 from tokenmill.stages.raw.settings import RawSettings
 from tokenmill.stages.raw.stream import TOO_DEEP, Bad, CorruptInput, FileTooLarge, Found, Rejected, Skipped, snip
@@ -62,8 +56,23 @@ REASONS = (
     "extraction_empty",
     "extraction_failed",
 )
-READER_FUNCS = {"jsonl": read_jsonl, "json": read_json, "txt": read_txt, "csv": read_csv, "parquet": read_parquet}
-READER_FUNCS |= {"warc": read_warc, "html": read_html}
+# each format's reader, module `tokenmill.stages.raw.<name>`, imported when a file of that format is read: the web and
+# Parquet readers load trafilatura, FastWARC and pyarrow (~0.3 s), which a run over JSONL never needs
+READERS = {
+    "jsonl": "read_jsonl",
+    "json": "read_json",
+    "txt": "read_txt",
+    "csv": "read_csv",
+    "parquet": "read_parquet",
+    "warc": "read_warc",
+    "html": "read_html",
+}
+
+
+def reader(kind: str) -> Callable[[str, str | None, RawSettings], Iterator[Found | Bad]]:
+    """The reader of files of format `kind` (a key of READERS)."""
+    name = READERS[kind]
+    return getattr(importlib.import_module(f"tokenmill.stages.raw.{name}"), name)
 
 
 @dataclass(frozen=True)
@@ -204,7 +213,7 @@ class _FileIngest:
 
     def _read(self) -> None:
         kind, compression = reader_kind(self.src.rel)
-        items, last = READER_FUNCS[kind](self.src.path, compression, self.settings), None
+        items, last = reader(kind)(self.src.path, compression, self.settings), None
         while True:
             try:  # only reading fails a file: a failed write of ours (disk full) must stop the run
                 item = next(items, None)
