@@ -148,11 +148,11 @@ def text_bar(n: int, of: int, width: int) -> str:
     return "█" * (eighths // 8) + EIGHTHS[eighths % 8]
 
 
-def png_image(path: Path, alt: str) -> dg.MetadataValue:
-    """A PNG shown in the page itself (a data: URI in Markdown), so it opens from the browser, not only on the
+def svg_image(path: Path, alt: str) -> dg.MetadataValue:
+    """An SVG image shown in the page itself (a data: URI in Markdown), so it opens from the browser, not only on the
     machine that wrote it."""
     data = base64.b64encode(Path(path).read_bytes()).decode("ascii")
-    return dg.MetadataValue.md(f"![{alt}](data:image/png;base64,{data})")
+    return dg.MetadataValue.md(f"![{alt}](data:image/svg+xml;base64,{data})")
 
 
 def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
@@ -184,7 +184,7 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         if split
     ]
     token_md = markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value
-    chart_file = Path(folder) / "funnel.png"
+    chart_file = Path(folder) / "funnel.svg"
     return {
         **source_metadata(folder),
         "funnel": markdown_table(chart),
@@ -195,7 +195,7 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         **languages_table(
             funnel.get("languages") or [], ["records_cleaned", "records_tokenized", "tokens", "token_share"]
         ),
-        **({"chart": png_image(chart_file, "funnel.png")} if chart_file.exists() else {}),
+        **({"chart": svg_image(chart_file, "funnel.svg")} if chart_file.exists() else {}),
         "pii_masked": dg.MetadataValue.json(funnel.get("pii_masked", {})),
         "history_row": dg.MetadataValue.json(history),
         "input_records": first["docs_in"],

@@ -9,7 +9,8 @@ from assets.metadata import funnel_metadata
 from resources import DataRoot
 from tokenmill.common.io import atomic_write_json, staged_output
 from tokenmill.stages import telemetry
-from tokenmill.stages.telemetry import build_funnel, funnel_chart_png, history_row
+from tokenmill.stages.funnel_chart import funnel_chart_svg
+from tokenmill.stages.telemetry import build_funnel, history_row
 
 HISTORY_RUNS = 10  # materializations shown in the "how counts moved" chart
 
@@ -39,7 +40,7 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot):
     Built from the `_stats.json` each stage measured. `funnel.json` is machine-readable; the page shows the funnel
     with bars (each stage's share of the input), the drops per reason and per language, the tokens and every
     batch's counts, its Plots view how the counts moved across materializations, and `chart` draws both
-    (`funnel.png`, embedded in the page: Show Markdown).
+    (`funnel.svg`, embedded in the page: Show Markdown).
     """
     start = time.perf_counter()
     funnel = build_funnel(data_root.path(""))
@@ -47,7 +48,7 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot):
     check = funnel_conserved(funnel)
     with staged_output(data_root.path("funnel_telemetry")) as out:
         atomic_write_json(out / "funnel.json", funnel)
-        funnel_chart_png(funnel, previous_history_rows(context, funnel["source"]), out / "funnel.png")
+        funnel_chart_svg(funnel, previous_history_rows(context, funnel["source"]), out / "funnel.svg")
         yield from publish_only_if_passed(check)  # blocking: a funnel that loses records would mark its batch done
     metadata = funnel_metadata(funnel, history, data_root.path("funnel_telemetry"))
     yield dg.MaterializeResult(

@@ -148,7 +148,7 @@ def test_shingle_unit_follows_meta_language():
 POETRY_FILES = ("全唐诗/poet.tang.0.json", "全唐诗/poet.tang.1000.json", "宋词/ci.song.0.json", "诗经/shijing.json")
 # run statistics: they differ between any two runs (seconds) and gained per-language entries (languages,
 # dropped_language, identify_language seconds; the funnel's table and chart; tokenized_bins' per-batch totals)
-RUN_STATISTICS = ("_stats.json", "funnel.json", "funnel.png", "tokenized_bins/_batches/")
+RUN_STATISTICS = ("_stats.json", "funnel.json", "funnel.svg", "tokenized_bins/_batches/")
 # what may differ in the other JSON files: the record files' sizes, offsets and CRCs (their meta grew)
 SIZE_KEYS = frozenset({"bytes", "start", "end", "corpus_bytes", "crc32"})
 

@@ -4,8 +4,8 @@ The Dagster UI (1.13) shows a markdown entry inline only under 1,000 characters,
 as plain text, and plots every numeric entry across materializations (the Plots view).
 """
 
-import os
 import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import dagster as dg
@@ -19,8 +19,8 @@ from assets.metadata import (
     tokenizer_metadata,
 )
 from definitions import ASSETS
-from tokenmill.common import parallel
-from tokenmill.stages.telemetry import funnel_figure, history_row
+from tokenmill.stages.funnel_chart import funnel_svg
+from tokenmill.stages.telemetry import history_row
 
 UI_INLINE_MD_CHARS = 1000  # Dagster's MetadataEntry: `entry.mdStr.length < 1000` renders inline
 
@@ -62,7 +62,7 @@ def test_funnel_shows_inline_with_input_and_output_counts_apart(tmp_path):
     funnel = meta["funnel"].value
     for label in ("input records", "raw records", "after cleaning", "after dedup", "tokenized"):
         assert re.search(rf"\| {label} \| [\d,]+ \| [\d.]+% \| █+[▏▎▍▌▋▊▉]? \|", funnel), label
-    assert "chart" not in meta  # no funnel.png in tmp_path: nothing to embed
+    assert "chart" not in meta  # no funnel.svg in tmp_path: nothing to embed
     dropped = table_rows(meta["dropped"])  # any number of reasons, always inline
     assert len(dropped) == 13 + 2 + 2 and {"stage": "after dedup", "reason": "near_duplicate", "records": 46} in dropped
     # numeric entries: the Plots view draws each across materializations; the input is not named after a stage
@@ -74,26 +74,22 @@ def test_funnel_shows_inline_with_input_and_output_counts_apart(tmp_path):
 
 def test_history_chart_keeps_a_row_equal_to_the_next_visible():
     """tokenized == after dedup in every run: the earlier row is drawn larger, under, in another shape."""
-    fig = funnel_figure(FUNNEL, [history_row(FUNNEL)] * 3)
-    lines = fig.axes[1].get_lines()
-    assert [ln.get_label() for ln in lines] == ["input", "raw records", "after cleaning", "after dedup", "tokenized"]
-    dedup, tokenized = lines[3], lines[4]
-    assert list(dedup.get_ydata()) == list(tokenized.get_ydata())
-    for under, over in zip(lines, lines[1:]):
-        assert under.get_markersize() > over.get_markersize() and under.get_zorder() < over.get_zorder()
-        assert (under.get_marker(), under.get_linestyle()) != (over.get_marker(), over.get_linestyle())
+    svg = ET.fromstring(funnel_svg(FUNNEL, [history_row(FUNNEL)] * 3))
+    rows = [g.attrib for g in svg.iter("{http://www.w3.org/2000/svg}g") if g.get("class") == "row"]
+    assert [r["data-label"] for r in rows] == ["input", "raw records", "after cleaning", "after dedup", "tokenized"]
+    dedup, tokenized = rows[3], rows[4]
+    assert dedup["data-values"] == tokenized["data-values"]
+    for under, over in zip(rows, rows[1:]):  # drawn in this order: a later row lies on top
+        assert float(under["data-size"]) > float(over["data-size"]) and under["data-marker"] != over["data-marker"]
 
 
-def test_drawing_the_funnel_keeps_the_environment_and_so_the_worker_pool(monkeypatch):
-    """matplotlib's settings are not left in os.environ: the run's pool (keyed by the environment its workers
-    started with) serves the steps after the funnel instead of being replaced."""
-    monkeypatch.delenv("MPLBACKEND", raising=False)
-    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
-    pool = parallel._shared_pool(2)
-    before = dict(os.environ)
-    funnel_figure(FUNNEL, [history_row(FUNNEL)])
-    assert dict(os.environ) == before
-    assert parallel._shared_pool(2) is pool
+def test_funnel_chart_escapes_labels_and_draws_a_language_panel():
+    languages = [{"language": f"l{i}", "records_tokenized": 1, "tokens": 10 + i} for i in range(15)]
+    funnel = {**FUNNEL, "stages": [{**FUNNEL["stages"][0], "label": "raw <&> records"}, *FUNNEL["stages"][1:]]}
+    svg = funnel_svg({**funnel, "languages": languages}, [])
+    root = ET.fromstring(svg)  # well-formed although a label holds markup characters
+    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "raw <&> records" in texts and "other (3)" in texts and root.get("width") == "1200"
 
 
 def clean_stats(**extra) -> dict:

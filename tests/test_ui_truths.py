@@ -103,9 +103,9 @@ def test_text_bar_resolves_an_eighth_of_a_character():
 def test_funnel_chart_is_embedded_as_an_image_the_browser_opens(demo):
     data, meta, _ = demo
     chart = meta["funnel_telemetry"]["chart"]
-    match = re.fullmatch(r"!\[funnel\.png\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", chart)
+    match = re.fullmatch(r"!\[funnel\.svg\]\(data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)\)", chart)
     assert match
-    assert base64.b64decode(match.group(1)) == (data / "funnel_telemetry" / "funnel.png").read_bytes()
+    assert base64.b64decode(match.group(1)) == (data / "funnel_telemetry" / "funnel.svg").read_bytes()
 
 
 def test_drops_per_rule_per_language_summed_over_batches(tmp_path):

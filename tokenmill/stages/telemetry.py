@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from tokenmill.errors import StaleUpstreamError
 
 # code_version of funnel_telemetry (Dagster shows what an older one built as stale): the date of the last
 # change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
-VERSION = "2026-12-03"
+VERSION = "2026-12-04"
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
 RECORD_STAGES = (
@@ -176,93 +175,6 @@ def dropped_by_language(data_root: Path) -> dict[str, dict[str, int]]:
             for reason, n in reasons.items():
                 counts[reason] = counts.get(reason, 0) + int(n)
     return {language: dict(sorted(reasons.items())) for language, reasons in sorted(total.items())}
-
-
-# one look per funnel row, drawn in order: each later row has a smaller marker of another shape on top, so a row
-# whose counts equal the next one's (nothing dropped: tokenized = after dedup) still shows around it
-HISTORY_MARKERS = ("o", "s", "D", "^", "v", "P")
-HISTORY_LINESTYLES = ("-", "--", "-.", ":")
-
-
-def _figure_class():
-    """matplotlib's Figure (not pyplot: no global figure registry, and ~0.3 s less to import), imported with the
-    Agg backend and its font cache and config in tokenmill's documented cache folder, not ~/.cache and ~/.config.
-    The variables are set only while matplotlib reads them (at import): the environment the run's worker pool was
-    started with stays as it was, so the next parallel step keeps that pool instead of starting another."""
-    cache = Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
-    wanted = {"MPLBACKEND": "Agg", "MPLCONFIGDIR": str(cache / "matplotlib")}
-    added = [name for name in wanted if name not in os.environ]
-    os.environ.update({name: wanted[name] for name in added})
-    try:
-        from matplotlib.figure import Figure
-    finally:
-        for name in added:
-            del os.environ[name]
-    return Figure
-
-
-def funnel_figure(funnel: dict, history: list[dict]):
-    """Bars of the funnel, and how the stage counts moved over past materializations (oldest first)."""
-    Figure = _figure_class()  # noqa: N806 (a class)
-    labels = ["input"] + [s["label"] for s in funnel["stages"]]
-    counts = [funnel["stages"][0]["docs_in"]] + [s["docs_out"] for s in funnel["stages"]]
-    languages = funnel.get("languages") or []
-    fig = Figure(figsize=(15 if languages else 10, 3.6), dpi=80)
-    bars, lines, *by_language = fig.subplots(1, 3 if languages else 2)
-    bars.barh(labels[::-1], counts[::-1], color="#4f6bed")
-    for y, c in enumerate(counts[::-1]):
-        bars.text(c, y, f" {c:,}", va="center", fontsize=8)
-    bars.set_title("records per stage")
-    bars.set_xlim(0, max(counts) * 1.25 or 1)
-    runs = history + [{label: c for label, c in zip(labels, counts)}]
-    for i, label in enumerate(labels):
-        lines.plot(
-            range(1, len(runs) + 1),
-            [r.get(label) for r in runs],
-            marker=HISTORY_MARKERS[i % len(HISTORY_MARKERS)],
-            markersize=4 + 2.5 * (len(labels) - 1 - i),
-            linestyle=HISTORY_LINESTYLES[i % len(HISTORY_LINESTYLES)],
-            zorder=2 + i,
-            label=label,
-        )
-    lines.set_title(f"last {len(runs)} materializations")
-    lines.set_xlabel("materialization")
-    lines.legend(fontsize=7)
-    if by_language:
-        language_bars(by_language[0], languages)
-    fig.tight_layout()
-    return fig
-
-
-LANGUAGES_DRAWN = 12  # bars of the per-language chart; the other languages are summed into one "other" bar
-
-
-def language_bars(ax, rows: list[dict]) -> None:
-    """Tokens per language (language_rows, most first) as horizontal bars labelled with records and tokens."""
-    shown = rows[:LANGUAGES_DRAWN]
-    rest = rows[LANGUAGES_DRAWN:]
-    if rest:
-        shown = shown + [
-            {
-                "language": f"other ({len(rest)})",
-                "records_tokenized": sum(r["records_tokenized"] for r in rest),
-                "tokens": sum(r["tokens"] for r in rest),
-            }
-        ]
-    labels = [r["language"] for r in shown][::-1]
-    tokens = [r["tokens"] for r in shown][::-1]
-    ax.barh(labels, tokens, color="#2a9d8f")
-    for y, r in enumerate(shown[::-1]):
-        ax.text(r["tokens"], y, f" {r['tokens']:,} tok, {r['records_tokenized']:,} rec", va="center", fontsize=7)
-    ax.set_title("tokens per language (meta.language)")
-    ax.set_xlim(0, max(tokens) * 1.6 or 1)
-    ax.set_xticks([])  # each bar is labelled with its figures
-
-
-def funnel_chart_png(funnel: dict, history: list[dict], path: Path) -> Path:
-    """`funnel_figure` saved as a PNG."""
-    funnel_figure(funnel, history).savefig(path)
-    return path
 
 
 def history_row(funnel: dict) -> dict:
