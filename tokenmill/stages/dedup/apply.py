@@ -53,19 +53,7 @@ class ApplyResult:
 
 def apply_chunk(task: ApplyTask) -> ApplyResult:
     chunk = task.chunk
-    removed = {}
-    if task.decisions.exists():
-        dec = np.load(task.decisions)
-        removed = {
-            o: (i.decode("utf-8"), k.decode("utf-8"), lv, float(s))
-            for o, i, k, lv, s in zip(
-                dec["ordinal"].tolist(),
-                dec["id"].tolist(),
-                dec["kept_id"].tolist(),
-                dec["level"].tolist(),
-                dec["similarity"].tolist(),
-            )
-        }
+    removed = _read_decisions(task.decisions)
     kept_path, removed_path = task.tmp_dir / f"{chunk.stem}.kept", task.tmp_dir / f"{chunk.stem}.removed"
     kept, dropped = [], 0
     levels = [0, 0]
@@ -77,21 +65,7 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
                 kept.append(line.rstrip(b"\r"))
                 continue
             rec = parse(chunk, ordinal, line)
-            rid, kept_id, lv, sim = hit
-            if str(rec.get("id")) != rid:
-                raise StaleUpstreamError(
-                    f"{chunk.path}: record {ordinal + 1} of chunk {chunk.chunk} has id "
-                    f"{rec.get('id')!r}, the dedup report expected {rid!r}: cleaned_jsonl "
-                    "changed since dedup_report was built; rematerialize dedup_report"
-                )
-            entry = {
-                "id": rid,
-                "duplicate_of": kept_id,
-                "level": LEVEL_NAMES[lv],
-                "similarity": round(sim, 4),
-                "reason": f"{LEVEL_NAMES[lv]}_duplicate",
-                "source": rec.get("source"),
-            }
+            entry, lv = _removed_entry(chunk, ordinal, rec, hit), hit[2]
             if texts[lv] > 0 and isinstance(rec.get("text"), str):
                 texts[lv] -= 1
                 entry = with_text(entry, rec["text"])
@@ -108,24 +82,49 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
     return ApplyResult(len(kept), dropped, (levels[0], levels[1]), str(kept_path), str(removed_path), line_ids(kept))
 
 
+def _read_decisions(path: Path) -> dict[int, tuple[str, str, int, float]]:
+    """{ordinal: (id, kept id, level, similarity)} of a chunk's removed records (none without a decisions file)."""
+    if not path.exists():
+        return {}
+    dec = np.load(path)
+    return {
+        o: (i.decode("utf-8"), k.decode("utf-8"), lv, float(s))
+        for o, i, k, lv, s in zip(
+            dec["ordinal"].tolist(),
+            dec["id"].tolist(),
+            dec["kept_id"].tolist(),
+            dec["level"].tolist(),
+            dec["similarity"].tolist(),
+        )
+    }
+
+
+def _removed_entry(chunk: Chunk, ordinal: int, rec: dict, decision: tuple[str, str, int, float]) -> dict:
+    """removed.jsonl's entry of a removed record, once its id is checked against the decision."""
+    rid, kept_id, lv, sim = decision
+    if str(rec.get("id")) != rid:
+        raise StaleUpstreamError(
+            f"{chunk.path}: record {ordinal + 1} of chunk {chunk.chunk} has id "
+            f"{rec.get('id')!r}, the dedup report expected {rid!r}: cleaned_jsonl "
+            "changed since dedup_report was built; rematerialize dedup_report"
+        )
+    return {
+        "id": rid,
+        "duplicate_of": kept_id,
+        "level": LEVEL_NAMES[lv],
+        "similarity": round(sim, 4),
+        "reason": f"{LEVEL_NAMES[lv]}_duplicate",
+        "source": rec.get("source"),
+    }
+
+
 def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | None = None, log=None) -> dict:
     """Writes the survivors of `in_dir` to `out_dir` (same shard names) and removed.jsonl, per the report."""
     t_start = time.perf_counter()
     in_dir, report_dir, out_dir = Path(in_dir), Path(report_dir), Path(out_dir)
     workers = default_workers() if workers is None else workers
     report = read_json(report_dir / REPORT_FILE)
-    shards = {p.name: p for p in record_shards(in_dir)}
-    expected = {s["name"]: s["bytes"] for s in report["input"]["shards"]}
-    actual = {name: p.stat().st_size for name, p in shards.items()}
-    if expected != actual:
-        raise StaleUpstreamError(
-            f"cleaned_jsonl shards {sorted(actual)} differ from those dedup_report read "
-            f"({sorted(expected)}, or sizes changed): rematerialize dedup_report"
-        )
-    chunks = [
-        Chunk(0, c["name"], str(shards[c["name"]]), c["start"], c["end"], c["chunk"], records=c["records"])
-        for c in report["input"]["chunks"]
-    ]
+    shards, chunks = _report_chunks(in_dir, report)
     tmp_dir = out_dir / ".chunks"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     decisions = [report_dir / DECISION_DIR / f"{c.stem}.npz" for c in chunks]
@@ -136,14 +135,7 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
         results.append(r)
         progress.advance(r.kept + r.removed)
     progress.finish()
-    by_shard: dict[str, list[ApplyResult]] = {name: [] for name in shards}
-    for c, r in zip(chunks, results):
-        by_shard[c.name].append(r)
-    figures = []
-    for name, parts in by_shard.items():  # an empty input shard stays an (empty) output shard
-        size, crc = concat_files([r.kept_path for r in parts], out_dir / name)
-        figures.append(shard_figures(name, size, sum(r.kept for r in parts), crc))
-    concat_files([r.removed_path for r in results], out_dir / REMOVED_FILE)
+    figures = _concat_shards(out_dir, shards, chunks, results)
     tmp_dir.rmdir()
     kept, dropped = sum(r.kept for r in results), sum(r.removed for r in results)
     if dropped != report["counts"]["records_removed"]:
@@ -163,6 +155,38 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
     write_stats(out_dir, stats)
     atomic_write_json(out_dir / SHARDS_FILE, {"shards": figures, "ids_crc32": kept_ids_crc32(results)})
     return stats
+
+
+def _report_chunks(in_dir: Path, report: dict) -> tuple[dict[str, Path], list[Chunk]]:
+    """The input shards by name and the chunks the report decided on, once the shards are checked to be those the
+    report read."""
+    shards = {p.name: p for p in record_shards(in_dir)}
+    expected = {s["name"]: s["bytes"] for s in report["input"]["shards"]}
+    actual = {name: p.stat().st_size for name, p in shards.items()}
+    if expected != actual:
+        raise StaleUpstreamError(
+            f"cleaned_jsonl shards {sorted(actual)} differ from those dedup_report read "
+            f"({sorted(expected)}, or sizes changed): rematerialize dedup_report"
+        )
+    chunks = [
+        Chunk(0, c["name"], str(shards[c["name"]]), c["start"], c["end"], c["chunk"], records=c["records"])
+        for c in report["input"]["chunks"]
+    ]
+    return shards, chunks
+
+
+def _concat_shards(out_dir: Path, shards: dict, chunks: list[Chunk], results: list[ApplyResult]) -> list[dict]:
+    """Joins the chunks' survivors into their shards and the removed entries into removed.jsonl; returns the
+    shards' figures."""
+    by_shard: dict[str, list[ApplyResult]] = {name: [] for name in shards}
+    for c, r in zip(chunks, results):
+        by_shard[c.name].append(r)
+    figures = []
+    for name, parts in by_shard.items():  # an empty input shard stays an (empty) output shard
+        size, crc = concat_files([r.kept_path for r in parts], out_dir / name)
+        figures.append(shard_figures(name, size, sum(r.kept for r in parts), crc))
+    concat_files([r.removed_path for r in results], out_dir / REMOVED_FILE)
+    return figures
 
 
 def text_quotas(decisions: list[Path]) -> list[tuple[int, int]]:

@@ -34,6 +34,7 @@ from tokenmill.stages.dedup.layout import (
     VERIFIED_DTYPE,
     Chunk,
     Corpus,
+    DocumentTable,
     folder,
 )
 
@@ -45,16 +46,15 @@ class ClusterTask:
     exact_files: tuple[Path, ...]
     verified_files: tuple[Path, ...]
     keep: str
-    base_docs: int = 0  # documents below are indexed (earlier batches)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Clusters:
     """The clustering of the involved documents, indexed locally (0..n-1 in input order); `doc` maps a local index
     to the global one. `group` is the exact group (numbered by first member), `star` the cluster's center group."""
 
     doc: np.ndarray
-    docs: dict
+    docs: DocumentTable
     group: np.ndarray
     star: np.ndarray
     kept_doc: np.ndarray
@@ -69,6 +69,10 @@ class Clusters:
     components_with_several_kept: int
     group_best: np.ndarray  # the most preferred record of each document's exact group (local index)
     keep: str  # the keep rule
+    rank: np.ndarray  # each document's rank under the keep rule (0 = most preferred)
+    component: np.ndarray  # each document's component (union-find root: a group)
+    component_size: np.ndarray  # per group that is a component's root: the component's documents
+    group_ordinal: np.ndarray  # per group: its global number (the component's number, for a root)
 
 
 def _load(files, dtype) -> np.ndarray:
@@ -85,24 +89,24 @@ QUALITY = (
 SOURCE_ORDER = (("path", "earlier in source"), ("loc", "earlier in source"), ("id_rank", "smaller id"))
 
 
-def keep_criteria(docs: dict, rule: str) -> list[tuple[np.ndarray, str]]:
+def keep_criteria(docs: DocumentTable, rule: str) -> list[tuple[np.ndarray, str]]:
     """The keep rule's order as (key, reason) pairs, most significant first, smaller preferred: indexed records
     (earlier batches) first, then the rule's own criterion, quality ties (richest_meta, longest), source order."""
-    indexed = [(~docs["indexed"], "kept by an earlier batch")]
+    indexed = [(~docs.indexed, "kept by an earlier batch")]
     if rule in ("first", "first_seen"):
-        return [*indexed, (np.arange(len(docs["meta_count"])), "earlier in input")]
-    main = (-docs["meta_count"], "richer metadata") if rule == "richest_meta" else (-docs["text_len"], "longer text")
-    quality = [(docs[k], reason) for k, reason in QUALITY]
-    id_rank = np.argsort(np.argsort(docs["ids"], kind="stable"), kind="stable")
-    source = [(id_rank if k == "id_rank" else docs[k], reason) for k, reason in SOURCE_ORDER]
+        return [*indexed, (np.arange(len(docs.meta_count)), "earlier in input")]
+    main = (-docs.meta_count, "richer metadata") if rule == "richest_meta" else (-docs.text_len, "longer text")
+    quality = [(getattr(docs, k), reason) for k, reason in QUALITY]
+    id_rank = np.argsort(np.argsort(docs.ids, kind="stable"), kind="stable")
+    source = [(id_rank if k == "id_rank" else getattr(docs, k), reason) for k, reason in SOURCE_ORDER]
     return [*indexed, main, *quality, *source]
 
 
-def _preference(docs: dict, rule: str) -> np.ndarray:
+def _preference(docs: DocumentTable, rule: str) -> np.ndarray:
     """Rank of every document under the keep rule (0 = most preferred); ties are impossible (ids are unique, and
     the input position breaks any remaining tie)."""
     keys = [k for k, _ in keep_criteria(docs, rule)]
-    idx = np.arange(len(docs["meta_count"]))
+    idx = np.arange(len(docs.meta_count))
     rank = np.empty(len(idx), dtype=np.int64)
     rank[np.lexsort((idx, *keys[::-1]))] = idx
     return rank
@@ -153,85 +157,95 @@ def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarra
     return center, sim, best
 
 
-def _source(docs: dict, d: int) -> dict:
-    src = {"path": docs["paths"][int(docs["path"][d])]}
-    kind = LOC_KIND[int(docs["loc_kind"][d])]
+def _source(docs: DocumentTable, d: int) -> dict:
+    src = {"path": docs.paths[int(docs.path[d])]}
+    kind = LOC_KIND[int(docs.loc_kind[d])]
     if kind:
-        src[kind] = int(docs["loc"][d])
+        src[kind] = int(docs.loc[d])
     return src
 
 
-def _id(docs: dict, d: int) -> str:
-    return docs["ids"][d].decode("utf-8")
+def _id(docs: DocumentTable, d: int) -> str:
+    return docs.ids[d].decode("utf-8")
 
 
-def kept_role(docs: dict, d: int) -> str:
+def kept_role(docs: DocumentTable, d: int) -> str:
     """A cluster's surviving record: "kept", or "indexed" when an earlier batch kept it (dedup_batch)."""
-    return "indexed" if docs["indexed"][d] else "kept"
+    return "indexed" if docs.indexed[d] else "kept"
 
 
-def _write_clusters(
-    out_dir,
-    docs,
-    star,
-    comp,
-    comp_size,
-    removed,
-    level,
-    similarity,
-    verified,
-    verified_sims,
-    cluster_roots,
-    rank,
-    kept_doc,
-    keep: str,
-) -> int:
+def removal_levels(c: Clusters) -> dict[int, tuple[int, float]]:
+    """{removed document: (level, similarity)}."""
+    return dict(zip(c.removed.tolist(), zip(c.level.tolist(), c.similarity.tolist())))
+
+
+def write_clusters(out_dir: Path, c: Clusters) -> int:
     """clusters.jsonl: one line per cluster (one kept record and the records removed as its duplicates),
     ordered by the kept record's input position; `component` links clusters that union-find joined. A removed
     member names what it duplicates (`duplicate_of`) where that is not the cluster's kept record (first_seen: an
-    exact copy of a near duplicate)."""
-    lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
-    edges: dict[int, list] = {}
-    links: dict[int, list] = {}  # verified pairs between two clusters of one component (a chain cut)
-    for (a, b), s in zip(verified.tolist(), verified_sims.tolist()):
-        pair = [_id(docs, a), _id(docs, b), round(float(s), 4)]
-        if star[a] == star[b]:
-            edges.setdefault(int(star[a]), []).append(pair)
-        else:
-            links.setdefault(int(star[a]), []).append(pair)
-            links.setdefault(int(star[b]), []).append(pair)
-    members_sorted = np.flatnonzero(np.isin(star, cluster_roots))
-    members_sorted = members_sorted[np.lexsort((rank[members_sorted], star[members_sorted]))]
-    bounds = np.flatnonzero(np.diff(star[members_sorted])) + 1
-    runs = np.split(members_sorted, bounds) if len(members_sorted) else []
-    runs.sort(key=lambda r: int(r[0]))
-    criteria = keep_criteria(docs, keep)
+    exact copy of a near duplicate). Returns the clusters written."""
+    verified_pairs, linked_pairs = _pairs_by_cluster(c)
+    criteria = keep_criteria(c.docs, c.keep)
+    levels = removal_levels(c)
     with JsonlWriter(out_dir / CLUSTERS_FILE) as w:
-        for i, run in enumerate(runs):
-            kept = int(run[0])
-            members = [{"id": _id(docs, kept), "role": kept_role(docs, kept), "source": _source(docs, kept)}]
-            for d in run[1:].tolist():
-                lv, sim = lvl[d]
-                member = {"id": _id(docs, d), "role": "removed", "level": LEVEL_NAMES[lv], "similarity": round(sim, 4)}
-                if kept_doc[d] != kept:
-                    member["duplicate_of"] = _id(docs, int(kept_doc[d]))
-                members.append({**member, "source": _source(docs, d)})
-            levels = {m.get("level") for m in members[1:]}
+        for i, members in enumerate(_cluster_members(c)):
+            kept, star = int(members[0]), int(c.star[members[0]])
+            rows = [_kept_member(c.docs, kept)] + [_removed_member(c, d, kept, levels[d]) for d in members[1:].tolist()]
+            member_levels = {m.get("level") for m in rows[1:]}
             w.write(
                 {
                     "cluster": i,
-                    "kept": _id(docs, kept),
-                    "reason": keep_reason(criteria, kept, int(run[1])),
-                    "size": len(run),
-                    "level": levels.pop() if len(levels) == 1 else "mixed",
-                    "members": members,
-                    "verified_pairs": edges.get(int(star[kept]), []),
-                    "linked_pairs": links.get(int(star[kept]), []),
-                    "component": int(docs["comp_ordinal"][comp[kept]]),
-                    "component_size": int(comp_size[comp[kept]]),
+                    "kept": _id(c.docs, kept),
+                    "reason": keep_reason(criteria, kept, int(members[1])),
+                    "size": len(members),
+                    "level": member_levels.pop() if len(member_levels) == 1 else "mixed",
+                    "members": rows,
+                    "verified_pairs": verified_pairs.get(star, []),
+                    "linked_pairs": linked_pairs.get(star, []),
+                    "component": int(c.group_ordinal[c.component[kept]]),
+                    "component_size": int(c.component_size[c.component[kept]]),
                 }
             )
         return w.count
+
+
+def _pairs_by_cluster(c: Clusters) -> tuple[dict[int, list], dict[int, list]]:
+    """The verified pairs as [id, id, similarity], by star: those within a cluster, and those linking two
+    clusters of one component (a chain cut), listed under both."""
+    within: dict[int, list] = {}
+    linking: dict[int, list] = {}
+    for (a, b), s in zip(c.verified.tolist(), c.verified_sims.tolist()):
+        pair = [_id(c.docs, a), _id(c.docs, b), round(float(s), 4)]
+        if c.star[a] == c.star[b]:
+            within.setdefault(int(c.star[a]), []).append(pair)
+        else:
+            linking.setdefault(int(c.star[a]), []).append(pair)
+            linking.setdefault(int(c.star[b]), []).append(pair)
+    return within, linking
+
+
+def _cluster_members(c: Clusters) -> list[np.ndarray]:
+    """The members of each cluster of two or more, the kept record first then in keep-rule order; the clusters
+    ordered by their kept record's input position."""
+    members = np.flatnonzero(np.isin(c.star, c.cluster_roots))
+    members = members[np.lexsort((c.rank[members], c.star[members]))]
+    clusters = np.split(members, np.flatnonzero(np.diff(c.star[members])) + 1) if len(members) else []
+    clusters.sort(key=lambda m: int(m[0]))
+    return clusters
+
+
+def _kept_member(docs: DocumentTable, d: int) -> dict:
+    return {"id": _id(docs, d), "role": kept_role(docs, d), "source": _source(docs, d)}
+
+
+def _removed_member(c: Clusters, d: int, kept: int, removal: tuple[int, float]) -> dict:
+    """A removed member's entry in clusters.jsonl: its level and similarity, and the record it duplicates where
+    that is not the cluster's kept one."""
+    level, similarity = removal
+    member = {"id": _id(c.docs, d), "role": "removed", "level": LEVEL_NAMES[level], "similarity": round(similarity, 4)}
+    if c.kept_doc[d] != kept:
+        member["duplicate_of"] = _id(c.docs, int(c.kept_doc[d]))
+    return {**member, "source": _source(c.docs, d)}
 
 
 def _group_ordinals(reps: np.ndarray, exact: np.ndarray) -> np.ndarray:
@@ -242,100 +256,94 @@ def _group_ordinals(reps: np.ndarray, exact: np.ndarray) -> np.ndarray:
 
 
 def build_clusters(task: ClusterTask) -> Clusters:
+    """The clusters and keep decisions of the documents in some exact group of two or more or in some verified
+    pair (see the module docstring)."""
     exact = np.sort(_load(task.exact_files, EXACT_DTYPE), order="doc")
     ver = _load(task.verified_files, VERIFIED_DTYPE)  # files in range order, each sorted: sorted
     doc = np.union1d(exact["doc"], np.concatenate([ver["a"], ver["b"]]))
-    docs, docs["paths"] = Corpus(task.out_dir, list(task.chunks)).rows(doc)
-    docs["indexed"] = doc < task.base_docs
+    docs = Corpus(task.out_dir, list(task.chunks)).rows(doc)
+    reps, group = _exact_group_of(doc, exact)
+    n_groups = len(reps)
+    verified = np.stack([np.searchsorted(doc, ver["a"]), np.searchsorted(doc, ver["b"])], axis=1).astype(np.int64)
+    verified_sims = ver["sim"].astype(np.float64)
+    group_pairs = group[verified]
+    component_of_group = _components(n_groups, group_pairs)
+    component = component_of_group[group]
+    component_size = np.bincount(component, minlength=n_groups)
+    rank = _preference(docs, task.keep)
+    center, center_sim, best = _assign(group, n_groups, rank, group_pairs, verified_sims)
+    star = center[group]  # cluster = center group
+    kept_doc, removed, level, similarity = _removals(group, star, best, center_sim, task.keep)
+    star_size = np.bincount(star, minlength=n_groups)
+    cluster_roots = np.flatnonzero(star_size >= 2)
+    kept_per_component = np.bincount(component_of_group[np.unique(star)], minlength=n_groups)
+    return Clusters(
+        doc=doc,
+        docs=docs,
+        group=group,
+        star=star,
+        kept_doc=kept_doc,
+        removed=removed,
+        level=level,
+        similarity=similarity,
+        verified=verified,
+        verified_sims=verified_sims,
+        cluster_roots=cluster_roots,
+        sizes=star_size[cluster_roots],
+        components=int((component_size >= 2).sum()),
+        components_with_several_kept=int((kept_per_component >= 2).sum()),
+        group_best=best[group],
+        keep=task.keep,
+        rank=rank,
+        component=component,
+        component_size=component_size,
+        group_ordinal=_group_ordinals(reps, exact),
+    )
+
+
+def _exact_group_of(doc: np.ndarray, exact: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reps, group): the groups' representatives (first members, ascending) and each document's group (an index
+    into reps); a document in no exact group is a group of its own."""
     rep = doc.copy()
     rep[np.searchsorted(doc, exact["doc"])] = exact["rep"]
     reps, group = np.unique(rep, return_inverse=True)
-    group = group.ravel().astype(np.int64)
-    n_docs, n_groups = len(doc), len(reps)
-    verified = (
-        np.stack([np.searchsorted(doc, ver["a"]), np.searchsorted(doc, ver["b"])], axis=1)
-        if len(ver)
-        else np.empty((0, 2), dtype=np.int64)
-    )
-    verified_sims = ver["sim"].astype(np.float64)
-    g_edges = (
-        np.stack([group[verified[:, 0]], group[verified[:, 1]]], axis=1)
-        if len(verified)
-        else np.empty((0, 2), dtype=np.int64)
-    )
+    return reps, group.ravel().astype(np.int64)
+
+
+def _components(n_groups: int, group_pairs: np.ndarray) -> np.ndarray:
+    """The union-find root of each group over the verified pairs between groups."""
     uf = mh.UnionFind(n_groups)
-    uf.union_pairs(g_edges.tolist())
-    comp_of_group = uf.roots()
-    comp = comp_of_group[group]
-    comp_size = np.bincount(comp, minlength=n_groups)
-    rank = _preference(docs, task.keep)
-    center, center_sim, best = _assign(group, n_groups, rank, g_edges, verified_sims)
-    star = center[group]  # cluster = center group
+    uf.union_pairs(group_pairs.tolist())
+    return uf.roots()
+
+
+def _removals(group: np.ndarray, star: np.ndarray, best: np.ndarray, center_sim: np.ndarray, keep: str):
+    """(kept_doc, removed, level, similarity): the record each document is kept as or duplicates, the removed
+    documents, and each removal's level (0 exact, 1 near) and similarity to the record it names."""
+    n_docs = len(group)
     kept_doc = best[star]
     group_best = best[group]
     exact_member = group_best != np.arange(n_docs)
-    if task.keep == "first_seen":  # an exact copy names the first record with its key, kept or not
+    if keep == "first_seen":  # an exact copy names the first record with its key, kept or not
         kept_doc = np.where(exact_member, group_best, kept_doc)
     removed = np.flatnonzero(kept_doc != np.arange(n_docs))
-    exact_level = exact_member if task.keep == "first_seen" else group == star
+    exact_level = exact_member if keep == "first_seen" else group == star
     level = np.where(exact_level[removed], 0, 1).astype(np.uint8)
     similarity = np.where(level == 0, 1.0, center_sim[group[removed]])
-    star_size = np.bincount(star, minlength=n_groups)
-    cluster_roots = np.flatnonzero(star_size >= 2)
-    kept_per_comp = np.bincount(comp_of_group[np.unique(star)], minlength=n_groups)
-    docs["doc"], docs["comp"], docs["comp_size"], docs["rank"] = doc, comp, comp_size, rank
-    docs["comp_ordinal"] = _group_ordinals(reps, exact)
-    return Clusters(
-        doc,
-        docs,
-        group,
-        star,
-        kept_doc,
-        removed,
-        level,
-        similarity,
-        verified,
-        verified_sims,
-        cluster_roots,
-        star_size[cluster_roots],
-        int((comp_size >= 2).sum()),
-        int((kept_per_comp >= 2).sum()),
-        group_best,
-        task.keep,
-    )
+    return kept_doc, removed, level, similarity
 
 
 def write_decisions(out_dir: Path, chunks: list[Chunk], c: Clusters) -> None:
     """decisions/<stem>.npz per chunk with removals: ordinal, id, kept id, level, similarity (by ordinal)."""
-    removed = c.removed
-    chunk = c.docs["chunk"][removed]
+    chunk = c.docs.chunk[c.removed]
     dec_dir = folder(out_dir, DECISION_DIR)
     for ci in np.unique(chunk).tolist():
-        r = removed[chunk == ci]
+        r = c.removed[chunk == ci]
         np.savez(
             dec_dir / f"{chunks[ci].stem}.npz",
-            ordinal=c.docs["ordinal"][r],
-            id=c.docs["ids"][r],
-            kept_id=c.docs["ids"][c.kept_doc[r]],
+            ordinal=c.docs.ordinal[r],
+            id=c.docs.ids[r],
+            kept_id=c.docs.ids[c.kept_doc[r]],
             level=c.level[chunk == ci],
             similarity=c.similarity[chunk == ci].astype(np.float32),
         )
-
-
-def write_clusters(out_dir: Path, c: Clusters) -> int:
-    return _write_clusters(
-        out_dir,
-        c.docs,
-        c.star,
-        c.docs["comp"],
-        c.docs["comp_size"],
-        c.removed,
-        c.level,
-        c.similarity,
-        c.verified,
-        c.verified_sims,
-        c.cluster_roots,
-        c.docs["rank"],
-        c.kept_doc,
-        c.keep,
-    )

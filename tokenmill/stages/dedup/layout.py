@@ -225,6 +225,26 @@ class NpyRows:
 TABLE_FIELDS = ("meta_count", "text_len", "key_len", "loc", "loc_kind", "garbage", "bad_case", "repeats")
 
 
+@dataclass(frozen=True)
+class DocumentTable:
+    """The document-table fields of some documents (Corpus.rows), an array each, in the order asked for."""
+
+    meta_count: np.ndarray
+    text_len: np.ndarray
+    key_len: np.ndarray
+    loc: np.ndarray
+    loc_kind: np.ndarray
+    garbage: np.ndarray
+    bad_case: np.ndarray
+    repeats: np.ndarray
+    ids: np.ndarray  # bytes
+    path: np.ndarray  # an index into `paths`
+    paths: list[str]  # the source paths in natural order, so comparing indices compares paths
+    chunk: np.ndarray  # index of the document's chunk
+    ordinal: np.ndarray  # its record within the chunk
+    indexed: np.ndarray  # in an index segment (an earlier batch's record, dedup_batch)
+
+
 class Corpus:
     """Read access by global document index to the per-chunk document tables and keys, so a task holds only the
     documents it asks for."""
@@ -255,9 +275,8 @@ class Corpus:
     def _paths(self, c: int) -> list[str]:
         return json.loads(self._file(c, DOCS_DIR, ".paths.json").read_text(encoding="utf-8"))
 
-    def rows(self, docs: np.ndarray) -> tuple[dict, list[str]]:
-        """The document-table fields of `docs` (ascending global indices) as arrays, with `path` as an index into
-        the returned list of paths (sorted in natural order, so comparing indices compares paths)."""
+    def rows(self, docs: np.ndarray) -> DocumentTable:
+        """The document-table fields of `docs` (ascending global indices) as arrays."""
         c, o = self.locate(docs)
         parts = []
         for ci in np.unique(c).tolist():
@@ -266,22 +285,28 @@ class Corpus:
             # would count in its resident memory, and the involved documents are spread over every page
             part = np.load(self._file(ci, DOCS_DIR, ".npy"))[o[sel]]
             parts.append((sel, part, self._paths(ci)))
-        fields = {k: np.empty(len(docs), dtype=np.int64) for k in (*TABLE_FIELDS, "path")}
+        fields = {k: np.empty(len(docs), dtype=np.int64) for k in (*TABLE_FIELDS, "path")}  # filled chunk by chunk
         width = max([p.dtype["id"].itemsize for _, p, _ in parts] + [1])
-        fields["ids"] = np.empty(len(docs), dtype=f"S{width}")
+        ids = np.empty(len(docs), dtype=f"S{width}")
         path_names = []
         for sel, part, names in parts:
             for k in TABLE_FIELDS:
                 fields[k][sel] = part[k]
-            fields["ids"][sel] = part["id"]
+            ids[sel] = part["id"]
             fields["path"][sel] = part["path"] + len(path_names)
             path_names.extend(names)
         paths = sorted(set(path_names), key=lambda p: (natural_key(p), p))
         rank = {p: i for i, p in enumerate(paths)}
         remap = np.asarray([rank[p] for p in path_names] + [0], dtype=np.int64)
-        fields["path"] = remap[fields["path"]]
-        fields["chunk"], fields["ordinal"] = c, o
-        return fields, paths
+        return DocumentTable(
+            **{k: fields[k] for k in TABLE_FIELDS},
+            ids=ids,
+            path=remap[fields["path"]],
+            paths=paths,
+            chunk=c,
+            ordinal=o,
+            indexed=np.asarray([bool(ch.root) for ch in self.chunks], dtype=bool)[c],
+        )
 
     def shingle_units(self, docs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(units, by_word): each document's key length in shingle units (code points, or words) and the unit."""

@@ -12,7 +12,15 @@ import numpy as np
 from tokenmill.common.io import atomic_write_json, write_stats
 from tokenmill.explain import find_line
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.clusters import Clusters, _id, _source, keep_criteria, keep_reason, kept_role
+from tokenmill.stages.dedup.clusters import (
+    Clusters,
+    _id,
+    _source,
+    keep_criteria,
+    keep_reason,
+    kept_role,
+    removal_levels,
+)
 from tokenmill.stages.dedup.layout import (
     CLUSTERS_FILE,
     DECISION_DIR,
@@ -20,6 +28,7 @@ from tokenmill.stages.dedup.layout import (
     REPORT_FILE,
     SIGNATURE_DIR,
     Chunk,
+    DocumentTable,
     chunk_lines,
     parse,
 )
@@ -39,16 +48,16 @@ KEEP_ORDER = {
 SAMPLE_MEMBERS = 8  # records shown per sample cluster (the kept one first); clusters.jsonl lists them all
 
 
-def _texts(chunks: list[Chunk], docs: dict, wanted: list[int]) -> dict:
+def _texts(chunks: list[Chunk], docs: DocumentTable, wanted: list[int]) -> dict:
     """{local index: text} of the wanted documents, re-read from their chunks; an indexed record's from its own
     batch's cleaned records (the folder next to this batch's named as its index segment; None where absent)."""
     by_chunk: dict[int, dict[int, int]] = {}
     out = dict.fromkeys(wanted)
     batch_dir = next((Path(ch.path).parent for ch in chunks if not ch.root), None)
     for d in wanted:
-        chunk = chunks[int(docs["chunk"][d])]
+        chunk = chunks[int(docs.chunk[d])]
         if not chunk.root:
-            by_chunk.setdefault(int(docs["chunk"][d]), {})[int(docs["ordinal"][d])] = d
+            by_chunk.setdefault(int(docs.chunk[d]), {})[int(docs.ordinal[d])] = d
         elif batch_dir is not None:  # the segment's ordinals count indexed records only: found by id
             record = find_line(batch_dir.parent / Path(chunk.root).name / chunk.name, _id(docs, d))
             out[d] = record.get("text") if record else None
@@ -62,9 +71,9 @@ def _texts(chunks: list[Chunk], docs: dict, wanted: list[int]) -> dict:
 
 def per_source(c: Clusters, records_per_path: Counter) -> list[dict]:
     """Per source path (natural order): records in, kept, exact and near removed, removed across files."""
-    path = c.docs["path"]
+    path = c.docs.path
     kept_path = path[c.kept_doc[c.removed]]
-    names = c.docs["paths"]
+    names = c.docs.paths
     ex = Counter(names[p] for p in path[c.removed[c.level == 0]].tolist())
     ne = Counter(names[p] for p in path[c.removed[c.level == 1]].tolist())
     cross = Counter(names[p] for p in path[c.removed][path[c.removed] != kept_path].tolist())
@@ -84,10 +93,26 @@ def per_source(c: Clusters, records_per_path: Counter) -> list[dict]:
 def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
     """A few clusters with their texts: the largest, the lowest similarity (borderline), cross-file ones,
     and near and exact ones spread over the input (deterministic)."""
-    docs, star, kept_doc, removed, level, similarity = c.docs, c.star, c.kept_doc, c.removed, c.level, c.similarity
-    cluster_roots, sizes = c.cluster_roots, c.sizes
-    if len(cluster_roots) == 0 or k <= 0:
+    if len(c.cluster_roots) == 0 or k <= 0:
         return []
+    chosen = _sample_roots(c, k)
+    in_sample = np.flatnonzero(np.isin(c.star, chosen))
+    levels = removal_levels(c)
+    criteria = keep_criteria(c.docs, c.keep)
+    shown = {r: _shown_members(c, in_sample[c.star[in_sample] == r], levels, criteria) for r in chosen}
+    texts = _texts(chunks, c.docs, [d for _, ds, _ in shown.values() for d in ds])
+    out = []
+    for r in chosen:
+        size, (kept, *others), reason = shown[r]
+        rows = [_sample_kept(c.docs, kept, texts[kept])]
+        rows += [_sample_removed(c.docs, d, levels[d], texts[d]) for d in others]
+        out.append({"size": size, "kept": rows[0]["id"], "reason": reason, "members_shown": len(rows), "members": rows})
+    return out
+
+
+def _sample_roots(c: Clusters, k: int) -> list[int]:
+    """The stars of at most k sample clusters, in the order they are shown."""
+    star, removed, level = c.star, c.removed, c.level
     near_removed = removed[level == 1]
     chosen: list[int] = []
 
@@ -97,61 +122,50 @@ def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
             if r not in chosen and len(chosen) < k:
                 chosen.append(r)
 
-    add(cluster_roots[np.argsort(-sizes, kind="stable")][: max(1, k // 4)])
+    add(c.cluster_roots[np.argsort(-c.sizes, kind="stable")][: max(1, k // 4)])
     if len(near_removed):
-        by_sim = near_removed[np.argsort(similarity[level == 1], kind="stable")]
+        by_sim = near_removed[np.argsort(c.similarity[level == 1], kind="stable")]
         add(star[by_sim][: max(1, k // 4)])
-        cross = near_removed[docs["path"][near_removed] != docs["path"][kept_doc[near_removed]]]
+        cross = near_removed[c.docs.path[near_removed] != c.docs.path[c.kept_doc[near_removed]]]
         add(star[cross][:: max(1, len(cross) // max(1, k // 4))][: max(1, k // 4)])
         spread = np.unique(star[near_removed])
         add(spread[:: max(1, len(spread) // max(1, k // 4))])
     exact_roots = np.unique(star[removed[level == 0]])
     add(exact_roots[:: max(1, len(exact_roots) // max(1, k))])
-    in_sample = np.flatnonzero(np.isin(star, chosen))
-    shown = {}
-    sim_of = dict(zip(removed.tolist(), similarity.tolist()))
-    criteria = keep_criteria(docs, c.keep)
-    for r in chosen:  # the kept record and up to SAMPLE_MEMBERS - 1 removed ones, lowest similarity first
-        members = in_sample[star[in_sample] == r]
-        kept = int(kept_doc[members[0]])
-        others = members[members != kept]
-        others = sorted(others.tolist(), key=lambda d: (sim_of[d], d))[: SAMPLE_MEMBERS - 1]
-        runner_up = int(members[members != kept][np.argmin(docs["rank"][members[members != kept]])])
-        shown[r] = (len(members), [kept] + others, keep_reason(criteria, kept, runner_up))
-    texts = _texts(chunks, docs, [d for _, ds, _ in shown.values() for d in ds])
-    lvl = dict(zip(removed.tolist(), zip(level.tolist(), similarity.tolist())))
-    out = []
-    for r in chosen:
-        size, (kept, *others), reason = shown[r]
-        rows = [
-            {
-                "id": _id(docs, kept),
-                "role": kept_role(docs, kept),
-                "level": "",
-                "similarity": 1.0,
-                "source": _source(docs, kept),
-                "text": texts[kept],
-            }
-        ]
-        for d in others:
-            lv, sim = lvl[d]
-            rows.append(
-                {
-                    "id": _id(docs, d),
-                    "role": "removed",
-                    "level": LEVEL_NAMES[lv],
-                    "similarity": round(float(sim), 4),
-                    "source": _source(docs, d),
-                    "text": texts[d],
-                }
-            )
-        out.append({"size": size, "kept": rows[0]["id"], "reason": reason, "members_shown": len(rows), "members": rows})
-    return out
+    return chosen
 
 
-# ------------------------------------------------------------------------------------------------
-# Applying the decision
-# ------------------------------------------------------------------------------------------------
+def _shown_members(c: Clusters, members: np.ndarray, levels: dict, criteria: list) -> tuple[int, list[int], str]:
+    """(size, shown, reason) of a sample cluster: the kept record and up to SAMPLE_MEMBERS - 1 removed ones, lowest
+    similarity first, and why the keep rule kept that one."""
+    kept = int(c.kept_doc[members[0]])
+    others = members[members != kept]
+    shown = sorted(others.tolist(), key=lambda d: (levels[d][1], d))[: SAMPLE_MEMBERS - 1]
+    runner_up = int(others[np.argmin(c.rank[others])])
+    return len(members), [kept] + shown, keep_reason(criteria, kept, runner_up)
+
+
+def _sample_kept(docs: DocumentTable, d: int, text: str | None) -> dict:
+    return {
+        "id": _id(docs, d),
+        "role": kept_role(docs, d),
+        "level": "",
+        "similarity": 1.0,
+        "source": _source(docs, d),
+        "text": text,
+    }
+
+
+def _sample_removed(docs: DocumentTable, d: int, removal: tuple[int, float], text: str | None) -> dict:
+    level, similarity = removal
+    return {
+        "id": _id(docs, d),
+        "role": "removed",
+        "level": LEVEL_NAMES[level],
+        "similarity": round(float(similarity), 4),
+        "source": _source(docs, d),
+        "text": text,
+    }
 
 
 def histogram(sizes: np.ndarray) -> list[dict]:
@@ -187,7 +201,7 @@ class RunSummary:
 def _incremental(run: RunSummary, c: Clusters, n_exact: int, n_near: int) -> tuple[dict, dict]:
     """(report section, stats) of a batch deduplicated against the index: removals split into cross-batch (the
     record duplicates an indexed one) and within-batch, with the keep rule's difference from a one-shot build."""
-    cross = c.docs["indexed"][c.kept_doc[c.removed]]
+    cross = c.docs.indexed[c.kept_doc[c.removed]]
     exact_cross, near_cross = int((cross & (c.level == 0)).sum()), int((cross & (c.level == 1)).sum())
     counts = {
         "dropped_exact_cross_batch": exact_cross,
@@ -216,20 +230,25 @@ def _incremental(run: RunSummary, c: Clusters, n_exact: int, n_near: int) -> tup
     return section, counts
 
 
-def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) -> dict:
-    catch = {
-        f"{x:g}": round(mh.catch_probability(x, bands, rows), 4)
-        for x in sorted({0.5, 0.7, 0.8, 0.85, 0.9, s.threshold})
-    }
+def _hashfunc(s: DedupSettings) -> str:
+    """The datasketch hashfunc the signatures were computed with."""
+    return (
+        "tokenmill.stages.dedup.minhash.shingle_hash32"
+        if s.shingle_hash == "poly"
+        else "datasketch.hashfunc.sha1_hash32"
+    )
+
+
+def _ngram_rule(s: DedupSettings) -> str:
     unit = (
         "words for texts mostly in space-separated scripts, characters for CJK, Thai, Lao, Khmer, Myanmar, Tibetan"
         if s.shingles == "by_script"
         else "characters"
     )
-    ngram_rule = (
-        f"{s.ngram}-grams of {unit}"
-        if s.ngram > 0
-        else f"shingles of {unit}; characters by key length: {CHAR_SIZES[0]}-grams below {s.ngram_bounds[0]} "
+    if s.ngram > 0:
+        return f"{s.ngram}-grams of {unit}"
+    return (
+        f"shingles of {unit}; characters by key length: {CHAR_SIZES[0]}-grams below {s.ngram_bounds[0]} "
         f"chars, {CHAR_SIZES[1]}-grams below {s.ngram_bounds[1]}, else {CHAR_SIZES[2]}-grams"
         + (
             f"; words by word count: {WORD_SIZES[0]}-grams below {s.word_ngram_bounds[0]} words, {WORD_SIZES[1]}-"
@@ -240,6 +259,14 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         + "; documents within the threshold's length ratio of a bound are sketched at both sizes; a pair is "
         "compared at its longer key's size (never across units)"
     )
+
+
+def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) -> dict:
+    catch = {
+        f"{x:g}": round(mh.catch_probability(x, bands, rows), 4)
+        for x in sorted({0.5, 0.7, 0.8, 0.85, 0.9, s.threshold})
+    }
+    hashfunc = _hashfunc(s) + ("" if s.shingle_hash == "poly" else " (bytes)")
     return {
         "threshold": s.threshold,
         "num_perm": s.num_perm,
@@ -249,7 +276,7 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         "bands_chosen": s.bands == 0,
         "ngram": s.ngram,
         "ngram_bounds": list(s.ngram_bounds),
-        "ngram_rule": ngram_rule,
+        "ngram_rule": _ngram_rule(s),
         "shingle_sizes": {mh.shingle_label(code): n for code, n in sorted(shingle_sizes.items())},
         "catch_probability": catch,
         "signature_filter": {
@@ -260,13 +287,7 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         "bucket_limit": f"buckets above {s.max_bucket} members pair each member with its next "
         f"{s.bucket_neighbours} in signature order",
         "shingle_hash": s.shingle_hash,
-        "minhash": "datasketch affine32 scheme: datasketch.MinHash(num_perm, seed, hashfunc="
-        + (
-            "tokenmill.stages.dedup.minhash.shingle_hash32"
-            if s.shingle_hash == "poly"
-            else "datasketch.hashfunc.sha1_hash32 (bytes)"
-        )
-        + ")",
+        "minhash": f"datasketch affine32 scheme: datasketch.MinHash(num_perm, seed, hashfunc={hashfunc})",
         "key": "NFKC, casefold, remove punctuation/separators/controls"
         + (" /symbols" if s.strip_symbols else "")
         + (", traditional->simplified" if s.fold_chinese else "")
@@ -277,18 +298,15 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
     }
 
 
-def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: int) -> dict:
-    """Writes report.json and _stats.json; returns the stats."""
-    t0 = time.perf_counter()
+def _counts(run: RunSummary, c: Clusters, sources: list[dict]) -> dict:
+    """The report's counts: records in, kept and removed, and what each step found."""
     n_docs = sum(sk.records for sk in run.sketches)
-    n_exact, n_near = int((c.level == 0).sum()), int((c.level == 1).sum())
-    sources = per_source(c, sum((Counter(sk.records_per_path) for sk in run.sketches), Counter()))
-    counts = {
+    return {
         "records_in": n_docs,
         "records_kept": n_docs - len(c.removed),
         "records_removed": int(len(c.removed)),
-        "exact_duplicates_removed": n_exact,
-        "near_duplicates_removed": n_near,
+        "exact_duplicates_removed": int((c.level == 0).sum()),
+        "near_duplicates_removed": int((c.level == 1).sum()),
         "exact_groups": run.exact_groups,
         "lsh_items": int(sum(sk.items for sk in run.sketches)),
         "candidate_pairs": run.candidate_pairs,
@@ -303,65 +321,77 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
         "cross_file_duplicates": int(sum(p["cross_file"] for p in sources)),
         "empty_keys": int(sum(sk.empty_keys for sk in run.sketches)),
     }
-    shingle_sizes = sum((Counter(sk.shingle_sizes) for sk in run.sketches), Counter())
+
+
+def _input(chunks: list[Chunk]) -> dict:
+    """The input shards (name, bytes, records) and chunks, which write_deduped checks and applies the report to."""
     shards = {}
-    inputs = [ch for ch in run.chunks if not ch.root]
+    inputs = [ch for ch in chunks if not ch.root]
     for ch in inputs:
         sh = shards.setdefault(ch.name, {"name": ch.name, "bytes": Path(ch.path).stat().st_size, "records": 0})
         sh["records"] += ch.records
-    s = run.settings
-    shown = samples(run.chunks, c, s.sample_clusters)
+    return {
+        "shards": list(shards.values()),
+        "chunks": [
+            {
+                "name": ch.name,
+                "chunk": ch.chunk,
+                "start": ch.start,
+                "end": ch.end,
+                "records": ch.records,
+                "stem": ch.stem,
+            }
+            for ch in inputs
+        ],
+    }
+
+
+def _files(s: DedupSettings, clusters_written: int) -> dict:
+    return {
+        "clusters": CLUSTERS_FILE,
+        "decisions": DECISION_DIR,
+        "signatures": SIGNATURE_DIR,
+        "clusters_written": clusters_written,
+        "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
+        "is document item_doc[i] (0-based record of the chunk) sketched with "
+        "shingles of code item_n[i] (both in <chunk>.items.npz; the code is the size, plus 128 for words); "
+        "<chunk>.bands.npy: uint64 "
+        f"(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc={_hashfunc(s)}"
+        ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
+        "MinHash.",
+    }
+
+
+def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: int) -> dict:
+    """Writes report.json and _stats.json; returns the stats."""
+    t0 = time.perf_counter()
+    sources = per_source(c, sum((Counter(sk.records_per_path) for sk in run.sketches), Counter()))
+    counts = _counts(run, c, sources)
+    shingle_sizes = sum((Counter(sk.shingle_sizes) for sk in run.sketches), Counter())
+    shown = samples(run.chunks, c, run.settings.sample_clusters)
     run.timings["outputs"] = run.timings.get("outputs", 0.0) + time.perf_counter() - t0
     seconds = time.perf_counter() - run.started
     report = {
-        "parameters": _parameters(s, run.bands, run.rows, dict(shingle_sizes)),
+        "parameters": _parameters(run.settings, run.bands, run.rows, dict(shingle_sizes)),
         "counts": counts,
         "per_source": sources,
         "cluster_sizes": histogram(c.sizes),
         "samples": shown,
-        "input": {
-            "shards": list(shards.values()),
-            "chunks": [
-                {
-                    "name": ch.name,
-                    "chunk": ch.chunk,
-                    "start": ch.start,
-                    "end": ch.end,
-                    "records": ch.records,
-                    "stem": ch.stem,
-                }
-                for ch in inputs
-            ],
-        },
-        "files": {
-            "clusters": CLUSTERS_FILE,
-            "decisions": DECISION_DIR,
-            "signatures": SIGNATURE_DIR,
-            "clusters_written": clusters_written,
-            "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
-            "is document item_doc[i] (0-based record of the chunk) sketched with "
-            "shingles of code item_n[i] (both in <chunk>.items.npz; the code is the size, plus 128 for words); "
-            "<chunk>.bands.npy: uint64 "
-            "(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc="
-            + (
-                "tokenmill.stages.dedup.minhash.shingle_hash32"
-                if s.shingle_hash == "poly"
-                else "datasketch.hashfunc.sha1_hash32"
-            )
-            + ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
-            "MinHash.",
-        },
+        "input": _input(run.chunks),
+        "files": _files(run.settings, clusters_written),
         "partitions": run.partitions,
     }
     incremental = {}
     if run.index is not None:
-        report["incremental"], incremental = _incremental(run, c, n_exact, n_near)
+        report["incremental"], incremental = _incremental(
+            run, c, counts["exact_duplicates_removed"], counts["near_duplicates_removed"]
+        )
     atomic_write_json(out_dir / REPORT_FILE, report)
     stats = {
-        "docs_in": n_docs,
-        "docs_out": n_docs - len(c.removed),
-        "dropped_exact_duplicate": n_exact,
-        "dropped_near_duplicate": n_near,
+        "docs_in": counts["records_in"],
+        "docs_out": counts["records_kept"],
+        "dropped_exact_duplicate": counts["exact_duplicates_removed"],
+        "dropped_near_duplicate": counts["near_duplicates_removed"],
         "seconds": round(seconds, 3),
         **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
         "bands": run.bands,

@@ -31,8 +31,9 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TypeVar
@@ -60,7 +61,7 @@ from tokenmill.stages.dedup.index import (
     staging_folder,
     write_segment_chunk,
 )
-from tokenmill.stages.dedup.keys import ExactTask, digest_ranges, exact_groups
+from tokenmill.stages.dedup.keys import ExactResult, ExactTask, digest_ranges, exact_groups
 from tokenmill.stages.dedup.layout import (
     CANDIDATE_DIR,
     DOCS_DIR,
@@ -75,7 +76,7 @@ from tokenmill.stages.dedup.layout import (
 from tokenmill.stages.dedup.report import RunSummary, write_report
 from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
-from tokenmill.stages.dedup.verify import VerifyTask, verify_range
+from tokenmill.stages.dedup.verify import VerifyResult, VerifyTask, verify_range
 
 POOL_MIN_ITEMS = 1 << 22  # band items below which the bucket step runs in this process
 
@@ -92,17 +93,77 @@ class Partitions:
     # signature position of each side's document in the pre-filter: ~300 bytes a pair)
 
 
-def _verify_ranges(hist: np.ndarray, bin_width: int, n_docs: int, per_task: int) -> list[tuple[int, int]]:
-    """Consecutive ranges of first documents holding about `per_task` candidate pairs each (cut on bin edges)."""
-    ranges, lo, held = [], 0, 0
-    for b, n in enumerate(hist.tolist()):
-        if held and held + n > per_task:
-            ranges.append((lo, b * bin_width))
-            lo, held = b * bin_width, 0
-        held += n
-    if held:
-        ranges.append((lo, n_docs))
-    return ranges
+@dataclass
+class DedupRun:
+    """What every step of one run reads (settings, folders, the index read, workers, log) and the seconds each step
+    took (for the report)."""
+
+    in_dir: Path
+    out_dir: Path
+    settings: DedupSettings
+    partitions: Partitions
+    workers: int
+    log: object
+    bands: int
+    rows: int
+    sketch: dict  # the settings the signatures depend on (index.sketch_settings)
+    index_dirs: list[Path]  # dedup_batch: the earlier batches' segments, in order
+    segment_out: Path | None  # dedup_batch: the batch's segment to write
+    indexed: list[Chunk]  # the chunks of the index segments (numbered from 0)
+    manifests: list[dict]  # the index segments' manifests
+    started: float  # time.perf_counter() when the run started
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, in_dir, out_dir, settings, workers, log, partitions, index) -> DedupRun:
+        """A run over `in_dir` into `out_dir` (created); `index`: (segments to read, segment to write) or None."""
+        started = time.perf_counter()
+        # a plain DedupSettings (not the asset's Dagster config subclass) travels to the workers
+        settings = DedupSettings.model_validate(settings.model_dump()) if settings else DedupSettings()
+        bands, rows = settings.band_shape()
+        sketch = sketch_settings(settings, bands, rows)
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        indexed, manifests = read_index(index[0], sketch) if index else ([], [])
+        return cls(
+            in_dir=Path(in_dir),
+            out_dir=Path(out_dir),
+            settings=settings,
+            partitions=partitions or Partitions(),
+            workers=default_workers() if workers is None else workers,
+            log=log,
+            bands=bands,
+            rows=rows,
+            sketch=sketch,
+            index_dirs=list(index[0]) if index else [],
+            segment_out=Path(index[1]) if index else None,
+            indexed=indexed,
+            manifests=manifests,
+            started=started,
+        )
+
+    @property
+    def indexed_docs(self) -> int:
+        """Records of the index segments: the documents numbered before the batch's."""
+        return sum(c.records for c in self.indexed)
+
+    def step(self, name: str, fn, tasks: list, pool: int | None = None, fold=None) -> list:
+        """The results of fn over the tasks on `pool` workers (default: the run's), each passed through `fold` (if
+        given) as it arrives; the seconds it took add to the step's timing."""
+        with self.timed(name):
+            progress = Progress(f"dedup: {name}", total=len(tasks), unit="tasks", log=self.log)
+            results = []
+            for r in map_ordered(fn, tasks, self.workers if pool is None else pool):
+                results.append(fold(r) if fold else r)
+                progress.advance()
+            progress.finish()
+        return results
+
+    @contextmanager
+    def timed(self, name: str) -> Iterator[None]:
+        """Adds the seconds the block takes to the step's timing."""
+        t0 = time.perf_counter()
+        yield
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
 
 
 def build_dedup_report(
@@ -114,7 +175,7 @@ def build_dedup_report(
     partitions: Partitions | None = None,
 ) -> dict:
     """Finds exact and near duplicates in `in_dir` (record JSONL) and writes the decision to `out_dir`."""
-    return _deduplicate(in_dir, out_dir, settings, workers, log, partitions)
+    return _deduplicate(DedupRun.start(in_dir, out_dir, settings, workers, log, partitions, None))
 
 
 def dedup_batch(
@@ -129,7 +190,127 @@ def dedup_batch(
 ) -> dict:
     """Deduplicates the batch `cleaned_dir` against the index segments `index_dirs` (the earlier batches', in
     order) and within itself; writes the decision to `report_out` and the batch's index segment to `index_out`."""
-    return _deduplicate(cleaned_dir, report_out, settings, workers, log, partitions, (list(index_dirs), index_out))
+    index = (index_dirs, index_out)
+    return _deduplicate(DedupRun.start(cleaned_dir, report_out, settings, workers, log, partitions, index))
+
+
+def _deduplicate(run: DedupRun) -> dict:
+    """The steps over the run's input, after the index segments' chunks when it has an index."""
+    chunks, sketches = _signatures(run)
+    exact_files, exact = _exact_groups(run, chunks)
+    buckets, first_docs = _buckets(run, chunks, exact_files)
+    verified_files, verified = _verify(run, chunks, buckets, first_docs)
+    clusters = _clusters(run, chunks, exact_files, verified_files)
+    clusters_written, index_summary = _write_outputs(run, chunks, clusters)
+    summary = _summary(run, chunks, sketches, exact, buckets, verified, index_summary)
+    return _report(run, summary, clusters, clusters_written)
+
+
+def _documents(chunks: list[Chunk]) -> int:
+    """Documents in the chunks (the index's and the input's: every global index)."""
+    return sum(c.records for c in chunks)
+
+
+def _signatures(run: DedupRun) -> tuple[list[Chunk], list]:
+    """Step 1, per chunk of the input: keys, digests, signatures and band hashes. Returns the index's chunks and
+    the input's, numbered after them, with the input's ChunkSketch per chunk."""
+    planned = plan_chunks(run.in_dir, run.settings.chunk_bytes)
+    tasks = [SketchTask(c, run.out_dir, run.settings, run.bands, run.rows) for c in planned]
+    sketches = run.step("signatures", sketch_chunk, tasks)
+    counts = np.cumsum([sk.records for sk in sketches], dtype=np.int64)
+    firsts = (run.indexed_docs + np.concatenate(([0], counts))).tolist()
+    numbered = [replace(c, first=f, records=sk.records) for c, f, sk in zip(planned, firsts, sketches)]
+    return run.indexed + numbered, sketches
+
+
+def _exact_groups(run: DedupRun, chunks: list[Chunk]) -> tuple[tuple[Path, ...], list[ExactResult]]:
+    """Step 2, per digest range: the members of the exact groups, a file per range."""
+    ranges = digest_ranges(max(1, math.ceil(_documents(chunks) / run.partitions.exact_docs)))
+    files = tuple(folder(run.out_dir, EXACT_DIR) / f"p{k:04d}.npy" for k in range(len(ranges)))
+    key_files = tuple(c.step_file(run.out_dir, KEYS_DIR, "") for c in chunks)
+    firsts = tuple(c.first for c in chunks)
+    tasks = [ExactTask(key_files, firsts, lo, hi, path) for (lo, hi), path in zip(ranges, files)]
+    return files, run.step("exact", exact_groups, tasks)
+
+
+def _buckets(
+    run: DedupRun, chunks: list[Chunk], exact_files: tuple[Path, ...]
+) -> tuple[list[BucketResult], np.ndarray]:
+    """Steps 3-4: the LSH items of one representative per exact group, per chunk of the batch; then the candidate
+    pairs of their buckets, per band and hash range. Returns the bucket results and the candidate pairs per
+    BIN_DOCS documents of their first document."""
+    lsh_tasks = [
+        LshInputTask(run.out_dir, c.stem, c.first, c.records, exact_files, run.rows) for c in chunks if not c.root
+    ]
+    batch_items = run.step("buckets", lsh_inputs, lsh_tasks)
+    items = segment_items(run.manifests) + sum(batch_items)
+    hash_parts = hash_ranges(max(1, math.ceil(items / run.partitions.bucket_items)))
+    first_docs = np.zeros(max(1, math.ceil(_documents(chunks) / BIN_DOCS)), dtype=np.int64)
+    lsh_files, firsts = tuple(c.step_file(run.out_dir, LSH_DIR, "") for c in chunks), tuple(c.first for c in chunks)
+    tasks = [
+        BucketTask(
+            out_dir=run.out_dir,
+            lsh_files=lsh_files,
+            firsts=firsts,
+            band=band,
+            part=part,
+            lo=lo,
+            hi=hi,
+            max_bucket=run.settings.max_bucket,
+            neighbours=run.settings.bucket_neighbours,
+            bins=len(first_docs),
+            probe_from=run.indexed_docs,
+        )
+        for band in range(run.bands)
+        for part, (lo, hi) in enumerate(hash_parts)
+    ]
+    pool = run.workers if items * run.bands >= POOL_MIN_ITEMS else 1  # a pool costs ~1 s to start
+    return run.step("buckets", bucket_pairs, tasks, pool, partial(_add_histogram, first_docs)), first_docs
+
+
+def _add_histogram(total: np.ndarray, r: BucketResult) -> BucketResult:
+    """Adds a bucket task's histogram to `total` as it arrives (tasks and bins grow with the corpus)."""
+    np.add(total, r.first_doc_histogram, out=total)
+    return replace(r, first_doc_histogram=None)
+
+
+def _verify_ranges(hist: np.ndarray, bin_width: int, n_docs: int, per_task: int) -> list[tuple[int, int]]:
+    """Consecutive ranges of first documents holding about `per_task` candidate pairs each (cut on bin edges)."""
+    ranges, lo, held = [], 0, 0
+    for b, n in enumerate(hist.tolist()):
+        if held and held + n > per_task:
+            ranges.append((lo, b * bin_width))
+            lo, held = b * bin_width, 0
+        held += n
+    if held:
+        ranges.append((lo, n_docs))
+    return ranges
+
+
+def _verify(
+    run: DedupRun, chunks: list[Chunk], buckets: list[BucketResult], first_docs: np.ndarray
+) -> tuple[tuple[Path, ...], list[VerifyResult]]:
+    """Step 5, per range of first documents: the exact Jaccard of the candidates, the verified pairs a file per
+    range."""
+    ranges = _verify_ranges(first_docs, BIN_DOCS, _documents(chunks), run.partitions.verify_pairs)
+    candidate_files = tuple(f for r in buckets for f in r.files)
+    files = tuple(folder(run.out_dir, VERIFIED_DIR) / f"v{k:04d}.npy" for k in range(len(ranges)))
+    tasks = [
+        VerifyTask(run.out_dir, tuple(chunks), candidate_files, lo, hi, run.settings, path)
+        for (lo, hi), path in zip(ranges, files)
+    ]
+    return files, run.step("verification", verify_range, tasks)
+
+
+def _clusters(
+    run: DedupRun, chunks: list[Chunk], exact_files: tuple[Path, ...], verified_files: tuple[Path, ...]
+) -> Clusters:
+    """Step 6: clusters and keep decisions over the pairs; the decisions written per chunk."""
+    with run.timed("clusters"):
+        task = ClusterTask(run.out_dir, tuple(chunks), exact_files, verified_files, run.settings.keep)
+        clusters = build_clusters(task)
+        write_decisions(run.out_dir, chunks, clusters)
+    return clusters
 
 
 def write_output(write: Callable[[], T]) -> T:
@@ -137,15 +318,39 @@ def write_output(write: Callable[[], T]) -> T:
     return write()
 
 
+def _write_outputs(run: DedupRun, chunks: list[Chunk], clusters: Clusters) -> tuple[int, dict | None]:
+    """clusters.jsonl and, with an index, the batch's index segment, in one task list: one worker writes
+    clusters.jsonl (the longest task, first) while the others copy the segment's chunks. Returns the clusters
+    written and the index's summary (None without an index)."""
+    staged = staging_folder(run.segment_out) if run.segment_out else None
+    try:
+        segment = _segment_tasks(clusters, chunks, run.out_dir, staged, run.rows) if staged else []
+        writes = [partial(write_clusters, run.out_dir, clusters), *(partial(write_segment_chunk, t) for t in segment)]
+        clusters_written, *parts = run.step("outputs", write_output, writes)
+        added = publish_segment(staged, run.segment_out, run.sketch, parts) if staged else None
+    finally:
+        if staged is not None:
+            shutil.rmtree(staged, ignore_errors=True)
+    if added is None:
+        return clusters_written, None
+    index_summary = {
+        "segments": [Path(p).name for p in run.index_dirs],  # names (the batch keys): paths differ between roots
+        "records": run.indexed_docs,
+        "kept": sum(m["kept"] for m in run.manifests),
+        **added,
+    }
+    return clusters_written, index_summary
+
+
 def _segment_tasks(c: Clusters, chunks: list[Chunk], out_dir: Path, staged: Path, rows: int) -> list[SegmentTask]:
     """Per chunk of the batch: the records left out of the index (exact duplicates: not the best of their exact
     group, or in a group with an indexed record) and those indexed without LSH data (removed as near duplicates)."""
     involved = np.arange(len(c.doc))
-    dropped = ~c.docs["indexed"] & (c.group_best != involved)
+    dropped = ~c.docs.indexed & (c.group_best != involved)
     near = np.zeros(len(c.doc), dtype=bool)
     near[c.removed] = True
     near &= ~dropped
-    chunk, ordinal = c.docs["chunk"], c.docs["ordinal"]
+    chunk, ordinal = c.docs.chunk, c.docs.ordinal
     return [
         SegmentTask(ch, out_dir, staged, ordinal[dropped & (chunk == ci)], ordinal[near & (chunk == ci)], rows)
         for ci, ch in enumerate(chunks)
@@ -153,149 +358,22 @@ def _segment_tasks(c: Clusters, chunks: list[Chunk], out_dir: Path, staged: Path
     ]
 
 
-def _deduplicate(
-    in_dir: Path,
-    out_dir: Path,
-    settings: DedupSettings | None,
-    workers: int | None,
-    log,
-    partitions: Partitions | None,
-    index: tuple[list[Path], Path] | None = None,
-) -> dict:
-    """The steps over `in_dir`, after the index segments when `index` (segments, segment to write) is given."""
-    # a plain DedupSettings (not the asset's Dagster config subclass) travels to the workers
-    settings = DedupSettings.model_validate(settings.model_dump()) if settings else DedupSettings()
-    partitions = partitions or Partitions()
-    t_start = time.perf_counter()
-    in_dir, out_dir = Path(in_dir), Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    workers = default_workers() if workers is None else workers
-    bands, rows = settings.band_shape()
-    timings = {}
-    sketch = sketch_settings(settings, bands, rows)
-    indexed, manifests = read_index(index[0], sketch) if index else ([], [])
-    base = sum(c.records for c in indexed)
-
-    def step(name: str, fn, tasks: list, pool: int, fold=None):
-        """The results of fn over the tasks, each passed through `fold` (if given) as it arrives."""
-        t0 = time.perf_counter()
-        progress = Progress(f"dedup: {name}", total=len(tasks), unit="tasks", log=log)
-        results = []
-        for r in map_ordered(fn, tasks, pool):
-            results.append(fold(r) if fold else r)
-            progress.advance()
-        progress.finish()
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - t0
-        return results
-
-    # 1. keys, digests, signatures and band hashes, per chunk
-    chunks = plan_chunks(in_dir, settings.chunk_bytes)
-    sketches = step(
-        "signatures", sketch_chunk, [SketchTask(c, out_dir, settings, bands, rows) for c in chunks], workers
-    )
-    firsts = np.concatenate(([base], base + np.cumsum([sk.records for sk in sketches], dtype=np.int64))).tolist()
-    chunks = indexed + [replace(c, first=f, records=sk.records) for c, f, sk in zip(chunks, firsts, sketches)]
-    n_docs = firsts[-1]
-
-    # 2. exact groups, per digest range
-    digest_parts = digest_ranges(max(1, math.ceil(n_docs / partitions.exact_docs)))
-    exact_files = tuple(folder(out_dir, EXACT_DIR) / f"p{k:04d}.npy" for k in range(len(digest_parts)))
-    exact = step(
-        "exact",
-        exact_groups,
-        [
-            ExactTask(
-                tuple(c.step_file(out_dir, KEYS_DIR, "") for c in chunks), tuple(c.first for c in chunks), lo, hi, path
-            )
-            for (lo, hi), path in zip(digest_parts, exact_files)
-        ],
-        workers,
-    )
-
-    # 3-4. LSH buckets over one representative per exact group, per band and hash range
-    batch = [c for c in chunks if not c.root]
-    rep_items = segment_items(manifests) + sum(
-        step(
-            "buckets",
-            lsh_inputs,
-            [LshInputTask(out_dir, c.stem, c.first, c.records, exact_files, rows) for c in batch],
-            workers,
-        )
-    )
-    hash_parts = hash_ranges(max(1, math.ceil(rep_items / partitions.bucket_items)))
-    hist = np.zeros(max(1, math.ceil(n_docs / BIN_DOCS)), dtype=np.int64)
-
-    def add_histogram(r: BucketResult) -> BucketResult:  # summed as they arrive: tasks and bins grow with the corpus
-        np.add(hist, r.first_doc_histogram, out=hist)
-        return replace(r, first_doc_histogram=None)
-
-    lsh_files, chunk_firsts = tuple(c.step_file(out_dir, LSH_DIR, "") for c in chunks), tuple(c.first for c in chunks)
-    tasks = [
-        BucketTask(
-            out_dir,
-            lsh_files,
-            chunk_firsts,
-            b,
-            k,
-            lo,
-            hi,
-            settings.max_bucket,
-            settings.bucket_neighbours,
-            len(hist),
-            probe_from=base,
-        )
-        for b in range(bands)
-        for k, (lo, hi) in enumerate(hash_parts)
-    ]
-    # a pool costs ~1 s to start: small corpora bucket in this process
-    buckets = step("buckets", bucket_pairs, tasks, workers if rep_items * bands >= POOL_MIN_ITEMS else 1, add_histogram)
-
-    # 5. exact Jaccard of the candidates, per range of first documents
-    doc_parts = _verify_ranges(hist, BIN_DOCS, n_docs, partitions.verify_pairs)
-    files = tuple(f for r in buckets for f in r.files)
-    verified_files = tuple(folder(out_dir, VERIFIED_DIR) / f"v{k:04d}.npy" for k in range(len(doc_parts)))
-    verified = step(
-        "verification",
-        verify_range,
-        [
-            VerifyTask(out_dir, tuple(chunks), files, lo, hi, settings, path)
-            for (lo, hi), path in zip(doc_parts, verified_files)
-        ],
-        workers,
-    )
-
-    # 6. clusters and keep decisions over the pairs
-    t0 = time.perf_counter()
-    clusters = build_clusters(ClusterTask(out_dir, tuple(chunks), exact_files, verified_files, settings.keep, base))
-    write_decisions(out_dir, chunks, clusters)
-    timings["clusters"] = time.perf_counter() - t0
-    # clusters.jsonl and the batch's index segment in one task list: one worker writes clusters.jsonl (the longest
-    # task, first) while the others copy the segment's chunks
-    index_summary = None
-    staged = staging_folder(Path(index[1])) if index else None
-    try:
-        segment = _segment_tasks(clusters, chunks, out_dir, staged, rows) if index else []
-        writes = [partial(write_clusters, out_dir, clusters), *(partial(write_segment_chunk, t) for t in segment)]
-        clusters_written, *parts = step("outputs", write_output, writes, workers)
-        if index:
-            added = publish_segment(staged, Path(index[1]), sketch, parts)
-            index_summary = {
-                "segments": [Path(p).name for p in index[0]],  # names (the batch keys): paths differ between roots
-                "records": base,
-                "kept": sum(m["kept"] for m in manifests),
-                **added,
-            }
-    finally:
-        if staged is not None:
-            shutil.rmtree(staged, ignore_errors=True)
-
-    # 7. report
-    run = RunSummary(
-        settings,
-        bands,
-        rows,
-        chunks,
-        sketches,
+def _summary(
+    run: DedupRun,
+    chunks: list[Chunk],
+    sketches: list,
+    exact: list[ExactResult],
+    buckets: list[BucketResult],
+    verified: list[VerifyResult],
+    index_summary: dict | None,
+) -> RunSummary:
+    """The counts the steps returned, for the report (a result per task of each step)."""
+    return RunSummary(
+        settings=run.settings,
+        bands=run.bands,
+        rows=run.rows,
+        chunks=chunks,
+        sketches=sketches,
         exact_groups=sum(r.groups for r in exact),
         candidate_pairs=sum(r.candidates for r in verified),
         signature_rejected=sum(r.signature_rejected for r in verified),
@@ -307,15 +385,19 @@ def _deduplicate(
         },
         partitions={
             "chunks": len(chunks),
-            "digest_ranges": len(digest_parts),
-            "band_hash_ranges": len(hash_parts),
-            "verify_ranges": len(doc_parts),
+            "digest_ranges": len(exact),
+            "band_hash_ranges": len(buckets) // run.bands,  # a bucket task per band and hash range
+            "verify_ranges": len(verified),
         },
-        started=t_start,
-        timings=timings,
+        started=run.started,
+        timings=run.timings,
         index=index_summary,
     )
-    stats = write_report(out_dir, run, clusters, clusters_written)
+
+
+def _report(run: DedupRun, summary: RunSummary, clusters: Clusters, clusters_written: int) -> dict:
+    """Step 7: report.json and _stats.json; the step files only the steps read are removed. Returns the stats."""
+    stats = write_report(run.out_dir, summary, clusters, clusters_written)
     for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR):
-        shutil.rmtree(out_dir / name, ignore_errors=True)
+        shutil.rmtree(run.out_dir / name, ignore_errors=True)
     return stats
