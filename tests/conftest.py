@@ -34,11 +34,11 @@ SLOW = (
     "tests/test_demo.py::test_regenerating_gives_the_committed_files",
     "tests/test_graph.py::test_update_runs_the_graph_and_prints_a_summary",
     "tests/test_incremental.py::test_update_command_adds_batches_and_rebuilds_on_request",
-    "tests/test_language.py::test_full_curated_corpora_keep_their_shingle_unit",
+    "tests/stages/clean/test_language.py::test_full_curated_corpora_keep_their_shingle_unit",
     "tests/test_operations.py::test_item8_source_and_data_root_problems_are_one_line",
     "tests/test_operations.py::test_item10_update_prints_the_step_the_reason_and_the_log",
     "tests/test_parquet_zstd.py::test_mixed_folder_counts_and_worker_count_do_not_change_outputs",
-    "tests/test_pii.py::test_no_planted_address_reaches_the_data_root",
+    "tests/stages/clean/test_pii.py::test_no_planted_address_reaches_the_data_root",
     "tests/test_raw.py::test_gzip_bomb_stops_at_the_limits",
     "tests/test_raw.py::test_raw_records_on_demo_corpus",
     "tests/test_raw.py::test_byte_identical_for_any_worker_count_and_shard_rollover",
@@ -58,7 +58,7 @@ SLOW_FIXTURES = {
     "tests/test_exports.py": "roots",
     "tests/test_graph.py": "graph_run",
     "tests/test_incremental.py": "batches_and_one_build",
-    "tests/test_language.py": "curated",
+    "tests/stages/clean/test_language.py": "curated",
 }
 SLOW_TIMEOUT = 600  # seconds; every other test has the 120 s of pyproject.toml's `timeout`
 

@@ -1,9 +1,13 @@
-"""A small corpus that grows file by file, with exact and near copies of earlier files' records planted in later
-ones (Latin and CJK), and the run config the incremental tests use."""
+"""What several test files share: a small corpus that grows file by file, with exact and near copies of earlier
+files' records planted in later ones (Latin and CJK), the run config the incremental tests use, and the
+cleaned_jsonl fixtures (raw shards written from texts, the stage run over them with conservation checked)."""
 
 import json
 import random
 from pathlib import Path
+
+from tokenmill.common.io import REJECTED_FILE, dumps, iter_jsonl, read_stats, record_id, record_shards
+from tokenmill.stages.clean import CleanSettings, clean_corpus
 
 WORDS = [f"w{i}" for i in range(400)]
 HAN = [chr(0x4E00 + i) for i in range(300)]
@@ -85,3 +89,96 @@ def published_files(data_root: Path, skip: frozenset = frozenset({"_timings.json
                 path = Path(folder, name)
                 files[str(path.relative_to(data_root))] = path.read_bytes()
     return files
+
+
+# cleaned_jsonl fixtures: raw shards written from texts, and the stage run over them with conservation checked
+
+
+def make_raw(folder: Path, texts, metas=None, per_shard=None, extra=None) -> list[str]:
+    """Writes texts as raw_records shards (part-XXXXX.jsonl); returns their ids in order."""
+    folder.mkdir(parents=True, exist_ok=True)
+    per_shard = per_shard or max(1, len(texts))
+    ids, lines = [], {}
+    for i, text in enumerate(texts):
+        rid = record_id("fixture.jsonl", line=i + 1)
+        rec = {
+            "id": rid,
+            "text": text,
+            "meta": (metas[i] if metas else {}),
+            "source": {"path": "fixture.jsonl", "line": i + 1},
+        }
+        if extra and i in extra:
+            rec.update(extra[i])
+        ids.append(rid)
+        lines.setdefault(i // per_shard, []).append(dumps(rec))
+    for k, ls in lines.items():
+        (folder / f"part-{k:05d}.jsonl").write_text("\n".join(ls) + "\n", encoding="utf-8")
+    return ids
+
+
+def clean(tmp_path: Path, texts, metas=None, workers=1, name="out", per_shard=None, extra=None, **settings):
+    raw = tmp_path / f"raw-{name}"
+    ids = make_raw(raw, texts, metas, per_shard, extra)
+    out = tmp_path / name
+    stats = clean_corpus(raw, out, CleanSettings(**settings), workers=workers)
+    recs = {r["id"]: r for shard in record_shards(out) for r in iter_jsonl(shard)}
+    rej = {r["id"]: r for r in iter_jsonl(out / REJECTED_FILE)}
+    assert stats["docs_in"] == len(texts) == len(recs) + len(rej)  # conservation, always
+    assert read_stats(out) == json.loads(json.dumps(stats))
+    return ids, recs, rej, stats
+
+
+def mojibake(text: str) -> str:
+    """UTF-8 bytes read as Windows-1252 (ftfy's sloppy codec maps the 5 undefined bytes too)."""
+    import ftfy.bad_codecs  # noqa: F401  registers "sloppy-windows-1252"
+
+    return text.encode("utf-8").decode("sloppy-windows-1252")
+
+
+POEM = "床前明月光，疑是地上霜。\n举头望明月，低头思故乡。"
+
+JUEJU = "白日依山尽\n黄河入海流\n欲穷千里目\n更上一层楼"  # 20 characters, 4 lines of 5: valid
+
+PROSE = (
+    "The committee met on Tuesday to discuss the new budget for the library. Several members asked for more "
+    "money for the children's section, and the chair promised a report by the end of the month."
+)
+
+
+def planted_corpus(n=300, seed=7):
+    """Documents of varied length with planted header/footer boilerplate, a frequent genuine line at random
+    positions, frequent words, and speaker labels locked at the top (genuine structure)."""
+    rng = random.Random(seed)
+    words = (
+        "river moon spring wind mountain Transformer attention cloud lantern bridge willow harbor "
+        "春 月 风 花 雪 山 水 云"
+    ).split()
+    header = "Copyright © 2024 Example Press | All rights reserved"
+    footer = "Read more at https://example.com/poems"
+    cn_header = "【本文来自网络 | 转载请注明出处】"
+    genuine = "And still the river runs to the sea."
+    speakers = ["ROMEO:", "JULIET:", "FIRST CITIZEN:", "NURSE:"]
+    docs, planted, genuine_docs = [], {}, []
+    for i in range(n):
+        body = [
+            " ".join(rng.choice(words) for _ in range(rng.randint(6, 14))) + f" {i}." for _ in range(rng.randint(2, 12))
+        ]
+        if i % 5 == 0:
+            body.insert(rng.randint(0, len(body)), genuine)
+            genuine_docs.append(i)
+        if i % 7 == 3:
+            body.insert(0, rng.choice(speakers))
+        lines = list(body)
+        plant = []
+        if i % 6 == 0:
+            lines.insert(0, header)
+            plant.append(header)
+        if i % 6 == 1:
+            lines.append(footer)
+            plant.append(footer)
+        if i % 6 == 2:
+            lines.insert(0, cn_header)
+            plant.append(cn_header)
+        planted[i] = plant
+        docs.append("\n".join(lines))
+    return docs, planted, genuine_docs, genuine, speakers

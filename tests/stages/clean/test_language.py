@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from support import BATCH, published_files
-from test_clean import clean
+from support import BATCH, clean, published_files
 
+from tests.conftest import REPO
 from tokenmill.common.io import dumps
 from tokenmill.errors import ConfigError
 from tokenmill.settings import validate_run_settings
@@ -24,7 +24,7 @@ from tokenmill.stages.clean.language import (
 from tokenmill.stages.dedup import keys as K
 
 # real sentences of lingua-py's test set (Leipzig corpora, Apache-2.0): benchmarks/data/langid-sentences
-SENTENCES = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "langid-sentences"
+SENTENCES = REPO / "benchmarks" / "data" / "langid-sentences"
 FIXTURE_LANGUAGES = ("zh", "ja", "ar", "ru", "en", "de", "hi")
 META_FIELDS = ("language", "language_score")
 

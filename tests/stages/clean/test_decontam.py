@@ -5,8 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from support import BATCH, materialize_batch
-from test_clean import clean
+from support import BATCH, clean, materialize_batch
 
 from tokenmill.errors import ConfigError
 from tokenmill.stages.clean import CleanSettings, clean_corpus

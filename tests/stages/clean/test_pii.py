@@ -7,8 +7,7 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from support import run_config, write_batch_file
-from test_clean import clean
+from support import clean, run_config, write_batch_file
 
 from assets.batches import register_batches
 from definitions import build_defs
