@@ -182,3 +182,58 @@ def planted_corpus(n=300, seed=7):
         planted[i] = plant
         docs.append("\n".join(lines))
     return docs, planted, genuine_docs, genuine, speakers
+
+
+# dedup fixtures: poems of Han characters as records (indexed sources), written as cleaned shards, with planted
+# exact copies and one-substitution near copies
+
+POEM_CHARS = "春江潮水连海平明月共生滟随波千万里何处无光流宛转绕芳甸照花林皆似霰空中霜飞不觉汀上白沙看见"
+
+
+def dedup_record(path: str, index: int, text: str, meta: dict | None = None) -> dict:
+    return {
+        "id": record_id(path, index=index),
+        "text": text,
+        "meta": meta or {},
+        "source": {"path": path, "index": index},
+    }
+
+
+def random_poem(rng: random.Random, n: int = 28) -> str:
+    return "".join(rng.choice(POEM_CHARS) for _ in range(n))
+
+
+def write_records(folder: Path, records: list[dict], per_shard: int = 10**9) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for s in range(0, max(len(records), 1), per_shard):
+        with open(folder / f"part-{s // per_shard:05d}.jsonl", "w", encoding="utf-8") as f:
+            for r in records[s : s + per_shard]:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return folder
+
+
+def substitute(text: str, pos: int, ch: str = "龍") -> str:
+    return text[:pos] + ch + text[pos + 1 :]
+
+
+def planted_dedup_corpus(seed: int = 0) -> tuple[list[dict], dict]:
+    """200 distinct poems in a.json; b.json: 30 exact copies (punctuated), 20 one-substitution variants."""
+    rng = random.Random(seed)
+    base = [random_poem(rng, 40) for _ in range(200)]  # one substitution: Jaccard ~0.9, caught with p > 0.9998
+    recs = [dedup_record("a.json", i, t, {"title": f"t{i}"}) for i, t in enumerate(base)]
+    truth = {"exact": set(), "near": set()}
+    for i in range(30):
+        t = base[i]
+        r = dedup_record("b.json", i, f"{t[:14]}，{t[14:]}。", {"title": f"t{i}", "author": "someone"})
+        recs.append(r)
+        truth["exact"].add(r["id"])
+    for i in range(30, 50):
+        r = dedup_record("b.json", i, substitute(base[i], 9))
+        recs.append(r)
+        truth["near"].add(r["id"])
+    return recs, truth
+
+
+def kept_ids(folder: Path) -> set:
+    """The ids of the records in the record shards of `folder` (a deduped_jsonl output)."""
+    return {r["id"] for f in record_shards(folder) for r in iter_jsonl(f)}

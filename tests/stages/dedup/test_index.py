@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from test_dedup import _poem, _rec, _substitute, _write
+from support import dedup_record, random_poem, substitute, write_records
 
 from tokenmill.common.io import REMOVED_FILE, iter_jsonl, read_json, record_shards
 from tokenmill.errors import ConfigError, StaleUpstreamError
@@ -42,17 +42,17 @@ def _batches(seed: int = 0) -> tuple[list[list[dict]], dict]:
     """Three batches of CJK poems and Latin prose with planted duplicates within and across batches; `plan` names
     the planted cases by role."""
     rng = random.Random(seed)
-    poems = [_poem(rng, 40) for _ in range(60)]
+    poems = [random_poem(rng, 40) for _ in range(60)]
     prose = [_prose(rng) for _ in range(40)]
-    chain_a = _poem(rng, 40)
-    chain_b = _substitute(chain_a, 10)  # J(a, b) = 0.90 (2-grams)
-    chain_c = _substitute(_substitute(chain_b, 25), 32)  # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
+    chain_a = random_poem(rng, 40)
+    chain_b = substitute(chain_a, 10)  # J(a, b) = 0.90 (2-grams)
+    chain_c = substitute(substitute(chain_b, 25), 32)  # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
     batches: list[list[dict]] = [[], [], []]
     plan: dict[str, str] = {}
 
     def add(b: int, text: str, role: str | None = None, meta: dict | None = None) -> None:
         path = f"b{b}/{'poems' if b % 2 else 'prose'}.json"
-        rec = _rec(path, len(batches[b]), text, meta)
+        rec = dedup_record(path, len(batches[b]), text, meta)
         batches[b].append(rec)
         if role:
             plan[role] = rec["id"]
@@ -62,12 +62,12 @@ def _batches(seed: int = 0) -> tuple[list[list[dict]], dict]:
     for i, t in enumerate(prose[:25]):
         add(0, t, f"prose{i}")
     add(0, f"{poems[0][:20]}，{poems[0][20:]}。", "exact_within_1")  # exact copy within batch 1
-    add(0, _substitute(poems[1], 5), "near_within_1")
+    add(0, substitute(poems[1], 5), "near_within_1")
     add(0, chain_a, "chain_a")
     # batch 2: copies of batch 1, its own new records and their copies, the chain's middle link
     add(1, poems[2], "exact_cross_2")
     add(1, _swap_word(prose[3], 7).upper(), "near_cross_2")  # case folded away by the key, one word replaced
-    add(1, _substitute(poems[1], 30), "near_of_removed_2")  # near poems[1] (kept) and near_within_1 (removed)
+    add(1, substitute(poems[1], 30), "near_of_removed_2")  # near poems[1] (kept) and near_within_1 (removed)
     add(1, poems[1][:5] + "龍" + poems[1][6:], "exact_of_removed_2")  # the key of near_within_1, removed in batch 1
     add(1, chain_b, "chain_b")
     for i, t in enumerate(poems[40:55]):
@@ -78,8 +78,8 @@ def _batches(seed: int = 0) -> tuple[list[list[dict]], dict]:
     add(1, _swap_word(prose[26], 3), "near_within_2")
     # batch 3: the chain's last link, copies of batch 2's removed and kept records, new records
     add(2, chain_c, "chain_c")
-    add(2, _substitute(poems[2], 30), "near_cross_3")
-    add(2, _substitute(poems[1], 30) + "。", "exact_of_cross_removed_3")  # key of near_of_removed_2
+    add(2, substitute(poems[2], 30), "near_cross_3")
+    add(2, substitute(poems[1], 30) + "。", "exact_of_cross_removed_3")  # key of near_of_removed_2
     add(2, poems[42], "exact_cross_3")
     for i, t in enumerate(poems[55:]):
         add(2, t, f"poem{55 + i}")
@@ -94,7 +94,7 @@ def _run_batches(root: Path, batches: list[list[dict]], settings: DedupSettings,
     out = []
     for b, records in enumerate(batches):
         key = f"g1-b{b + 1:04d}"
-        cleaned = _write(root / "cleaned" / key, records, per_shard=40)
+        cleaned = write_records(root / "cleaned" / key, records, per_shard=40)
         segments = [root / "index" / f"g1-b{k + 1:04d}" for k in range(b)]
         stats = dedup_batch(cleaned, segments, root / "report" / key, root / "index" / key, settings, **kw)
         applied = write_deduped(cleaned, root / "report" / key, root / "deduped" / key, workers=kw.get("workers"))
@@ -118,7 +118,7 @@ def test_batches_keep_what_one_first_seen_build_keeps(tmp_path):
     keys = sorted((tmp_path / "inc" / "deduped").iterdir())
     kept, removed = _decisions(keys)
 
-    _write(tmp_path / "all", [r for b in batches for r in b], per_shard=40)
+    write_records(tmp_path / "all", [r for b in batches for r in b], per_shard=40)
     build_dedup_report(tmp_path / "all", tmp_path / "rep", settings, workers=1)
     write_deduped(tmp_path / "all", tmp_path / "rep", tmp_path / "out", workers=1)
     assert (kept, removed) == _decisions([tmp_path / "out"])
@@ -185,11 +185,11 @@ def test_an_earlier_batch_record_is_never_removed(tmp_path):
     """richest_meta: a one-shot build keeps the later, richer copy; batch by batch the indexed record stays and
     the later copy is removed as its duplicate."""
     rng = random.Random(5)
-    t, u = _poem(rng, 40), _poem(rng, 40)
-    first = [_rec("a.json", 0, t, {}), _rec("a.json", 1, u, {})]
+    t, u = random_poem(rng, 40), random_poem(rng, 40)
+    first = [dedup_record("a.json", 0, t, {}), dedup_record("a.json", 1, u, {})]
     later = [
-        _rec("b.json", 0, t + "。", {"title": "x", "author": "y"}),
-        _rec("b.json", 1, _substitute(u, 9), {"title": "x"}),
+        dedup_record("b.json", 0, t + "。", {"title": "x", "author": "y"}),
+        dedup_record("b.json", 1, substitute(u, 9), {"title": "x"}),
     ]
     _run_batches(tmp_path, [first, later], DedupSettings(), workers=1)
     kept, removed = _decisions([tmp_path / "deduped" / "g1-b0001", tmp_path / "deduped" / "g1-b0002"])
@@ -198,7 +198,7 @@ def test_an_earlier_batch_record_is_never_removed(tmp_path):
         later[0]["id"]: (first[0]["id"], "exact"),
         later[1]["id"]: (first[1]["id"], "near"),
     }
-    _write(tmp_path / "all", first + later)
+    write_records(tmp_path / "all", first + later)
     build_dedup_report(tmp_path / "all", tmp_path / "rep", DedupSettings(), workers=1)
     write_deduped(tmp_path / "all", tmp_path / "rep", tmp_path / "out", workers=1)
     assert later[0]["id"] in _decisions([tmp_path / "out"])[0]  # what the incremental rule documents as differing
@@ -250,7 +250,7 @@ def test_empty_batch_and_index_errors(tmp_path):
         assert stats[-1]["index_records_added"] == 0 and (tmp_path / "index" / key / SEGMENT_FILE).exists()
         segments.append(tmp_path / "index" / key)
     # the batch after the empty ones still sees batch 1
-    later = _write(tmp_path / "cleaned" / "g1-b0004", batches[0][:3])
+    later = write_records(tmp_path / "cleaned" / "g1-b0004", batches[0][:3])
     s = dedup_batch(later, segments, tmp_path / "report" / "x", tmp_path / "index" / "g1-b0004", settings, workers=1)
     assert s["docs_out"] == 0 and s["dropped_exact_cross_batch"] == 3
     assert not list((tmp_path / "index").glob(".*"))  # no staging folder left behind

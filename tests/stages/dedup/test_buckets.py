@@ -1,0 +1,98 @@
+"""dedup bands, LSH buckets, verification by exact Jaccard and union-find: recall-first band choice, oversized
+buckets, planted false candidates, chains below the threshold."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from support import dedup_record, kept_ids, random_poem, substitute, write_records
+
+from tokenmill.common.io import REMOVED_FILE, iter_jsonl, record_id
+from tokenmill.stages.dedup import (
+    CLUSTERS_FILE,
+    DedupSettings,
+    build_dedup_report,
+    write_deduped,
+)
+from tokenmill.stages.dedup import minhash as mh
+
+
+def test_band_choice_favours_recall():
+    from datasketch import MinHashLSH
+
+    assert mh.choose_bands(0.8, 128) == (16, 8)
+    b, r = mh.choose_bands(0.85, 128)
+    assert (b, r) == (14, 9) and mh.catch_probability(0.85, b, r) > 0.97
+    ds = MinHashLSH(threshold=0.85, num_perm=128)
+    assert mh.catch_probability(0.85, ds.b, ds.r) < 0.6  # datasketch's default misses many pairs at 0.85
+    assert abs(mh.catch_probability(0.8, 16, 8) - (1 - (1 - 0.8**8) ** 16)) < 1e-12
+    assert DedupSettings(bands=20, rows=6).band_shape() == (20, 6)
+    with pytest.raises(ValueError):
+        DedupSettings(bands=20, rows=7)
+
+
+def test_bucket_pairs_and_oversized_buckets():
+    h = np.array([5, 1, 5, 2, 5, 1, 9], dtype=np.uint64)
+    members = np.arange(10, 17)
+    pairs, st = mh.bucket_pairs(h, members, max_bucket=10)
+    assert sorted(map(tuple, mh.unique_pairs(pairs).tolist())) == [(10, 12), (10, 14), (11, 15), (12, 14)]
+    big = np.zeros(50, dtype=np.uint64)
+    # an oversized bucket: each member with its next 4 in signature order (4m - 10 pairs, not m^2 / 2)
+    order = (np.arange(50, dtype=np.uint64) % 5).reshape(50, 1) << np.uint64(48)
+    pairs, st = mh.bucket_pairs(big, np.arange(50), max_bucket=10, neighbours=4, order=order)
+    emitted = mh.pairs_per_bucket(np.array([50]), 10, 4)[0]
+    assert emitted == 4 * 50 - 10 and st["oversized_buckets"] == 1 and st["pairs_not_emitted"] == 50 * 49 // 2 - emitted
+    pairs = set(map(tuple, mh.unique_pairs(pairs).tolist()))
+    assert len(pairs) == emitted and max(np.bincount(np.array(list(pairs)).ravel())) <= 2 * 4
+    # members agreeing on the order rows sit together: 1, 6, 11, ... are neighbours, 1 and 2 are not
+    assert {(1, 6), (1, 11), (1, 16), (1, 21), (1, 45)} <= pairs and (1, 2) not in pairs
+
+
+def test_verification_rejects_planted_false_candidate(tmp_path):
+    rng = random.Random(5)
+    shared, x, y = random_poem(rng, 20), random_poem(rng, 20), random_poem(rng, 20)
+    # Jaccard about 0.3: 32 bands of 1 row make them LSH candidates almost surely, verification must reject
+    recs = [dedup_record("v.json", 0, shared + x), dedup_record("v.json", 1, shared + y)]
+    write_records(tmp_path / "in", recs)
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=1), workers=1)
+    assert stats["candidate_pairs"] == 1 and stats["rejected_candidates"] == 1 and stats["verified_pairs"] == 0
+    assert stats["docs_out"] == 2 and stats["records_removed"] == 0
+
+
+def test_exact_jaccard_on_packed_shingle_sets():
+    rng = random.Random(2)
+    alphabet = "abc春江\U00020000\U0010fffd"
+    for _ in range(500):
+        n = rng.choice([1, 2, 3, 4, 5])
+        a, b = ("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(2))
+        ref = mh.jaccard(set(mh.shingles(a, n)), set(mh.shingles(b, n)))
+        assert abs(mh.jaccard(mh.shingle_set(a, n), mh.shingle_set(b, n)) - ref) < 1e-12
+
+
+def test_chains_do_not_remove_records_below_the_threshold(tmp_path):
+    rng = random.Random(11)
+    a = random_poem(rng, 40)
+    b = substitute(a, 10)  # J(a, b) = 0.90 (2-grams)
+    c = substitute(substitute(b, 25), 32)  # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
+    write_records(tmp_path / "in", [dedup_record("c.json", i, t) for i, t in enumerate((a, b, c))])
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=4), workers=1)
+    write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+    ids = [record_id("c.json", index=i) for i in range(3)]
+    assert stats["verified_pairs"] == 2 and stats["components"] == 1 and stats["components_with_several_kept"] == 1
+    # union-find alone would remove c as a duplicate of a at 0.73; c is kept, b is removed as a's duplicate
+    assert kept_ids(tmp_path / "out") == {ids[0], ids[2]}
+    (r,) = iter_jsonl(tmp_path / "out" / REMOVED_FILE)
+    assert r["id"] == ids[1] and r["duplicate_of"] == ids[0] and r["similarity"] >= 0.8
+    (cl,) = iter_jsonl(tmp_path / "rep" / CLUSTERS_FILE)
+    assert cl["kept"] == ids[0] and cl["component_size"] == 3 and len(cl["verified_pairs"]) == 1
+    assert [p[:2] for p in cl["linked_pairs"]] == [[ids[1], ids[2]]]  # the cut link of the chain
+
+
+def test_union_find():
+    uf = mh.UnionFind(8)
+    uf.union_pairs([(5, 6), (6, 7), (1, 2), (7, 3)])
+    roots = uf.roots()
+    assert roots.tolist() == [0, 1, 1, 3, 4, 3, 3, 3]  # root = smallest member
+    assert uf.find(7) == 3 and not uf.union(5, 3) and uf.union(0, 4) and uf.find(4) == 0
