@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,39 +15,17 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.common.cache import cached_arrays
 from tokenmill.stages.dedup.layout import NpyRows, releases_memory
 
 _TABLES_VERSION = 1  # bump when the key rules change (invalidates cached tables)
 
 
-def _cache_file(name: str) -> Path | None:
-    """A file in the tables cache (TOKENMILL_CACHE, else ~/.cache/tokenmill), keyed by the Unicode version;
-    None when no cache folder can be made (the tables are then rebuilt in memory, ~1 s)."""
-    root = Path(os.environ.get("TOKENMILL_CACHE") or Path.home() / ".cache" / "tokenmill")
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return None
-    return root / f"{name}-unicode{unicodedata.unidata_version}-v{_TABLES_VERSION}.npy"
-
-
 def _cached(name: str, build: Callable[[], np.ndarray]) -> np.ndarray:
-    path = _cache_file(name)
-    if path is not None and path.exists():
-        try:
-            return np.load(path)
-        except (OSError, ValueError):
-            pass
-    arr = build()
-    if path is not None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                np.save(f, arr)
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-    return arr
+    """The table `build()` makes, kept in tokenmill's cache (rebuilt in ~1 s without one), keyed by the Unicode
+    version and the key rules' version, and memory-mapped read-only from there."""
+    folder = f"dedup-{name}-unicode{unicodedata.unidata_version}-v{_TABLES_VERSION}"
+    return cached_arrays(folder, lambda: {"table": build()})["table"]
 
 
 def _build_drop(strip_symbols: bool) -> np.ndarray:
