@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.common.io import temporary_path
+
 
 def cache_folder() -> Path:
     """The cache folder's path (not created)."""
@@ -31,7 +33,7 @@ def cached_arrays(name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict
 
 
 def _written(folder: Path, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    staged = folder.with_name(f".{folder.name}.{os.getpid()}.tmp")
+    staged = temporary_path(folder)
     shutil.rmtree(staged, ignore_errors=True)
     staged.mkdir(parents=True)
     try:

@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -58,7 +59,7 @@ def _orjson_loads(text: str | bytes):
         return json.loads(text)
 
 
-def json_parser(data: bytes) -> Callable[[str | bytes], object]:
+def json_parser(data: bytes) -> Callable[[str | bytes], Any]:
     """json.loads for JSON text cut from `data` (a line, a block of lines, a file), 2-3x faster where it can be:
     orjson gives the same values and rejects what json rejects (tests/test_raw.py), except for integers beyond 64
     bits, so `data` holding a long run of digits gets json.loads itself."""
@@ -108,15 +109,34 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}.jsonl"
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def temporary_path(path: str | os.PathLike) -> Path:
+    """Where a file is written before it is renamed to `path`: beside it (one file system, so the rename is atomic),
+    hidden and unique per writer. Readers list no hidden file; recovery removes what a killed writer left
+    (`.<name>.tmp-<8 hex>`, TEMPORARY_GLOB)."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    return path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+TEMPORARY_GLOB = ".*.tmp-*"  # every temporary_path
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator:
+    """A file open for writing ("w": UTF-8 text, "wb": bytes) that becomes `path` when the block ends without an
+    error, renamed into place, so a reader sees the old file or the whole new one, never a part; on an error it is
+    removed."""
+    tmp = temporary_path(path)
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
+            yield f
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
@@ -152,7 +172,7 @@ class JsonlWriter:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self._tmp = temporary_path(self.path)
         self._f = open(self._tmp, "w", encoding="utf-8")
         self.count = 0
 
@@ -184,10 +204,8 @@ class JsonlWriter:
 def concat_files(parts: Iterable[str | os.PathLike], dest: str | os.PathLike, remove: bool = True) -> tuple[int, int]:
     """Concatenates files (a shard's pieces, per-shard side files) in order into one file, atomically; returns its
     (bytes, CRC-32), computed as it is written."""
-    dest = Path(dest)
-    tmp = dest.with_name(f".{dest.name}.tmp-{uuid.uuid4().hex[:8]}")
     size, crc = 0, 0
-    with open(tmp, "wb") as out:
+    with atomic_file(dest, "wb") as out:
         for part in parts:
             with open(part, "rb") as f:
                 while block := f.read(READ_BLOCK):
@@ -195,7 +213,6 @@ def concat_files(parts: Iterable[str | os.PathLike], dest: str | os.PathLike, re
                     size, crc = size + len(block), zlib.crc32(block, crc)
             if remove:
                 os.unlink(part)
-    os.replace(tmp, dest)
     return size, crc
 
 

@@ -29,7 +29,6 @@ import functools
 import gzip
 import hashlib
 import json
-import os
 import unicodedata
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import atomic_write_json
+from tokenmill.common.io import atomic_file, atomic_write_json
 from tokenmill.errors import ConfigError
 from tokenmill.stages.clean.repair import normalize_unicode
 from tokenmill.stages.dedup.keys import UNSPACED_LANGUAGES, by_words, dedup_keys
@@ -298,16 +297,6 @@ def build_index(path: Path, s) -> tuple[np.ndarray, dict]:
     return np.stack([h[first], it[first]]), {"items": count, "items_too_short": too_short, "ngrams": int(first.sum())}
 
 
-def _save_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, array)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 @dataclass(frozen=True)
 class EvalIndex:
     label: str
@@ -344,7 +333,8 @@ def prepare_indexes(s, cache_dir: Path, log=None) -> ContaminationIndex | None:
             index, figures = build_index(path, s)
             figures["sha256"] = key
             atomic_write_json(sidecar, figures)
-            _save_atomic(array, index)  # last: an index file present means its figures are too
+            with atomic_file(array, "wb") as f:  # last: an index file present means its figures are too
+                np.save(f, index)
             figures = {**figures, "cache": "built"}
             if log is not None:
                 log.info(f"cleaned_jsonl: decontamination index of {label}: {figures['ngrams']:,} n-grams ({array})")
@@ -435,7 +425,7 @@ class ContaminationIndex:
                 e.text = ""  # out of the line statistics, so pass 2 never takes the record back
                 continue
             new = dict(e.new or rec)
-            new["meta"] = {**(new.get("meta") if isinstance(new.get("meta"), dict) else {}), "contamination": evidence}
+            new["meta"] = {**(m if isinstance(m := new.get("meta"), dict) else {}), "contamination": evidence}
             e.new, e.kind = new, "contamination"  # a kind the examples do not show
             e.before = e.text if e.before is None else e.before
             counts["flagged_contamination"] += 1
