@@ -43,12 +43,7 @@ def validate_token_shards(
         tokens += dataset.tokens
         max_id = max(max_id, dataset.max_token_id)
         vocab = dataset.manifest.get("vocab_size", vocab)
-        recorded = (dataset.manifest.get("tokenizer") or {}).get("sha256")
-        if recorded != upstream_sha:
-            problems.append(
-                f"{manifest_path(dataset.folder, version)}: tokenizer sha256 {str(recorded)[:12]}… is not the "
-                f"upstream {upstream} ({str(upstream_sha)[:12]}…): the shards are stale"
-            )
+        problems += _stale_tokenizer(dataset, version, upstream, upstream_sha)
         if settings is not None and not dataset.problems:
             reencode.append((dataset, settings))
     reencoded, found = reencode_problems(reencode, records_dirs)
@@ -60,3 +55,14 @@ def validate_token_shards(
         "reencoded_records": reencoded,
         "problems": problems,
     }
+
+
+def _stale_tokenizer(dataset, version: int | None, upstream: Path, upstream_sha: str | None) -> list[str]:
+    """The problem of a split whose manifest names another tokenizer than the upstream one (none if it does not)."""
+    recorded = (dataset.manifest.get("tokenizer") or {}).get("sha256")
+    if recorded == upstream_sha:
+        return []
+    return [
+        f"{manifest_path(dataset.folder, version)}: tokenizer sha256 {str(recorded)[:12]}… is not the "
+        f"upstream {upstream} ({str(upstream_sha)[:12]}…): the shards are stale"
+    ]

@@ -171,18 +171,11 @@ class SplitChunk:
 
 def assemble(seg: Segments, tt: str, enc: Encoder, dtype: np.dtype, where: str) -> SplitChunk:
     """Encodes the batch's text pieces once and gathers every key's flat arrays."""
-    id_lists = piece_ids(enc, seg.texts)
-    piece_lens = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-    total = int(piece_lens.sum())
-    piece_flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=total)
-    check_ids(piece_flat, enc.vocab_size, where)
-    piece_start = np.zeros(len(piece_lens), dtype=np.int64)
-    if len(piece_lens):
-        np.cumsum(piece_lens[:-1], out=piece_start[1:])
+    piece_flat, piece_lens, piece_start = _piece_arrays(enc, seg.texts, where)
     ch = SplitChunk(
         ids=seg.ids,
         text_chars=sum(map(len, seg.texts)),
-        text_tokens=total,
+        text_tokens=len(piece_flat),
         dropout=seg.dropout,
         no_metadata=seg.no_metadata,
     )
@@ -196,27 +189,7 @@ def assemble(seg: Segments, tt: str, enc: Encoder, dtype: np.dtype, where: str) 
             ch.data[key] = np.asarray(seg.rewards, dtype=np.float32)
             ch.item_lens[key] = np.asarray(seg.nseg[key], dtype=np.int64)
             continue
-        src = np.asarray(seg.src[key], dtype=np.int64)
-        smask = np.asarray(seg.mask[key], dtype=np.uint8)
-        is_text = src >= 0
-        seg_len = np.ones(len(src), dtype=np.int64)
-        seg_len[is_text] = piece_lens[src[is_text]]
-        # gather: text segment -> piece_flat[start + j]; special segment -> its id
-        seg_from = np.where(is_text, piece_start[np.maximum(src, 0)], 0)
-        n = int(seg_len.sum())
-        seg_out = np.zeros(len(src), dtype=np.int64)
-        if len(src):
-            np.cumsum(seg_len[:-1], out=seg_out[1:])
-        within = np.arange(n, dtype=np.int64) - np.repeat(seg_out, seg_len)
-        rep_text = np.repeat(is_text, seg_len)
-        idx = np.repeat(seg_from, seg_len) + within
-        tokens = np.where(
-            rep_text, piece_flat[np.where(rep_text, idx, 0)] if total else 0, np.repeat(-src - 1, seg_len)
-        )
-        mask = np.repeat(smask, seg_len)
-        nseg = np.asarray(seg.nseg[key], dtype=np.int64)
-        seg_item = np.repeat(np.arange(len(nseg)), nseg)
-        item_lens = np.bincount(seg_item, weights=seg_len, minlength=len(nseg)).astype(np.int64)
+        tokens, mask, item_lens = _gather(seg, key, piece_flat, piece_lens, piece_start)
         check_ids(tokens, enc.vocab_size, where)
         ch.data[key] = tokens.astype(dtype)
         ch.item_lens[key] = item_lens
@@ -227,12 +200,49 @@ def assemble(seg: Segments, tt: str, enc: Encoder, dtype: np.dtype, where: str) 
             ch.rec_items[mkey] = nitems
             ch.supervised += int(mask.sum())
         else:
-            ch.supervised += 0 if tt == "grpo" else n  # grpo prompts are context; seq trains every token
-        ch.punct += int(enc.is_punct[tokens].sum()) if n else 0
+            ch.supervised += 0 if tt == "grpo" else len(tokens)  # grpo prompts are context; seq trains every token
+        ch.punct += int(enc.is_punct[tokens].sum()) if len(tokens) else 0
         rec_of_item = np.repeat(np.arange(len(nitems)), nitems)
         rec_tokens += np.bincount(rec_of_item, weights=item_lens, minlength=len(nitems)).astype(np.int64)
     ch.rec_tokens = rec_tokens
     return ch
+
+
+def _piece_arrays(enc: Encoder, texts: list[str], where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The text pieces' ids, flat, and each piece's length and start in them."""
+    id_lists = piece_ids(enc, texts)
+    piece_lens = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+    piece_flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(piece_lens.sum()))
+    check_ids(piece_flat, enc.vocab_size, where)
+    piece_start = np.zeros(len(piece_lens), dtype=np.int64)
+    if len(piece_lens):
+        np.cumsum(piece_lens[:-1], out=piece_start[1:])
+    return piece_flat, piece_lens, piece_start
+
+
+def _gather(
+    seg: Segments, key: str, piece_flat: np.ndarray, piece_lens: np.ndarray, piece_start: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One key's tokens, mask bits and item lengths: each text segment its piece's ids, each special one its id."""
+    src = np.asarray(seg.src[key], dtype=np.int64)
+    is_text = src >= 0
+    seg_len = np.ones(len(src), dtype=np.int64)
+    seg_len[is_text] = piece_lens[src[is_text]]
+    # gather: text segment -> piece_flat[start + j]; special segment -> its id
+    seg_from = np.where(is_text, piece_start[np.maximum(src, 0)], 0)
+    seg_out = np.zeros(len(src), dtype=np.int64)
+    if len(src):
+        np.cumsum(seg_len[:-1], out=seg_out[1:])
+    within = np.arange(int(seg_len.sum()), dtype=np.int64) - np.repeat(seg_out, seg_len)
+    rep_text = np.repeat(is_text, seg_len)
+    idx = np.repeat(seg_from, seg_len) + within
+    text_ids = piece_flat[np.where(rep_text, idx, 0)] if len(piece_flat) else 0
+    tokens = np.where(rep_text, text_ids, np.repeat(-src - 1, seg_len))
+    mask = np.repeat(np.asarray(seg.mask[key], dtype=np.uint8), seg_len)
+    nseg = np.asarray(seg.nseg[key], dtype=np.int64)
+    seg_item = np.repeat(np.arange(len(nseg)), nseg)
+    item_lens = np.bincount(seg_item, weights=seg_len, minlength=len(nseg)).astype(np.int64)
+    return tokens, mask, item_lens
 
 
 def concat_chunks(chunks: list[SplitChunk]) -> SplitChunk:
@@ -374,27 +384,60 @@ def count_languages(into: dict[str, list[int]], languages: list[str], rec_tokens
         figures[1] += t
 
 
+class _SplitRecords:
+    """One task's encoded records per split (0 train, 1 val): the rendered ones waiting to be encoded (every
+    batch_records), the chunks encoded, and each record's meta.language in record order."""
+
+    def __init__(self, tt: str, enc: Encoder, dtype: np.dtype, where: str, batch_records: int):
+        self.tt, self.enc, self.dtype, self.where, self.batch_records = tt, enc, dtype, where, batch_records
+        self.rendered = [Segments(KEYS[tt]), Segments(KEYS[tt])]
+        self.chunks: list[list[SplitChunk]] = [[], []]
+        self.languages: list[list[str]] = [[], []]
+
+    def add(self, s: int, rid: str, rec: dict) -> None:
+        """The record just rendered into rendered[s]."""
+        self.rendered[s].ids.append(rid)
+        self.languages[s].append(record_language(rec))
+        if len(self.rendered[s].ids) >= self.batch_records:
+            self.flush(s)
+
+    def flush(self, s: int) -> None:
+        if self.rendered[s].ids:
+            self.chunks[s].append(assemble(self.rendered[s], self.tt, self.enc, self.dtype, self.where))
+        self.rendered[s] = Segments(KEYS[self.tt])
+
+    def finish(self, languages: dict[str, list[int]]) -> dict[str, SplitChunk]:
+        """Each split's chunks as one; adds records and tokens per language to `languages`."""
+        splits = {}
+        for s, split in enumerate(SPLITS):
+            self.flush(s)
+            if self.chunks[s]:
+                splits[split] = concat_chunks(self.chunks[s])
+                count_languages(languages, self.languages[s], splits[split].rec_tokens)
+        return splits
+
+
+def _reject(result: TaskResult, samples: ReasonSamples, reason: str, rec: dict, where: str, line: bytes) -> None:
+    result.reasons[reason] = result.reasons.get(reason, 0) + 1
+    rid = rec.get("id")
+    entry = {"id": rid, "reason": reason, "where": where, "source": rec.get("source")}
+    if samples.add(reason, rid):  # the record as deduped_jsonl holds it: the fields the renderer lacked
+        entry = with_text(entry, line.decode("utf-8", "surrogatepass"))
+    result.rejected.append(entry)
+
+
 def encode_task(task: EncodeTask) -> TaskResult:
     """Worker: one byte range of one part file -> per-split SplitChunks, rejected records, counts."""
     if not task.threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     settings, rng = task.settings, task.range
-    tt = settings.training_type
-    render = RENDERERS[tt]
+    render = RENDERERS[settings.training_type]
     enc = encoder(task.tokenizer)
-    dtype = np.dtype(task.token_dtype)
-    rel = os.path.basename(rng.path)
+    split_records = _SplitRecords(
+        settings.training_type, enc, np.dtype(task.token_dtype), rng.path, settings.batch_records
+    )
     result = TaskResult(0, {}, [], {})
     samples = ReasonSamples()
-    batches = [Segments(KEYS[tt]), Segments(KEYS[tt])]
-    chunks: list[list[SplitChunk]] = [[], []]
-    languages: list[list[str]] = [[], []]  # each encoded record's meta.language, per split, in record order
-
-    def flush(s: int) -> None:
-        if batches[s].ids:
-            chunks[s].append(assemble(batches[s], tt, enc, dtype, rng.path))
-        batches[s] = Segments(KEYS[tt])
-
     lines, parse = _lines(rng)
     for n, line in enumerate(lines):
         if not line.strip():
@@ -409,26 +452,13 @@ def encode_task(task: EncodeTask) -> TaskResult:
         else:
             h = split_hash(rid)
             s = 1 if h < settings.val_fraction * 2.0**64 or rid in task.val_ids else 0
-            reason = render(rec, batches[s], enc.special, settings)
+            reason = render(rec, split_records.rendered[s], enc.special, settings)
             if reason is None:
-                batches[s].ids.append(rid)
-                languages[s].append(record_language(rec))
+                split_records.add(s, rid, rec)
                 if s == 0 and (result.first_train is None or (h, rid) < result.first_train):
                     result.first_train = (h, rid)
-                if len(batches[s].ids) >= settings.batch_records:
-                    flush(s)
                 continue
-        result.reasons[reason] = result.reasons.get(reason, 0) + 1
-        entry = {"id": rid, "reason": reason, "where": f"{rel}:{lineno}", "source": rec.get("source")}
-        if samples.add(reason, rid):  # the record as deduped_jsonl holds it: the fields the renderer lacked
-            entry = with_text(entry, line.decode("utf-8", "surrogatepass"))
-        result.rejected.append(entry)
-    splits = {}
-    for s, split in enumerate(SPLITS):
-        flush(s)
-        if chunks[s]:
-            splits[split] = concat_chunks(chunks[s])
-            count_languages(result.languages, languages[s], splits[split].rec_tokens)
-    save_splits(splits, task.out)
+        _reject(result, samples, reason, rec, f"{os.path.basename(rng.path)}:{lineno}", line)
+    save_splits(split_records.finish(result.languages), task.out)
     result.splits_dir = task.out
     return result

@@ -6,9 +6,10 @@ import hashlib
 import json
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -17,8 +18,10 @@ from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize.encode import (
+    ByteRange,
     Encoder,
     EncodeTask,
+    TaskResult,
     encode_task,
     encoder,
     head_range,
@@ -73,14 +76,9 @@ def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, lo
         stats.update(write_trained(sample, settings, out_dir, log))
         held = sample.held_out
     t_train = time.perf_counter() - t1
-    tok = load_tokenizer(out_dir / TOKENIZER_FILE)  # what later stages will load
+    stats.update(_tokenizer_figures(out_dir / TOKENIZER_FILE, held or sample.train, held))
     stats.update(
         {
-            "vocab_size": tok.get_vocab_size(with_added_tokens=True),
-            "special_tokens": special_token_ids(tok, out_dir / TOKENIZER_FILE),
-            **measure(tok, held),
-            "examples": examples(tok, held or sample.train),
-            "tokenizer_sha256": hashlib.sha256((out_dir / TOKENIZER_FILE).read_bytes()).hexdigest(),
             "sample_seconds": round(t_sample, 3),
             "train_seconds": round(t_train, 3),
             "seconds": round(time.perf_counter() - t0, 3),
@@ -93,6 +91,19 @@ def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, lo
             f"trained in {t_train:.1f} s"
         )
     return stats
+
+
+def _tokenizer_figures(path: Path, shown: list[str], held: list[str]) -> dict:
+    """The written tokenizer, loaded as later stages will load it: its size, special ids, chars per token on `held`,
+    `shown` texts tokenized, its SHA-256."""
+    tok = load_tokenizer(path)
+    return {
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        "special_tokens": special_token_ids(tok, path),
+        **measure(tok, held),
+        "examples": examples(tok, shown),
+        "tokenizer_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
 
 
 ENCODED_DIR = f"{TMP_PREFIX}encoded"  # the encode tasks' arrays, each file removed once packed
@@ -175,90 +186,131 @@ def _load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals
     return BatchTotals.from_json(read_json(path))
 
 
+def _save_batch_totals(bins_dir: Path, generation: int, key: str, batch: BatchTotals) -> None:
+    path = batch_summary_file(bins_dir, generation, key)
+    path.parent.mkdir(exist_ok=True)
+    atomic_write_text(path, json.dumps(batch.to_json(), ensure_ascii=False, separators=(",", ":")))
+
+
 @dataclass
 class Encoded:
     """What `_encode_batches` wrote: the counts per batch, the new shard entries per split, the task count, and
     (split hash, id) of the train record with the smallest split hash (what an empty val is topped up with)."""
 
-    totals: dict[str, BatchTotals]
-    shards: dict[str, list[dict]]
     tasks: int
-    first_train: tuple[int, str] | None
-    with_metadata: int  # records with a title or author
+    totals: dict[str, BatchTotals] = field(default_factory=dict)
+    shards: dict[str, list[dict]] = field(default_factory=lambda: {s: [] for s in SPLITS})
+    first_train: tuple[int, str] | None = None
+    with_metadata: int = 0  # records with a title or author
+
+    def add(self, key: str, result: TaskResult) -> None:
+        """A task's figures; its rejected records are tagged with their batch."""
+        for entry in result.rejected:
+            entry["batch"] = key
+        if result.first_train is not None:
+            self.first_train = min(self.first_train or result.first_train, result.first_train)
+        self.with_metadata += result.with_metadata
 
     def choice(self) -> TrainingTypeChoice:
         """training_type auto over every record encoded."""
         return TrainingTypeChoice.auto(sum(t.docs_in for t in self.totals.values()), self.with_metadata)
 
 
-def _encode_batches(
-    batches: list[tuple[str, Path]],
-    pin: TokenizerPin,
-    enc: Encoder,
-    dtype: np.dtype,
-    settings: ShardSettings,
-    bins_dir: Path,
-    generation: int,
-    workers: int,
-    log=None,
-    val_ids: frozenset[str] = frozenset(),
-) -> Encoded:
-    """Encodes the batches, in order, into new shards of bins_dir (one task list for all of them); saves each
+@dataclass
+class _Run:
+    """One tokenize_batches call: what it was given, then what its steps decided and wrote."""
+
+    batches: list[tuple[str, Path]]
+    keys: tuple[str, ...]
+    tokenizer_dir: Path
+    bins_dir: Path
+    settings: ShardSettings
+    workers: int
+    log: Any
+    started: float  # time.perf_counter() at the start (the stats' seconds)
+    published: Published | None  # the latest version; once published, the new one
+    pin: TokenizerPin
+    tokenizer_bytes: bytes
+    choice: TrainingTypeChoice | None = None  # from _decide_rebuild on
+    reason: str | None = None  # why every batch is encoded again into a new generation; None: append
+    kept: tuple[str, ...] = ()  # the published batches the next version keeps
+    generation: int = 0
+    totals: dict[str, BatchTotals] = field(default_factory=dict)  # per batch of the next version
+    tasks: int = 0  # encode tasks run
+    enc: Encoder | None = None  # from _encode on
+    dtype: np.dtype | None = None
+    moved: frozenset[str] = frozenset()  # train records moved into an empty val
+
+    @property
+    def added(self) -> list[tuple[str, Path]]:
+        return list(self.batches[len(self.kept) :])
+
+    @property
+    def new_version(self) -> bool:
+        return bool(self.added or self.reason is not None)
+
+    @property
+    def resolved(self) -> ShardSettings:
+        return _resolved(self.settings, self.choice)
+
+    def info(self, message: str) -> None:
+        if self.log:
+            self.log.info(message)
+
+
+def _encode_batches(run: _Run, val_ids: frozenset[str] = frozenset()) -> Encoded:
+    """Encodes the added batches, in order, into new shards of bins_dir (one task list for all of them); saves each
     batch's counts. `val_ids` go to val whatever their split hash."""
-    encoded = bins_dir / ENCODED_DIR
-    encoded.mkdir(parents=True, exist_ok=True)
-    plans = [(key, plan_ranges(Path(folder), settings.task_bytes, workers)) for key, folder in batches]
+    settings, folder = run.resolved, run.bins_dir / ENCODED_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    plans = [(key, plan_ranges(Path(records), settings.task_bytes, run.workers)) for key, records in run.added]
     ranges = [r for _, batch_ranges in plans for r in batch_ranges]
-    threads = workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
+    threads = run.workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
     tasks = [
-        EncodeTask(r, pin, settings, dtype.name, threads, str(encoded / f"r{i:05d}"), val_ids)
+        EncodeTask(r, run.pin, settings, run.dtype.name, threads, str(folder / f"r{i:05d}"), val_ids)
         for i, r in enumerate(ranges)
     ]
-    progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=log)
-    results = iter(map_ordered(encode_task, tasks, workers))
-    totals: dict[str, BatchTotals] = {}
-    shards: dict[str, list[dict]] = {s: [] for s in SPLITS}
-    first_train = None
-    with_metadata = 0
+    progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=run.log)
+    results = iter(map_ordered(encode_task, tasks, run.workers))
+    encoded = Encoded(len(tasks))
     try:
         for key, batch_ranges in plans:
-            batch = BatchTotals(settings.training_type)
-            writers = SplitWriters(bins_dir, key, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
-            try:
-                for rng in batch_ranges:
-                    result = load_splits(next(results))
-                    for entry in result.rejected:
-                        entry["batch"] = key
-                    if result.first_train is not None:
-                        first_train = min(first_train or result.first_train, result.first_train)
-                    with_metadata += result.with_metadata
-                    batch.add(result)
-                    writers.add(result.splits)
-                    progress.advance(rng.end - rng.start)
-                for s, entries in writers.close().items():
-                    shards[s] += entries
-            except BaseException:
-                writers.abort()
-                raise
-            batch.finish(enc)
-            path = batch_summary_file(bins_dir, generation, key)
-            path.parent.mkdir(exist_ok=True)
-            atomic_write_text(path, json.dumps(batch.to_json(), ensure_ascii=False, separators=(",", ":")))
-            totals[key] = batch
+            _pack_batch(run, settings, key, batch_ranges, results, progress, encoded)
     finally:
-        shutil.rmtree(encoded, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
     progress.finish()
-    return Encoded(totals, shards, len(tasks), first_train, with_metadata)
+    return encoded
 
 
-def _val_top_up(settings: ShardSettings, encoded: Encoded) -> frozenset[str]:
-    """The record to move into val when a generation's first version leaves it empty with val asked for and 2
-    records or more: the train record with the smallest split hash (the same for any worker count)."""
-    val = sum(t.splits["val"].records for t in encoded.totals.values())
-    train = sum(t.splits["train"].records for t in encoded.totals.values())
-    if settings.val_fraction == 0 or val or train < 2:
-        return frozenset()
-    return frozenset({encoded.first_train[1]})
+def _pack_batch(
+    run: _Run,
+    settings: ShardSettings,
+    key: str,
+    batch_ranges: list[ByteRange],
+    results: Iterator[TaskResult],
+    progress: Progress,
+    encoded: Encoded,
+) -> None:
+    """One batch's task results, in task order, into shards of each split (removed if any fails); its counts saved."""
+    batch = BatchTotals(settings.training_type)
+    writers = SplitWriters(
+        run.bins_dir, key, settings.training_type, run.enc.vocab_size, run.dtype, settings.shard_tokens
+    )
+    try:
+        for rng in batch_ranges:
+            result = load_splits(next(results))
+            encoded.add(key, result)
+            batch.add(result)
+            writers.add(result.splits)
+            progress.advance(rng.end - rng.start)
+        for s, entries in writers.close().items():
+            encoded.shards[s] += entries
+    except BaseException:
+        writers.abort()
+        raise
+    batch.finish(run.enc)
+    _save_batch_totals(run.bins_dir, run.generation, key, batch)
+    encoded.totals[key] = batch
 
 
 def tokenize_batches(
@@ -286,7 +338,16 @@ def tokenize_batches(
     train record with the smallest split hash into val (the version's manifest lists it under val_moved); appends
     never move a published record.
     """
-    t0 = time.perf_counter()
+    run = _start(batches, tokenizer_dir, bins_dir, settings, workers, log)
+    _decide_rebuild(run)
+    if run.new_version:
+        _write_version(run, check)
+    return _report(run)
+
+
+def _start(batches, tokenizer_dir, bins_dir, settings, workers, log) -> _Run:
+    """The batch keys checked, bins_dir recovered to its latest version, the tokenizer pinned."""
+    started = time.perf_counter()
     bins_dir = Path(bins_dir)
     bins_dir.mkdir(parents=True, exist_ok=True)
     settings = ShardSettings.model_validate(settings.model_dump())  # plain settings travel to the workers
@@ -294,117 +355,168 @@ def tokenize_batches(
     published = recover(bins_dir, log)
     pin, tokenizer_bytes = pin_tokenizer(tokenizer_dir)
     workers = default_workers() if workers is None else max(1, workers)
-    choice = choose_training_type(settings, published, batches, workers)
-    reason = rebuild_reason(published, pin.sha256, _resolved(settings, choice).encoding(), keys)
-    if reason is not None and choice.inherited:  # a new generation chooses again, from all its records
-        choice = records_choice(batches, settings.task_bytes, workers)
-    resolved = _resolved(settings, choice)
-    kept = published.batches if reason is None else ()
-    generation = published.generation if reason is None else (published.generation + 1 if published else 1)
-    added = list(batches[len(kept) :])
-    totals = {key: _load_batch_totals(bins_dir, generation, key) for key in kept}
-    tasks = 0
-    if added or reason is not None:
-        if log:
-            log.info(
-                f"tokenized_bins: generation {generation} ({reason or 'append'}), encoding {len(added)} batches "
-                f"as {choice.resolved} ({choice.reason})"
-            )
-        try:
-            enc = encoder(pin)
-            dtype = token_dtype_for(enc.vocab_size, settings.token_dtype)
-            encoded = _encode_batches(added, pin, enc, dtype, resolved, bins_dir, generation, workers, log)
-            if choice.guessed:
-                confirmed = encoded.choice()
-                if confirmed.resolved != choice.resolved:
-                    if log:
-                        log.info(f"tokenized_bins: encoding again as {confirmed.resolved} ({confirmed.reason})")
-                    recover(bins_dir)  # removes the shards and counts just written: no version names them
-                    resolved = _resolved(settings, confirmed)
-                    encoded = _encode_batches(added, pin, enc, dtype, resolved, bins_dir, generation, workers, log)
-                choice = confirmed
-            moved = _val_top_up(settings, encoded) if not kept else frozenset()
-            if moved:
-                if log:
-                    log.info(f"tokenized_bins: val is empty; moving record {min(moved)} there and encoding again")
-                recover(bins_dir)  # removes the shards and counts just written: no version names them
-                encoded = _encode_batches(added, pin, enc, dtype, resolved, bins_dir, generation, workers, log, moved)
-            tasks = encoded.tasks
-            totals.update(encoded.totals)
-            shards = {s: (list(published.manifests[s]["shards"]) if kept else []) + encoded.shards[s] for s in SPLITS}
-            for s in SPLITS:
-                if not shards[s]:  # an empty split still gets one (empty) shard, so it loads
-                    shards[s] = ShardWriter(
-                        bins_dir / s,
-                        resolved.training_type,
-                        enc.vocab_size,
-                        dtype,
-                        settings.shard_tokens,
-                        first_index=next_shard_index(bins_dir / s),
-                    ).empty_shard()
-            for s in SPLITS:
-                write_tokenizer_copy(bins_dir / s, tokenizer_bytes, pin.sha256)
-            tokenizer = {
-                "file": versioned_tokenizer_file(pin.sha256),
-                "sha256": pin.sha256,
-                "vocab_size": enc.vocab_size,
-            }
-            moved_before = published.manifests[SPLITS[0]].get(VAL_MOVED_KEY, []) if kept else []
-            version = {
-                "version": published.version + 1 if published else 1,
-                "generation": generation,
-                "batches": list(keys),
-                "encoding": resolved.encoding(),
-                **choice.manifest_entry(),
-                **({VAL_MOVED_KEY: moved_before or sorted(moved)} if moved_before or moved else {}),
-            }
-            manifests = version_manifests(
-                version=version,
-                training_type=resolved.training_type,
-                vocab_size=enc.vocab_size,
-                token_dtype=dtype,
-                tokenizer=tokenizer,
-                special=enc.special,
-                shards=shards,
-                supervised={s: sum(t.splits[s].supervised for t in totals.values()) for s in SPLITS},
-            )
-            publish(bins_dir, manifests, tokenizer_dir, check)
-        except BaseException:
-            recover(bins_dir, log)  # what this run wrote, no version names it
-            raise
-        published = Published.of(manifests)
-    removed = apply_retention(bins_dir, settings.retention_hours, settings.keep_versions, log=log)
+    return _Run(
+        batches, keys, tokenizer_dir, bins_dir, settings, workers, log, started, published, pin, tokenizer_bytes
+    )
+
+
+def _decide_rebuild(run: _Run) -> None:
+    """The training type; a new generation (every batch encoded again) or an append of the new batches; the counts
+    of the published batches kept."""
+    published = run.published
+    run.choice = choose_training_type(run.settings, published, run.batches, run.workers)
+    run.reason = rebuild_reason(published, run.pin.sha256, run.resolved.encoding(), run.keys)
+    if run.reason is not None and run.choice.inherited:  # a new generation chooses again, from all its records
+        run.choice = records_choice(run.batches, run.settings.task_bytes, run.workers)
+    if run.reason is None:
+        run.kept, run.generation = published.batches, published.generation
+    else:
+        run.generation = published.generation + 1 if published else 1
+    run.totals = {key: _load_batch_totals(run.bins_dir, run.generation, key) for key in run.kept}
+
+
+def _write_version(run: _Run, check: Callable[[int], None] | None) -> None:
+    """Encodes the added batches and publishes the version holding them; on any error, what this run wrote is
+    removed (no version names it)."""
+    run.info(
+        f"tokenized_bins: generation {run.generation} ({run.reason or 'append'}), encoding {len(run.added)} batches "
+        f"as {run.choice.resolved} ({run.choice.reason})"
+    )
+    try:
+        encoded = _encode(run)
+        encoded = _confirm_training_type(run, encoded)
+        encoded = _top_up_validation(run, encoded)
+        manifests = _publish(run, encoded, check)
+    except BaseException:
+        recover(run.bins_dir, run.log)
+        raise
+    run.published = Published.of(manifests)
+
+
+def _encode(run: _Run) -> Encoded:
+    run.enc = encoder(run.pin)
+    run.dtype = token_dtype_for(run.enc.vocab_size, run.settings.token_dtype)
+    return _encode_batches(run)
+
+
+def _encode_again(run: _Run) -> Encoded:
+    recover(run.bins_dir)  # removes the shards and counts just written: no version names them
+    return _encode_batches(run, run.moved)
+
+
+def _confirm_training_type(run: _Run, encoded: Encoded) -> Encoded:
+    """A training type guessed from the first records, checked against every record encoded: encoded again if the
+    guess was wrong."""
+    if not run.choice.guessed:
+        return encoded
+    guessed, run.choice = run.choice, encoded.choice()
+    if run.choice.resolved == guessed.resolved:
+        return encoded
+    run.info(f"tokenized_bins: encoding again as {run.choice.resolved} ({run.choice.reason})")
+    return _encode_again(run)
+
+
+def _top_up_validation(run: _Run, encoded: Encoded) -> Encoded:
+    """A generation's first version that leaves val empty with val asked for and 2 records or more: the train record
+    with the smallest split hash (the same for any worker count) is moved into val, and every batch encoded again."""
+    val = sum(t.splits["val"].records for t in encoded.totals.values())
+    train = sum(t.splits["train"].records for t in encoded.totals.values())
+    if run.kept or run.settings.val_fraction == 0 or val or train < 2:
+        return encoded
+    run.moved = frozenset({encoded.first_train[1]})
+    run.info(f"tokenized_bins: val is empty; moving record {min(run.moved)} there and encoding again")
+    return _encode_again(run)
+
+
+def _publish(run: _Run, encoded: Encoded, check: Callable[[int], None] | None) -> dict[str, dict]:
+    """The new version's manifests (the kept shards, then the new ones), published once `check` passes."""
+    run.tasks = encoded.tasks
+    run.totals.update(encoded.totals)
+    shards = _split_shards(run, encoded)
+    for s in SPLITS:
+        write_tokenizer_copy(run.bins_dir / s, run.tokenizer_bytes, run.pin.sha256)
+    manifests = version_manifests(
+        version=_version_fields(run),
+        training_type=run.resolved.training_type,
+        vocab_size=run.enc.vocab_size,
+        token_dtype=run.dtype,
+        tokenizer={
+            "file": versioned_tokenizer_file(run.pin.sha256),
+            "sha256": run.pin.sha256,
+            "vocab_size": run.enc.vocab_size,
+        },
+        special=run.enc.special,
+        shards=shards,
+        supervised={s: sum(t.splits[s].supervised for t in run.totals.values()) for s in SPLITS},
+    )
+    publish(run.bins_dir, manifests, run.tokenizer_dir, check)
+    return manifests
+
+
+def _split_shards(run: _Run, encoded: Encoded) -> dict[str, list[dict]]:
+    """Each split's shard entries: the kept version's, then the new ones."""
+    shards = {}
+    for s in SPLITS:
+        shards[s] = (list(run.published.manifests[s]["shards"]) if run.kept else []) + encoded.shards[s]
+        if not shards[s]:  # an empty split still gets one (empty) shard, so it loads
+            shards[s] = ShardWriter(
+                run.bins_dir / s,
+                run.resolved.training_type,
+                run.enc.vocab_size,
+                run.dtype,
+                run.settings.shard_tokens,
+                first_index=next_shard_index(run.bins_dir / s),
+            ).empty_shard()
+    return shards
+
+
+def _version_fields(run: _Run) -> dict:
+    """The manifest's version, generation, batches, encoding settings, training type and val_moved."""
+    moved = (run.published.manifests[SPLITS[0]].get(VAL_MOVED_KEY, []) if run.kept else []) or sorted(run.moved)
+    return {
+        "version": run.published.version + 1 if run.published else 1,
+        "generation": run.generation,
+        "batches": list(run.keys),
+        "encoding": run.resolved.encoding(),
+        **run.choice.manifest_entry(),
+        **({VAL_MOVED_KEY: moved} if moved else {}),
+    }
+
+
+def _report(run: _Run) -> dict:
+    """Retention, then the published version's _stats.json and _rejected.json; returns the stats."""
+    removed = apply_retention(run.bins_dir, run.settings.retention_hours, run.settings.keep_versions, log=run.log)
+    published = run.published
     latest = published.manifests[SPLITS[0]]
     stats = stage_stats(
-        settings,
-        {key: totals[key] for key in published.batches},
+        run.settings,
+        {key: run.totals[key] for key in published.batches},
         published.manifests,
         vocab_size=latest["vocab_size"],
         token_dtype=np.dtype(latest["token_dtype"]),
-        seconds=time.perf_counter() - t0,
-        workers=workers,
-        tasks=tasks,
-        choice=choice,
+        seconds=time.perf_counter() - run.started,
+        workers=run.workers,
+        tasks=run.tasks,
+        choice=run.choice,
     )
     stats.update(
         {
             "version": published.version,
             "generation": published.generation,
-            "new_version": bool(added or reason is not None),
-            "rebuild_reason": reason,
-            "batches_added": [key for key, _ in added],
-            "versions": list_versions(bins_dir / SPLITS[0]),
+            "new_version": run.new_version,
+            "rebuild_reason": run.reason,
+            "batches_added": [key for key, _ in run.added],
+            "versions": list_versions(run.bins_dir / SPLITS[0]),
             "versions_removed": removed,
         }
     )
-    rejected = write_rejected(bins_dir, (e for key in published.batches for e in totals[key].rejected))
-    write_stats(bins_dir, stats)
-    if log:
-        log.info(
-            f"tokenized_bins: version {published.version} (generation {published.generation}, "
-            f"{len(published.batches)} batches, {len(added)} added): {stats['docs_out']:,} records, "
-            f"{stats['tokens']:,} tokens, dropped {rejected:,}"
-        )
+    rejected = write_rejected(run.bins_dir, (e for key in published.batches for e in run.totals[key].rejected))
+    write_stats(run.bins_dir, stats)
+    run.info(
+        f"tokenized_bins: version {published.version} (generation {published.generation}, "
+        f"{len(published.batches)} batches, {len(run.added)} added): {stats['docs_out']:,} records, "
+        f"{stats['tokens']:,} tokens, dropped {rejected:,}"
+    )
     return stats
 
 

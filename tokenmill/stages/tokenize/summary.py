@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -215,47 +216,79 @@ def stage_stats(
     """The stage's _stats.json for the published version whose split manifests are `manifests`, holding `batches`
     (in order): docs_in/docs_out/dropped_<reason> (with samples), the training type and why, tokens and shares, per
     split (val_warning when val is small), per batch, the first record."""
-    split_totals = [m["totals"] for m in manifests.values()]
-    tokens = sum(t["tokens"] for t in split_totals)
-    records = sum(t["records"] for t in split_totals)
-    supervised = sum(t["supervised_tokens"] for t in split_totals)
-    per_split = [t for b in batches.values() for t in b.splits.values()]
-    tpd = np.concatenate([b.tokens_per_doc() for b in batches.values()] or [np.zeros(0, np.int32)])
-    text_chars = sum(t.text_chars for t in per_split)
-    text_tokens = sum(t.text_tokens for t in per_split)
-    punct = sum(t.punct for t in per_split)
-    dropout = sum(t.dropout for t in per_split)
-    no_metadata = sum(t.no_metadata for t in per_split)
-    reasons: dict[str, int] = {}
-    samples = ReasonSamples()
-    for b in batches.values():
-        for r, c in b.reasons.items():
-            reasons[r] = reasons.get(r, 0) + c
-        for e in b.rejected:
-            if "text" in e:
-                samples.add(e["reason"], e)
-    bytes_on_disk: dict[str, int] = {}
-    for m in manifests.values():
-        for sh in m["shards"]:
-            for fname, info in sh["files"].items():
-                bytes_on_disk[fname] = bytes_on_disk.get(fname, 0) + info["bytes"]
+    token_figures = _token_figures(manifests)
+    records, tokens = token_figures["records"], token_figures["tokens"]
     stats = {
-        "docs_in": sum(b.docs_in for b in batches.values()),
-        "docs_out": records,
-        **{f"dropped_{r}": c for r, c in sorted(reasons.items())},
-        "rejected_samples": samples.as_dict(),
+        **_drop_figures(batches.values(), records),
         "training_type": choice.resolved,
         "training_type_setting": choice.setting,
         "training_type_reason": choice.reason,
         "settings": settings.model_dump(),
         "vocab_size": vocab_size,
         "token_dtype": token_dtype.name,
+        **token_figures,
+        **_text_figures(batches.values(), records, tokens, choice),
+        "bytes_on_disk": _bytes_on_disk(manifests),
+        "tokens_per_doc": _tokens_per_doc(batches.values()),
+        "batches": {key: b.counts() for key, b in batches.items()},
+        "languages": language_table(batches.values()),
+        "seconds": round(seconds, 3),
+        "tokens_per_second": round(tokens / seconds, 1) if seconds else 0.0,
+        "workers": workers,
+        "tasks": tasks,
+        **_split_figures(manifests),
+        "val_moved": manifests["val"].get(VAL_MOVED_KEY, []),
+    }
+    stats["val_warning"] = val_warning(settings, stats["val_records"], records)
+    sample = next((b.sample for b in batches.values() if b.sample is not None), None)
+    if sample is not None:
+        stats["sample"] = sample
+    return stats
+
+
+def _drop_figures(batches: Collection[BatchTotals], records: int) -> dict:
+    """docs_in, docs_out and dropped_<reason> over the batches, with the first rejected records with text per reason."""
+    reasons: dict[str, int] = {}
+    samples = ReasonSamples()
+    for b in batches:
+        for r, c in b.reasons.items():
+            reasons[r] = reasons.get(r, 0) + c
+        for e in b.rejected:
+            if "text" in e:
+                samples.add(e["reason"], e)
+    return {
+        "docs_in": sum(b.docs_in for b in batches),
+        "docs_out": records,
+        **{f"dropped_{r}": c for r, c in sorted(reasons.items())},
+        "rejected_samples": samples.as_dict(),
+    }
+
+
+def _token_figures(manifests: dict[str, dict]) -> dict:
+    """Records, tokens, supervised and masked tokens and their shares, over the splits' manifest totals."""
+    split_totals = [m["totals"] for m in manifests.values()]
+    tokens = sum(t["tokens"] for t in split_totals)
+    records = sum(t["records"] for t in split_totals)
+    supervised = sum(t["supervised_tokens"] for t in split_totals)
+    return {
         "records": records,
         "tokens": tokens,
         "supervised_tokens": supervised,
         "masked_tokens": tokens - supervised,
         "supervised_share": _share(supervised, tokens),
         "masked_share": _share(tokens - supervised, tokens),
+    }
+
+
+def _text_figures(batches: Iterable[BatchTotals], records: int, tokens: int, choice: TrainingTypeChoice) -> dict:
+    """Metadata dropout, records with metadata, chars per token and isolated punctuation, over the batches."""
+    per_split = [t for b in batches for t in b.splits.values()]
+    text_chars = sum(t.text_chars for t in per_split)
+    text_tokens = sum(t.text_tokens for t in per_split)
+    punct = sum(t.punct for t in per_split)
+    dropout = sum(t.dropout for t in per_split)
+    no_metadata = sum(t.no_metadata for t in per_split)
+    return {
         "metadata_dropout": dropout,
         "metadata_dropout_share": _share(dropout, records),
         "no_metadata": no_metadata,
@@ -263,28 +296,36 @@ def stage_stats(
         "chars_per_token": round(text_chars / text_tokens, 4) if text_tokens else None,
         "isolated_punctuation_tokens": punct,
         "isolated_punctuation_share": _share(punct, tokens, 5),
-        "bytes_on_disk": bytes_on_disk,
-        "tokens_per_doc": {
-            "mean": round(float(tpd.mean()), 2) if tpd.size else 0.0,
-            **{f"p{q}": int(np.percentile(tpd, q)) if tpd.size else 0 for q in (50, 90, 99)},
-            "max": int(tpd.max()) if tpd.size else 0,
-            "histogram": histogram(tpd),
-        },
-        "batches": {key: b.counts() for key, b in batches.items()},
-        "languages": language_table(batches.values()),
-        "seconds": round(seconds, 3),
-        "tokens_per_second": round(tokens / seconds, 1) if seconds else 0.0,
-        "workers": workers,
-        "tasks": tasks,
     }
+
+
+def _bytes_on_disk(manifests: dict[str, dict]) -> dict[str, int]:
+    """Bytes per shard file name, over every shard of every split."""
+    total: dict[str, int] = {}
+    for m in manifests.values():
+        for sh in m["shards"]:
+            for fname, info in sh["files"].items():
+                total[fname] = total.get(fname, 0) + info["bytes"]
+    return total
+
+
+def _tokens_per_doc(batches: Iterable[BatchTotals]) -> dict:
+    """Mean, percentiles, max and histogram of the tokens per record."""
+    tpd = np.concatenate([b.tokens_per_doc() for b in batches] or [np.zeros(0, np.int32)])
+    return {
+        "mean": round(float(tpd.mean()), 2) if tpd.size else 0.0,
+        **{f"p{q}": int(np.percentile(tpd, q)) if tpd.size else 0 for q in (50, 90, 99)},
+        "max": int(tpd.max()) if tpd.size else 0,
+        "histogram": histogram(tpd),
+    }
+
+
+def _split_figures(manifests: dict[str, dict]) -> dict:
+    """Per split: <split>_tokens, <split>_records, <split>_shards, and the three under <split>."""
+    figures: dict = {}
     for s in SPLITS:
         t = manifests[s]["totals"]
-        stats[f"{s}_tokens"], stats[f"{s}_records"] = t["tokens"], t["records"]
-        stats[f"{s}_shards"] = len(manifests[s]["shards"])
-        stats[s] = {"tokens": t["tokens"], "records": t["records"], "shards": stats[f"{s}_shards"]}
-    stats["val_moved"] = manifests["val"].get(VAL_MOVED_KEY, [])
-    stats["val_warning"] = val_warning(settings, stats["val_records"], records)
-    sample = next((b.sample for b in batches.values() if b.sample is not None), None)
-    if sample is not None:
-        stats["sample"] = sample
-    return stats
+        figures[f"{s}_tokens"], figures[f"{s}_records"] = t["tokens"], t["records"]
+        figures[f"{s}_shards"] = len(manifests[s]["shards"])
+        figures[s] = {"tokens": t["tokens"], "records": t["records"], "shards": figures[f"{s}_shards"]}
+    return figures

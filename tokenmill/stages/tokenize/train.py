@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,19 +152,27 @@ def sample_corpus(in_dir: Path, settings: TokenizerSettings, log=None) -> Sample
     part_of = np.repeat(np.arange(len(found)), [len(h) for h, _, _ in found])
     offsets = np.concatenate([o for _, o, _ in found] or [np.zeros(0, np.int64)])
     linenos = np.concatenate([n for _, _, n in found] or [np.zeros(0, np.int64)])
-    order = np.argsort(hashes, kind="stable")
+    in_order = ((part_of[i], offsets[i], int(linenos[i]), hashes[i]) for i in np.argsort(hashes, kind="stable"))
+    train_texts, held_texts = _take_texts(parts, in_order, settings)
+    if not train_texts and held_texts:  # tiny corpus: everything fell into the held-out share
+        train_texts, held_texts = held_texts, []
+    return Sample(train_texts, held_texts, len(hashes), sum(p.stat().st_size for p in parts))
+
+
+def _take_texts(parts: list[Path], records: Iterable[tuple], settings: TokenizerSettings) -> tuple[list, list]:
+    """The training and held-out texts of `records` ((part index, byte offset, line number, hash), in hash order),
+    each group up to its budget."""
     groups = {True: ([], settings.held_out_chars), False: ([], settings.sample_chars)}  # held? -> (texts, budget)
     used = {True: 0, False: 0}
     closed = {True: False, False: False}
     handles = [open(p, "rb") for p in parts]
     try:
-        for i in order:
-            held = bool(hashes[i] % HELD_OUT_MODULUS == 0)
+        for pi, off, lineno, h in records:
+            held = bool(h % HELD_OUT_MODULUS == 0)
             if closed[held]:
                 if closed[not held]:
                     break
                 continue
-            pi, off, lineno = part_of[i], offsets[i], int(linenos[i])
             handles[pi].seek(off)
             text = training_text(parse_record(handles[pi].readline(), parts[pi], lineno))
             if not text:
@@ -175,12 +184,9 @@ def sample_corpus(in_dir: Path, settings: TokenizerSettings, log=None) -> Sample
             texts.append(text)
             used[held] += len(text)
     finally:
-        for h in handles:
-            h.close()
-    train_texts, held_texts = groups[False][0], groups[True][0]
-    if not train_texts and held_texts:  # tiny corpus: everything fell into the held-out share
-        train_texts, held_texts = held_texts, []
-    return Sample(train_texts, held_texts, len(hashes), sum(p.stat().st_size for p in parts))
+        for f in handles:
+            f.close()
+    return groups[False][0], groups[True][0]
 
 
 def build_trainer_tokenizer(vocab_size: int, min_frequency: int, pretokenizer: str = "bytelevel"):
