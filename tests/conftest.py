@@ -43,7 +43,7 @@ SLOW = (
     "tests/test_raw.py::test_raw_records_on_demo_corpus",
     "tests/test_raw.py::test_byte_identical_for_any_worker_count_and_shard_rollover",
     "tests/test_raw.py::test_missing_source_is_a_clear_error_before_any_work",
-    "tests/test_versions.py::test_a_failed_check_or_a_kill_before_publishing_leaves_the_previous_version",
+    "tests/stages/tokenize/test_versions.py::test_a_failed_check_or_a_kill_before_publishing_leaves_the_previous_version",
     "loaders/tests/test_loader_resume.py",
     "loaders/tests/test_loader_ddp.py::test_ddp_ranks_get_equal_batches_and_never_hang",
     "loaders/tests/test_loader_datasets.py::test_readme_loop_on_cpu_cross_entropy_straight_from_the_dataloader",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.common.io import atomic_file
 from tokenmill.errors import CapacityError, ConfigError
 from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
 from tokenmill.stages.tokenize.versions import next_shard_index
@@ -230,9 +231,8 @@ def write_tokenizer_copy(split_dir: Path, tokenizer_bytes: bytes, sha256: str) -
     """The immutable, content-named copy of the tokenizer a version is encoded with."""
     path = Path(split_dir) / versioned_tokenizer_file(sha256)
     if not path.exists():
-        tmp = path.with_name(f".tmp-{path.name}")
-        tmp.write_bytes(tokenizer_bytes)
-        os.replace(tmp, path)
+        with atomic_file(path, "wb") as f:
+            f.write(tokenizer_bytes)
 
 
 def version_manifests(
@@ -272,13 +272,11 @@ def version_manifests(
 def write_rejected(bins_dir: Path, entries: Iterable[dict]) -> int:
     """`_rejected.json`: a JSON list of the records the training type cannot render; returns how many."""
     path = Path(bins_dir) / REJECTED_JSON
-    tmp = Path(bins_dir) / f".tmp-{REJECTED_JSON}"
     count = 0
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path) as f:
         f.write("[")
         for entry in entries:
             f.write(("\n" if count == 0 else ",\n") + json.dumps(entry, ensure_ascii=False))
             count += 1
         f.write("\n]\n" if count else "]\n")
-    os.replace(tmp, path)
     return count

@@ -15,13 +15,12 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tokenmill.common.failpoints import failpoint
-from tokenmill.common.io import atomic_write_json, read_json
+from tokenmill.common.io import TEMPORARY_GLOB, atomic_file, atomic_write_json, read_json
 from tokenmill.errors import CorruptOutputError
 from tokenmill_loader.format import (
     DATASET_FILE,
@@ -67,12 +66,8 @@ def batch_summary_file(bins_dir: Path, generation: int, batch: str) -> Path:
 
 
 def _copy_atomic(src: Path, dst: Path) -> None:
-    tmp = dst.with_name(f"{TMP_PREFIX}{dst.name}-{uuid.uuid4().hex[:8]}")
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open(src, "rb") as given, atomic_file(dst, "wb") as f:
+        shutil.copyfileobj(given, f)
 
 
 def _remove(path: Path, actions: list[str], why: str) -> None:
@@ -102,7 +97,7 @@ def recover(bins_dir: Path, log=None) -> Published | None:
     actions: list[str] = []
     split_dirs = {s: bins_dir / s for s in SPLITS}
     for d in (bins_dir, bins_dir / BATCHES_DIR, *split_dirs.values()):
-        for p in sorted(d.glob(f"{TMP_PREFIX}*")) + sorted(d.glob(".*.tmp-*")) if d.is_dir() else []:
+        for p in sorted(d.glob(f"{TMP_PREFIX}*")) + sorted(d.glob(TEMPORARY_GLOB)) if d.is_dir() else []:
             _remove(p, actions, "unfinished")
     pointed = {s: _manifest_version(d / DATASET_FILE) for s, d in split_dirs.items()}
     latest = max((v for v in pointed.values() if v is not None), default=None)

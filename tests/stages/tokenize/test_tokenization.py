@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tests.conftest import REPO
 from tokenmill.common.io import read_stats
 from tokenmill.errors import ConfigError, CorruptOutputError
 from tokenmill.stages.tokenize import TokenizerSettings, train_tokenizer
@@ -176,7 +177,7 @@ def test_trainer_thread_count_does_not_change_bytes(tmp_path):
             [sys.executable, "-c", code, str(tmp_path / "in" / "part-00000.jsonl"), str(out)],
             check=True,
             env=env,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=REPO,
         )
         outs.append(out.read_bytes())
     assert outs[0] == outs[1]
