@@ -97,7 +97,7 @@ def merge_line_stats(parts: list[LineTable], min_df: int) -> LineTable:
         for k in COUNT_FIELDS
     }
     keep = sums["df"] >= max(1, min_df)
-    return LineTable(docs, hashes[first][keep], **{k: v[keep] for k, v in sums.items()})
+    return LineTable(docs, hashes[first][keep], *(sums[k][keep] for k in COUNT_FIELDS))
 
 
 def prune_candidates(merged: LineTable, threshold: float) -> LineTable:

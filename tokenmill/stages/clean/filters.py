@@ -8,9 +8,9 @@ from collections import Counter
 import numpy as np
 
 try:
-    from _collections import _count_elements
+    from _collections import _count_elements  # type: ignore[import-not-found]  # private, not in typeshed
 except ImportError:  # another Python implementation: the pure-Python helper has the same signature
-    from collections import _count_elements
+    from collections import _count_elements  # type: ignore[attr-defined]  # private, not in typeshed
 
 from tokenmill.stages.clean.settings import CleanSettings
 
@@ -147,6 +147,7 @@ def _ngram_stats(text: str, out: dict, ngram_ns, thresholds, min_tokens: int) ->
         # an n-gram occurs at most as often as the commonest token: k*n/N <= top1*n/N
         if thresholds is not None and top1 * n / total <= thresholds.get(n, 1.0):
             continue
+        grams: Counter[str] | Counter[tuple[str, ...]]
         if isinstance(toks, str):
             grams = Counter(map(toks.__getitem__, map(slice, range(total - n + 1), range(n, total + 1))))
         else:

@@ -94,6 +94,8 @@ class _Stripper:
 
     def strip(self, b: StagedBatch, examples: Examples) -> dict[int, int]:
         """Strips boilerplate lines in place in the batch; returns record index -> lines stripped."""
+        if self.table is None:  # no candidate lines: no record holds one
+            return {}
         hit_docs, all_hashes, ends = self._hit_docs(b)
         n_stripped = {}
         for i in hit_docs:
@@ -111,9 +113,9 @@ class _Stripper:
             before, rec["text"] = rec["text"], text
             reject = first_failure(text, self.filters)
             if reject is None and self.language is not None:  # identified again on the text as written
-                b.languages[i] = identify_languages([text])[0]
-                rec = relabelled(rec, *b.languages[i])
-                reject = self.language.check(*b.languages[i])
+                b.languages[i] = found = identify_languages([text])[0]
+                rec = relabelled(rec, *found)
+                reject = self.language.check(*found)
             if reject is None and self.settings.quality == "web":  # the web rules on the text as written
                 rec["text"], reject = recheck_record(rec, text, self.settings)
                 text = rec["text"]
@@ -134,8 +136,8 @@ def drop_languages(b: StagedBatch, entries: dict[int, dict], identify: bool) -> 
     for i, entry in entries.items():
         if entry.get("language"):
             found[i] = entry["language"]
-        elif b.languages[i] is not None:
-            found[i] = b.languages[i][0]
+        elif (identified := b.languages[i]) is not None:
+            found[i] = identified[0]
         else:
             rec = loads(b.out_lines[i])
             meta = rec.get("meta")
@@ -157,8 +159,11 @@ def finish_task(task: FinishTask) -> FinishResult:
     timer = Timer()
     stripper = _Stripper(task.boilerplate, task.settings)
     examples = Examples(task.settings.examples)
-    reasons, strip_hist, len_all, languages = Counter(), Counter(), [], {}
-    drops_by_language = Counter()
+    reasons: Counter[str] = Counter()
+    strip_hist: Counter[int] = Counter()
+    len_all: list[int] = []
+    languages: dict[str, list[int]] = {}
+    drops_by_language: Counter[tuple[str, str]] = Counter()
     samples = ReasonSamples()
     docs_in = docs_out = chars_out = size = crc = 0
     ids: list[np.ndarray] | None = []
@@ -186,8 +191,8 @@ def finish_task(task: FinishTask) -> FinishResult:
                     rej.count += 1
                     continue
                 kept.append(b.out_lines[i])
-                if b.languages[i] is not None:
-                    figures = languages.setdefault(b.languages[i][0], [0, 0])
+                if (identified := b.languages[i]) is not None:
+                    figures = languages.setdefault(identified[0], [0, 0])
                     figures[0] += 1
                     figures[1] += b.len_out[i]
                 chars_out += b.len_out[i]
@@ -199,11 +204,12 @@ def finish_task(task: FinishTask) -> FinishResult:
                 size, crc = size + len(data), zlib.crc32(data, crc)
                 out.count += len(kept)
                 docs_out += len(kept)
-                batch_ids = line_ids(kept) if ids is not None else None
-                if batch_ids is None:
-                    ids = None
-                else:
-                    ids.append(batch_ids)
+                if ids is not None:
+                    batch_ids = line_ids(kept)
+                    if batch_ids is None:
+                        ids = None
+                    else:
+                        ids.append(batch_ids)
             timer.lap("write_json")
     os.unlink(task.stage)
     return FinishResult(

@@ -17,7 +17,7 @@ import numpy as np
 
 DIGITS_RE = re.compile(r"\d+")
 HAS_DIGIT = re.compile(r"\d").search
-COUNT_FIELDS = ("df", "head", "tail", "informative", "chance")
+COUNT_FIELDS = ("df", "head", "tail", "informative", "chance")  # LineTable's arrays after `hash`, in order
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class LineTable:
     """Occurrences in documents of 2+ lines (a one-line document says nothing about position)."""
     chance: np.ndarray
     """Summed chance of those occurrences landing in one edge zone at random."""
-    candidates: int = field(default=0)
+    candidates: int = field(default=0, kw_only=True)
     """Lines that passed min_df before pruning (set by prune_candidates)."""
 
     @classmethod

@@ -81,7 +81,8 @@ def extract_metadata(text: str, meta: dict, max_header_lines: int = 6) -> tuple[
     lines = text.split("\n", max_header_lines)
     known = {meta.get(k) for keys in META_KEYS_FROM_READER.values() for k in keys if isinstance(meta.get(k), str)}
     known.discard("")
-    moved, found = 0, {}
+    moved = 0
+    found: dict[str, str] = {}
     for i, line in enumerate(lines[:max_header_lines]):
         s = line.strip()
         if not s:

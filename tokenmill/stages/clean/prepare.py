@@ -150,8 +150,9 @@ def repair_batch(b: _Batch, s: CleanSettings, timer: Timer, counts: Counter) -> 
     for i in sorted({*flagged, *spaced}):
         texts[i] = R.normalize_whitespace(texts[i], s.collapse_inner_spaces)
     timer.lap("normalize_whitespace")
-    if s.pii_mask:  # before metadata extraction: a header line moves into meta masked
-        masker_for(s).mask_batch(texts, live, counts)
+    masker = masker_for(s)  # None unless pii_mask
+    if masker is not None:  # before metadata extraction: a header line moves into meta masked
+        masker.mask_batch(texts, live, counts)
     timer.lap("mask_pii")
     if s.extract_metadata:
         for i in live:
@@ -163,7 +164,7 @@ def repair_batch(b: _Batch, s: CleanSettings, timer: Timer, counts: Counter) -> 
     timer.lap("extract_metadata")
 
 
-def _clean_meta(meta, form: str) -> dict:
+def _clean_meta(meta, form: R.NormalizationForm) -> dict:
     if not isinstance(meta, dict):
         return {}
     return {k: R.clean_meta_value(v, form) for k, v in meta.items()}
@@ -238,7 +239,7 @@ def prepare_batch(batch: list[tuple[bytes, dict]], s: CleanSettings, timer: Time
     originals = list(texts)
     b = _Batch(
         texts,
-        [rec.get("meta") if isinstance(rec.get("meta"), dict) else {} for _, rec in batch],
+        [m if isinstance(m := rec.get("meta"), dict) else {} for _, rec in batch],
         list(range(len(batch))),
     )
     repair_batch(b, s, timer, counts)
@@ -282,7 +283,8 @@ def _identify(entries: list[Prepared], rule: LanguageRule, timer: Timer) -> None
 def prepare_task(task: PrepareTask) -> PrepareResult:
     """Pass 1 on one shard (see the module docstring)."""
     s = task.settings
-    timer, counts = Timer(), Counter()
+    timer = Timer()
+    counts: Counter[str] = Counter()
     stats = LineStats(s.bp_edge_frac)
     filters = record_filters(s)
     language = LanguageRule(s.languages, s.min_language_score) if s.language_id else None
@@ -312,15 +314,17 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             for (line, rec), e in zip(batch, entries):
                 len_in.append(e.chars_in)
                 chars_in += e.chars_in
-                if e.language is not None and e.new is None:
-                    staged.out_lines.append(with_language_line(line, rec, *e.language))
-                elif e.language is not None:  # the examples show the rules' changes, without the language fields
-                    staged.out_lines.append(dumps(with_language(e.new, *e.language)).encode("utf-8"))
+                if e.language is not None:
+                    if e.new is None:
+                        staged.out_lines.append(with_language_line(line, rec, *e.language))
+                    else:  # the examples show the rules' changes, without the language fields
+                        staged.out_lines.append(dumps(with_language(e.new, *e.language)).encode("utf-8"))
                 elif e.new is not None and e.text:
                     staged.out_lines.append(dumps(e.new).encode("utf-8"))
                 else:
                     staged.out_lines.append(line)
                 if e.new is not None and e.text and e.reject is None:
+                    assert e.kind is not None and e.before is not None  # set with `new` on a record not rejected
                     examples.add(e.kind, e.new, e.before, e.text, old=rec)
                 staged.rej_lines.append(None if e.reject is None else rejected_line(e.new or rec, e.reject))
                 staged.len_out.append(len(e.text))

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Literal
 
+NormalizationForm = Literal["NFC", "NFKC", "none"]  # CleanSettings.normalization
 SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 # Latin-1 range or an HTML entity: what UTF-8 mojibake (UTF-8 bytes decoded as cp1252/latin-1) always contains.
 MOJIBAKE_HINT_RE = re.compile(r"[\u0080-\u00ff]|&#?\w+;")
@@ -89,7 +91,7 @@ def repair_mojibake(text: str) -> tuple[str, int]:
     return fixed, int(fixed != text)
 
 
-def normalize_unicode(text: str, form: str = "NFC") -> str:
+def normalize_unicode(text: str, form: NormalizationForm = "NFC") -> str:
     """Unicode normalization: "NFC" (default: composes, keeps full-width CJK punctuation), "NFKC" (also folds
     compatibility forms: full-width ASCII, ligatures, circled digits), or "none"."""
     if form == "none" or unicodedata.is_normalized(form, text):
@@ -116,11 +118,11 @@ def normalize_whitespace(text: str, collapse_inner_spaces: bool = True) -> str:
     return text.strip("\n")
 
 
-def meta_value_needs_cleaning(value: str, form: str = "NFC") -> bool:
+def meta_value_needs_cleaning(value: str, form: NormalizationForm = "NFC") -> bool:
     return needs_repair(value) or (form != "none" and not unicodedata.is_normalized(form, value))
 
 
-def clean_meta_value(value, form: str = "NFC"):
+def clean_meta_value(value, form: NormalizationForm = "NFC"):
     """Meta strings get the text's repair: no surrogates, no control characters, normalized, stripped."""
     if not isinstance(value, str):
         return value

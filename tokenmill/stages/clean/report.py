@@ -108,7 +108,8 @@ class Examples:
     masks what an example shows of the input record: the output is masked already."""
 
     def __init__(self, n: int, mask=None):
-        self.n, self.by_kind, self.mask = n, {}, mask
+        self.n, self.mask = n, mask
+        self.by_kind: dict[str, list[dict]] = {}
 
     def add(self, kind: str, rec: dict, before: str, after: str, old: dict | None = None) -> None:
         """`rec` is the record as written, `old` the input record: when the text is unchanged, the example shows
@@ -137,7 +138,8 @@ class Examples:
 def pick_examples(by_kind: dict, n: int) -> list:
     """Up to n examples, taken in turn from each kind of change (boilerplate, metadata, repair)."""
     order = [k for k in EXAMPLE_KINDS if k in by_kind]
-    out, i = [], 0
+    out: list = []
+    i = 0
     while len(out) < n and any(i < len(by_kind[k]) for k in order):
         out += [by_kind[k][i] for k in order if i < len(by_kind[k])]
         i += 1

@@ -133,7 +133,9 @@ def source_fingerprint(state: dict[str, list[int]]) -> str:
 
 def plan_tasks(files: list[SourceFile], task_bytes: int) -> list[list[SourceFile]]:
     """Groups sorted files into consecutive tasks of about `task_bytes` (at least one file each)."""
-    tasks, cur, cur_bytes = [], [], 0
+    tasks: list[list[SourceFile]] = []
+    cur: list[SourceFile] = []
+    cur_bytes = 0
     for f in files:
         if cur and cur_bytes + f.size > task_bytes:
             tasks.append(cur)

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from tokenmill.common.io import (
     REJECTED_FILE,
@@ -69,7 +70,7 @@ READERS = {
 }
 
 
-def reader(kind: str) -> Callable[[str, str | None, RawSettings], Iterator[Found | Bad]]:
+def reader(kind: str) -> Callable[[str, str | None, RawSettings], Iterator[Found | Bad | Skipped]]:
     """The reader of files of format `kind` (a key of READERS)."""
     name = READERS[kind]
     return getattr(importlib.import_module(f"tokenmill.stages.raw.{name}"), name)
@@ -152,7 +153,7 @@ class _FileIngest:
     def mapped(self, kind: str, item: Found) -> Mapped | None:
         """The record fields of one value, or None when it is rejected."""
         if kind == "txt":  # the txt reader yields the text itself
-            return Mapped(item.value)
+            return Mapped(cast(str, item.value))
         if isinstance(item.value, Mapped):  # the web readers yield the record fields themselves
             return item.value
         if not isinstance(item.value, dict):
@@ -174,7 +175,7 @@ class _FileIngest:
 
     def write(self, item: Found, m: Mapped) -> None:
         rel = self.src.rel
-        rec = {
+        rec: dict[str, Any] = {
             "id": record_id(rel, **{item.key: item.at}),
             "text": m.text,
             "meta": m.meta,
@@ -213,15 +214,17 @@ class _FileIngest:
 
     def _read(self) -> None:
         kind, compression = reader_kind(self.src.rel)
-        items, last = reader(kind)(self.src.path, compression, self.settings), None
+        assert kind is not None, self.src.rel  # list_source lists only files of a known format
+        items = reader(kind)(self.src.path, compression, self.settings)
+        last: Found | Bad | Skipped | None = None
         while True:
             try:  # only reading fails a file: a failed write of ours (disk full) must stop the run
                 item = next(items, None)
             except (OSError, EOFError, zlib.error, FileTooLarge) as e:  # unreadable, truncated, corrupt gzip, bomb
-                after = last is not None and last.key == "line" and last.at is not None
+                at = last.at if last is not None and last.key == "line" else None
                 reason = "file_too_large" if isinstance(e, FileTooLarge) else "unreadable_file"
                 detail = str(e) if isinstance(e, (FileTooLarge, CorruptInput)) else f"{type(e).__name__}: {e}"
-                self.reject(Bad("line", last.at + 1 if after else None, reason, detail, ""))
+                self.reject(Bad("line", at + 1 if at is not None else None, reason, detail, ""))
                 break
             if item is None:
                 break
@@ -276,7 +279,8 @@ def _stats(
     settings: RawSettings,
     t0: float,
 ) -> dict:
-    by_reason, not_documents = Counter(), Counter()
+    by_reason: Counter[str] = Counter()
+    not_documents: Counter[str] = Counter()
     for f in reports:
         by_reason.update(f.rejected_by_reason)
         not_documents.update(f.skipped_by_reason)

@@ -14,7 +14,9 @@ class _LineFeed:
 
     def __init__(self, lines: Iterator[bytes], max_record_bytes: int):
         self.lines, self.max_record_bytes = lines, max_record_bytes
-        self.n, self.used, self.bad = 0, [], []
+        self.n = 0
+        self.used: list[int] = []
+        self.bad: list[Bad] = []
 
     def __iter__(self):
         return self

@@ -56,7 +56,9 @@ def _read_blocks(path: str, compression: str | None, settings: RawSettings) -> I
         return
     # a block over the limit is dropped as it grows (`oversized` keeps its first line for the snippet) and
     # skipped up to its end
-    block, start, size, oversized = [], 0, 0, None
+    block: list[str] = []
+    start, size = 0, 0
+    oversized: str | None = None
     with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         for n, raw in enumerate(f.lines(), 1):
             if isinstance(raw, Oversized):

@@ -216,7 +216,8 @@ def _record(rec, settings: RawSettings) -> Mapped | str:
 
 
 def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad | Skipped]:
-    index, pos, payload_bytes = 0, 0, 0
+    index, payload_bytes = 0, 0
+    pos: int | None = 0  # where the next pass starts reading; None: nothing left to read
     with open_regular(path) as raw:
         gz = raw.read(2) == GZIP_MAGIC[:2]  # by content, not by `compression`: a .warc may be gzipped
         while pos is not None:
@@ -250,7 +251,7 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                     index, reading = index + 1, False
                 return
             except (OSError, ValueError) as e:  # a corrupt gzip member, a truncated record, a bad WARC header
-                if not reading and last_rejected and _record_end(raw, last, gz) is None:
+                if not reading and last_rejected and last is not None and _record_end(raw, last, gz) is None:
                     pos = _next_start(raw, last + 1, gz)  # the rejected record's own bytes, misread as the next
                     continue
                 reason = "bad_warc_header" if "header" in str(e).lower() else "corrupt_warc_record"

@@ -16,6 +16,7 @@ import contextlib
 import gzip
 import os
 import stat
+import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,9 +24,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-try:  # Python 3.14+
+if sys.version_info >= (3, 14):  # the stdlib's; backports.zstd is installed for older Pythons only
     from compression import zstd
-except ImportError:
+else:
     from backports import zstd
 
 SNIPPET_CHARS = 200

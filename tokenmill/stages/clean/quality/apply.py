@@ -101,7 +101,7 @@ def check_batch(batch: list[tuple[bytes, dict]], entries: list, s: QualitySettin
         if e.reject is not None or not e.text:
             continue
         record = e.new if e.new is not None else rec
-        meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+        meta = m if isinstance(m := record.get("meta"), dict) else {}
         identified = e.language[0] if e.language is not None else None  # language identification's verdict
         text, reject, removed = web_verdict(e.text, meta, s, identified)
         counts.update({f"c4_lines_removed_{why}": n for why, n in removed.items()})
@@ -117,7 +117,7 @@ def check_batch(batch: list[tuple[bytes, dict]], entries: list, s: QualitySettin
 
 def recheck_record(rec: dict, text: str, s: QualitySettings) -> tuple[str, tuple | None]:
     """Pass 2: the web rules again on a record whose boilerplate lines were stripped."""
-    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+    meta = m if isinstance(m := rec.get("meta"), dict) else {}
     text, reject, _ = web_verdict(text, meta, s)
     return text, reject
 

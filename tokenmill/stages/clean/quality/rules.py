@@ -60,11 +60,11 @@ def _below(rule: str, value: float, limit: float, what: str) -> Reject | None:
 # ---- Gopher repetition (Rae et al. 2021, table A1) ----------------------------------------------------------------
 
 
-def repeated(items: list[str]) -> tuple[int, int, str | None]:
-    """How many items repeat an earlier one, their characters, and the first repeated item."""
+def repeated(items: list[str]) -> tuple[int, int, str]:
+    """How many items repeat an earlier one, their characters, and the first repeated item ("" when none does)."""
     seen: set[str] = set()
     count = chars = 0
-    first = None
+    first: str | None = None
     for item in items:
         if item in seen:
             count += 1
@@ -72,7 +72,7 @@ def repeated(items: list[str]) -> tuple[int, int, str | None]:
             first = item if first is None else first
         else:
             seen.add(item)
-    return count, chars, first
+    return count, chars, "" if first is None else first
 
 
 def gopher_paragraph_repetition(doc: Doc, s: QualitySettings) -> Reject | None:
