@@ -142,7 +142,7 @@ def register_batches(instance, data_root: Path, source: Path, rebuild: bool = Fa
     if rebuild:
         funnel = data_root / FUNNEL_FILE
         with DataRootLock(data_root).acquire("tokenmill update --rebuild"):
-            new_key = start_generation(
+            new_key: str | None = start_generation(
                 data_root, source, state, after=read_json(funnel)["generation"] if funnel.exists() else 0
             )
             for stage in REBUILT_STAGES:

@@ -128,9 +128,10 @@ def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheck
 
 
 def token_shards_consistent(
-    folder: Path, deduped_dir: Path, tokenizer_dir: Path, version: int | None = None
+    folder: Path, deduped_dir: Path | list[Path], tokenizer_dir: Path, version: int | None = None
 ) -> dg.AssetCheckResult:
-    """tokenized_bins' latest version, or `version` (a complete one about to be published)."""
+    """tokenized_bins' latest version, or `version` (a complete one about to be published); the records re-encoded
+    come from `deduped_dir`: the deduped folder, or batch folders of it."""
     result = validate_token_shards(folder, deduped_dir, tokenizer_dir, version=version)
     return dg.AssetCheckResult(
         check_name=TOKEN_SHARDS_CONSISTENT.name,

@@ -113,7 +113,7 @@ def source_metadata(path: Path) -> dict:
         if (root / REGISTRY_FILE).exists():
             registry = read_registry(root)
             return {
-                "source": dg.MetadataValue.path(registry.source),
+                "source": dg.MetadataValue.path(registry.source or ""),  # as dagster shows None
                 "source_generation": dg.MetadataValue.int(registry.generation),
                 "source_batches": dg.MetadataValue.int(len(registry.batches)),
             }

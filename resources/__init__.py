@@ -8,10 +8,9 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Literal
+from typing import Any, Literal
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
@@ -39,7 +38,7 @@ def dead_holder_message(holder: dict, data_root: str) -> str:
 
 
 def fail_run_of_dead_holder(
-    instance: dg.DagsterInstance, holder: dict, data_root: str, by_run_id: str, log: dg.DagsterLogManager
+    instance: dg.DagsterInstance, holder: dict, data_root: str, by_run_id: str, warn: Callable[[str], None]
 ) -> None:
     """Marks failed the run that died holding the data root's lock (`DataRootLock.dead_holder`, found by the run
     `by_run_id` that takes the lock next) when Dagster still shows it in progress."""
@@ -48,7 +47,7 @@ def fail_run_of_dead_holder(
         return
     message = dead_holder_message(holder, data_root)
     instance.report_run_failed(run, f"{message}; marked failed by run {by_run_id}")
-    log.warning(f"marked run {run.run_id} failed: {message}")
+    warn(f"marked run {run.run_id} failed: {message}")
 
 
 class CorpusSource(dg.ConfigurableResource):
@@ -139,8 +138,7 @@ class DataRoot(dg.ConfigurableResource):
         holder = f"tokenmill update (pid {os.getpid()})"
         lock = self.acquire(holder, say)
         try:
-            log = SimpleNamespace(warning=say)  # the one method of a Dagster log the failing uses
-            fail_run_of_dead_holder(instance, lock.dead_holder, str(self.path("")), holder, log)
+            fail_run_of_dead_holder(instance, lock.dead_holder, str(self.path("")), holder, say)
         finally:
             lock.release()
 
@@ -148,16 +146,18 @@ class DataRoot(dg.ConfigurableResource):
         run = context.run
         if run is None:  # built outside a run (tests calling an asset function directly)
             return
+        instance, log = context.instance, context.log
+        assert instance is not None and log is not None  # a run's resources get both
         try:  # the launcher refuses these runs before their process starts; here for runs it did not launch
             validate_run_settings(run.run_config)
         except ConfigError as e:
             raise RunConfigRefused(str(e), user_exception=e, original_exc_info=sys.exc_info()) from e
         self.check_run_tags(run)
-        self._lock = self.acquire(run.run_id, context.log.warning)
+        self._lock = self.acquire(run.run_id, log.warning)
         # a run that died holding the lock stays STARTED in Dagster (and keeps its data root's queue closed)
-        fail_run_of_dead_holder(context.instance, self._lock.dead_holder, str(self.path("")), run.run_id, context.log)
+        fail_run_of_dead_holder(instance, self._lock.dead_holder, str(self.path("")), run.run_id, log.warning)
         for action in recover_data_root(self.path("")):  # what an interrupted run left, now that no run is writing
-            context.log.warning(f"recovered {self.path('')}: {action}")
+            log.warning(f"recovered {self.path('')}: {action}")
 
     def check_run_tags(self, run: dg.DagsterRun) -> None:
         """Before anything is written: the data root and source a tokenmill_all run is tagged with (the code
@@ -232,6 +232,7 @@ class Compute(dg.ConfigurableResource):
     def activated(self, context: dg.AssetExecutionContext, data_root: DataRoot) -> Iterator[Usage]:
         """Runs the stage's task lists on this engine for the block; yields the Usage for the asset's metadata."""
         label, log = context.op_execution_context.op.name, context.log  # the asset key; a multi-asset's op name
+        engine: LocalEngine | RayEngine
         if self.engine == "local":
             engine = LocalEngine(self.workers, label, log)
         else:
@@ -275,7 +276,8 @@ def data_root_of_run(run: dg.DagsterRun) -> DataRoot | None:
     """The DataRoot a run sets up: the code location's (its environment) with the run config's fields over it;
     None when the run config's fields are not valid (the run's own set-up says why)."""
     default = data_root_from_env()
-    config = (((run.run_config or {}).get("resources") or {}).get("data_root") or {}).get("config") or {}
+    run_config: Mapping[str, Any] = run.run_config or {}
+    config = ((run_config.get("resources") or {}).get("data_root") or {}).get("config") or {}
     try:
         return DataRoot(**{"root": default.root, "lock_wait_seconds": default.lock_wait_seconds, **config})
     except (TypeError, ValueError, dg.DagsterError):  # pydantic's ValidationError is a ValueError

@@ -15,6 +15,8 @@ batch, run config moving the tagged data root) are canceled the same way."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
+from typing import Any
 
 import dagster as dg
 from dagster._core.launcher import CheckRunHealthResult, LaunchRunContext, WorkerStatus  # the launcher API's types
@@ -35,7 +37,7 @@ SETTINGS_MODULES = (
 )
 
 
-def refused_settings(run_config: dict | None) -> str | None:
+def refused_settings(run_config: Mapping[str, Any] | None) -> str | None:
     """The one-line ConfigError that `validate_run_settings` raises for this run config, or None when it passes."""
     for module in SETTINGS_MODULES:  # each registers its stage's settings class on import
         importlib.import_module(module)

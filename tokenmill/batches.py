@@ -188,7 +188,9 @@ class Registry:
                 f"this data root was built from {self.source}, not {source}: point TOKENMILL_DATA at another "
                 f"folder for another corpus, or {REBUILD_HINT}"
             )
-        registered, retired = {}, {}  # file -> (batch key, entry), its latest batch; entry None: refused there
+        # file -> (batch key, entry), its latest batch; entry None: refused there
+        registered: dict[str, tuple[str, list | None]] = {}
+        retired: dict[str, tuple[str, list | None]] = {}
         for b in self.batches:
             held = retired if b.retired else registered
             held.update({f: (b.key, None) for f in b.refused})

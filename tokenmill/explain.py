@@ -190,7 +190,7 @@ def _dedup_drop(data_root: Path, rid: str) -> dict | None:
         report_dir = data_root / "dedup_report" / batch
         cluster = _cluster_of(report_dir, rid) or {}
         members = {m["id"]: m for m in cluster.get("members", [])}
-        kept_id = entry.get("duplicate_of")
+        kept_id: str = entry["duplicate_of"]  # every removed.jsonl entry names it
         kept_member = members.get(kept_id, {})
         earlier = [p.name for p in _batches(data_root, "cleaned_jsonl") if p.name < batch][::-1]
         _, record = _text_of(data_root, rid, [batch])
@@ -261,7 +261,7 @@ def _kept(data_root: Path, rid: str) -> dict | None:
     for stage in ("deduped_jsonl", "cleaned_jsonl", "raw_records"):
         for folder in _batches(data_root, stage):
             shard, record = find_in_shards(record_shards(folder), rid)
-            if record is None:
+            if shard is None or record is None:  # both or neither
                 continue
             fate = {
                 "id": rid,

@@ -9,8 +9,8 @@ and :func:`validate_run_settings` refuses a bad bound or combination before any 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -57,6 +57,13 @@ def load_settings(cls: type[StageSettings], values: dict) -> StageSettings:
         raise ConfigError("invalid settings: " + "; ".join(_describe(cls.asset_key, e))) from None
 
 
+Number = TypeVar("Number", int, float)
+
+
+@overload
+def number_from_env(name: str, default: float) -> float: ...
+@overload
+def number_from_env(name: str, default: Number, cast: Callable[[str], Number]) -> Number: ...
 def number_from_env(name: str, default: float, cast: Callable[[str], float] = float) -> float:
     """A non-negative number from environment variable `name` (unset or empty: `default`), or a ConfigError
     naming the variable."""
@@ -72,7 +79,7 @@ def number_from_env(name: str, default: float, cast: Callable[[str], float] = fl
     return value
 
 
-def validate_run_settings(run_config: dict | None) -> None:
+def validate_run_settings(run_config: Mapping[str, Any] | None) -> None:
     """Checks the settings of every stage named in a Dagster run config (``ops.<asset>.config``), all at once,
     so a run with a bad value fails before its first asset reads any data."""
     problems, built = [], {}

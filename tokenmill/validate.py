@@ -49,7 +49,7 @@ def audit_records(stage_dir: Path) -> dict:
 
 def shard_record_ids(shard: Path) -> list[tuple[int, str | None, str | None]]:
     """(line number, what is wrong with the line or None, the record's id) for each line of one shard."""
-    lines = []
+    lines: list[tuple[int, str | None, str | None]] = []
     with open(shard, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             try:

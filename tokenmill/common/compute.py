@@ -14,6 +14,7 @@ step logs tasks done / total with rate and ETA.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import time
@@ -99,7 +100,7 @@ class RayEngine:
             return
         _check_reachable(address)
         try:
-            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except (ConnectionError, RuntimeError) as e:
             raise ComputeError(
                 f"compute.ray_address {address!r}: no Ray cluster reachable ({e}); start one with "

@@ -79,7 +79,9 @@ def _main_module_hidden(fn: Callable) -> Iterator[None]:
     main = sys.modules.get("__main__")
     if getattr(fn, "__module__", None) == "__main__":
         main = None
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    saved: dict[str, object] = {
+        k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__
+    }
     try:
         if main is not None:
             main.__dict__.pop("__file__", None)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -86,7 +86,7 @@ class ParquetFile:
     compression: str
 
 
-def write_parquet_file(task: ParquetFile) -> None:
+def write_parquet_file(task: RecordsFile | TokenizedFile) -> None:
     """A worker task: writes one file, a row group per table."""
     with pq.ParquetWriter(task.path, task.schema, compression=task.compression) as writer:
         for table in task.tables():
@@ -231,7 +231,7 @@ def _files(folder: Path, rows: int, settings: ParquetSettings) -> list[tuple[str
     return [(str(folder / part_name(i)), r0, min(rows, r0 + settings.rows_per_file)) for i, r0 in enumerate(cuts)]
 
 
-def _outcome(tasks: list[ParquetFile]) -> dict:
+def _outcome(tasks: Sequence[ParquetFile]) -> dict:
     return {
         "rows": sum(t.end - t.start for t in tasks),
         "files": len(tasks),
@@ -283,7 +283,8 @@ def write_hf_parquet(
         for split, store in stores.items()
         if training_type in TABLES
     }
-    for _ in map_ordered(write_parquet_file, [*records, *(t for tasks in tokenized.values() for t in tasks)]):
+    files: list[RecordsFile | TokenizedFile] = [*records, *(t for tasks in tokenized.values() for t in tasks)]
+    for _ in map_ordered(write_parquet_file, files):
         pass
     stats = {
         "records": _outcome(records),
