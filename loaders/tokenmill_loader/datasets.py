@@ -65,7 +65,12 @@ class BufferPool:
         """A tensor of `shape` and `dtype`, uninitialized: an idle buffer's memory if one fits, else new."""
         with self._lock:  # the view made under the lock counts as a use: no second caller gets the same buffer
             for buf, idle in self._buffers:
-                if buf.shape == shape and buf.dtype == dtype and _use_count(buf.untyped_storage()._cdata) == idle:
+                if (
+                    buf.shape == shape
+                    and buf.dtype == dtype
+                    and _use_count is not None  # always: buffers are kept only where uses can be counted
+                    and _use_count(buf.untyped_storage()._cdata) == idle
+                ):
                     return buf.view(shape)
             buf = torch.empty(shape, dtype=dtype)
             if _use_count is not None and len(self._buffers) < self.keep:
@@ -238,7 +243,7 @@ class TokenDataset(torch.utils.data.Dataset):
             self._flat_arange(B * L), np.repeat(cu[:-1].astype(self.out_dtype), np.diff(cu)), out=pos.reshape(-1)
         )
         t_ids, t_labels, t_pos = buf_t.unbind(0)
-        out = {"input_ids": t_ids, "labels": t_labels, "position_ids": t_pos}
+        out: dict[str, torch.Tensor | int] = {"input_ids": t_ids, "labels": t_labels, "position_ids": t_pos}
         if self.cu_seqlens:
             out["cu_seqlens"] = torch.from_numpy(cu.astype(np.int32))
             out["max_seqlen"] = int(np.diff(cu).max()) if B else 0
@@ -359,11 +364,12 @@ def pad_collate(samples: list[dict], pad_id: int = 0) -> dict:
     Each token key gets its mask (`input_ids` -> `attention_mask`, `chosen_input_ids` ->
     `chosen_attention_mask`, `prompt_ids` -> `prompt_attention_mask`); lists and other values stay lists.
     """
-    out = {}
+    out: dict[str, torch.Tensor | list] = {}
     for k in samples[0]:
         vals = [s[k] for s in samples]
         if all(isinstance(v, torch.Tensor) and v.dim() == 1 for v in vals):
             lmax = max(len(v) for v in vals)
+            fill: float
             if "labels" in k:
                 fill = IGNORE_INDEX
             elif "position" in k:

@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -167,7 +168,7 @@ def shard_entry(
     """One shard of dataset.json `shards`: `max_token_id` is the largest id of its token keys (-1: no tokens), so
     a reader checks it against vocab_size without reading the data; `files` maps file -> {bytes, sha256}; `batch`
     names the input batch its records came from (a shard never holds two batches)."""
-    entry = {"name": name}
+    entry: dict = {"name": name}
     if batch is not None:
         entry["batch"] = batch
     entry.update({"tokens": int(tokens), "records": int(records), "max_token_id": int(max_token_id), "files": files})
@@ -693,7 +694,7 @@ def validate_dataset(
 
 def read_record_ids(shard_folder: Path) -> list[str]:
     """record_ids.json of a shard: the record id of each record, in order (lineage; the loader ignores it)."""
-    return load_json(Path(shard_folder) / RECORD_IDS_FILE, "record ids", digest=False)[0]
+    return cast(list[str], load_json(Path(shard_folder) / RECORD_IDS_FILE, "record ids", digest=False)[0])
 
 
 def dumps_compact(obj) -> bytes:

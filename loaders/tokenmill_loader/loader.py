@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 from torch.utils.data import default_collate
@@ -27,7 +28,10 @@ def long_labels_collate(samples, collate_fn):
 def attach_ring(worker_id: int, ring: BatchRing, worker_init_fn=None) -> None:
     """worker_init_fn of a DataLoader whose workers read into `ring`: the worker's dataset takes its slots."""
     ring.attach(worker_id)
-    torch.utils.data.get_worker_info().dataset.batch_ring = ring
+    info = torch.utils.data.get_worker_info()
+    assert info is not None  # called in a DataLoader worker
+    dataset: Any = info.dataset  # a tokenmill dataset: it reads into `batch_ring` once set
+    dataset.batch_ring = ring
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
 
@@ -159,6 +163,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if self._ring is None or not (self.persistent_workers and self._iterator is not None):
             # a slot per batch torch keeps in flight per worker, plus the two a loop holds (the batch in use while
             # the next is fetched) and one spare
+            assert self.prefetch_factor is not None  # torch sets it whenever num_workers > 0, which a ring needs
             self._ring = BatchRing(self.num_workers, self.prefetch_factor + 3, self._ring_slot_bytes)
             self.worker_init_fn = functools.partial(
                 attach_ring, ring=self._ring, worker_init_fn=self._user_worker_init_fn
@@ -174,6 +179,7 @@ class DataLoader(torch.utils.data.DataLoader):
         epoch = s.epoch
         for batch in it:
             if isinstance(batch, RingBatch):
+                assert ring is not None  # only workers reading into a ring send a RingBatch
                 batch = ring.open(batch, long_labels=not self.compact_labels, pin=self.pin_memory)
                 self.shared_memory_batches += 1
             elif ring is not None and not self.compact_labels:  # a worker found no free slot

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 
@@ -77,7 +79,7 @@ class MixedLoader:
         return out
 
     def __iter__(self):
-        its: dict[int, object] = {}
+        its: dict[int, Iterator] = {}
         try:
             while True:
                 i = self._pick(self.step, self.counts)

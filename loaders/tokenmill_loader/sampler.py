@@ -183,6 +183,7 @@ class ResumableSampler(torch.utils.data.Sampler):
             return self._cache[1]
         count = self._share_len(start)
         first = start + self.rank
+        idx: LazyIndices | np.ndarray
         if self.lazy:
             idx = LazyIndices(FeistelPermutation(self.length, self._seed_seq(epoch)), first, self.world_size, count)
         else:

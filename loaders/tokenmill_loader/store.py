@@ -78,14 +78,14 @@ class _Part:
 
     __slots__ = ("name", "folder", "dtypes", "lengths", "offsets", "records", "arrays", "maps")
 
-    def __init__(self, name: str, folder: Path | None):
+    def __init__(self, name: str, folder: Path):
         self.name = name
         self.folder = folder
         self.dtypes: dict[str, np.dtype] = {}
         self.lengths: dict[str, int] = {}
         self.offsets: dict[str, np.ndarray] = {}
         self.records = 0
-        self.arrays: dict[str, np.ndarray] = {}  # filled lazily (mmap) or eagerly (JSONL)
+        self.arrays: dict[str, np.ndarray | None] = {}  # filled lazily (mmap; None until then) or eagerly (JSONL)
         self.maps: dict[str, tuple[mmap.mmap, int, Path]] = {}  # key -> (its mmap, bytes mapped, file)
 
     @classmethod
@@ -187,7 +187,7 @@ class Store:
         if found != self.fingerprint:
             raise DatasetError(
                 f"{self.real_path}: the dataset changed under the reader since it was opened "
-                f"(opened with fingerprint {self.fingerprint[:16]}, this process finds {found[:16]}): "
+                f"(opened with fingerprint {(self.fingerprint or '')[:16]}, this process finds {found[:16]}): "
                 f"a published dataset must not be rewritten in place; open it again"
             )
 
