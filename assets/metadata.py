@@ -1,7 +1,7 @@
 """Stage summaries -> Dagster metadata: the one place that decides what each asset shows in the UI.
 
 Every stage function returns plain stats (docs_in, docs_out, dropped_<reason>, seconds, ...); the assets pass
-them here. Tables are built as pandas DataFrames and shown as Dagster tables or markdown.
+them here. Tables are `Table`s (named columns, rows) shown as Dagster tables or markdown.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import itertools
 import json
 import re
 import textwrap
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import dagster as dg
-import pandas as pd
 
 from tokenmill.batches import REGISTRY_FILE, read_registry
 from tokenmill.common.io import iter_jsonl, record_shards
@@ -72,37 +73,58 @@ def drop_samples_table(samples: dict, text_key: str = "text") -> dg.MetadataValu
         for reason, entries in sorted(samples.items())
         for e in entries[:SAMPLES_SHOWN]
     ]
-    return dagster_table(pd.DataFrame(rows, columns=["record and reason", "text"]))
+    return dagster_table(table(rows, ["record and reason", "text"]))
 
 
-def markdown_table(frame: pd.DataFrame) -> dg.MetadataValue:
-    """A small DataFrame as a markdown table (free-text cells go through `cell` first). The UI shows markdown
-    inline only under 1,000 characters (longer hides behind "Show Markdown"): longer tables are `dagster_table`s,
-    which always show inline, as plain text."""
-    if frame.empty:
+@dataclass(frozen=True)
+class Table:
+    """Rows of values under named columns: what the UI tables are built from (a plain type: pandas cost a run
+    ~0.5 s to import for these few rows)."""
+
+    columns: list[str]
+    rows: list[tuple]
+
+    def records(self) -> list[dict]:
+        return [dict(zip(self.columns, row)) for row in self.rows]
+
+    def column(self, name: str) -> list:
+        i = self.columns.index(name)
+        return [row[i] for row in self.rows]
+
+
+def table(rows: Iterable[Sequence | dict], columns: Sequence[str]) -> Table:
+    """A Table of rows given as tuples in column order or as dicts by column (a missing key: an empty cell)."""
+    columns = list(columns)
+    return Table(columns, [tuple(r.get(c) for c in columns) if isinstance(r, dict) else tuple(r) for r in rows])
+
+
+def markdown_table(t: Table) -> dg.MetadataValue:
+    """A small table as markdown (free-text cells go through `cell` first). The UI shows markdown inline only under
+    1,000 characters (longer hides behind "Show Markdown"): longer tables are `dagster_table`s, which always show
+    inline, as plain text."""
+    if not t.rows:
         return dg.MetadataValue.md("nothing to show")
-    header = "| " + " | ".join(map(str, frame.columns)) + " |\n|" + "---|" * len(frame.columns)
-    rows = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    header = "| " + " | ".join(t.columns) + " |\n|" + "---|" * len(t.columns)
+    rows = ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in t.rows]
     return dg.MetadataValue.md("\n".join([header, *rows]))
 
 
-def dagster_table(frame: pd.DataFrame) -> dg.MetadataValue:
-    """A DataFrame as a Dagster table (sortable in the UI); integer columns typed int, the rest string."""
-    columns = [
-        dg.TableColumn(
-            str(c),
-            "int"
-            if pd.api.types.is_integer_dtype(frame[c])
-            else "float"
-            if pd.api.types.is_float_dtype(frame[c])
-            else "string",
-        )
-        for c in frame.columns
-    ]
+def _column_type(values: list) -> str:
+    """int when every value is an integer, float when every value is a number and one is not an integer, else
+    string (the UI sorts int and float columns as numbers)."""
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if len(numbers) < len(values) or not values:
+        return "string"
+    return "int" if all(isinstance(v, int) for v in numbers) else "float"
+
+
+def dagster_table(t: Table) -> dg.MetadataValue:
+    """A table as a Dagster table (sortable in the UI), each column typed by its values (_column_type)."""
+    types = {c: _column_type(t.column(c)) for c in t.columns}
     records = [
-        dg.TableRecord({str(k): (v.item() if hasattr(v, "item") else v) for k, v in row.items()})
-        for row in frame.to_dict(orient="records")
+        dg.TableRecord({c: (float(v) if types[c] == "float" else v) for c, v in row.items()}) for row in t.records()
     ]
+    columns = [dg.TableColumn(c, types[c]) for c in t.columns]
     return dg.MetadataValue.table(records=records, schema=dg.TableSchema(columns=columns))
 
 
@@ -162,13 +184,13 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
     first = funnel["stages"][0]
     raw = first["docs_in"]
     counts = [("input records", first["docs_in"])] + [(s["label"], s["docs_out"]) for s in funnel["stages"]]
-    chart = pd.DataFrame(
+    chart = table(
         [(label, f"{n:,}", f"{100 * n / (raw or 1):.2f}%", text_bar(n, raw, FUNNEL_BAR)) for label, n in counts],
-        columns=["stage", "records", "share of input", ""],
+        ["stage", "records", "share of input", ""],
     )
-    dropped = pd.DataFrame(
+    dropped = table(
         [(s["label"], reason, n) for s in funnel["stages"] for reason, n in s["dropped"].items() if n],
-        columns=["stage", "reason", "records"],
+        ["stage", "reason", "records"],
     )
     t = funnel["tokens"]
     tokens = [
@@ -183,7 +205,7 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         for name, split in funnel["split"].items()
         if split
     ]
-    token_md = markdown_table(pd.DataFrame(tokens, columns=["tokens", "count", "share"])).value
+    token_md = markdown_table(table(tokens, ["tokens", "count", "share"])).value
     chart_file = Path(folder) / "funnel.svg"
     return {
         **source_metadata(folder),
@@ -191,7 +213,7 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         "dropped": dagster_table(dropped),
         **dropped_by_language_table(funnel.get("dropped_by_language") or {}),
         "token_counts": dg.MetadataValue.md(f"{token_md}\n\n{conservation(funnel)}"),
-        "batches": dagster_table(batches_frame(funnel)),
+        "batches": dagster_table(batches_table(funnel)),
         **languages_table(
             funnel.get("languages") or [], ["records_cleaned", "records_tokenized", "tokens", "token_share"]
         ),
@@ -232,8 +254,7 @@ def dropped_by_language_table(by_language: dict[str, dict[str, int]]) -> dict:
     ]
     if not rows:
         return {}
-    frame = pd.DataFrame(rows, columns=["language", "dropped", "by rule"])
-    return {"dropped_by_language": markdown_table(frame)}
+    return {"dropped_by_language": markdown_table(table(rows, ["language", "dropped", "by rule"]))}
 
 
 def languages_table(rows: list[dict], columns: list[str]) -> dict:
@@ -241,12 +262,12 @@ def languages_table(rows: list[dict], columns: list[str]) -> dict:
     tokens); nothing when language identification was off."""
     if not rows:
         return {}
-    frame = pd.DataFrame(rows, columns=["language", *columns])
     # "records cleaned", not "records_cleaned": a header the browser can wrap keeps the table on the page
-    return {"languages": dagster_table(frame.rename(columns=lambda c: c.replace("_", " ")))}
+    t = table(rows, ["language", *columns])
+    return {"languages": dagster_table(Table([c.replace("_", " ") for c in t.columns], t.rows))}
 
 
-def batches_frame(funnel: dict) -> pd.DataFrame:
+def batches_table(funnel: dict) -> Table:
     """One row per source batch, every batch: its input and the records after each stage, then tokens, with
     thousands separators like the other tables. Columns are named by the stage's first word (raw, cleaned, deduped,
     tokenized) so the table fits the page; a batch that does not conserve records is named under token_counts."""
@@ -261,7 +282,7 @@ def batches_frame(funnel: dict) -> pd.DataFrame:
             "tokens": batch["tokens"],
         }
         rows.append({"batch": batch["batch"], **{k: f"{n:,}" for k, n in counts.items()}})
-    return pd.DataFrame(rows, columns=["batch", "input", *labels, "tokens"])
+    return table(rows, ["batch", "input", *labels, "tokens"])
 
 
 RAW_FILE_ROWS = 50  # per-file rows in the raw_records UI table; _stats.json lists every file
@@ -269,17 +290,14 @@ RAW_PREVIEW_RECORDS = 5
 RAW_PREVIEW_CHARS = 120
 
 
-def _raw_files_frame(files: list[dict]) -> pd.DataFrame:
+def _raw_files_table(files: list[dict]) -> Table:
     cols = ["path", "records", "rejected", "bytes"]
-    frame = pd.DataFrame(files[:RAW_FILE_ROWS], columns=cols)
-    rest = pd.DataFrame(files[RAW_FILE_ROWS:], columns=cols)
-    if len(rest):
-        more = {"path": f"... and {len(rest)} more files", **{c: int(rest[c].sum()) for c in cols[1:]}}
-        frame = pd.concat([frame, pd.DataFrame([more])], ignore_index=True)
-    return frame
+    rest = files[RAW_FILE_ROWS:]
+    more = [{"path": f"... and {len(rest)} more files", **{c: sum(f[c] for f in rest) for c in cols[1:]}}]
+    return table(files[:RAW_FILE_ROWS] + (more if rest else []), cols)
 
 
-def _raw_preview_frame(folder: Path) -> pd.DataFrame:
+def _raw_preview_table(folder: Path) -> Table:
     """The first records of the first shard: id, source path:locator and meta (wrappable: it is cut anyway) in one
     column, the text in the other (two columns fit a 1600 px window)."""
     rows = []
@@ -294,7 +312,7 @@ def _raw_preview_frame(folder: Path) -> pd.DataFrame:
                     "text": cell(rec["text"], RAW_PREVIEW_CHARS),
                 }
             )
-    return pd.DataFrame(rows, columns=["record", "text"])
+    return table(rows, ["record", "text"])
 
 
 def raw_records_metadata(stats: dict, path: Path) -> dict:
@@ -308,10 +326,10 @@ def raw_records_metadata(stats: dict, path: Path) -> dict:
         "skipped_records_by_reason": dg.MetadataValue.json(stats["skipped_records_by_reason"]),
         "files_read": stats["files_read"],
         "skipped_files": len(stats["skipped_files"]),
-        "files": dagster_table(_raw_files_frame(stats["files"])),
+        "files": dagster_table(_raw_files_table(stats["files"])),
         "bytes_read": stats["bytes_read"],
         "shards": stats["shards"],
-        "preview": markdown_table(_raw_preview_frame(path)),
+        "preview": markdown_table(_raw_preview_table(path)),
     }
 
 
@@ -322,7 +340,7 @@ BOILERPLATE_LINE_CHARS = 60  # the table has four columns: a longer line pushes 
 def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
     """cleaned_jsonl: the counts, repairs, the top boilerplate lines, before/after examples, length histogram."""
     bp = stats["boilerplate"]
-    top = pd.DataFrame(
+    top = table(
         [
             {
                 "line": plain_cell(e["line"], BOILERPLATE_LINE_CHARS),
@@ -332,21 +350,18 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
             }
             for e in bp["top_lines"][:CLEAN_TOP_LINES]
         ],
-        columns=["line", "stripped", "score", "in docs"],
+        ["line", "stripped", "score", "in docs"],
     )
-    examples = pd.DataFrame(
+    examples = table(
         [
             {"id": e["id"], "change": e["kind"], "before": plain_cell(e["before"]), "after": plain_cell(e["after"])}
             for e in stats["examples"]
         ],
-        columns=["id", "change", "before", "after"],
+        ["id", "change", "before", "after"],
     )
-    lengths = pd.DataFrame(
-        {
-            "characters": stats["length_buckets"],
-            "records before": stats["length_hist_before"],
-            "records after": stats["length_hist_after"],
-        }
+    lengths = table(
+        zip(stats["length_buckets"], stats["length_hist_before"], stats["length_hist_after"]),
+        ["characters", "records before", "records after"],
     )
     return {
         **stage_counts(stats, path),
@@ -381,7 +396,7 @@ def _cleaned_drop_samples(samples: dict) -> dg.MetadataValue:
         for reason, entries in sorted(samples.items())
         for e in entries[:SAMPLES_SHOWN]
     ]
-    return dagster_table(pd.DataFrame(rows, columns=["rule", "value", "threshold", "text"]))
+    return dagster_table(table(rows, ["rule", "value", "threshold", "text"]))
 
 
 def _cleaned_languages(stats: dict) -> list[dict]:
@@ -404,7 +419,7 @@ def _pii_and_contamination(stats: dict) -> dict:
     files = stats.get("decontamination", {}).get("files", [])
     if files:
         cols = ["file", "items", "items_too_short", "ngrams", "hits", "cache"]
-        out["decontamination"] = dagster_table(pd.DataFrame([{c: f[c] for c in cols} for f in files], columns=cols))
+        out["decontamination"] = dagster_table(table(files, cols))
         out["contamination_mode"] = stats["decontamination"]["mode"]
         out["flagged_contamination"] = stats.get("flagged_contamination", 0)
     return out
@@ -418,7 +433,7 @@ def _dedup_samples_md(samples: list[dict]) -> str:
     out = []
     for i, s in enumerate(samples):
         shown = f", {len(s['members'])} shown" if len(s["members"]) < s["size"] else ""
-        members = pd.DataFrame(
+        members = table(
             [
                 {
                     "role": m["role"],
@@ -430,7 +445,8 @@ def _dedup_samples_md(samples: list[dict]) -> str:
                     "text": cell(m["text"], DEDUP_TEXT_CHARS),
                 }
                 for m in s["members"]
-            ]
+            ],
+            ["role", "level", "similarity", "source", "text"],
         )
         out.append(f"**cluster {i + 1}** ({s['size']} records{shown})\n\n{markdown_table(members).value}\n")
     return "\n".join(out) or "no duplicates"
@@ -454,7 +470,7 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
     ]
     params += [(f"P(candidate) at Jaccard {s}", v) for s, v in p["catch_probability"].items()]
     # three columns, so the table fits a 1600 px window beside its key
-    sources = pd.DataFrame(
+    sources = table(
         [
             {
                 "path": r["path"],
@@ -466,7 +482,7 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
                 :DEDUP_SOURCE_ROWS
             ]
         ],
-        columns=["path", "records", "removed"],
+        ["path", "records", "removed"],
     )
     return {
         **stage_counts(stats, folder / report_file),
@@ -488,10 +504,10 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
         },
         "bands_x_rows": f"{p['bands']} x {p['rows']}",
         "parameters": markdown_table(
-            pd.DataFrame([(name, wrappable(value)) for name, value in params], columns=["parameter", "value"])
+            table([(name, wrappable(value)) for name, value in params], ["parameter", "value"])
         ),
         "per_source": dagster_table(sources),
-        "cluster_sizes": dagster_table(pd.DataFrame(report["cluster_sizes"], columns=["size", "clusters", "records"])),
+        "cluster_sizes": dagster_table(table(report["cluster_sizes"], ["size", "clusters", "records"])),
         "sample_clusters": dg.MetadataValue.md(_dedup_samples_md(report["samples"])),
         "clusters_path": dg.MetadataValue.path(str(folder / clusters_file)),
     }
@@ -501,7 +517,7 @@ REMOVED_SAMPLES_COLUMNS = ["cluster", "role", "id", "record", "level", "similari
 DIFF_CELL_CHARS = 400  # characters of a removed record's word diff against the kept one
 
 
-def removed_samples_frame(clusters: list[dict]) -> pd.DataFrame:
+def removed_samples_table(clusters: list[dict]) -> Table:
     """Sample clusters of the dedup report, one row per record: the kept one (or the earlier batch's record it
     duplicates), then those removed as its duplicates, with id, file:line, level, similarity, the cluster's keep
     reason, the text and, for a removed record, where its words differ from the kept one's (a long text's change
@@ -527,15 +543,15 @@ def removed_samples_frame(clusters: list[dict]) -> pd.DataFrame:
                     "diff": plain_cell(diff, DIFF_CELL_CHARS),
                 }
             )
-    return pd.DataFrame(rows, columns=REMOVED_SAMPLES_COLUMNS)
+    return table(rows, REMOVED_SAMPLES_COLUMNS)
 
 
-def removed_samples_page(frame: pd.DataFrame) -> pd.DataFrame:
-    """`removed_samples_frame` in two columns that fit a 1600 px window: the record (id, file:line, cluster and its
+def removed_samples_page(samples: Table) -> Table:
+    """`removed_samples_table` in two columns that fit a 1600 px window: the record (id, file:line, cluster and its
     part in it: kept with the keep reason, or removed with level and similarity) and its text, or for a removed
     record its word diff against the kept one (`tokenmill explain ID` prints both texts in full)."""
     rows = []
-    for r in frame.to_dict("records"):
+    for r in samples.records():
         removed = r["role"] == "removed"
         part = f"{r['level']} {r['similarity']}" if removed else r["keep reason"]
         rows.append(
@@ -547,14 +563,14 @@ def removed_samples_page(frame: pd.DataFrame) -> pd.DataFrame:
                 "text (removed: diff from kept)": r["diff"] if removed and r["diff"] else r["text"],
             }
         )
-    return pd.DataFrame(rows, columns=["record", "text (removed: diff from kept)"])
+    return table(rows, ["record", "text (removed: diff from kept)"])
 
 
 def deduped_jsonl_metadata(stats: dict, folder: Path, removed_file: str) -> dict:
     """deduped_jsonl: the counts, removed records next to the one kept, and where every removed record is listed."""
     return {
         **stage_counts(stats, folder),
-        "removed_samples": dagster_table(removed_samples_page(removed_samples_frame(stats["removed_samples"]))),
+        "removed_samples": dagster_table(removed_samples_page(removed_samples_table(stats["removed_samples"]))),
         "removed_path": dg.MetadataValue.path(str(folder / removed_file)),
     }
 
@@ -565,7 +581,7 @@ HISTOGRAM_BAR = 30  # characters of the longest bar in the tokens-per-document h
 
 def tokenizer_metadata(stats: dict, folder: Path) -> dict:
     """tokenizer: vocabulary, sample, held-out chars per token and a few texts split into tokens."""
-    examples = pd.DataFrame(
+    examples = table(
         [
             {
                 "text": plain_cell(e["text"], 40),
@@ -576,7 +592,7 @@ def tokenizer_metadata(stats: dict, folder: Path) -> dict:
             }
             for e in stats["examples"]
         ],
-        columns=["text", "tokens", "first tokens"],
+        ["text", "tokens", "first tokens"],
     )
     return {
         **stage_counts(stats, folder / "tokenizer.json"),
@@ -596,11 +612,12 @@ def tokenizer_metadata(stats: dict, folder: Path) -> dict:
 def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
     """tokenized_bins: tokens (supervised/masked), splits, tokens per document, bytes per file, a decoded sample."""
     tpd = stats["tokens_per_doc"]
-    hist = pd.DataFrame(tpd["histogram"], columns=["tokens", "docs"])
-    top = max(int(hist["docs"].max()) if len(hist) else 0, 1)
-    hist["bar"] = hist["docs"].map(lambda n: text_bar(n, top, HISTOGRAM_BAR))
-    hist["docs"] = hist["docs"].map("{:,}".format)
-    sizes = pd.DataFrame(sorted(stats["bytes_on_disk"].items()), columns=["file", "bytes"])
+    top = max((row["docs"] for row in tpd["histogram"]), default=1) or 1
+    hist = table(
+        [(row["tokens"], f"{row['docs']:,}", text_bar(row["docs"], top, HISTOGRAM_BAR)) for row in tpd["histogram"]],
+        ["tokens/doc", "docs", ""],
+    )
+    sizes = table(sorted(stats["bytes_on_disk"].items()), ["file", "bytes"])
     sample = (
         # escaped: the Markdown view would take special tokens such as </s> for HTML tags and hide them
         ("Masked tokens in [~~brackets~~]:\n\n" + html.escape(stats["sample"]["markdown"], quote=False))
@@ -639,7 +656,7 @@ def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
         "chars_per_token": stats["chars_per_token"] or 0.0,
         "tokens_per_doc_mean": tpd["mean"],
         "tokens_per_doc_p99": tpd["p99"],
-        "tokens_per_doc": markdown_table(hist.rename(columns={"tokens": "tokens/doc", "bar": ""})),
+        "tokens_per_doc": markdown_table(hist),
         "bytes_on_disk": dagster_table(sizes),
         "sample": dg.MetadataValue.md(sample),
     }

@@ -9,7 +9,7 @@ import pytest
 from support import run_config, write_batch_file
 
 from assets.batches import register_batches
-from assets.metadata import removed_samples_frame
+from assets.metadata import removed_samples_table
 from cli import main
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
@@ -123,7 +123,7 @@ def test_removed_records_keep_their_text_and_the_samples_show_the_indexed_record
         removed = [json.loads(line) for line in (data / "deduped_jsonl" / batch / "removed.jsonl").open()]
         assert removed and all(e["text"] and e["text_chars"] == len(e["text"]) for e in removed)
     report = json.loads((data / "dedup_report" / SECOND / "report.json").read_text())
-    rows = removed_samples_frame(report["samples"]).to_dict("records")
+    rows = removed_samples_table(report["samples"]).records()
     indexed = [r for r in rows if r["role"] == "indexed"]
     assert indexed and all(r["text"] and r["record"].startswith("a.jsonl:") and r["keep reason"] for r in indexed)
     near = next(r for r in rows if r["level"] == "near")
