@@ -11,6 +11,7 @@ import pytest
 from support import BATCH, materialize_batch
 
 from assets.raw import raw_records
+from tests.conftest import REPO
 from tokenmill.common.io import (
     REJECTED_FILE,
     STATS_FILE,
@@ -474,7 +475,7 @@ except OSError:
 
 def ingest_in_child(source: Path, out: Path, timeout: float = 60, **settings) -> tuple[dict, list[dict], float]:
     """(stats, rejected entries, peak RSS in MiB) of ingest run in a fresh process."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     res = subprocess.run(
         [sys.executable, "-c", _CHILD, str(source), str(out), json.dumps(settings)],
         capture_output=True,

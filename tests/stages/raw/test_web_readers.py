@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 from fastwarc.stream_io import BrotliWriter
 
+from tests.conftest import REPO
 from tokenmill.common.io import REJECTED_FILE, iter_jsonl, record_shards
 from tokenmill.stages.raw import RawSettings, ingest
 from tokenmill.stages.raw.html_text import decode_html, page_text
 from tokenmill.stages.raw.read_warc import read_warc
 from tokenmill.stages.raw.stream import Found, Rejected
 
-PAGES = Path(__file__).parent / "fixtures" / "web" / "pages"
+PAGES = REPO / "tests" / "fixtures" / "web" / "pages"
 DATE = "2024-05-01T12:00:00Z"
 # a phrase of each page's main text, and boilerplate of the same page that must not survive extraction
 MAIN_TEXT = {
