@@ -70,7 +70,7 @@ def lsh_inputs(task: LshInputTask) -> int:
 def write_lsh(lsh_dir: Path, stem: str, item_doc: np.ndarray, bands: np.ndarray, sig: np.ndarray, rows: int) -> int:
     """Writes the LSH files of a chunk's items (their ordinals, ascending; (bands, items) band hashes; signatures);
     returns items."""
-    hashes = np.empty(bands.shape, dtype=np.uint64)
+    hashes: np.ndarray = np.empty(bands.shape, dtype=np.uint64)  # (numpy's stubs type empty(shape) as 0-d)
     docs = np.empty(hashes.shape, dtype=np.int64)
     words = np.empty((bands.shape[0], hashes.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
     folded = mh.fold16(sig)  # once for every band; the sort then moves each item's few words, not its signature
@@ -128,7 +128,7 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     only where a document of the batch shares its hash."""
     band = (task.band,)
     sources = sorted(zip(task.lsh_files, task.firsts), key=lambda s: s[1] < task.probe_from)  # the batch first
-    parts = []  # (first, hashes, docs, words) per chunk
+    parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]] = []  # (first, hashes, docs, words) per chunk
     probe = None
     for base, first in sources:
         if first < task.probe_from and probe is None:
@@ -166,7 +166,9 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
     )
     cuts = np.unique(np.concatenate(([0], np.minimum(cuts, len(starts)), [len(starts)])))
     stats = {"oversized_buckets": 0, "pairs_not_emitted": 0}
-    collisions, held, files = 0, [], []
+    collisions = 0
+    held: list[np.ndarray] = []
+    files: list[str] = []
     hist = np.zeros(task.bins, dtype=np.int64)
     cand_dir = folder(task.out_dir, CANDIDATE_DIR)
 

@@ -93,7 +93,9 @@ def segment_kept(segment: Path, settings: dict) -> tuple[np.ndarray, np.ndarray]
 
 def audit_exact_keys(stage_dir: Path, settings: dict) -> dict:
     """validate_exact_keys by re-deriving every record's key (shards in parallel, map_ordered), in shard order."""
-    seen, problems, records = {}, [], 0
+    seen: dict[bytes, str] = {}
+    problems: list[str] = []
+    records = 0
     shards = record_shards(stage_dir)
     tasks = [KeyDigestTask(shard, settings["strip_symbols"], settings["fold_chinese"]) for shard in shards]
     for shard, digests in zip(shards, map_ordered(shard_key_digests, tasks)):

@@ -158,7 +158,7 @@ def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarra
 
 
 def _source(docs: DocumentTable, d: int) -> dict:
-    src = {"path": docs.paths[int(docs.path[d])]}
+    src: dict[str, str | int] = {"path": docs.paths[int(docs.path[d])]}
     kind = LOC_KIND[int(docs.loc_kind[d])]
     if kind:
         src[kind] = int(docs.loc[d])

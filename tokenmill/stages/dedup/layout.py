@@ -61,7 +61,7 @@ class Chunk:
 
 
 def plan_chunks(in_dir: Path, chunk_bytes: int) -> list[Chunk]:
-    chunks = []
+    chunks: list[Chunk] = []
     for s, path in enumerate(record_shards(in_dir)):
         size = path.stat().st_size
         bounds = [0]
@@ -171,7 +171,7 @@ class NpyRows:
     LSH files that way peaked at 330 MiB at 1.5M documents (60 chunks), and the count of files grows with the
     corpus. Read, a task holds exactly its slices."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: str | Path):
         self.path = Path(path)
         with open(self.path, "rb") as f:
             major, _ = np.lib.format.read_magic(f)
@@ -197,7 +197,7 @@ class NpyRows:
 
     def read(self, lead: tuple[int, ...], start: int, stop: int) -> np.ndarray:
         out = np.empty((max(stop - start, 0),) + tuple(self.shape[len(lead) + 1 :]), dtype=self.dtype)
-        view = memoryview(out.reshape(-1).view(np.uint8))
+        view = out.reshape(-1).view(np.uint8).data  # a memoryview of its bytes
         pos, _ = self._position(lead, start)
         done = 0
         while done < len(view):  # a single read returns at most ~2 GiB
@@ -288,7 +288,7 @@ class Corpus:
         fields = {k: np.empty(len(docs), dtype=np.int64) for k in (*TABLE_FIELDS, "path")}  # filled chunk by chunk
         width = max([p.dtype["id"].itemsize for _, p, _ in parts] + [1])
         ids = np.empty(len(docs), dtype=f"S{width}")
-        path_names = []
+        path_names: list[str] = []
         for sel, part, names in parts:
             for k in TABLE_FIELDS:
                 fields[k][sel] = part[k]

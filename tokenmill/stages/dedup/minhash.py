@@ -188,7 +188,7 @@ def shingle_hashes(keys: Sequence[str], n: int, hash_name: str = "poly") -> tupl
         h >>= np.uint64(32)
         out[dest] = h
     for i in np.flatnonzero(~full & (lengths > 0)):  # keys shorter than n: one shingle, the key
-        out[offsets[i]] = shingle_hash32(keys[i])
+        out[offsets[i]] = shingle_hash32(keys[int(i)])
     return out, offsets
 
 
@@ -312,7 +312,7 @@ def choose_bands(threshold: float, num_perm: int, fn_weight: float = 0.97) -> tu
     which catches a pair at Jaccard 0.8 with probability 0.40)."""
     xs = np.linspace(0.0, 1.0, 2001)
     below, above = xs <= threshold, xs >= threshold
-    best = (np.inf, 0, 0)
+    best: tuple[float, int, int] = (np.inf, 0, 0)
     for b in range(1, num_perm + 1):
         for r in range(1, num_perm // b + 1):
             p = 1.0 - (1.0 - xs**r) ** b
@@ -320,7 +320,7 @@ def choose_bands(threshold: float, num_perm: int, fn_weight: float = 0.97) -> tu
             fn = np.trapezoid(1.0 - p[above], xs[above])
             err = (1.0 - fn_weight) * fp + fn_weight * fn
             if err < best[0] - 1e-15:
-                best = (err, b, r)
+                best = (float(err), b, r)
     return best[1], best[2]
 
 

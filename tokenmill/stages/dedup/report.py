@@ -198,7 +198,7 @@ class RunSummary:
     index: dict | None = None  # dedup_batch: the index read and the segment written (counts), see stage.py
 
 
-def _incremental(run: RunSummary, c: Clusters, n_exact: int, n_near: int) -> tuple[dict, dict]:
+def _incremental(run: RunSummary, index: dict, c: Clusters, n_exact: int, n_near: int) -> tuple[dict, dict]:
     """(report section, stats) of a batch deduplicated against the index: removals split into cross-batch (the
     record duplicates an indexed one) and within-batch, with the keep rule's difference from a one-shot build."""
     cross = c.docs.indexed[c.kept_doc[c.removed]]
@@ -208,8 +208,8 @@ def _incremental(run: RunSummary, c: Clusters, n_exact: int, n_near: int) -> tup
         "dropped_near_cross_batch": near_cross,
         "dropped_exact_within_batch": n_exact - exact_cross,
         "dropped_near_within_batch": n_near - near_cross,
-        "index_segments": len(run.index["segments"]),
-        **{f"index_{k}": v for k, v in run.index.items() if k != "segments"},
+        "index_segments": len(index["segments"]),
+        **{f"index_{k}": v for k, v in index.items() if k != "segments"},
     }
     keep_rule = (
         "first_seen: the greedy walk of a one-shot build with keep=first_seen, continued from the index, so the "
@@ -220,7 +220,7 @@ def _incremental(run: RunSummary, c: Clusters, n_exact: int, n_near: int) -> tup
         f"there, never here)"
     )
     section = {
-        "segments": run.index["segments"],
+        "segments": index["segments"],
         "keep_rule": keep_rule,
         "cross_batch": "a record with the key of an indexed record is its exact duplicate; else one verifying at "
         "or above the threshold against an indexed kept record (same LSH bands) is a near duplicate of the "
@@ -325,7 +325,7 @@ def _counts(run: RunSummary, c: Clusters, sources: list[dict]) -> dict:
 
 def _input(chunks: list[Chunk]) -> dict:
     """The input shards (name, bytes, records) and chunks, which write_deduped checks and applies the report to."""
-    shards = {}
+    shards: dict[str, dict] = {}
     inputs = [ch for ch in chunks if not ch.root]
     for ch in inputs:
         sh = shards.setdefault(ch.name, {"name": ch.name, "bytes": Path(ch.path).stat().st_size, "records": 0})
@@ -381,10 +381,10 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
         "files": _files(run.settings, clusters_written),
         "partitions": run.partitions,
     }
-    incremental = {}
+    incremental: dict = {}
     if run.index is not None:
         report["incremental"], incremental = _incremental(
-            run, c, counts["exact_duplicates_removed"], counts["near_duplicates_removed"]
+            run, run.index, c, counts["exact_duplicates_removed"], counts["near_duplicates_removed"]
         )
     atomic_write_json(out_dir / REPORT_FILE, report)
     stats = {

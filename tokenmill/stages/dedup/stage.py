@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -103,7 +103,7 @@ class DedupRun:
     settings: DedupSettings
     partitions: Partitions
     workers: int
-    log: object
+    log: Any  # a logging.Logger or Dagster's log manager, or None
     bands: int
     rows: int
     sketch: dict  # the settings the signatures depend on (index.sketch_settings)
@@ -270,6 +270,7 @@ def _buckets(
 
 def _add_histogram(total: np.ndarray, r: BucketResult) -> BucketResult:
     """Adds a bucket task's histogram to `total` as it arrives (tasks and bins grow with the corpus)."""
+    assert r.first_doc_histogram is not None  # bucket_pairs sets it; only this fold clears it
     np.add(total, r.first_doc_histogram, out=total)
     return replace(r, first_doc_histogram=None)
 
@@ -322,12 +323,13 @@ def _write_outputs(run: DedupRun, chunks: list[Chunk], clusters: Clusters) -> tu
     """clusters.jsonl and, with an index, the batch's index segment, in one task list: one worker writes
     clusters.jsonl (the longest task, first) while the others copy the segment's chunks. Returns the clusters
     written and the index's summary (None without an index)."""
-    staged = staging_folder(run.segment_out) if run.segment_out else None
+    segment_out = run.segment_out
+    staged = staging_folder(segment_out) if segment_out else None
     try:
         segment = _segment_tasks(clusters, chunks, run.out_dir, staged, run.rows) if staged else []
         writes = [partial(write_clusters, run.out_dir, clusters), *(partial(write_segment_chunk, t) for t in segment)]
         clusters_written, *parts = run.step("outputs", write_output, writes)
-        added = publish_segment(staged, run.segment_out, run.sketch, parts) if staged else None
+        added = publish_segment(staged, segment_out, run.sketch, parts) if staged and segment_out else None
     finally:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)

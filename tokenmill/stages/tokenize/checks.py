@@ -41,6 +41,7 @@ def validate_token_shards(
             problems.append(f"{stats_path}: missing (the settings the shards were built with)")
         problems += dataset.problems
         tokens += dataset.tokens
+        assert dataset.max_token_id is not None  # scan=True sets it
         max_id = max(max_id, dataset.max_token_id)
         vocab = dataset.manifest.get("vocab_size", vocab)
         problems += _stale_tokenizer(dataset, version, upstream, upstream_sha)

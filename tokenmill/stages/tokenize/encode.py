@@ -21,7 +21,7 @@ import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -34,6 +34,9 @@ from tokenmill.stages.tokenize.tokenizer import TokenizerPin, parse_pinned, read
 from tokenmill.stages.tokenize.train import parse_record
 from tokenmill_loader.format import KEYS, MASK, MASK_OF, SPLITS, VALUES
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
 MIN_TASK_BYTES, MAX_TASK_BYTES = 256 << 10, 16 << 20
 TASKS_PER_WORKER = 8  # enough tasks for the pool to balance uneven ranges
 TAIL_SHARE = 2  # planned ranges shrink to what is left / (TAIL_SHARE * workers): the workers finish together
@@ -43,7 +46,7 @@ TAIL_SHARE = 2  # planned ranges shrink to what is left / (TAIL_SHARE * workers)
 class Encoder:
     """A tokenizer ready to encode text pieces (special tokens matched as text), with its lookup tables."""
 
-    tok: object
+    tok: Tokenizer
     vocab_size: int
     special: dict[str, int]
     is_punct: np.ndarray  # is_punct[id]: the token decodes to exactly one punctuation character
@@ -154,7 +157,7 @@ class SplitChunk:
     data: dict = field(default_factory=dict)  # key -> 1-D array
     item_lens: dict = field(default_factory=dict)  # key -> int64 per item
     rec_items: dict = field(default_factory=dict)  # key -> int64 per record
-    rec_tokens: np.ndarray | None = None  # token-key tokens per record
+    rec_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # token-key tokens per record
     supervised: int = 0
     punct: int = 0
     text_chars: int = 0
@@ -283,7 +286,7 @@ def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp)
     for split, ch in splits.items():
-        arrays = {
+        arrays: dict[str, np.ndarray] = {
             "ids": np.frombuffer("".join(ch.ids).encode("utf-8", "surrogatepass"), dtype=np.uint8),
             "id_chars": np.fromiter(map(len, ch.ids), dtype=np.int64, count=len(ch.ids)),
             "rec_tokens": ch.rec_tokens,
@@ -439,6 +442,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
     result = TaskResult(0, {}, [], {})
     samples = ReasonSamples()
     lines, parse = _lines(rng)
+    reason: str | None  # why the record is rejected; None: rendered
     for n, line in enumerate(lines):
         if not line.strip():
             continue

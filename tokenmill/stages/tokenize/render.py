@@ -87,7 +87,9 @@ def render_seq(rec: dict, out: Segments, sp: dict[str, int], settings: ShardSett
 
 def title_author(rec: dict) -> tuple[str, str]:
     """The record's meta.title and meta.author ("" when absent or not text): what conditional renders."""
-    meta = rec.get("meta") if isinstance(rec.get("meta"), dict) else {}
+    meta = rec.get("meta")
+    if not isinstance(meta, dict):
+        meta = {}
     return _str(meta.get("title")) or "", _str(meta.get("author")) or ""
 
 

@@ -3,7 +3,7 @@ share them."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -20,7 +20,13 @@ TASK_BYTES_LIMIT = 256 << 20
 # learned from too few records to matter while every other record still gets a masked <|content|>; a share rather
 # than "any record" so one stray titled record does not switch a plain-text corpus (demo corpus: 45%)
 AUTO_CONDITIONAL_SHARE = 0.1
-PRETOKENIZERS = ("punct_attach", "bytelevel")
+Pretokenizer = Literal["punct_attach", "bytelevel"]
+PRETOKENIZERS = get_args(Pretokenizer)
+# the settings' choices spelled out for the type checker: the loader's format names them (checked here)
+TrainingTypeSetting = Literal["auto", "seq", "conditional", "sft", "dpo", "grpo"]
+TokenDtypeSetting = Literal["auto", "uint16", "uint32"]
+assert get_args(TrainingTypeSetting) == ("auto", *TRAINING_TYPES)
+assert get_args(TokenDtypeSetting) == ("auto", *TOKEN_DTYPES)
 
 
 class TokenizerSettings(StageSettings):
@@ -45,7 +51,7 @@ class TokenizerSettings(StageSettings):
         ge=0,
         description="Characters of held-out text (records never trained on) used to measure chars per token",
     )
-    pretokenizer: Literal[PRETOKENIZERS] = Field(
+    pretokenizer: Pretokenizer = Field(
         "punct_attach",
         description="punct_attach: GPT-2 byte-level split, but punctuation stays with the word "
         'before it ("明月光，"), so BPE can absorb it (isolated punctuation 13% -> 2% '
@@ -79,7 +85,7 @@ class ShardSettings(StageSettings):
 
     asset_key: ClassVar[str] = "tokenized_bins"
 
-    training_type: Literal[("auto", *TRAINING_TYPES)] = Field(
+    training_type: TrainingTypeSetting = Field(
         "auto",
         description="auto | seq | conditional | sft | dpo | grpo (renderings in docs/format.md). auto: conditional "
         f"when at least {AUTO_CONDITIONAL_SHARE:.0%} of the records carry a title or author, else seq; chosen once "
@@ -112,7 +118,7 @@ class ShardSettings(StageSettings):
         le=2**32,  # a shard's record offsets and ids are held until it closes
         description="A shard is closed before a record would take it past this many tokens (records never straddle)",
     )
-    token_dtype: Literal[("auto", *TOKEN_DTYPES)] = Field(
+    token_dtype: TokenDtypeSetting = Field(
         "auto",
         description="auto (uint16 when the vocabulary fits, else uint32) | uint16 | uint32; a vocabulary "
         "too large for the dtype is refused",

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -63,13 +64,27 @@ class _HashingFile:
 
     def write(self, arr: np.ndarray) -> None:
         b = np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))  # written and hashed in place
-        self.f.write(b)
-        self.h.update(b)
+        self.f.write(b.data)
+        self.h.update(b.data)
         self.bytes += b.nbytes
 
     def close(self) -> dict:
         self.f.close()
         return {"bytes": self.bytes, "sha256": self.h.hexdigest()}
+
+
+@dataclass
+class _OpenShard:
+    """The shard being written: its name, its temporary folder, its counts so far and its files (per key)."""
+
+    name: str
+    tmp: Path
+    files: dict[str, _HashingFile]
+    offsets: dict[str, list[np.ndarray]]  # per key: 0, then each record's item ends
+    ends: dict[str, int]  # per key: elements written
+    tokens: int = 0
+    ids: list[str] = field(default_factory=list)
+    max_token_id: int = -1
 
 
 class ShardWriter:
@@ -98,41 +113,40 @@ class ShardWriter:
         self.keys = {k: key_dtype(kind, self.dtype) for k, kind in KEYS[training_type].items()}
         self.shards: list[dict] = []
         self.bytes_per_key: dict[str, int] = {}
-        self._open = None
+        self._open: _OpenShard | None = None
 
-    def _start(self):
+    def _start(self) -> _OpenShard:
         name = shard_folder_name(self.first_index + len(self.shards))
         tmp = self.dir / f".tmp-{name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        self._open = {
-            "name": name,
-            "tmp": tmp,
-            "tokens": 0,
-            "ids": [],
-            "max_token_id": -1,
-            "files": {k: _HashingFile(tmp / data_file(k)) for k in self.keys},
-            "offsets": {k: [np.zeros(1, dtype=np.int64)] for k in self.keys},
-            "ends": {k: 0 for k in self.keys},
-        }
+        self._open = _OpenShard(
+            name,
+            tmp,
+            files={k: _HashingFile(tmp / data_file(k)) for k in self.keys},
+            offsets={k: [np.zeros(1, dtype=np.int64)] for k in self.keys},
+            ends={k: 0 for k in self.keys},
+        )
+        return self._open
 
-    def _finish(self):
+    def _finish(self) -> None:
         sh = self._open
-        files = {data_file(k): f.close() for k, f in sh["files"].items()}
-        meta = {k: key_meta(dt, np.concatenate(sh["offsets"][k])) for k, dt in self.keys.items()}
-        for fname, obj in ((SHARD_META_FILE, meta), (RECORD_IDS_FILE, sh["ids"])):
+        assert sh is not None  # _start opened it
+        files = {data_file(k): f.close() for k, f in sh.files.items()}
+        meta = {k: key_meta(dt, np.concatenate(sh.offsets[k])) for k, dt in self.keys.items()}
+        for fname, obj in ((SHARD_META_FILE, meta), (RECORD_IDS_FILE, sh.ids)):
             data = dumps_compact(obj)
-            (sh["tmp"] / fname).write_bytes(data)
+            (sh.tmp / fname).write_bytes(data)
             files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         for fname, info in files.items():
             self.bytes_per_key[fname] = self.bytes_per_key.get(fname, 0) + info["bytes"]
-        os.replace(sh["tmp"], self.dir / sh["name"])
+        os.replace(sh.tmp, self.dir / sh.name)
         self.shards.append(
             shard_entry(
-                sh["name"],
-                tokens=sh["tokens"],
-                records=len(sh["ids"]),
-                max_token_id=sh["max_token_id"],
+                sh.name,
+                tokens=sh.tokens,
+                records=len(sh.ids),
+                max_token_id=sh.max_token_id,
                 files=files,
                 batch=self.batch,
             )
@@ -148,14 +162,12 @@ class ShardWriter:
         cum_elems = {k: np.concatenate([[0], np.cumsum(ch.item_lens[k])]) for k in self.keys}
         i, n = 0, ch.records
         while i < n:
-            if self._open is None:
-                self._start()
-            sh = self._open
-            room = self.shard_tokens - sh["tokens"]
+            sh = self._start() if self._open is None else self._open
+            room = self.shard_tokens - sh.tokens
             # records [i, j) fit: cum_tok[j] - cum_tok[i] <= room
             j = int(np.searchsorted(cum_tok, cum_tok[i] + room, side="right")) - 1
             if j <= i:
-                if sh["ids"]:
+                if sh.ids:
                     self._finish()
                     continue
                 j = i + 1  # one record larger than a shard gets a shard of its own
@@ -166,14 +178,14 @@ class ShardWriter:
                 if self.keys[k] != arr.dtype:
                     arr = arr.astype(self.keys[k])
                 if k in ALL_TOKEN_KEYS and arr.size:
-                    sh["max_token_id"] = max(sh["max_token_id"], int(arr.max()))
-                sh["files"][k].write(arr)
-                sh["offsets"][k].append(sh["ends"][k] + cum_elems[k][a + 1 : b + 1] - ea)
-                sh["ends"][k] += int(eb - ea)
-            sh["ids"].extend(ch.ids[i:j])
-            sh["tokens"] += int(cum_tok[j] - cum_tok[i])
+                    sh.max_token_id = max(sh.max_token_id, int(arr.max()))
+                sh.files[k].write(arr)
+                sh.offsets[k].append(sh.ends[k] + cum_elems[k][a + 1 : b + 1] - ea)
+                sh.ends[k] += int(eb - ea)
+            sh.ids.extend(ch.ids[i:j])
+            sh.tokens += int(cum_tok[j] - cum_tok[i])
             i = j
-            if sh["tokens"] >= self.shard_tokens:
+            if sh.tokens >= self.shard_tokens:
                 self._finish()
 
     def close(self) -> list[dict]:
@@ -189,9 +201,9 @@ class ShardWriter:
 
     def abort(self) -> None:
         if self._open is not None:
-            for f in self._open["files"].values():
+            for f in self._open.files.values():
                 f.f.close()
-            shutil.rmtree(self._open["tmp"], ignore_errors=True)
+            shutil.rmtree(self._open.tmp, ignore_errors=True)
             self._open = None
 
 

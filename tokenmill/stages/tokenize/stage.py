@@ -228,16 +228,16 @@ class _Run:
     workers: int
     log: Any
     started: float  # time.perf_counter() at the start (the stats' seconds)
-    published: Published | None  # the latest version; once published, the new one
+    published: Published | None  # the latest version (None: none yet)
     pin: TokenizerPin
     tokenizer_bytes: bytes
-    choice: TrainingTypeChoice | None = None  # from _decide_rebuild on
+    choice: TrainingTypeChoice  # the training type (_decide_rebuild and _confirm_training_type may choose again)
     reason: str | None = None  # why every batch is encoded again into a new generation; None: append
     kept: tuple[str, ...] = ()  # the published batches the next version keeps
     generation: int = 0
     totals: dict[str, BatchTotals] = field(default_factory=dict)  # per batch of the next version
     tasks: int = 0  # encode tasks run
-    enc: Encoder | None = None  # from _encode on
+    enc: Encoder | None = None  # set by _encode (encoding()), before any shard is written
     dtype: np.dtype | None = None
     moved: frozenset[str] = frozenset()  # train records moved into an empty val
 
@@ -253,6 +253,16 @@ class _Run:
     def resolved(self) -> ShardSettings:
         return _resolved(self.settings, self.choice)
 
+    @property
+    def appended_to(self) -> Published | None:
+        """The published version the next one appends to (its batches kept); None: a new generation."""
+        return self.published if self.kept else None
+
+    def encoding(self) -> tuple[Encoder, np.dtype]:
+        """The encoder and the token dtype, once _encode has set them."""
+        assert self.enc is not None and self.dtype is not None, "_encode sets them first"
+        return self.enc, self.dtype
+
     def info(self, message: str) -> None:
         if self.log:
             self.log.info(message)
@@ -262,12 +272,13 @@ def _encode_batches(run: _Run, val_ids: frozenset[str] = frozenset()) -> Encoded
     """Encodes the added batches, in order, into new shards of bins_dir (one task list for all of them); saves each
     batch's counts. `val_ids` go to val whatever their split hash."""
     settings, folder = run.resolved, run.bins_dir / ENCODED_DIR
+    _, dtype = run.encoding()
     folder.mkdir(parents=True, exist_ok=True)
     plans = [(key, plan_ranges(Path(records), settings.task_bytes, run.workers)) for key, records in run.added]
     ranges = [r for _, batch_ranges in plans for r in batch_ranges]
     threads = run.workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
     tasks = [
-        EncodeTask(r, run.pin, settings, run.dtype.name, threads, str(folder / f"r{i:05d}"), val_ids)
+        EncodeTask(r, run.pin, settings, dtype.name, threads, str(folder / f"r{i:05d}"), val_ids)
         for i, r in enumerate(ranges)
     ]
     progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=run.log)
@@ -292,10 +303,9 @@ def _pack_batch(
     encoded: Encoded,
 ) -> None:
     """One batch's task results, in task order, into shards of each split (removed if any fails); its counts saved."""
+    enc, dtype = run.encoding()
     batch = BatchTotals(settings.training_type)
-    writers = SplitWriters(
-        run.bins_dir, key, settings.training_type, run.enc.vocab_size, run.dtype, settings.shard_tokens
-    )
+    writers = SplitWriters(run.bins_dir, key, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
     try:
         for rng in batch_ranges:
             result = load_splits(next(results))
@@ -308,7 +318,7 @@ def _pack_batch(
     except BaseException:
         writers.abort()
         raise
-    batch.finish(run.enc)
+    batch.finish(enc)
     _save_batch_totals(run.bins_dir, run.generation, key, batch)
     encoded.totals[key] = batch
 
@@ -340,13 +350,14 @@ def tokenize_batches(
     """
     run = _start(batches, tokenizer_dir, bins_dir, settings, workers, log)
     _decide_rebuild(run)
-    if run.new_version:
-        _write_version(run, check)
-    return _report(run)
+    published = _write_version(run, check) if run.new_version else run.published
+    assert published is not None  # no new version: nothing added to the latest one, so there is one
+    return _report(run, published)
 
 
 def _start(batches, tokenizer_dir, bins_dir, settings, workers, log) -> _Run:
-    """The batch keys checked, bins_dir recovered to its latest version, the tokenizer pinned."""
+    """The batch keys checked, bins_dir recovered to its latest version, the tokenizer pinned, the training type
+    chosen (choose_training_type)."""
     started = time.perf_counter()
     bins_dir = Path(bins_dir)
     bins_dir.mkdir(parents=True, exist_ok=True)
@@ -355,29 +366,30 @@ def _start(batches, tokenizer_dir, bins_dir, settings, workers, log) -> _Run:
     published = recover(bins_dir, log)
     pin, tokenizer_bytes = pin_tokenizer(tokenizer_dir)
     workers = default_workers() if workers is None else max(1, workers)
+    choice = choose_training_type(settings, published, batches, workers)
     return _Run(
-        batches, keys, tokenizer_dir, bins_dir, settings, workers, log, started, published, pin, tokenizer_bytes
+        batches, keys, tokenizer_dir, bins_dir, settings, workers, log, started, published, pin, tokenizer_bytes, choice
     )
 
 
 def _decide_rebuild(run: _Run) -> None:
-    """The training type; a new generation (every batch encoded again) or an append of the new batches; the counts
-    of the published batches kept."""
+    """A new generation (every batch encoded again, the training type chosen again if inherited) or an append of the
+    new batches; the counts of the published batches kept."""
     published = run.published
-    run.choice = choose_training_type(run.settings, published, run.batches, run.workers)
     run.reason = rebuild_reason(published, run.pin.sha256, run.resolved.encoding(), run.keys)
     if run.reason is not None and run.choice.inherited:  # a new generation chooses again, from all its records
         run.choice = records_choice(run.batches, run.settings.task_bytes, run.workers)
     if run.reason is None:
+        assert published is not None  # rebuild_reason: "first build" without one
         run.kept, run.generation = published.batches, published.generation
     else:
         run.generation = published.generation + 1 if published else 1
     run.totals = {key: _load_batch_totals(run.bins_dir, run.generation, key) for key in run.kept}
 
 
-def _write_version(run: _Run, check: Callable[[int], None] | None) -> None:
-    """Encodes the added batches and publishes the version holding them; on any error, what this run wrote is
-    removed (no version names it)."""
+def _write_version(run: _Run, check: Callable[[int], None] | None) -> Published:
+    """Encodes the added batches and publishes the version holding them (returned); on any error, what this run
+    wrote is removed (no version names it)."""
     run.info(
         f"tokenized_bins: generation {run.generation} ({run.reason or 'append'}), encoding {len(run.added)} batches "
         f"as {run.choice.resolved} ({run.choice.reason})"
@@ -390,7 +402,7 @@ def _write_version(run: _Run, check: Callable[[int], None] | None) -> None:
     except BaseException:
         recover(run.bins_dir, run.log)
         raise
-    run.published = Published.of(manifests)
+    return Published.of(manifests)
 
 
 def _encode(run: _Run) -> Encoded:
@@ -423,6 +435,7 @@ def _top_up_validation(run: _Run, encoded: Encoded) -> Encoded:
     train = sum(t.splits["train"].records for t in encoded.totals.values())
     if run.kept or run.settings.val_fraction == 0 or val or train < 2:
         return encoded
+    assert encoded.first_train is not None  # set by the first train record (2 or more here)
     run.moved = frozenset({encoded.first_train[1]})
     run.info(f"tokenized_bins: val is empty; moving record {min(run.moved)} there and encoding again")
     return _encode_again(run)
@@ -432,20 +445,21 @@ def _publish(run: _Run, encoded: Encoded, check: Callable[[int], None] | None) -
     """The new version's manifests (the kept shards, then the new ones), published once `check` passes."""
     run.tasks = encoded.tasks
     run.totals.update(encoded.totals)
+    enc, dtype = run.encoding()
     shards = _split_shards(run, encoded)
     for s in SPLITS:
         write_tokenizer_copy(run.bins_dir / s, run.tokenizer_bytes, run.pin.sha256)
     manifests = version_manifests(
         version=_version_fields(run),
         training_type=run.resolved.training_type,
-        vocab_size=run.enc.vocab_size,
-        token_dtype=run.dtype,
+        vocab_size=enc.vocab_size,
+        token_dtype=dtype,
         tokenizer={
             "file": versioned_tokenizer_file(run.pin.sha256),
             "sha256": run.pin.sha256,
-            "vocab_size": run.enc.vocab_size,
+            "vocab_size": enc.vocab_size,
         },
-        special=run.enc.special,
+        special=enc.special,
         shards=shards,
         supervised={s: sum(t.splits[s].supervised for t in run.totals.values()) for s in SPLITS},
     )
@@ -455,15 +469,17 @@ def _publish(run: _Run, encoded: Encoded, check: Callable[[int], None] | None) -
 
 def _split_shards(run: _Run, encoded: Encoded) -> dict[str, list[dict]]:
     """Each split's shard entries: the kept version's, then the new ones."""
-    shards = {}
+    enc, dtype = run.encoding()
+    appended_to = run.appended_to
+    shards: dict[str, list[dict]] = {}
     for s in SPLITS:
-        shards[s] = (list(run.published.manifests[s]["shards"]) if run.kept else []) + encoded.shards[s]
+        shards[s] = (list(appended_to.manifests[s]["shards"]) if appended_to else []) + encoded.shards[s]
         if not shards[s]:  # an empty split still gets one (empty) shard, so it loads
             shards[s] = ShardWriter(
                 run.bins_dir / s,
                 run.resolved.training_type,
-                run.enc.vocab_size,
-                run.dtype,
+                enc.vocab_size,
+                dtype,
                 run.settings.shard_tokens,
                 first_index=next_shard_index(run.bins_dir / s),
             ).empty_shard()
@@ -472,7 +488,8 @@ def _split_shards(run: _Run, encoded: Encoded) -> dict[str, list[dict]]:
 
 def _version_fields(run: _Run) -> dict:
     """The manifest's version, generation, batches, encoding settings, training type and val_moved."""
-    moved = (run.published.manifests[SPLITS[0]].get(VAL_MOVED_KEY, []) if run.kept else []) or sorted(run.moved)
+    appended_to = run.appended_to
+    moved = (appended_to.manifests[SPLITS[0]].get(VAL_MOVED_KEY, []) if appended_to else []) or sorted(run.moved)
     return {
         "version": run.published.version + 1 if run.published else 1,
         "generation": run.generation,
@@ -483,10 +500,9 @@ def _version_fields(run: _Run) -> dict:
     }
 
 
-def _report(run: _Run) -> dict:
-    """Retention, then the published version's _stats.json and _rejected.json; returns the stats."""
+def _report(run: _Run, published: Published) -> dict:
+    """Retention, then the published version's (the latest) _stats.json and _rejected.json; returns the stats."""
     removed = apply_retention(run.bins_dir, run.settings.retention_hours, run.settings.keep_versions, log=run.log)
-    published = run.published
     latest = published.manifests[SPLITS[0]]
     stats = stage_stats(
         run.settings,

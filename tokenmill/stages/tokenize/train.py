@@ -161,7 +161,10 @@ def sample_corpus(in_dir: Path, settings: TokenizerSettings, log=None) -> Sample
 def _take_texts(parts: list[Path], records: Iterable[tuple], settings: TokenizerSettings) -> tuple[list, list]:
     """The training and held-out texts of `records` ((part index, byte offset, line number, hash), in hash order),
     each group up to its budget."""
-    groups = {True: ([], settings.held_out_chars), False: ([], settings.sample_chars)}  # held? -> (texts, budget)
+    groups: dict[bool, tuple[list[str], int]] = {
+        True: ([], settings.held_out_chars),
+        False: ([], settings.sample_chars),
+    }  # held? -> (texts, budget)
     used = {True: 0, False: 0}
     closed = {True: False, False: False}
     handles = [open(p, "rb") for p in parts]
