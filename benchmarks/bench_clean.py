@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tokenmill.common.io import dumps, record_id, record_shards  # noqa: E402
-from tokenmill.stages.clean import CleanSettings, clean_corpus  # noqa: E402
+from tokenmill.stages.clean import CleanResult, CleanSettings, clean_corpus  # noqa: E402
 
 SHARED = REPO.parent / "shared"
 POETRY = SHARED / "corpora" / "chinese-poetry"
@@ -50,17 +50,17 @@ def shard_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in record_shards(folder))
 
 
-def report(name: str, stats: dict, seconds: float, mb: float, cpu_s: float) -> None:
-    n = stats["docs_in"]
+def report(name: str, result: CleanResult, seconds: float, mb: float, cpu_s: float) -> None:
+    n = result.docs_in
     print(
         f"  {name}: {n:,} records in {seconds:.2f} s = {n / seconds:,.0f} records/s, {mb / seconds:.1f} MB/s "
         f"(CPU {cpu_s:.2f} s = {cpu_s / n * 1e6:.0f} us/record); "
-        f"out {stats['docs_out']:,}, rejected {stats['rejected_by_reason']}, "
-        f"boilerplate lines stripped {stats['boilerplate']['lines_stripped']:,} "
-        f"({stats['boilerplate']['candidates']:,} candidates)"
+        f"out {result.docs_out:,}, rejected {result.rejected_by_reason}, "
+        f"boilerplate lines stripped {result.boilerplate['lines_stripped']:,} "
+        f"({result.boilerplate['candidates']:,} candidates)"
     )
-    print(f"    wall per pass: {stats['pass_seconds']}")
-    shares = sorted(stats["rule_time_share"].items(), key=lambda kv: -kv[1])
+    print(f"    wall per pass: {result.pass_seconds}")
+    shares = sorted(result.rule_time_share.items(), key=lambda kv: -kv[1])
     print("    time per rule: " + ", ".join(f"{k} {v:.0%}" for k, v in shares if v >= 0.005))
 
 
@@ -71,10 +71,10 @@ def run_clean(raw: Path, tmp: Path, workers: list[int], name: str) -> dict:
         out = tmp / f"clean-{name}-{w}"
         shutil.rmtree(out, ignore_errors=True)
         t0, c0 = time.perf_counter(), cpu()
-        stats = clean_corpus(raw, out, CleanSettings(), workers=w)
+        result = clean_corpus(raw, out, CleanSettings(), workers=w)
         times[w] = time.perf_counter() - t0
-        report(f"workers={w}", stats, times[w], mb, cpu() - c0)
-        assert stats["docs_in"] == stats["docs_out"] + stats["rejected"]
+        report(f"workers={w}", result, times[w], mb, cpu() - c0)
+        assert result.docs_in == result.docs_out + result.rejected
     return times
 
 

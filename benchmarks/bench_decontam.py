@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_clean import CJK, POETRY, WORDS, generate  # noqa: E402
 
 from tokenmill.common.io import iter_jsonl, record_shards  # noqa: E402
-from tokenmill.stages.clean import CleanSettings, clean_corpus  # noqa: E402
+from tokenmill.stages.clean import CleanResult, CleanSettings, clean_corpus  # noqa: E402
 from tokenmill.stages.clean.decontam import CACHE_DIR  # noqa: E402
 
 PLANTED = 100  # corpus records copied into the evaluation set
@@ -60,11 +60,11 @@ def cpu() -> float:
     return t.user + t.system
 
 
-def timed(raw: Path, out: Path, settings: CleanSettings, workers: int) -> tuple[float, dict]:
+def timed(raw: Path, out: Path, settings: CleanSettings, workers: int) -> tuple[float, CleanResult]:
     shutil.rmtree(out, ignore_errors=True)
     t0, c0 = time.perf_counter(), cpu()
-    stats = clean_corpus(raw, out, settings, workers=workers)
-    return (cpu() - c0 if workers == 1 else time.perf_counter() - t0), stats
+    result = clean_corpus(raw, out, settings, workers=workers)
+    return (cpu() - c0 if workers == 1 else time.perf_counter() - t0), result
 
 
 def bench(name: str, raw: Path, tmp: Path, args) -> None:
@@ -85,24 +85,24 @@ def bench(name: str, raw: Path, tmp: Path, args) -> None:
         times["warm"].append(t)
         times["no_pii"].append(timed(raw, out, no_pii_settings, args.workers)[0])
     base, cold, warm, no_pii = (min(times[k]) for k in ("base", "cold", "warm", "no_pii"))
-    (report,) = dstats["decontamination"]["files"]
+    (report,) = dstats.decontamination["files"]
     unit = "CPU s (in-process)" if args.workers == 1 else "s wall"
-    print(f"{name}: {stats['docs_in']:,} records, workers={args.workers}, best of {args.repeat}, in {unit}")
+    print(f"{name}: {stats.docs_in:,} records, workers={args.workers}, best of {args.repeat}, in {unit}")
     print(f"  cleaned_jsonl without decontamination: {base:.2f} s")
     print(
         f"  with {report['items']:,} evaluation items ({report['ngrams']:,} n-grams, "
         f"{report['items_too_short']} items too short): warm {warm:.2f} s = {warm / base - 1:+.1%} "
         f"(budget +20%), cold (index built) {cold:.2f} s = {cold / base - 1:+.1%}"
     )
-    own = dstats["rule_seconds"]["decontaminate"]
+    own = dstats.rule_seconds["decontaminate"]
     print(
         f"    records hit {report['hits']} ({PLANTED} planted); the decontaminate rule's own time {own:.2f} s = "
-        f"{own / (sum(dstats['rule_seconds'].values()) - own):+.1%} on the stage's other rules (same run)"
+        f"{own / (sum(dstats.rule_seconds.values()) - own):+.1%} on the stage's other rules (same run)"
     )
     print(
         f"  PII masking: on {base:.2f} s vs off {no_pii:.2f} s = {base / no_pii - 1:+.1%} "
-        f"(mask_pii rule {stats['rule_seconds']['mask_pii']:.3f} s worker time); masked: email "
-        f"{stats['pii_email']}, ip {stats['pii_ip_address']} in {stats['docs_pii_masked']} records"
+        f"(mask_pii rule {stats.rule_seconds['mask_pii']:.3f} s worker time); masked: email "
+        f"{stats.pii['email']}, ip {stats.pii['ip_address']} in {stats.docs_pii_masked} records"
     )
 
 

@@ -5,9 +5,11 @@ usage: python benchmarks/bench_dedup.py [--poetry-sample 20000] [--docs 100000] 
 1. Accuracy. On the demo corpus (demo_corpus/source if present, read with tokenmill.stages.raw.ingest) and on a
    sample of ../shared/corpora/chinese-poetry (Tang poems and ci sharing a title or (author, tune), all of
    宋词三百首: enriched with real cross-file duplicates), the ground truth is every pair of distinct keys with
-   exact Jaccard >= threshold, computed brute force (sparse shingle-incidence products, all pairs). Reported:
-   precision and recall of the stage's verified near-duplicate pairs, and of datasketch's LSH candidates
-   (MinHash.bulk + MinHashLSH with its default bands for the threshold) on the same documents and shingles.
+   exact Jaccard >= threshold at the pair's shingle code (size, and words or characters: DedupSettings.shingles,
+   pair_codes), computed brute force (sparse shingle-incidence products, all pairs of keys in the same unit).
+   Reported: precision and recall of the stage's verified near-duplicate pairs, and of datasketch's LSH candidates
+   (MinHash.bulk + MinHashLSH with its default bands for the threshold) on the same documents, each shingled at its
+   own code.
 2. Speed, on synthetic ~200-character documents (random CJK, 10% near copies, 2% exact copies), each side in a
    fresh process: datasketch as a user would (shingle sets of bytes, MinHash.bulk, MinHashLSH with
    insertion_session, a query per document for candidate pairs, one process) against (a) the engine on the
@@ -41,7 +43,8 @@ from tokenmill.common.io import iter_jsonl, record_id, record_shards  # noqa: E4
 from tokenmill.common.parallel import map_ordered  # noqa: E402
 from tokenmill.stages.dedup import CLUSTERS_FILE, DedupSettings, build_dedup_report  # noqa: E402
 from tokenmill.stages.dedup import minhash as mh  # noqa: E402
-from tokenmill.stages.dedup.keys import dedup_keys  # noqa: E402
+from tokenmill.stages.dedup.keys import exact_key  # noqa: E402
+from tokenmill.stages.dedup.signatures import shingle_keys  # noqa: E402
 
 POETRY = REPO.parent / "shared" / "corpora" / "chinese-poetry"
 DEMO = REPO / "demo_corpus"
@@ -172,45 +175,57 @@ def synthetic_texts(n: int, seed: int = 0) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 
 
-def brute_force_pairs(keys: list[str], settings: DedupSettings) -> dict:
-    """{(i, j): jaccard} for every pair of the given distinct keys with exact Jaccard >= threshold, at the
-    pair's shingle size (its longer key's), by sparse incidence products over all pairs."""
+def own_codes(units: np.ndarray, by_word: np.ndarray, settings: DedupSettings) -> np.ndarray:
+    """Each key's shingle code (minhash.shingle_code) at its own length in its own unit: the code of the pair of it
+    with itself, what a user of datasketch would shingle it with."""
+    return settings.pair_codes(np.stack([units, units], axis=1), np.stack([by_word, by_word], axis=1))
+
+
+def key_shingles(key: str, code: int) -> list[str]:
+    """The shingles of a key (as shingle_keys returns it) for a shingle code: word or character n-grams."""
+    n, by_word = mh.shingle_kind(code)
+    return mh.word_shingles(key, n) if by_word else mh.shingles(key, n)
+
+
+def brute_force_pairs(keys: list[str], units: np.ndarray, by_word: np.ndarray, settings: DedupSettings) -> dict:
+    """{(i, j): jaccard} for every pair of the given distinct keys (shingle_keys: keys, their units, whether by
+    words) with exact Jaccard >= threshold at the pair's shingle code (its longer key's, DedupSettings.pair_codes),
+    by sparse incidence products over all pairs of keys shingled in the same unit."""
     import scipy.sparse as sp
 
-    lens = np.asarray([len(k) for k in keys])
     out = {}
-    sizes = sorted({mh.ngram_size(int(L), settings.ngram, settings.ngram_bounds) for L in lens if L})
-    for n in sizes:
-        vocab, rows, cols = {}, [], []
-        sets = [set(mh.shingles(k, n)) for k in keys]
+    for code in sorted(set(own_codes(units, by_word, settings)[units > 0].tolist())):
+        members = np.flatnonzero((units > 0) & (by_word == mh.shingle_kind(code)[1]))
+        vocab: dict[str, int] = {}
+        rows, cols = [], []
+        sets = [set(key_shingles(keys[d], code)) for d in members.tolist()]
         for i, s in enumerate(sets):
             for g in s:
                 rows.append(i)
                 cols.append(vocab.setdefault(g, len(vocab)))
-        x = sp.csr_matrix((np.ones(len(rows), dtype=np.int32), (rows, cols)), shape=(len(keys), len(vocab)))
+        x = sp.csr_matrix((np.ones(len(rows), dtype=np.int32), (rows, cols)), shape=(len(members), len(vocab)))
         size = np.asarray([len(s) for s in sets])
         xt = x.T.tocsr()
-        for lo in range(0, len(keys), 2000):
+        for lo in range(0, len(members), 2000):
             block = (x[lo : lo + 2000] @ xt).tocoo()
             i, j, inter = block.row + lo, block.col, block.data
             m = i < j
             i, j, inter = i[m], j[m], inter[m]
             jac = inter / (size[i] + size[j] - inter)
             m = jac >= settings.threshold - 1e-12
-            for a, b, s in zip(i[m].tolist(), j[m].tolist(), jac[m].tolist()):
-                if settings.pair_ngram(int(lens[a]), int(lens[b])) == n:
-                    out[(a, b)] = s
+            pairs = np.stack([members[i[m]], members[j[m]]], axis=1)
+            at_code = settings.pair_codes(units[pairs], by_word[pairs]) == code
+            for (a, b), s in zip(pairs[at_code].tolist(), jac[m][at_code].tolist()):
+                out[(a, b)] = s
     return out
 
 
-def datasketch_candidates(keys: list[str], settings: DedupSettings) -> tuple[set, float, tuple]:
+def datasketch_candidates(keys: list[str], codes: np.ndarray, settings: DedupSettings) -> tuple[set, float, tuple]:
+    """LSH candidate pairs of datasketch for the keys, each shingled at its own code (`codes`, see own_codes)."""
     from datasketch import MinHash, MinHashLSH
 
     t0 = time.perf_counter()
-    sh = [
-        [s.encode("utf-8") for s in set(mh.shingles(k, mh.ngram_size(len(k), settings.ngram, settings.ngram_bounds)))]
-        for k in keys
-    ]
+    sh = [[s.encode("utf-8") for s in set(key_shingles(k, c))] for k, c in zip(keys, codes.tolist())]
     ms = MinHash.bulk(sh, num_perm=settings.num_perm)
     lsh = MinHashLSH(threshold=settings.threshold, num_perm=settings.num_perm)
     with lsh.insertion_session() as session:
@@ -227,25 +242,27 @@ def datasketch_candidates(keys: list[str], settings: DedupSettings) -> tuple[set
 def accuracy(name: str, recs: list[dict], tmp: Path, settings: DedupSettings, workers: int) -> dict:
     folder = write_records(tmp / f"{name}_in", recs)
     t0 = time.perf_counter()
-    stats = build_dedup_report(folder, tmp / f"{name}_rep", settings, workers=workers)
+    result = build_dedup_report(folder, tmp / f"{name}_rep", settings, workers=workers)
     stage_s = time.perf_counter() - t0
-    keys_all = dedup_keys([r["text"] for r in recs])
-    first = {}
+    languages = [r["meta"].get("language") if isinstance(r.get("meta"), dict) else None for r in recs]
+    keys_all, units_all, by_word_all = shingle_keys([r["text"] for r in recs], settings, languages)
+    first: dict[str, int] = {}
     for i, k in enumerate(keys_all):
         if k:
-            first.setdefault(k, i)
+            first.setdefault(exact_key(k), i)
     reps = sorted(first.values())
     pos = {recs[i]["id"]: p for p, i in enumerate(reps)}
     keys = [keys_all[i] for i in reps]
+    units, by_word = units_all[reps], by_word_all[reps]
     t0 = time.perf_counter()
-    truth = brute_force_pairs(keys, settings)
+    truth = brute_force_pairs(keys, units, by_word, settings)
     truth_s = time.perf_counter() - t0
     found = set()
     for c in iter_jsonl(tmp / f"{name}_rep" / CLUSTERS_FILE):
         for a, b, _ in c["verified_pairs"] + c["linked_pairs"]:
             i, j = pos[a], pos[b]
             found.add((min(i, j), max(i, j)))
-    ds_pairs, ds_s, ds_params = datasketch_candidates(keys, settings)
+    ds_pairs, ds_s, ds_params = datasketch_candidates(keys, own_codes(units, by_word, settings), settings)
     tp = len(found & truth.keys())
     ds_tp = len(ds_pairs & truth.keys())
     return {
@@ -257,10 +274,10 @@ def accuracy(name: str, recs: list[dict], tmp: Path, settings: DedupSettings, wo
             "found": len(found),
             "precision": tp / len(found) if found else 1.0,
             "recall": tp / len(truth) if truth else 1.0,
-            "candidates": stats["candidate_pairs"],
-            "rejected_candidates": stats["rejected_candidates"],
-            "exact_removed": stats["dropped_exact_duplicate"],
-            "near_removed": stats["dropped_near_duplicate"],
+            "candidates": result.candidate_pairs,
+            "rejected_candidates": result.rejected_candidates,
+            "exact_removed": result.dropped["exact_duplicate"],
+            "near_removed": result.dropped["near_duplicate"],
             "seconds": round(stage_s, 2),
         },
         "datasketch": {
@@ -280,15 +297,14 @@ def accuracy(name: str, recs: list[dict], tmp: Path, settings: DedupSettings, wo
 
 
 def _engine_task(task):
-    keys, settings, bands, rows = task
-    lens = np.asarray([len(k) for k in keys], dtype=np.int64)
-    doc, size = settings.items(lens)
+    keys, units, by_word, settings, bands, rows = task
+    doc, code = settings.items(units, by_word)
     sig = np.empty((len(doc), settings.num_perm), dtype=np.uint32)
-    for n in np.unique(size).tolist():
-        sel = np.flatnonzero(size == n)
-        h, off = mh.shingle_hashes([keys[d] for d in doc[sel].tolist()], n)
+    for c in np.unique(code).tolist():
+        sel = np.flatnonzero(code == c)
+        h, off = mh.coded_shingle_hashes([keys[d] for d in doc[sel].tolist()], c, settings.shingle_hash)
         sig[sel] = mh.signatures(h, off, settings.num_perm, settings.seed)
-    return doc, mh.band_hashes(sig, bands, rows, salt=size.astype(np.uint64))
+    return doc, mh.band_hashes(sig, bands, rows, salt=code.astype(np.uint64))
 
 
 def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
@@ -303,10 +319,15 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
                 for i, t in enumerate(texts)
             ],
         )
-        keys = dedup_keys(texts)
-        uniq = list(dict.fromkeys(k for k in keys if k))  # exact level first, as the stage does
-        (folder / "keys.txt").write_text("\n".join(uniq) + "\n", encoding="utf-8")
-        return {"mode": mode, "docs": n_docs, "distinct": len(uniq)}
+        keys, units, by_word = shingle_keys(texts, settings)
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):  # exact level first, as the stage does
+            if k:
+                first.setdefault(exact_key(k), i)
+        reps = sorted(first.values())
+        (folder / "keys.txt").write_text("".join(keys[i] + "\n" for i in reps), encoding="utf-8")
+        np.savez(folder / "keys.npz", units=units[reps], by_word=by_word[reps])
+        return {"mode": mode, "docs": n_docs, "distinct": len(reps)}
     rss0 = rss_mib()
     if mode == "stagemem":  # live Python/numpy allocations of the main process (tracemalloc), not timed
         import tracemalloc
@@ -317,28 +338,33 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
     if mode == "stage":
         t0, c0 = time.perf_counter(), cpu_seconds()
         with tree_rss() as tree:
-            stats = build_dedup_report(folder / "in", folder / f"rep-{time.time_ns()}", settings, workers=workers)
+            result = build_dedup_report(folder / "in", folder / f"rep-{time.time_ns()}", settings, workers=workers)
         total = time.perf_counter() - t0
-        tm = stats["timings"]
+        tm = result.timings
         return {
             "mode": mode,
             "docs": n_docs,
             "seconds": tm["signatures"] + tm["exact"] + tm["buckets"],
             "total_seconds": total,
             "cpu_seconds_total": cpu_seconds() - c0,
-            "candidates": stats["candidate_pairs"],
+            "candidates": result.candidate_pairs,
             "rss_start_mib": rss0,
             "peak_mib": peak_mib(),
             "tree_peak_mib": tree.peak,
         }
     uniq = (folder / "keys.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    with np.load(folder / "keys.npz") as shape:
+        units, by_word = shape["units"], shape["by_word"]
     rss0 = rss_mib()
     t0, c0 = time.perf_counter(), cpu_seconds()
     tree = tree_rss().__enter__()
     if mode == "engine":
         bands, rows = settings.band_shape()
         step = (len(uniq) + 2 * workers - 1) // (2 * workers)
-        tasks = [(uniq[i : i + step], settings, bands, rows) for i in range(0, len(uniq), step)]
+        tasks = [
+            (uniq[i : i + step], units[i : i + step], by_word[i : i + step], settings, bands, rows)
+            for i in range(0, len(uniq), step)
+        ]
         docs, bh, base = [], [], 0
         for t, (d, b) in zip(tasks, map_ordered(_engine_task, tasks, workers)):
             docs.append(d + base)
@@ -346,11 +372,14 @@ def child(mode: str, n_docs: int, workers: int, folder: str) -> dict:
             base += len(t[0])
         members = np.concatenate(docs)
         pairs = [
-            mh.bucket_pairs(np.concatenate([b[i] for b in bh]), members, settings.max_bucket)[0] for i in range(bands)
+            mh.bucket_pairs(
+                np.concatenate([b[i] for b in bh]), members, settings.max_bucket, settings.bucket_neighbours
+            )[0]
+            for i in range(bands)
         ]
         n_pairs = len(mh.unique_pairs(np.concatenate(pairs)))
     else:
-        pairs, _, _ = datasketch_candidates(uniq, settings)
+        pairs, _, _ = datasketch_candidates(uniq, own_codes(units, by_word, settings), settings)
         n_pairs = len(pairs)
     seconds = time.perf_counter() - t0
     tree.__exit__()

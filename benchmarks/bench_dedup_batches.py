@@ -40,15 +40,17 @@ def child(cleaned: str, index_dirs: list[str] | None, out: str, workers: int) ->
     t0 = time.perf_counter()
     with worker_peaks() as peaks:
         if index_dirs is None:
-            stats = build_dedup_report(Path(cleaned), out_dir / "report", settings, workers=workers)
+            result = build_dedup_report(Path(cleaned), out_dir / "report", settings, workers=workers)
         else:
-            stats = dedup_batch(
+            result = dedup_batch(
                 Path(cleaned), [Path(p) for p in index_dirs], out_dir / "report", out_dir / "index", settings, workers
             )
         write_deduped(Path(cleaned), out_dir / "report", out_dir / "deduped", workers=workers)
     return {
         "seconds": time.perf_counter() - t0,
-        "stats": {k: v for k, v in stats.items() if isinstance(v, int)},
+        "docs_in": result.docs_in,
+        "docs_out": result.docs_out,
+        "incremental": result.incremental or {},  # the batch's split and the index's figures; {} for one build
         "kept": sum(1 for f in record_shards(out_dir / "deduped") for _ in open(f, "rb")),
         "parent_mib": status_mib("self", "VmHWM"),
         "worker_mib": peaks.peak,
@@ -94,11 +96,11 @@ def main() -> None:
         cleaned.mkdir(parents=True)
         (cleaned / "part-00000.jsonl").symlink_to(shard)
         r = run(cleaned, segments, data / "run" / key, args.workers)
-        s = r["stats"]
+        s = r["incremental"]
         segments.append(data / "run" / key / "index")
         kept += r["kept"]
         print(
-            f"{key}: {s['docs_in']:,} in, {s['docs_out']:,} kept, exact {s['dropped_exact_cross_batch']:,} cross + "
+            f"{key}: {r['docs_in']:,} in, {r['docs_out']:,} kept, exact {s['dropped_exact_cross_batch']:,} cross + "
             f"{s['dropped_exact_within_batch']:,} within, near {s['dropped_near_cross_batch']:,} cross + "
             f"{s['dropped_near_within_batch']:,} within; index before {s['index_records']:,} records "
             f"({s['index_kept']:,} kept), segment {s['index_bytes_added'] / 2**20:.0f} MiB; {r['seconds']:.1f} s; "
@@ -109,7 +111,7 @@ def main() -> None:
         r = run(corpus, None, data / "run" / "one-shot", args.workers)
         same = "same" if r["kept"] == kept else f"DIFFERENT ({kept:,} batch by batch)"
         print(
-            f"one build (first_seen): {r['stats']['docs_in']:,} in, {r['kept']:,} kept ({same}); "
+            f"one build (first_seen): {r['docs_in']:,} in, {r['kept']:,} kept ({same}); "
             f"{r['seconds']:.1f} s; peak RSS parent {r['parent_mib']:.0f} MiB, largest worker "
             f"{r['worker_mib']:.0f} MiB",
             flush=True,

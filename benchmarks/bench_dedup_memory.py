@@ -18,6 +18,7 @@ another checkout (e.g. `git worktree add /tmp/base_dedup <commit>`) for comparis
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -107,10 +108,12 @@ def child(in_dir: str, out_dir: str, workers: int) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     with worker_peaks() as peaks:
-        stats = build_dedup_report(Path(in_dir), out / "report", DedupSettings(), workers=workers)
+        result = build_dedup_report(Path(in_dir), out / "report", DedupSettings(), workers=workers)
         write_deduped(Path(in_dir), out / "report", out / "deduped", workers=workers)
     seconds = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
+    # a DedupResult; an older checkout (--base) returns its stats dict, with the same names
+    stats = result if isinstance(result, dict) else dataclasses.asdict(result)
     return {
         "docs": stats["docs_in"],
         "removed": stats["docs_in"] - stats["docs_out"],

@@ -171,14 +171,14 @@ def stage_rate(repeat: int) -> dict:
         ingest(src, Path(tmp) / "raw", workers=1)
         for profile in ("web", "curated"):
             t0 = time.perf_counter()
-            stats = clean_corpus(Path(tmp) / "raw", Path(tmp) / profile, CleanSettings(quality=profile), workers=1)
+            result = clean_corpus(Path(tmp) / "raw", Path(tmp) / profile, CleanSettings(quality=profile), workers=1)
             seconds = time.perf_counter() - t0
             out[profile] = {
-                "records": stats["docs_in"],
-                "kept": stats["docs_out"],
+                "records": result.docs_in,
+                "kept": result.docs_out,
                 "seconds": round(seconds, 2),
-                "records_per_s": round(stats["docs_in"] / seconds),
-                "web_quality_seconds": stats["rule_seconds"].get("web_quality"),
+                "records_per_s": round(result.docs_in / seconds),
+                "web_quality_seconds": result.rule_seconds.get("web_quality"),
             }
     return out
 

@@ -26,7 +26,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tokenmill.common.io import iter_jsonl, record_shards  # noqa: E402
-from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer  # noqa: E402
+from tokenmill.stages.tokenize import (  # noqa: E402
+    ShardSettings,
+    TokenizeResult,
+    TokenizerSettings,
+    tokenize_corpus,
+    train_tokenizer,
+)
 from tokenmill.stages.tokenize.render import metadata_dropped  # noqa: E402
 from tokenmill.stages.tokenize.tokenizer import hash64, load_tokenizer  # noqa: E402
 from tokenmill.stages.tokenize.train import HELD_OUT_MODULUS, build_trainer_tokenizer, training_text  # noqa: E402
@@ -39,7 +45,7 @@ def prepare_input(source: Path, out: Path) -> int:
     except ImportError:
         ingest = None
     if ingest is not None:
-        return ingest(source, out)["docs_out"]
+        return ingest(source, out).docs_out
     import hashlib
 
     recs = []
@@ -190,27 +196,28 @@ def main() -> None:
         shutil.rmtree(tok_dir, ignore_errors=True)
         ts = train_tokenizer(raw, tok_dir, TokenizerSettings())
         print(
-            f"tokenizer (tokenmill, {ts['settings']['pretokenizer']}): {ts['train_seconds']:.2f} s training + "
-            f"{ts['sample_seconds']:.2f} s sampling on {ts['sample_records']:,} records / {ts['sample_chars']:,} "
-            f"chars; held-out chars/token {ts['chars_per_token']}"
+            f"tokenizer (tokenmill, {ts.settings['pretokenizer']}): {ts.train_seconds:.2f} s training + "
+            f"{ts.sample_seconds:.2f} s sampling on {ts.sample_records:,} records / {ts.sample_chars:,} "
+            f"chars; held-out chars/token {ts.chars_per_token}"
         )
 
         settings = ShardSettings(training_type=args.training_type)
         texts = rendered_texts(raw, settings) if args.training_type == "conditional" else None
         best_ours = best_ceiling = cpu_ours = cpu_ceiling = None
-        stats = ceil_tokens = None
+        result: TokenizeResult | None = None
+        ceil_tokens = None
         peak = 0
         for rep in range(args.repeat):
             out = work / "bins"
             shutil.rmtree(out, ignore_errors=True)
             c0, t0 = cpu_seconds(), time.perf_counter()
             with PeakRSS() as rss:
-                stats = tokenize_corpus(raw, tok_dir, out, settings, workers=args.workers)
+                result = tokenize_corpus(raw, tok_dir, out, settings, workers=args.workers)
             dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
             peak = max(peak, rss.peak)
             best_ours = dt if best_ours is None else min(best_ours, dt)
             cpu_ours = dc if cpu_ours is None else min(cpu_ours, dc)
-            line = f"run {rep + 1}: tokenize_corpus {dt:.2f} s ({stats['tokens'] / dt:,.0f} tokens/s, {dc:.1f} cpu-s)"
+            line = f"run {rep + 1}: tokenize_corpus {dt:.2f} s ({result.tokens / dt:,.0f} tokens/s, {dc:.1f} cpu-s)"
             if texts is not None:
                 c0 = cpu_seconds()
                 c, ceil_tokens = ceiling(tok_dir / "tokenizer.json", texts)
@@ -219,13 +226,14 @@ def main() -> None:
                 cpu_ceiling = dc if cpu_ceiling is None else min(cpu_ceiling, dc)
                 line += f"; ceiling encode_batch {c:.2f} s ({ceil_tokens / c:,.0f} tokens/s, {dc:.1f} cpu-s)"
             print(line, flush=True)
-        tokens = stats["tokens"]
+        assert result is not None, "--repeat must be at least 1"
+        tokens = result.tokens
         print(
             f"tokens {tokens:,} (ceiling encoded {ceil_tokens if ceil_tokens is not None else '-'}), "
-            f"records {stats['records']:,}, supervised {stats['supervised_share']:.2%}, "
-            f"masked {stats['masked_share']:.2%}, dropout {stats['metadata_dropout_share']:.2%}, "
-            f"isolated punctuation {stats['isolated_punctuation_share']:.2%}, train/val shards "
-            f"{stats['train_shards']}/{stats['val_shards']}"
+            f"records {result.records:,}, supervised {result.supervised_share:.2%}, "
+            f"masked {result.masked_share:.2%}, dropout {result.metadata_dropout_share:.2%}, "
+            f"isolated punctuation {result.isolated_punctuation_share:.2%}, train/val shards "
+            f"{result.train_shards}/{result.val_shards}"
         )
         print(f"tokens/s whole function (best of {args.repeat}): {tokens / best_ours:,.0f}")
         if best_ceiling is not None:
@@ -243,7 +251,7 @@ def main() -> None:
             print(
                 f"tokenizer (reference: bytelevel, every record, default threads): {ref_s:.2f} s training; "
                 f"chars/token on our held-out records {cpt(ref_tok, held):.4f} (trained on them too) vs ours "
-                f"{cpt(ours_tok, held):.4f}; speed-up {ref_s / max(ts['train_seconds'], 1e-9):.1f}x"
+                f"{cpt(ours_tok, held):.4f}; speed-up {ref_s / max(ts.train_seconds, 1e-9):.1f}x"
             )
     finally:
         if not args.keep:

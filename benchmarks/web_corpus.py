@@ -355,14 +355,14 @@ def ingest_rates(out: Path, formats: list[str], repeats: int = 2) -> dict:
         for _ in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 t0 = time.perf_counter()
-                stats = ingest(out, Path(tmp) / "raw", RawSettings(), workers=1, only=names)
+                result = ingest(out, Path(tmp) / "raw", RawSettings(), workers=1, only=names)
                 seconds = time.perf_counter() - t0
             best = seconds if best is None else min(best, seconds)
         rates[fmt] = {
-            "records": stats["docs_out"],
-            "rejected": stats["rejected"],
+            "records": result.docs_out,
+            "rejected": result.rejected,
             "seconds": round(best, 2),
-            "records_per_s": round(stats["docs_out"] / best),
+            "records_per_s": round(result.docs_out / best),
         }
     if "jsonl" in rates:
         for fmt in rates:
