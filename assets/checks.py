@@ -9,10 +9,11 @@ from pathlib import Path
 
 import dagster as dg
 
-from tokenmill.common.io import STATS_FILE, read_json
+from tokenmill.common.io import read_json
+from tokenmill.common.results import read_result
 from tokenmill.errors import CheckFailedError
 from tokenmill.stages.dedup.checks import validate_exact_keys
-from tokenmill.stages.raw import RawSettings
+from tokenmill.stages.raw import RawResult, RawSettings
 from tokenmill.stages.tokenize.checks import validate_token_shards
 from tokenmill.validate import MAX_PROBLEMS, validate_records
 
@@ -78,18 +79,18 @@ def refuse_unless_passed(check: dg.AssetCheckResult) -> None:
 def raw_records_not_empty(
     folder: Path, max_rejected_share: float = RawSettings.model_fields["max_rejected_share"].default
 ) -> dg.AssetCheckResult:
-    stats = read_json(Path(folder) / STATS_FILE)
+    result = read_result(folder, RawResult)
     # the share of the records read: a refused file (a FIFO, a broken symlink) is reported, but no bad input line
-    read = stats["docs_in"] - stats.get("refused_files", 0)
-    share = (read - stats["docs_out"]) / read if read else 1.0
+    read = result.docs_in - result.refused_files
+    share = (read - result.docs_out) / read if read else 1.0
     return dg.AssetCheckResult(
         check_name=RAW_RECORDS_NOT_EMPTY.name,
-        passed=stats["docs_out"] > 0 and share <= max_rejected_share,
+        passed=result.docs_out > 0 and share <= max_rejected_share,
         metadata={
-            "records": stats["docs_out"],
+            "records": result.docs_out,
             "rejected_share": round(share, 4),
             "bound": max_rejected_share,
-            "refused_files": stats.get("refused_files", 0),
+            "refused_files": result.refused_files,
         },
     )
 

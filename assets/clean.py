@@ -33,10 +33,10 @@ def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_r
     key = registered_batch(context, data_root).key
     folder = batch_output(data_root, "cleaned_jsonl", key)
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:
-        stats = clean_corpus(data_root.path("raw_records") / key, out, config, log=context.log)
+        result = clean_corpus(data_root.path("raw_records") / key, out, config, log=context.log)
         check = cleaned_records_valid(out)
         yield from publish_only_if_passed(check)
     gather_batch_files(data_root.path("cleaned_jsonl"), REJECTED_FILE)
     yield dg.MaterializeResult(
-        metadata={**cleaned_jsonl_metadata(stats, folder), **compute_metadata(usage)}, check_results=[check]
+        metadata={**cleaned_jsonl_metadata(result, folder), **compute_metadata(usage)}, check_results=[check]
     )

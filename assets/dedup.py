@@ -65,14 +65,14 @@ def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, d
         staged_output(report_dir) as report_out,
         staged_output(index_dir) as index_out,
     ):
-        stats = dedup_batch(
+        result = dedup_batch(
             data_root.path("cleaned_jsonl") / key, earlier, report_out, index_out, config, log=context.log
         )
         report = read_json(report_out / REPORT_FILE)
     yield dg.MaterializeResult(
         asset_key="dedup_report",
         metadata={
-            **dedup_report_metadata(stats, report, report_dir, CLUSTERS_FILE, REPORT_FILE),
+            **dedup_report_metadata(result, report, report_dir, CLUSTERS_FILE, REPORT_FILE),
             **compute_metadata(usage),
         },
     )
@@ -101,11 +101,11 @@ def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot, comput
     folder = batch_output(data_root, "deduped_jsonl", key)
     report_dir = data_root.path("dedup_report") / key
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:
-        stats = write_deduped(data_root.path("cleaned_jsonl") / key, report_dir, out, log=context.log)
+        applied = write_deduped(data_root.path("cleaned_jsonl") / key, report_dir, out, log=context.log)
         check = deduped_no_exact_duplicates(out, report_dir)
         yield from publish_only_if_passed(check)
     gather_batch_files(data_root.path("deduped_jsonl"), REMOVED_FILE)
     yield dg.MaterializeResult(
-        metadata={**deduped_jsonl_metadata(stats, folder, REMOVED_FILE), **compute_metadata(usage)},
+        metadata={**deduped_jsonl_metadata(applied, folder, REMOVED_FILE), **compute_metadata(usage)},
         check_results=[check],
     )

@@ -1,7 +1,8 @@
-"""Stage summaries -> Dagster metadata: the one place that decides what each asset shows in the UI.
+"""Stage results -> Dagster metadata: the one place that decides what each asset shows in the UI.
 
-Every stage function returns plain stats (docs_in, docs_out, dropped_<reason>, seconds, ...); the assets pass
-them here. Tables are `Table`s (named columns, rows) shown as Dagster tables or markdown.
+Every stage function returns a typed result (a tokenmill.common.results.StageResult: docs_in, docs_out, dropped
+per reason, seconds, and the stage's own figures); the assets pass it here. Tables are `Table`s (named columns,
+rows) shown as Dagster tables or markdown.
 """
 
 from __future__ import annotations
@@ -20,7 +21,12 @@ import dagster as dg
 
 from tokenmill.batches import REGISTRY_FILE, read_registry
 from tokenmill.common.io import iter_jsonl, record_shards
+from tokenmill.common.results import StageResult
 from tokenmill.explain import word_diff
+from tokenmill.stages.clean import CleanResult
+from tokenmill.stages.dedup import DedupApplyResult, DedupResult
+from tokenmill.stages.raw import RawResult
+from tokenmill.stages.tokenize import TokenizeResult, TokenizerResult
 
 CELL_CHARS = 100  # characters of free text shown in one table cell
 SAMPLE_CELL_CHARS = 160  # characters of a dropped record's text in the drop samples tables
@@ -142,18 +148,14 @@ def source_metadata(path: Path) -> dict:
     return {}
 
 
-def stage_counts(stats: dict, path: Path) -> dict:
+def stage_counts(result: StageResult, path: Path) -> dict:
     """The keys every stage shows: docs_in, docs_out, dropped_<reason>, seconds, path, and the source it came from."""
     return {
         **source_metadata(path),
-        "docs_in": dg.MetadataValue.int(stats["docs_in"]),
-        "docs_out": dg.MetadataValue.int(stats["docs_out"]),
-        **{
-            k: dg.MetadataValue.int(v)
-            for k, v in sorted(stats.items())
-            if k.startswith("dropped_") and isinstance(v, int)
-        },
-        "seconds": dg.MetadataValue.float(float(stats["seconds"])),
+        "docs_in": dg.MetadataValue.int(result.docs_in),
+        "docs_out": dg.MetadataValue.int(result.docs_out),
+        **{f"dropped_{reason}": dg.MetadataValue.int(n) for reason, n in sorted(result.dropped.items())},
+        "seconds": dg.MetadataValue.float(float(result.seconds)),
         "path": dg.MetadataValue.path(str(path)),
     }
 
@@ -315,20 +317,20 @@ def _raw_preview_table(folder: Path) -> Table:
     return table(rows, ["record", "text"])
 
 
-def raw_records_metadata(stats: dict, path: Path) -> dict:
+def raw_records_metadata(result: RawResult, path: Path) -> dict:
     """raw_records: the counts, rejections by reason, a per-file table and a preview of the first records."""
     return {
-        **stage_counts(stats, path),
-        "rejected_by_reason": dg.MetadataValue.json(stats["rejected_by_reason"]),
-        "rejected_samples": drop_samples_table(stats["rejected_samples"], "snippet"),
+        **stage_counts(result, path),
+        "rejected_by_reason": dg.MetadataValue.json(result.rejected_by_reason),
+        "rejected_samples": drop_samples_table(result.rejected_samples, "snippet"),
         # WARC records that are not documents (request, metadata, non-HTML response, ...): outside docs_in
-        "skipped_records": stats["skipped_records"],
-        "skipped_records_by_reason": dg.MetadataValue.json(stats["skipped_records_by_reason"]),
-        "files_read": stats["files_read"],
-        "skipped_files": len(stats["skipped_files"]),
-        "files": dagster_table(_raw_files_table(stats["files"])),
-        "bytes_read": stats["bytes_read"],
-        "shards": stats["shards"],
+        "skipped_records": result.skipped_records,
+        "skipped_records_by_reason": dg.MetadataValue.json(result.skipped_records_by_reason),
+        "files_read": result.files_read,
+        "skipped_files": len(result.skipped_files),
+        "files": dagster_table(_raw_files_table(result.files)),
+        "bytes_read": result.bytes_read,
+        "shards": result.shards,
         "preview": markdown_table(_raw_preview_table(path)),
     }
 
@@ -337,9 +339,9 @@ CLEAN_TOP_LINES = 15  # boilerplate lines shown in the cleaned_jsonl UI table; _
 BOILERPLATE_LINE_CHARS = 60  # the table has four columns: a longer line pushes the last ones out of the page
 
 
-def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
+def cleaned_jsonl_metadata(result: CleanResult, path: Path) -> dict:
     """cleaned_jsonl: the counts, repairs, the top boilerplate lines, before/after examples, length histogram."""
-    bp = stats["boilerplate"]
+    bp = result.boilerplate
     top = table(
         [
             {
@@ -355,30 +357,30 @@ def cleaned_jsonl_metadata(stats: dict, path: Path) -> dict:
     examples = table(
         [
             {"id": e["id"], "change": e["kind"], "before": plain_cell(e["before"]), "after": plain_cell(e["after"])}
-            for e in stats["examples"]
+            for e in result.examples
         ],
         ["id", "change", "before", "after"],
     )
     lengths = table(
-        zip(stats["length_buckets"], stats["length_hist_before"], stats["length_hist_after"]),
+        zip(result.length_buckets, result.length_hist_before, result.length_hist_after),
         ["characters", "records before", "records after"],
     )
     return {
-        **stage_counts(stats, path),
-        "mojibake_repaired": stats["mojibake_repaired"],
-        "docs_meta_extracted": stats["docs_meta_extracted"],
+        **stage_counts(result, path),
+        "mojibake_repaired": result.mojibake_repaired,
+        "docs_meta_extracted": result.docs_meta_extracted,
         "boilerplate_lines_stripped": bp["lines_stripped"],
         "boilerplate_docs_touched": bp["docs_touched"],
         "boilerplate_top_lines": dagster_table(top),
-        "rejected_samples": _cleaned_drop_samples(stats["rejected_samples"]),
-        **dropped_by_language_table(stats.get("dropped_by_language") or {}),
-        "quality_profile": stats.get("quality_profile", {}).get("why", "not recorded"),
+        "rejected_samples": _cleaned_drop_samples(result.rejected_samples),
+        **dropped_by_language_table(result.dropped_by_language),
+        "quality_profile": result.quality_profile["why"],
         "examples": dagster_table(examples),
         "length_distribution": markdown_table(lengths),
-        **languages_table(_cleaned_languages(stats), ["records", "share", "chars"]),
-        **_pii_and_contamination(stats),
-        "chars_in": stats["chars_in"],
-        "chars_out": stats["chars_out"],
+        **languages_table(_cleaned_languages(result), ["records", "share", "chars"]),
+        **_pii_and_contamination(result),
+        "chars_in": result.chars_in,
+        "chars_out": result.chars_out,
     }
 
 
@@ -399,29 +401,24 @@ def _cleaned_drop_samples(samples: dict) -> dg.MetadataValue:
     return dagster_table(table(rows, ["rule", "value", "threshold", "text"]))
 
 
-def _cleaned_languages(stats: dict) -> list[dict]:
-    """cleaned_jsonl's records and characters per language, most records first (as _stats.json orders them)."""
-    out = max(stats["docs_out"], 1)
+def _cleaned_languages(result: CleanResult) -> list[dict]:
+    """cleaned_jsonl's records and characters per language, most records first (as the result orders them)."""
+    out = max(result.docs_out, 1)
     return [
         {"language": language, "records": f["records"], "share": round(f["records"] / out, 4), "chars": f["chars"]}
-        for language, f in stats.get("languages", {}).items()
+        for language, f in (result.languages or {}).items()
     ]
 
 
-def _pii_and_contamination(stats: dict) -> dict:
+def _pii_and_contamination(result: CleanResult) -> dict:
     """Addresses masked per kind, and per evaluation file of decontaminate: its items, n-grams and records hit."""
-    out = {
-        "pii_masked": dg.MetadataValue.json(
-            {k.removeprefix("pii_"): v for k, v in stats.items() if k.startswith("pii_")}
-        ),
-        "docs_pii_masked": stats.get("docs_pii_masked", 0),
-    }
-    files = stats.get("decontamination", {}).get("files", [])
+    out = {"pii_masked": dg.MetadataValue.json(result.pii), "docs_pii_masked": result.docs_pii_masked}
+    files = result.decontamination["files"]
     if files:
         cols = ["file", "items", "items_too_short", "ngrams", "hits", "cache"]
         out["decontamination"] = dagster_table(table(files, cols))
-        out["contamination_mode"] = stats["decontamination"]["mode"]
-        out["flagged_contamination"] = stats.get("flagged_contamination", 0)
+        out["contamination_mode"] = result.decontamination["mode"]
+        out["flagged_contamination"] = result.flagged_contamination
     return out
 
 
@@ -452,8 +449,11 @@ def _dedup_samples_md(samples: list[dict]) -> str:
     return "\n".join(out) or "no duplicates"
 
 
-def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file: str, report_file: str) -> dict:
-    """dedup_report: counts, parameters, per-source table, cluster-size histogram and sample clusters."""
+def dedup_report_metadata(
+    result: DedupResult, report: dict, folder: Path, clusters_file: str, report_file: str
+) -> dict:
+    """dedup_report: counts (a batch deduplicated against the index: removals cross- and within-batch, the index's
+    size), parameters, per-source table, cluster-size histogram and sample clusters."""
     c, p = report["counts"], report["parameters"]
     params = [
         ("threshold", p["threshold"]),
@@ -485,7 +485,8 @@ def dedup_report_metadata(stats: dict, report: dict, folder: Path, clusters_file
         ["path", "records", "removed"],
     )
     return {
-        **stage_counts(stats, folder / report_file),
+        **stage_counts(result, folder / report_file),
+        **(result.incremental or {}),
         **{
             k: c[k]
             for k in (
@@ -566,11 +567,11 @@ def removed_samples_page(samples: Table) -> Table:
     return table(rows, ["record", "text (removed: diff from kept)"])
 
 
-def deduped_jsonl_metadata(stats: dict, folder: Path, removed_file: str) -> dict:
+def deduped_jsonl_metadata(result: DedupApplyResult, folder: Path, removed_file: str) -> dict:
     """deduped_jsonl: the counts, removed records next to the one kept, and where every removed record is listed."""
     return {
-        **stage_counts(stats, folder),
-        "removed_samples": dagster_table(removed_samples_page(removed_samples_table(stats["removed_samples"]))),
+        **stage_counts(result, folder),
+        "removed_samples": dagster_table(removed_samples_page(removed_samples_table(result.removed_samples))),
         "removed_path": dg.MetadataValue.path(str(folder / removed_file)),
     }
 
@@ -579,7 +580,7 @@ TOKENIZER_EXAMPLE_PIECES = 16  # tokens shown per example text in the tokenizer 
 HISTOGRAM_BAR = 30  # characters of the longest bar in the tokens-per-document histogram
 
 
-def tokenizer_metadata(stats: dict, folder: Path) -> dict:
+def tokenizer_metadata(result: TokenizerResult, folder: Path) -> dict:
     """tokenizer: vocabulary, sample, held-out chars per token and a few texts split into tokens."""
     examples = table(
         [
@@ -590,70 +591,65 @@ def tokenizer_metadata(stats: dict, folder: Path) -> dict:
                     " · ".join(p.translate(PIECE_MARKS) for p in e["pieces"][:TOKENIZER_EXAMPLE_PIECES])
                 ),
             }
-            for e in stats["examples"]
+            for e in result.examples
         ],
         ["text", "tokens", "first tokens"],
     )
     return {
-        **stage_counts(stats, folder / "tokenizer.json"),
-        "mode": stats["mode"],
-        "vocab_size": stats["vocab_size"],
-        "sample_records": stats["sample_records"],
-        "sample_chars": stats["sample_chars"],
-        "chars_per_token_held_out": stats["chars_per_token"] or 0.0,
+        **stage_counts(result, folder / "tokenizer.json"),
+        "mode": result.mode,
+        "vocab_size": result.vocab_size,
+        "sample_records": result.sample_records,
+        "sample_chars": result.sample_chars,
+        "chars_per_token_held_out": result.chars_per_token or 0.0,
         "examples": dagster_table(examples),
-        "special_tokens": dg.MetadataValue.json(stats["special_tokens"]),
+        "special_tokens": dg.MetadataValue.json(result.special_tokens),
         # in groups of 16 hex digits: 64 in one piece would push the page's values off the window
-        "tokenizer_sha256": " ".join(textwrap.wrap(stats["tokenizer_sha256"], 16)),
-        "train_seconds": stats["train_seconds"],
+        "tokenizer_sha256": " ".join(textwrap.wrap(result.tokenizer_sha256, 16)),
+        "train_seconds": result.train_seconds,
     }
 
 
-def tokenized_bins_metadata(stats: dict, folder: Path) -> dict:
+def tokenized_bins_metadata(result: TokenizeResult, folder: Path) -> dict:
     """tokenized_bins: tokens (supervised/masked), splits, tokens per document, bytes per file, a decoded sample."""
-    tpd = stats["tokens_per_doc"]
+    tpd = result.tokens_per_doc
     top = max((row["docs"] for row in tpd["histogram"]), default=1) or 1
     hist = table(
         [(row["tokens"], f"{row['docs']:,}", text_bar(row["docs"], top, HISTOGRAM_BAR)) for row in tpd["histogram"]],
         ["tokens/doc", "docs", ""],
     )
-    sizes = table(sorted(stats["bytes_on_disk"].items()), ["file", "bytes"])
+    sizes = table(sorted(result.bytes_on_disk.items()), ["file", "bytes"])
     sample = (
         # escaped: the Markdown view would take special tokens such as </s> for HTML tags and hide them
-        ("Masked tokens in [~~brackets~~]:\n\n" + html.escape(stats["sample"]["markdown"], quote=False))
-        if "sample" in stats
+        ("Masked tokens in [~~brackets~~]:\n\n" + html.escape(result.sample["markdown"], quote=False))
+        if result.sample is not None
         else "no records"
     )
     return {
-        **stage_counts(stats, folder),
-        "training_type": stats["training_type"],
-        "training_type_setting": stats["training_type_setting"],
-        "training_type_reason": stats["training_type_reason"],
-        **({"val_warning": stats["val_warning"]} if stats["val_warning"] else {}),
-        **({"val_moved": ", ".join(stats["val_moved"])} if stats["val_moved"] else {}),
-        "rejected_samples": drop_samples_table(stats["rejected_samples"]),
-        "tokens": dg.MetadataValue.int(stats["tokens"]),
-        **{
-            k: stats[k]
-            for k in (
-                "supervised_tokens",
-                "masked_tokens",
-                "supervised_share",
-                "masked_share",
-                "records",
-                "metadata_dropout",
-                "metadata_dropout_share",
-                "train_tokens",
-                "val_tokens",
-                "train_records",
-                "val_records",
-                "isolated_punctuation_share",
-                "token_dtype",
-                "vocab_size",
-                "tokens_per_second",
-            )
-        },
-        "chars_per_token": stats["chars_per_token"] or 0.0,
+        **stage_counts(result, folder),
+        "training_type": result.training_type,
+        "training_type_setting": result.training_type_setting,
+        "training_type_reason": result.training_type_reason,
+        **({"val_warning": result.val_warning} if result.val_warning else {}),
+        **({"val_moved": ", ".join(result.val_moved)} if result.val_moved else {}),
+        "rejected_samples": drop_samples_table(result.rejected_samples),
+        "tokens": dg.MetadataValue.int(result.tokens),
+        "supervised_tokens": result.supervised_tokens,
+        "masked_tokens": result.masked_tokens,
+        "supervised_share": result.supervised_share,
+        "masked_share": result.masked_share,
+        "records": result.records,
+        "metadata_dropout": result.metadata_dropout,
+        "metadata_dropout_share": result.metadata_dropout_share,
+        "train_tokens": result.train_tokens,
+        "val_tokens": result.val_tokens,
+        "train_records": result.train_records,
+        "val_records": result.val_records,
+        "isolated_punctuation_share": result.isolated_punctuation_share,
+        "token_dtype": result.token_dtype,
+        "vocab_size": result.vocab_size,
+        "tokens_per_second": result.tokens_per_second,
+        "chars_per_token": result.chars_per_token or 0.0,
         "tokens_per_doc_mean": tpd["mean"],
         "tokens_per_doc_p99": tpd["p99"],
         "tokens_per_doc": markdown_table(hist),

@@ -10,14 +10,8 @@ from assets.checks import RAW_RECORDS_NOT_EMPTY, raw_records_not_empty
 from assets.metadata import compute_metadata, raw_records_metadata
 from resources import Compute, CorpusSource, DataRoot
 from tokenmill.batches import quarantine, retire_hint, source_file
-from tokenmill.common.io import (
-    REJECTED_FILE,
-    STATS_FILE,
-    atomic_write_json,
-    gather_batch_files,
-    read_json,
-    staged_output,
-)
+from tokenmill.common.io import REJECTED_FILE, gather_batch_files, staged_output
+from tokenmill.common.results import write_result
 from tokenmill.errors import CheckFailedError, SourceError
 from tokenmill.stages import raw
 from tokenmill.stages.raw import RawSettings, ingest
@@ -54,20 +48,20 @@ def raw_records(
             f"{f' and {len(missing) - 5} more' if len(missing) > 5 else ''}; restore them, or {retire_hint(batch.key)}"
         )
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:
-        stats = ingest(
+        result = ingest(
             src, out, config, log=context.log, exclude=data_root.path(""), only=batch.files, refused=batch.refused
         )
         check = raw_records_not_empty(out, config.max_rejected_share)
         if not check.passed:  # the rejected records stay readable: the staged folder goes with the failed step
             held.mkdir(parents=True, exist_ok=True)
             os.replace(out / REJECTED_FILE, held / REJECTED_FILE)
-            atomic_write_json(held / STATS_FILE, read_json(out / STATS_FILE))
+            write_result(held, result)
             yield check
-            read = stats["docs_in"] - stats["refused_files"]
-            refused = f" (and {stats['refused_files']:,} refused files)" if stats["refused_files"] else ""
+            read = result.docs_in - result.refused_files
+            refused = f" (and {result.refused_files:,} refused files)" if result.refused_files else ""
             raise CheckFailedError(
-                f"raw_records: {read - stats['docs_out']:,} of the {read:,} records read from batch {batch.key} were "
-                f"rejected{refused}, {stats['docs_out']:,} kept (bound raw_records.max_rejected_share "
+                f"raw_records: {read - result.docs_out:,} of the {read:,} records read from batch {batch.key} were "
+                f"rejected{refused}, {result.docs_out:,} kept (bound raw_records.max_rejected_share "
                 f"{config.max_rejected_share:g}); "
                 f"each one and its reason is in {held / REJECTED_FILE}. Fix the files and {retire_hint(batch.key)}: "
                 "the corrected files come in as a new batch; or raise the bound"
@@ -75,5 +69,5 @@ def raw_records(
     shutil.rmtree(held, ignore_errors=True)  # an earlier failed attempt's, superseded by the published batch
     gather_batch_files(data_root.path("raw_records"), REJECTED_FILE)
     yield dg.MaterializeResult(
-        metadata={**raw_records_metadata(stats, folder), **compute_metadata(usage)}, check_results=[check]
+        metadata={**raw_records_metadata(result, folder), **compute_metadata(usage)}, check_results=[check]
     )

@@ -10,7 +10,7 @@ from tokenmill.common.io import batch_folders, staged_output
 from tokenmill.errors import CheckFailedError, StaleUpstreamError
 from tokenmill.stages import tokenize
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_batches, train_tokenizer
-from tokenmill.stages.tokenize.frozen import frozen_tokenizer_stats
+from tokenmill.stages.tokenize.frozen import frozen_tokenizer
 from tokenmill.stages.tokenize.versions import added_batches
 
 
@@ -32,13 +32,13 @@ def tokenizer(
     0-9; or an existing tokenizer.json when `tokenizer_path` is set. Frozen once trained: later batches reuse it
     (`retrain: true` trains a new one and starts a new generation of tokenized_bins)."""
     folder = data_root.path("tokenizer")
-    if (stats := frozen_tokenizer_stats(folder, config)) is not None:
+    if (frozen := frozen_tokenizer(folder, config)) is not None:
         context.log.info(f"tokenizer: frozen, reusing {folder} (set retrain: true to train a new one)")
-        return dg.MaterializeResult(metadata={**tokenizer_metadata(stats, folder), "frozen": True})
+        return dg.MaterializeResult(metadata={**tokenizer_metadata(frozen, folder), "frozen": True})
     with compute.activated(context, data_root) as usage, staged_output(folder) as out:
-        stats = train_tokenizer(data_root.path("deduped_jsonl"), out, config, log=context.log)
+        result = train_tokenizer(data_root.path("deduped_jsonl"), out, config, log=context.log)
     return dg.MaterializeResult(
-        metadata={**tokenizer_metadata(stats, folder), "frozen": False, **compute_metadata(usage)}
+        metadata={**tokenizer_metadata(result, folder), "frozen": False, **compute_metadata(usage)}
     )
 
 
@@ -72,13 +72,13 @@ def tokenized_bins(context: dg.AssetExecutionContext, config: ShardConfig, data_
         raise StaleUpstreamError(f"{deduped} holds no batch: materialize deduped_jsonl first")
     try:
         with compute.activated(context, data_root) as usage:
-            stats = tokenize_batches(batches, tokenizer_dir, bins, config, log=context.log, check=check)
+            result = tokenize_batches(batches, tokenizer_dir, bins, config, log=context.log, check=check)
     except CheckFailedError:
         yield from checks  # the failed evaluation is recorded before the step fails
         raise
-    if not stats["new_version"]:  # nothing new was published: the check describes the version readers open
+    if not result.new_version:  # nothing new was published: the check describes the version readers open
         checks.append(token_shards_consistent(bins, [batches[-1][1]], tokenizer_dir))
     yield dg.MaterializeResult(
-        metadata={**tokenized_bins_metadata(stats, data_root.path("tokenized_bins")), **compute_metadata(usage)},
+        metadata={**tokenized_bins_metadata(result, data_root.path("tokenized_bins")), **compute_metadata(usage)},
         check_results=checks,
     )

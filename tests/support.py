@@ -6,7 +6,8 @@ import json
 import random
 from pathlib import Path
 
-from tokenmill.common.io import REJECTED_FILE, dumps, iter_jsonl, read_stats, record_id, record_shards
+from tokenmill.common.io import REJECTED_FILE, dumps, iter_jsonl, record_id, record_shards
+from tokenmill.common.results import read_result
 from tokenmill.stages.clean import CleanSettings, clean_corpus
 
 WORDS = [f"w{i}" for i in range(400)]
@@ -123,8 +124,8 @@ def clean(tmp_path: Path, texts, metas=None, workers=1, name="out", per_shard=No
     stats = clean_corpus(raw, out, CleanSettings(**settings), workers=workers)
     recs = {r["id"]: r for shard in record_shards(out) for r in iter_jsonl(shard)}
     rej = {r["id"]: r for r in iter_jsonl(out / REJECTED_FILE)}
-    assert stats["docs_in"] == len(texts) == len(recs) + len(rej)  # conservation, always
-    assert read_stats(out) == json.loads(json.dumps(stats))
+    assert stats.docs_in == len(texts) == len(recs) + len(rej)  # conservation, always
+    assert read_result(out, type(stats)) == stats
     return ids, recs, rej, stats
 
 

@@ -4,6 +4,7 @@ The Dagster UI (1.13) shows a markdown entry inline only under 1,000 characters,
 as plain text, and plots every numeric entry across materializations (the Plots view).
 """
 
+import dataclasses
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -19,8 +20,11 @@ from assets.metadata import (
     tokenizer_metadata,
 )
 from definitions import ASSETS
+from tokenmill.stages.clean import CleanResult
+from tokenmill.stages.dedup import DedupApplyResult
 from tokenmill.stages.funnel_chart import funnel_svg
 from tokenmill.stages.telemetry import history_row
+from tokenmill.stages.tokenize import TokenizerResult
 
 UI_INLINE_MD_CHARS = 1000  # Dagster's MetadataEntry: `entry.mdStr.length < 1000` renders inline
 
@@ -92,17 +96,27 @@ def test_funnel_chart_escapes_labels_and_draws_a_language_panel():
     assert "raw <&> records" in texts and "other (3)" in texts and root.get("width") == "1200"
 
 
-def clean_stats(**extra) -> dict:
-    return {
-        "docs_in": 10,
-        "docs_out": 8,
-        "dropped_too_short": 2,
-        "seconds": 0.1,
-        "mojibake_repaired": 0,
-        "docs_meta_extracted": 0,
-        "chars_in": 100,
-        "chars_out": 80,
-        "boilerplate": {
+def clean_result(**changes) -> CleanResult:
+    result = CleanResult(
+        docs_in=10,
+        docs_out=8,
+        dropped={"too_short": 2},
+        seconds=0.1,
+        rejected=2,
+        rejected_by_reason={"too_short": 2},
+        dropped_by_language={},
+        quality_profile={"why": "set to 'curated'"},
+        c4_lines_removed={},
+        mojibake_repaired=0,
+        surrogates_removed=0,
+        control_chars_removed=0,
+        docs_meta_extracted=0,
+        meta_lines_extracted=0,
+        docs_pii_masked=0,
+        pii={},
+        chars_in=100,
+        chars_out=80,
+        boilerplate={
             "lines_stripped": 3,
             "docs_touched": 3,
             "top_lines": [
@@ -110,11 +124,13 @@ def clean_stats(**extra) -> dict:
                 | {"template": 0.8, "short": 1.0}
             ],
         },
-        "examples": [{"id": "a", "kind": "repair", "before": "x\ny", "after": "x y", "meta": {}}],
-        "length_buckets": ["0-9"],
-        "length_hist_before": [10],
-        "length_hist_after": [8],
-        "rejected_samples": {
+        flagged_contamination=0,
+        decontamination={"mode": "drop", "files": []},
+        examples=[{"id": "a", "kind": "repair", "before": "x\ny", "after": "x y", "meta": {}}],
+        length_buckets=["0-9"],
+        length_hist_before=[10],
+        length_hist_after=[8],
+        rejected_samples={
             "too_short": [
                 {
                     "id": f"r{i}",
@@ -127,12 +143,18 @@ def clean_stats(**extra) -> dict:
                 for i in range(8)
             ]
         },
-        **extra,
-    }
+        shards=1,
+        settings={},
+        pass_seconds={},
+        workers=1,
+        rule_seconds={},
+        rule_time_share={},
+    )
+    return dataclasses.replace(result, **changes)
 
 
 def test_boilerplate_table_is_plain_text_that_fits():
-    meta = cleaned_jsonl_metadata(clean_stats(), Path("/tmp/cleaned"))
+    meta = cleaned_jsonl_metadata(clean_result(), Path("/tmp/cleaned"))
     (row,) = table_rows(meta["boilerplate_top_lines"])
     assert set(row) == {"line", "stripped", "score", "in docs"}  # four columns: none pushed off the page
     assert row["line"].startswith("Home | About | Contact") and "\\|" not in row["line"]
@@ -140,7 +162,7 @@ def test_boilerplate_table_is_plain_text_that_fits():
 
 
 def test_drop_samples_show_text_and_evidence_per_reason():
-    meta = cleaned_jsonl_metadata(clean_stats(), Path("/tmp/cleaned"))
+    meta = cleaned_jsonl_metadata(clean_result(), Path("/tmp/cleaned"))
     rows = table_rows(meta["rejected_samples"])
     assert len(rows) == 5  # SAMPLES_SHOWN of the 8 kept in the stats
     # a curated filter states its value and threshold in its detail (the web rules: tests/test_quality.py)
@@ -160,8 +182,15 @@ def test_removed_duplicates_shown_next_to_the_kept_record():
         {"role": "kept", "level": "", "similarity": 1.0, "text": "Seize him, AEdiles!"},
         {"role": "removed", "level": "near", "similarity": 0.8123, "text": "Seize him, AEdiles!!"},
     ]
-    stats = {"docs_in": 2, "docs_out": 1, "dropped_near_duplicate": 1, "seconds": 0.1}
-    meta = deduped_jsonl_metadata({**stats, "removed_samples": [{"members": members}]}, Path("/tmp/d"), "removed.jsonl")
+    applied = DedupApplyResult(
+        docs_in=2,
+        docs_out=1,
+        dropped={"near_duplicate": 1},
+        seconds=0.1,
+        shards=1,
+        removed_samples=[{"members": members}],
+    )
+    meta = deduped_jsonl_metadata(applied, Path("/tmp/d"), "removed.jsonl")
     rows = table_rows(meta["removed_samples"])
     assert [r["record"] for r in rows] == ["cluster 1 kept", "cluster 1 removed: near 0.812"]
     text = "text (removed: diff from kept)"  # a removed record shows where its words differ from the kept one's
@@ -169,21 +198,28 @@ def test_removed_duplicates_shown_next_to_the_kept_record():
 
 
 def test_tokenizer_examples_keep_one_row_per_text():
-    stats = {
-        "docs_in": 1,
-        "docs_out": 1,
-        "seconds": 0.1,
-        "mode": "trained",
-        "vocab_size": 300,
-        "sample_records": 1,
-        "sample_chars": 10,
-        "chars_per_token": 3.0,
-        "special_tokens": {"bos": "<s>"},
-        "tokenizer_sha256": "0",
-        "train_seconds": 0.1,
-        "examples": [{"text": "床前明月光\n疑是地上霜", "tokens": 4, "pieces": ["床前", "\n", " the", "|"]}],
-    }
-    rows = table_rows(tokenizer_metadata(stats, Path("/tmp/tok"))["examples"])
+    trained = TokenizerResult(
+        docs_in=1,
+        docs_out=1,
+        dropped={},
+        seconds=0.1,
+        settings={},
+        corpus_bytes=10,
+        mode="trained",
+        vocab_size=300,
+        sample_records=1,
+        sample_chars=10,
+        held_out_records=1,
+        held_out_chars=3,
+        held_out_tokens=1,
+        chars_per_token=3.0,
+        special_tokens={"<s>": 0},
+        tokenizer_sha256="0",
+        sample_seconds=0.1,
+        train_seconds=0.1,
+        examples=[{"text": "床前明月光\n疑是地上霜", "tokens": 4, "pieces": ["床前", "\n", " the", "|"]}],
+    )
+    rows = table_rows(tokenizer_metadata(trained, Path("/tmp/tok"))["examples"])
     assert rows == [{"text": "床前明月光 / 疑是地上霜", "tokens": 4, "first tokens": "床前 · ↵ · ␣the · |"}]
 
 

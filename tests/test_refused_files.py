@@ -19,7 +19,8 @@ from assets.raw import raw_records
 from resources import Compute, CorpusSource, DataRoot
 from tokenmill.batches import published_batches, quarantine, read_registry, register_new_files, retire_batch
 from tokenmill.common.io import REJECTED_FILE
-from tokenmill.stages.raw import ingest
+from tokenmill.common.results import read_result
+from tokenmill.stages.raw import RawResult, ingest
 from tokenmill.stages.raw.discover import source_state
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def register(data: Path, source: Path) -> str | None:
 def ingest_batch(source: Path, out: Path, data: Path, key: str, **settings) -> dict:
     batch = read_registry(data).batch(key)
     stats = ingest(source, out, workers=1, only=batch.files, refused=batch.refused, **settings)
-    assert stats["docs_in"] == stats["docs_out"] + stats["rejected"]  # refused files are counted
+    assert stats.docs_in == stats.docs_out + stats.rejected  # refused files are counted
     return stats
 
 
@@ -61,14 +62,14 @@ def test_fifo_socket_and_outside_symlink_are_registered_and_rejected_with_their_
             "sock.txt": "not_a_regular_file",
         }
         stats = ingest_batch(source, tmp_path / "out", data, key)
-        assert stats["docs_out"] == 5 and stats["rejected_by_reason"] == {"not_a_regular_file": 2, "outside_source": 1}
+        assert stats.docs_out == 5 and stats.rejected_by_reason == {"not_a_regular_file": 2, "outside_source": 1}
         by_path = {r["path"]: r for r in rejected(tmp_path / "out")}
         assert "a FIFO" in by_path["pipe.jsonl"]["detail"] and "a socket" in by_path["sock.txt"]["detail"]
         assert "follow_outside_symlinks" in by_path["link.txt"]["detail"]
         assert register(data, source) is None  # reported once, in the batch that first saw them
 
         followed = ingest_batch(source, tmp_path / "followed", data, key, settings=_follow())
-        assert followed["rejected_by_reason"] == {"not_a_regular_file": 2} and followed["docs_out"] == 6
+        assert followed.rejected_by_reason == {"not_a_regular_file": 2} and followed.docs_out == 6
     finally:
         sock.close()
     (source / "pipe.jsonl").unlink()
@@ -118,7 +119,7 @@ def test_an_unreadable_file_is_read_by_a_later_batch_once_readable(tmp_path, mak
     first = register(data, source)
     assert read_registry(data).batch(first).refused["locked.jsonl"][0] == "unreadable_file"
     stats = ingest_batch(source, tmp_path / "b1", data, first)
-    assert stats["docs_out"] == 5 and stats["rejected_by_reason"] == {"unreadable_file": 1}
+    assert stats.docs_out == 5 and stats.rejected_by_reason == {"unreadable_file": 1}
     (entry,) = rejected(tmp_path / "b1")
     assert entry["path"] == "locked.jsonl" and "PermissionError" in entry["detail"]
 
@@ -127,7 +128,7 @@ def test_an_unreadable_file_is_read_by_a_later_batch_once_readable(tmp_path, mak
     second = register(data, source)
     assert second == "g1-b000002" and set(read_registry(data).batch(second).files) == {"locked.jsonl"}
     stats = ingest_batch(source, tmp_path / "b2", data, second)
-    assert stats["docs_out"] == 4 and stats["rejected"] == 0
+    assert stats.docs_out == 4 and stats.rejected == 0
     assert register(data, source) is None  # read now: an ingested file like any other
 
 
@@ -222,8 +223,8 @@ def test_refused_files_do_not_count_toward_the_rejected_share_bound(tmp_path):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("source_batch", [key])
         assert dg.materialize([raw_records], instance=instance, partition_key=key, resources=resources).success
-    stats = json.loads((data / "raw_records" / key / "_stats.json").read_text())
-    assert (stats["docs_in"], stats["docs_out"], stats["refused_files"]) == (4, 3, 1)
+    stats = read_result(data / "raw_records" / key, RawResult)
+    assert (stats.docs_in, stats.docs_out, stats.refused_files) == (4, 3, 1)
     assert [(r["path"], r["reason"]) for r in rejected(data / "raw_records")] == [("pipe.jsonl", "not_a_regular_file")]
 
 
@@ -262,7 +263,7 @@ def test_a_broken_symlink_is_reported_and_read_by_a_later_batch_once_its_target_
     batch = read_registry(data).batch(first)
     assert set(batch.files) == {"good.jsonl"} and batch.refused["link.jsonl"][0] == "unreadable_file"
     stats = ingest_batch(source, tmp_path / "b1", data, first)
-    assert stats["docs_out"] == 5 and stats["rejected_by_reason"] == {"unreadable_file": 1}
+    assert stats.docs_out == 5 and stats.rejected_by_reason == {"unreadable_file": 1}
     (entry,) = rejected(tmp_path / "b1")
     assert entry["path"] == "link.jsonl" and f"a symlink to {target}, which does not exist" in entry["detail"]
     assert register(data, source) is None  # reported once, in the batch that first saw it
@@ -271,5 +272,5 @@ def test_a_broken_symlink_is_reported_and_read_by_a_later_batch_once_its_target_
     write_batch_file(target, 4, seed=2)
     second = register(data, source)
     assert set(read_registry(data).batch(second).files) == {"link.jsonl"}
-    assert ingest_batch(source, tmp_path / "b2", data, second)["docs_out"] == 4
+    assert ingest_batch(source, tmp_path / "b2", data, second).docs_out == 4
     assert register(data, source) is None

@@ -23,11 +23,6 @@ STATS_FILE = "_stats.json"
 TIMINGS_FILE = (
     "_timings.json"  # how the run went (seconds, workers): apart, so every data file is identical across reruns
 )
-# what one run did rather than what the data is: a rerun that adds nothing, or one after a retention pass, writes
-# the same data files as the run before it
-RUN_FACT_KEYS = frozenset(
-    {"timings", "workers", "tasks", "new_version", "batches_added", "rebuild_reason", "versions", "versions_removed"}
-)
 REJECTED_FILE = "_rejected.jsonl"
 # each record shard as its stage wrote it (name, bytes, records, CRC-32), with what the stage found about the records
 # while writing them: an asset check reads these figures instead of re-parsing every record (the checks)
@@ -141,25 +136,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_text(path, json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n")
-
-
-def is_timing(key: str) -> bool:
-    """Stats keys that describe the run rather than the data (seconds, rates, time shares, workers, tasks)."""
-    return key in RUN_FACT_KEYS or "second" in key or key.endswith("time_share")
-
-
-def write_stats(out_dir: str | os.PathLike, stats: dict) -> None:
-    """A stage's `_stats.json` (counts, identical across identical runs) and `_timings.json` (the rest)."""
-    out_dir = Path(out_dir)
-    atomic_write_json(out_dir / STATS_FILE, {k: v for k, v in stats.items() if not is_timing(k)})
-    atomic_write_json(out_dir / TIMINGS_FILE, {k: v for k, v in stats.items() if is_timing(k)})
-
-
-def read_stats(out_dir: str | os.PathLike) -> dict:
-    """A stage's stats as it returned them: `_stats.json` and `_timings.json` together."""
-    out_dir = Path(out_dir)
-    timings = out_dir / TIMINGS_FILE
-    return {**read_json(out_dir / STATS_FILE), **(read_json(timings) if timings.exists() else {})}
 
 
 def read_json(path: str | os.PathLike):

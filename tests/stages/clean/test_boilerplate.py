@@ -27,7 +27,7 @@ def test_boilerplate_stripped_genuine_frequent_lines_kept(tmp_path):
     assert all(genuine in recs[ids[i]]["text"] for i in genuine_docs)
     for sp in speakers:  # labels at the top of many documents are structure, not boilerplate
         assert any(recs[ids[i]]["text"].startswith(sp) for i in range(len(docs)))
-    bp = stats["boilerplate"]
+    bp = stats.boilerplate
     assert bp["lines_stripped"] == removed_total == sum(map(len, planted.values()))
     assert bp["docs_touched"] == sum(1 for p in planted.values() if p)
     top = {t["line"]: t for t in bp["top_lines"]}
@@ -51,7 +51,7 @@ def test_frequency_alone_never_strips(tmp_path):
             body.insert(rng.randint(1, 7), line)
         docs.append("\n".join(body))
     ids, recs, _, stats = clean(tmp_path, docs)
-    assert stats["boilerplate"]["lines_stripped"] == 0
+    assert stats.boilerplate["lines_stripped"] == 0
     assert sum(line in r["text"] for r in recs.values()) == 100
 
 
@@ -59,7 +59,7 @@ def test_boilerplate_can_be_disabled(tmp_path):
     docs, planted, *_ = planted_corpus(120)
     ids, recs, _, stats = clean(tmp_path, docs, boilerplate=False)
     assert [recs[i]["text"] for i in ids] == docs
-    assert stats["boilerplate"]["lines_stripped"] == 0
+    assert stats.boilerplate["lines_stripped"] == 0
 
 
 def test_line_statistics_of_a_batch():
@@ -101,8 +101,8 @@ def test_tinyshakespeare_speaker_names_survive(tmp_path, shared_dir):
 
     ingest(source, tmp_path / "raw", RawSettings(txt_mode="blocks"), workers=1)
     stats = clean_corpus(tmp_path / "raw", tmp_path / "out", CleanSettings(), workers=1)
-    stripped = {t["line"] for t in stats["boilerplate"]["top_lines"]}
+    stripped = {t["line"] for t in stats.boilerplate["top_lines"]}
     assert not any(line.endswith(":") for line in stripped), stripped
-    assert stats["boilerplate"]["lines_stripped"] <= 30  # at most the stray "3 KING HENRY VI" running heads
+    assert stats.boilerplate["lines_stripped"] <= 30  # at most the stray "3 KING HENRY VI" running heads
     text = "\n".join(r["text"] for shard in record_shards(tmp_path / "out") for r in iter_jsonl(shard))
     assert text.count("ROMEO:") >= 160 and text.count("GLOUCESTER:") >= 220

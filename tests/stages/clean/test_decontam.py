@@ -47,8 +47,8 @@ def test_contaminated_records_are_dropped_with_file_and_item(tmp_path, eval_file
     assert set(recs) == {ids[1], ids[2]}  # the short fragment shares no 13-word n-gram
     entry = rej[ids[0]]
     assert entry["reason"] == "contamination" and entry["eval_file"] == eval_file and entry["eval_item"] == 1
-    assert stats["dropped_contamination"] == 1
-    (report,) = stats["decontamination"]["files"]
+    assert stats.dropped["contamination"] == 1
+    (report,) = stats.decontamination["files"]
     assert report["items"] == 2 and report["items_too_short"] == 1 and report["hits"] == 1
     assert report["cache"] == "built"
 
@@ -73,24 +73,23 @@ def test_flag_mode_keeps_the_record_with_meta(tmp_path, eval_file):
     )
     assert not rej and recs[ids[0]]["meta"]["contamination"] == {"eval_file": eval_file, "eval_item": 1}
     assert "contamination" not in recs[ids[1]]["meta"] and recs[ids[0]]["text"] == QUESTION
-    assert stats["flagged_contamination"] == 1 and stats["dropped_contamination"] == 0
+    assert stats.flagged_contamination == 1 and stats.dropped["contamination"] == 0
 
 
 def test_index_is_cached_by_content(tmp_path, eval_file):
     raw_texts = [QUESTION, OTHER]
     *_, first = clean(tmp_path, raw_texts, name="a", decontaminate=[eval_file], language_id=False)
     cached = sorted((tmp_path / CACHE_DIR).glob("*.npy"))
-    assert len(cached) == 1 and first["decontamination"]["files"][0]["cache"] == "built"
+    assert len(cached) == 1 and first.decontamination["files"][0]["cache"] == "built"
     built_at = cached[0].stat().st_mtime_ns
     *_, second = clean(tmp_path, raw_texts, name="b", decontaminate=[eval_file], language_id=False)
-    assert second["decontamination"]["files"][0]["cache"] == "reused" and cached[0].stat().st_mtime_ns == built_at
+    assert second.decontamination["files"][0]["cache"] == "reused" and cached[0].stat().st_mtime_ns == built_at
     index = np.load(cached[0])  # plain arrays: sorted distinct hashes, then items
     assert index.dtype == np.uint64 and np.all(np.diff(index[0].astype(np.float64)) >= 0)
     write_jsonl(tmp_path / "eval.jsonl", [{"text": OTHER}])  # the file changed: a new index
     ids, recs, rej, third = clean(tmp_path, raw_texts, name="c", decontaminate=[eval_file], language_id=False)
     assert (
-        third["decontamination"]["files"][0]["cache"] == "built"
-        and len(list((tmp_path / CACHE_DIR).glob("*.npy"))) == 2
+        third.decontamination["files"][0]["cache"] == "built" and len(list((tmp_path / CACHE_DIR).glob("*.npy"))) == 2
     )
     assert set(rej) == {ids[1]} and rej[ids[1]]["eval_item"] == 0
 
@@ -116,7 +115,7 @@ def test_same_output_for_any_worker_count(tmp_path, eval_file):
         }
         for w in (1, 2)
     ]
-    assert files[0] == files[1] and runs[0][3]["dropped_contamination"] == 43
+    assert files[0] == files[1] and runs[0][3].dropped["contamination"] == 43
 
 
 def test_missing_evaluation_file_is_named_before_any_work(tmp_path, eval_file):

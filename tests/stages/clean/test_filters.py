@@ -44,14 +44,14 @@ def test_each_filter_rejects_with_its_reason(tmp_path):
     assert len(rej[ids[6]]["text"]) == SAMPLE_CHARS + 1  # cut, with an ellipsis
     assert "'Buy cheap watches now!' x 12" in rej[ids[4]]["detail"]  # the rule's evidence
     assert "'哈哈' x 199" in rej[ids[5]]["detail"] and "'\ufffd'" in rej[ids[3]]["detail"]
-    assert stats["rejected_by_reason"] == {
+    assert stats.rejected_by_reason == {
         "empty": 2,
         "too_short": 1,
         "placeholder_glyphs": 1,
         "repetition": 2,
         "too_long": 1,
     }
-    assert all(f"dropped_{r}" in stats for r in REASONS)
+    assert all(r in stats.dropped for r in REASONS)
 
 
 def test_rejected_file_and_stats_keep_a_bounded_sample_per_reason_with_text(tmp_path):
@@ -63,12 +63,12 @@ def test_rejected_file_and_stats_keep_a_bounded_sample_per_reason_with_text(tmp_
     ids, _, rej, stats = clean(tmp_path, texts, per_shard=7)
     _, _, _, stats2 = clean(tmp_path, texts, per_shard=7, workers=2, name="w2")
     assert (tmp_path / "out" / REJECTED_FILE).read_bytes() == (tmp_path / "w2" / REJECTED_FILE).read_bytes()
-    assert stats2["rejected_samples"] == stats["rejected_samples"]
+    assert stats2.rejected_samples == stats.rejected_samples
     order = [rid for rid in ids if rid in rej]
     with_text = [rid for rid in order if "text" in rej[rid]]
     too_short = [rid for rid in order if rej[rid]["reason"] == "too_short"]
     assert with_text == [rid for rid in order if rid in too_short[:SAMPLES_PER_REASON] or rid not in too_short]
-    samples = stats["rejected_samples"]
+    samples = stats.rejected_samples
     assert set(samples) == {"too_short", "repetition"} and len(samples["repetition"]) == 3
     assert samples["too_short"] == [rej[rid] for rid in too_short[:SAMPLES_PER_REASON]]
     assert samples["too_short"][0]["text"] == "tiny 0" and samples["too_short"][0]["text_chars"] == 6

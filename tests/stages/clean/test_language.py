@@ -85,11 +85,11 @@ def test_every_kept_record_gets_its_language(tmp_path):
         meta = recs[rid]["meta"]
         assert list(meta) == ["title", *META_FIELDS] and meta["language"] == code, meta
         assert 0.5 < meta["language_score"] <= 1.0
-    assert stats["dropped_language"] == 0
-    assert stats["languages"] == {
+    assert stats.dropped["language"] == 0
+    assert stats.languages == {
         code: {"records": 1, "chars": len(recs[rid]["text"])} for rid, code in zip(ids, FIXTURE_LANGUAGES)
     }
-    assert stats["rule_seconds"]["identify_language"] >= 0
+    assert stats.rule_seconds["identify_language"] >= 0
 
 
 def test_languages_and_min_language_score_reject_with_evidence(tmp_path):
@@ -106,13 +106,13 @@ def test_languages_and_min_language_score_reject_with_evidence(tmp_path):
     assert "language zh" in zh_entry["detail"] and "not in languages ['de', 'en']" in zh_entry["detail"]
     assert mixed_entry["language_score"] == mixed_score < threshold
     assert f"< min_language_score {threshold}" in mixed_entry["detail"]
-    assert stats["dropped_language"] == 2 and stats["rejected_by_reason"]["language"] == 2
-    assert set(stats["languages"]) == {"en", "de"}
+    assert stats.dropped["language"] == 2 and stats.rejected_by_reason["language"] == 2
+    assert set(stats.languages) == {"en", "de"}
 
 
 def test_language_identification_off_leaves_meta_alone(tmp_path):
     ids, recs, _, stats = clean(tmp_path, [document("en")], [{"author": "a"}], language_id=False)
-    assert recs[ids[0]]["meta"] == {"author": "a"} and "languages" not in stats
+    assert recs[ids[0]]["meta"] == {"author": "a"} and stats.languages is None
 
 
 def test_language_settings_are_validated():

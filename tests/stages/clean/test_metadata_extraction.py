@@ -22,7 +22,7 @@ def test_header_metadata_moved_into_meta(tmp_path):
     assert recs[ids[2]]["meta"] == {"author": "Jane Austen"} and recs[ids[2]]["text"] == PROSE
     assert recs[ids[3]]["text"] == texts[3] and recs[ids[3]]["meta"] == {}
     assert recs[ids[4]]["meta"] == {"title": "Reader Title"} and recs[ids[4]]["text"] == PROSE  # reader wins
-    assert stats["docs_meta_extracted"] == 4
+    assert stats.docs_meta_extracted == 4
 
 
 def test_reader_title_repeated_in_text_is_dropped():

@@ -128,14 +128,14 @@ def test_cleaned_records_quarantine_and_examples_never_hold_the_address(tmp_path
     assert rej[ids[2]]["reason"] == "too_long" and rej[ids[4]]["reason"] == "too_short"
     samples = {e["id"]: e for e in iter_jsonl(tmp_path / "out" / REJECTED_FILE)}
     assert samples[ids[2]]["text"].startswith("<EMAIL> xxx")
-    assert any(e["kind"] == "repair" for e in stats["examples"])
-    assert stats["pii_email"] == 5 and stats["pii_ip_address"] == 1 and stats["pii_phone"] == 0
-    assert stats["docs_pii_masked"] == 4  # the text of records 0, 1, 3, 4 (the chat field is counted per address)
+    assert any(e["kind"] == "repair" for e in stats.examples)
+    assert stats.pii["email"] == 5 and stats.pii["ip_address"] == 1 and stats.pii["phone"] == 0
+    assert stats.docs_pii_masked == 4  # the text of records 0, 1, 3, 4 (the chat field is counted per address)
 
 
 def test_masking_off_keeps_the_text(tmp_path):
     ids, recs, _, stats = clean(tmp_path, ["Write to john.doe@example.com please."], pii_mask=False, language_id=False)
-    assert recs[ids[0]]["text"] == "Write to john.doe@example.com please." and stats["pii_email"] == 0
+    assert recs[ids[0]]["text"] == "Write to john.doe@example.com please." and stats.pii["email"] == 0
 
 
 ADDRESS = "planted.person@example.com"

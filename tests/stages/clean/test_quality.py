@@ -175,14 +175,14 @@ def _raw(folder: Path, records: list[dict]) -> Path:
 def test_auto_profile_web_with_url_curated_without(tmp_path):
     web = _raw(tmp_path / "web", [{"text": HEADLINES, "meta": {"url": "http://news.example/1"}}])
     stats = clean_corpus(web, tmp_path / "web_out", CleanSettings(language_id=False), workers=1)
-    assert stats["quality_profile"]["profile"] == "web" and stats["docs_out"] == 0
-    assert stats["rejected_by_reason"] == {"gopher_ellipsis_lines": 1}
-    assert stats["dropped_by_language"] == {"und": {"gopher_ellipsis_lines": 1}}
+    assert stats.quality_profile["profile"] == "web" and stats.docs_out == 0
+    assert stats.rejected_by_reason == {"gopher_ellipsis_lines": 1}
+    assert stats.dropped_by_language == {"und": {"gopher_ellipsis_lines": 1}}
     entry = json.loads((tmp_path / "web_out" / "_rejected.jsonl").read_text())
     assert (entry["value"], entry["threshold"]) == (1.0, 0.3)
     curated = _raw(tmp_path / "cur", [{"text": HEADLINES, "meta": {}}])
     stats = clean_corpus(curated, tmp_path / "cur_out", CleanSettings(language_id=False), workers=1)
-    assert stats["quality_profile"]["profile"] == "curated" and stats["docs_out"] == 1
+    assert stats.quality_profile["profile"] == "curated" and stats.docs_out == 1
 
 
 def test_cleaned_metadata_shows_rule_value_threshold_and_drops_per_language(tmp_path):
@@ -198,7 +198,7 @@ def test_cleaned_metadata_shows_rule_value_threshold_and_drops_per_language(tmp_
     }  # fmt: skip
     assert rows[0]["text"].startswith("The ") and " / The " in rows[0]["text"]  # the page's lines, readable
     assert rows[2] == {"rule": "too_short", "value": "2 chars < min_chars 10", "threshold": "", "text": "Hi"}
-    assert stats["dropped_by_language"] == {"und": {"gopher_ellipsis_lines": 2, "too_short": 1}}
+    assert stats.dropped_by_language == {"und": {"gopher_ellipsis_lines": 2, "too_short": 1}}
     assert meta["dropped_by_language"].value.splitlines()[2] == "| und | 3 | gopher_ellipsis_lines 2, too_short 1 |"
 
 

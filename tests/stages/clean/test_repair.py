@@ -23,7 +23,7 @@ def test_mojibake_is_repaired_and_cjk_punctuation_untouched(tmp_path):
     ids, recs, _, stats = clean(tmp_path, [garbled + "\n" + PROSE, cjk + "\n" + POEM])
     assert recs[ids[0]]["text"] == original + "\n" + PROSE
     assert recs[ids[1]]["text"] == cjk + "\n" + POEM  # full-width stays full-width under NFC
-    assert stats["mojibake_repaired"] == 1
+    assert stats.mojibake_repaired == 1
 
 
 def test_unicode_normalization_forms(tmp_path):
@@ -41,7 +41,7 @@ def test_unicode_normalization_forms(tmp_path):
 
 def test_control_and_zero_width_characters_removed(tmp_path):
     ids, recs, _, stats = clean(tmp_path, ["\ufeffThe\u200b committee\x00 met" + PROSE[len("The committee met") :]])
-    assert recs[ids[0]]["text"] == PROSE and stats["control_chars_removed"] == 3
+    assert recs[ids[0]]["text"] == PROSE and stats.control_chars_removed == 3
     text = "\ufeffab\u200bc\x00d\x07e\u202ef\u2060g"
     assert R.strip_control_chars(text) == ("abcdefg", 6)
     emoji = "👩\u200d💻 and فارسی\u200cها"  # joiners carry meaning: kept
@@ -86,7 +86,7 @@ def test_invalid_surrogates_do_not_crash(tmp_path):
     recs = list(iter_jsonl(tmp_path / "out" / "part-00000.jsonl"))
     assert [r["text"] for r in recs] == ["good text here, long enough"]
     assert recs[0]["meta"]["title"] == "t"
-    assert stats["surrogates_removed"] == 4
+    assert stats.surrogates_removed == 4
     assert [r["reason"] for r in iter_jsonl(tmp_path / "out" / REJECTED_FILE)] == ["empty"]
     (tmp_path / "out" / "part-00000.jsonl").read_bytes().decode("utf-8")  # valid UTF-8 on disk
 

@@ -57,8 +57,8 @@ def test_verification_rejects_planted_false_candidate(tmp_path):
     recs = [dedup_record("v.json", 0, shared + x), dedup_record("v.json", 1, shared + y)]
     write_records(tmp_path / "in", recs)
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=1), workers=1)
-    assert stats["candidate_pairs"] == 1 and stats["rejected_candidates"] == 1 and stats["verified_pairs"] == 0
-    assert stats["docs_out"] == 2 and stats["records_removed"] == 0
+    assert stats.candidate_pairs == 1 and stats.rejected_candidates == 1 and stats.verified_pairs == 0
+    assert stats.docs_out == 2 and stats.records_removed == 0
 
 
 def test_exact_jaccard_on_packed_shingle_sets():
@@ -80,7 +80,7 @@ def test_chains_do_not_remove_records_below_the_threshold(tmp_path):
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=4), workers=1)
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
     ids = [record_id("c.json", index=i) for i in range(3)]
-    assert stats["verified_pairs"] == 2 and stats["components"] == 1 and stats["components_with_several_kept"] == 1
+    assert stats.verified_pairs == 2 and stats.components == 1 and stats.components_with_several_kept == 1
     # union-find alone would remove c as a duplicate of a at 0.73; c is kept, b is removed as a's duplicate
     assert kept_ids(tmp_path / "out") == {ids[0], ids[2]}
     (r,) = iter_jsonl(tmp_path / "out" / REMOVED_FILE)

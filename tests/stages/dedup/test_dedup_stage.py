@@ -20,13 +20,15 @@ from support import (
     write_records,
 )
 
-from tokenmill.common.io import REMOVED_FILE, STATS_FILE, iter_jsonl, record_shards
+from tokenmill.common.io import REMOVED_FILE, iter_jsonl, record_shards
+from tokenmill.common.results import read_result
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.settings import load_settings
 from tokenmill.stages.dedup import (
     CLUSTERS_FILE,
     DECISION_DIR,
     REPORT_FILE,
+    DedupApplyResult,
     DedupSettings,
     Partitions,
     build_dedup_report,
@@ -89,12 +91,12 @@ def test_counts_add_up_and_report(tmp_path):
     out = write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
     removed = list(iter_jsonl(tmp_path / "out" / REMOVED_FILE))
     kept = kept_ids(tmp_path / "out")
-    assert out["docs_in"] == len(recs) == len(kept) + len(removed) == out["docs_out"] + len(removed)
+    assert out.docs_in == len(recs) == len(kept) + len(removed) == out.docs_out + len(removed)
     assert [p.name for p in record_shards(tmp_path / "out")] == [p.name for p in record_shards(tmp_path / "in")]
     by_level = {lv: {r["id"] for r in removed if r["level"] == lv} for lv in ("exact", "near")}
     # richest meta: the punctuated copies in b.json (2 fields) survive, their a.json originals go
     assert len(by_level["exact"]) == 30 and by_level["near"] == truth["near"]
-    assert stats["dropped_exact_duplicate"] == 30 and stats["dropped_near_duplicate"] == 20
+    assert stats.dropped["exact_duplicate"] == 30 and stats.dropped["near_duplicate"] == 20
     for r in removed:
         assert set(r) >= {"id", "duplicate_of", "level", "similarity", "source", "reason"}
         assert (r["similarity"] == 1.0) == (r["level"] == "exact") and r["similarity"] >= 0.8
@@ -147,7 +149,7 @@ def test_empty_input(tmp_path):
     (tmp_path / "in").mkdir()
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
     out = write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
-    assert stats["docs_in"] == 0 and out["docs_out"] == 0 and (tmp_path / "out" / REMOVED_FILE).exists()
+    assert stats.docs_in == 0 and out.docs_out == 0 and (tmp_path / "out" / REMOVED_FILE).exists()
 
 
 def test_materialize_dedup_assets(tmp_path):
@@ -170,8 +172,8 @@ def test_materialize_dedup_assets(tmp_path):
     assert (tmp_path / "dedup_index" / BATCH / "segment.json").exists()
     md2 = result.asset_materializations_for_node("deduped_jsonl")[0].metadata
     assert md2["docs_in"].value == md2["docs_out"].value + 50
-    stats = json.loads((tmp_path / "deduped_jsonl" / BATCH / STATS_FILE).read_text())
-    assert stats["docs_in"] == stats["docs_out"] + stats["dropped_exact_duplicate"] + stats["dropped_near_duplicate"]
+    stats = read_result(tmp_path / "deduped_jsonl" / BATCH, DedupApplyResult)
+    assert stats.docs_in == stats.docs_out + stats.dropped["exact_duplicate"] + stats.dropped["near_duplicate"]
     assert not any(
         p.name.endswith(".jsonl")
         and p.name not in ("part-00000.jsonl", "part-00001.jsonl", "part-00002.jsonl", REMOVED_FILE)
@@ -193,7 +195,7 @@ def test_demo_corpus_planted_duplicates_are_found(tmp_path, demo_source, demo_ma
     same = lambda a, b: kept_of.get(a, a) == kept_of.get(b, b)  # noqa: E731 - one survivor for both
     assert all(same(a, b) for a, b in demo_manifest["exact_duplicates"])
     assert all(same(p["a"], p["b"]) for p in demo_manifest["near_duplicates"])
-    assert out["docs_in"] == demo_manifest["records"]
+    assert out.docs_in == demo_manifest["records"]
 
 
 def _decisions(rep: Path, out: Path) -> tuple:
@@ -263,12 +265,12 @@ def test_oversized_bucket_is_handled_and_counted(tmp_path):
         tmp_path / "in", tmp_path / "rep", settings, workers=1, partitions=Partitions(bucket_items=7, verify_pairs=10)
     )
     report = json.loads((tmp_path / "rep" / REPORT_FILE).read_text())
-    assert stats["oversized_buckets"] > 0 and report["counts"]["oversized_buckets"] == stats["oversized_buckets"]
-    assert stats["pairs_not_emitted"] > 0
+    assert stats.oversized_buckets > 0 and report["counts"]["oversized_buckets"] == stats.oversized_buckets
+    assert stats.pairs_not_emitted > 0
     # neighbours in signature order: at most 4m pairs per oversized bucket, not m^2 / 2; the family still
     # collapses to a few survivors, each removal verified against the record it names
-    assert stats["candidate_pairs"] < 40 * 39 // 2
-    assert stats["docs_out"] <= 4 and stats["dropped_near_duplicate"] == 40 - stats["docs_out"]
+    assert stats.candidate_pairs < 40 * 39 // 2
+    assert stats.docs_out <= 4 and stats.dropped["near_duplicate"] == 40 - stats.docs_out
 
 
 def _low_entropy(n: int, seed: int = 0) -> list[dict]:

@@ -15,6 +15,8 @@ from tokenmill.errors import ConfigError, StaleUpstreamError
 from tokenmill.stages.dedup import (
     CLUSTERS_FILE,
     REPORT_FILE,
+    DedupApplyResult,
+    DedupResult,
     DedupSettings,
     Partitions,
     build_dedup_report,
@@ -89,8 +91,10 @@ def _batches(seed: int = 0) -> tuple[list[list[dict]], dict]:
     return batches, plan
 
 
-def _run_batches(root: Path, batches: list[list[dict]], settings: DedupSettings, **kw) -> list[dict]:
-    """dedup_batch then write_deduped per batch under root/<asset>/<batch>; returns each batch's stats."""
+def _run_batches(
+    root: Path, batches: list[list[dict]], settings: DedupSettings, **kw
+) -> list[tuple[DedupResult, DedupApplyResult]]:
+    """dedup_batch then write_deduped per batch under root/<asset>/<batch>; returns each batch's two results."""
     out = []
     for b, records in enumerate(batches):
         key = f"g1-b{b + 1:04d}"
@@ -98,7 +102,7 @@ def _run_batches(root: Path, batches: list[list[dict]], settings: DedupSettings,
         segments = [root / "index" / f"g1-b{k + 1:04d}" for k in range(b)]
         stats = dedup_batch(cleaned, segments, root / "report" / key, root / "index" / key, settings, **kw)
         applied = write_deduped(cleaned, root / "report" / key, root / "deduped" / key, workers=kw.get("workers"))
-        out.append({**stats, "applied": applied})
+        out.append((stats, applied))
     return out
 
 
@@ -114,7 +118,7 @@ def _decisions(folders: list[Path]) -> tuple[set, dict]:
 def test_batches_keep_what_one_first_seen_build_keeps(tmp_path):
     batches, plan = _batches()
     settings = DedupSettings(keep="first_seen", chunk_bytes=2000)
-    stats = _run_batches(tmp_path / "inc", batches, settings, workers=1)
+    stats = [s.incremental for s, _ in _run_batches(tmp_path / "inc", batches, settings, workers=1)]
     keys = sorted((tmp_path / "inc" / "deduped").iterdir())
     kept, removed = _decisions(keys)
 
@@ -156,29 +160,26 @@ def test_batches_keep_what_one_first_seen_build_keeps(tmp_path):
 
 def test_counts_add_up_and_no_exact_duplicate_across_batches(tmp_path):
     batches, _ = _batches(seed=1)
-    stats = _run_batches(tmp_path, batches, DedupSettings(keep="first_seen"), workers=1)
-    for s, records in zip(stats, batches):
-        assert (
-            s["docs_in"] == len(records) == s["docs_out"] + s["dropped_exact_duplicate"] + s["dropped_near_duplicate"]
-        )
-        assert s["dropped_exact_duplicate"] == s["dropped_exact_cross_batch"] + s["dropped_exact_within_batch"]
-        assert s["dropped_near_duplicate"] == s["dropped_near_cross_batch"] + s["dropped_near_within_batch"]
-        assert (s["applied"]["docs_in"], s["applied"]["docs_out"]) == (s["docs_in"], s["docs_out"])
+    runs = _run_batches(tmp_path, batches, DedupSettings(keep="first_seen"), workers=1)
+    stats = [s for s, _ in runs]
+    for (s, applied), records in zip(runs, batches):
+        split = s.incremental
+        assert s.docs_in == len(records) == s.docs_out + s.dropped["exact_duplicate"] + s.dropped["near_duplicate"]
+        assert s.dropped["exact_duplicate"] == split["dropped_exact_cross_batch"] + split["dropped_exact_within_batch"]
+        assert s.dropped["near_duplicate"] == split["dropped_near_cross_batch"] + split["dropped_near_within_batch"]
+        assert (applied.docs_in, applied.docs_out, applied.dropped) == (s.docs_in, s.docs_out, s.dropped)
         # indexed: every record but the exact duplicates; with LSH data: the kept ones
-        assert s["index_records_added"] == s["docs_in"] - s["dropped_exact_duplicate"]
-        assert s["index_kept_added"] == s["docs_out"]
-    assert [s["index_records"] for s in stats] == [
-        0,
-        stats[0]["index_records_added"],
-        stats[0]["index_records_added"] + stats[1]["index_records_added"],
-    ]
+        assert split["index_records_added"] == s.docs_in - s.dropped["exact_duplicate"]
+        assert split["index_kept_added"] == s.docs_out
+    added = [s.incremental["index_records_added"] for s in stats]
+    assert [s.incremental["index_records"] for s in stats] == [0, added[0], added[0] + added[1]]
     total_in = sum(len(b) for b in batches)
-    assert total_in == sum(s["docs_out"] + s["dropped_exact_duplicate"] + s["dropped_near_duplicate"] for s in stats)
+    assert total_in == sum(s.docs_out + s.dropped["exact_duplicate"] + s.dropped["near_duplicate"] for s in stats)
     kept_texts = [
         r["text"] for f in sorted((tmp_path / "deduped").iterdir()) for sh in record_shards(f) for r in iter_jsonl(sh)
     ]
     digests = [K.key_digest(k) for k in K.dedup_keys(kept_texts)]
-    assert len(set(digests)) == len(digests) == sum(s["docs_out"] for s in stats)
+    assert len(set(digests)) == len(digests) == sum(s.docs_out for s in stats)
 
 
 def test_an_earlier_batch_record_is_never_removed(tmp_path):
@@ -231,7 +232,7 @@ def test_empty_batch_and_index_errors(tmp_path):
     (tmp_path / "cleaned" / "g1-b0002").mkdir(parents=True)
     (tmp_path / "cleaned" / "g1-b0002" / "part-00000.jsonl").write_text("")
     settings = DedupSettings(keep="first_seen")
-    stats = [_run_batches(tmp_path, batches[:1], settings, workers=1)[0]]
+    stats = [_run_batches(tmp_path, batches[:1], settings, workers=1)[0][0]]
     segments = [tmp_path / "index" / "g1-b0001"]
     for key in ("g1-b0002", "g1-b0003"):  # an empty shard, then no shard at all
         (tmp_path / "cleaned" / key).mkdir(parents=True, exist_ok=True)
@@ -246,13 +247,13 @@ def test_empty_batch_and_index_errors(tmp_path):
             )
         )
         applied = write_deduped(tmp_path / "cleaned" / key, tmp_path / "report" / key, tmp_path / "deduped" / key)
-        assert stats[-1]["docs_in"] == stats[-1]["docs_out"] == applied["docs_out"] == 0
-        assert stats[-1]["index_records_added"] == 0 and (tmp_path / "index" / key / SEGMENT_FILE).exists()
+        assert stats[-1].docs_in == stats[-1].docs_out == applied.docs_out == 0
+        assert stats[-1].incremental["index_records_added"] == 0 and (tmp_path / "index" / key / SEGMENT_FILE).exists()
         segments.append(tmp_path / "index" / key)
     # the batch after the empty ones still sees batch 1
     later = write_records(tmp_path / "cleaned" / "g1-b0004", batches[0][:3])
     s = dedup_batch(later, segments, tmp_path / "report" / "x", tmp_path / "index" / "g1-b0004", settings, workers=1)
-    assert s["docs_out"] == 0 and s["dropped_exact_cross_batch"] == 3
+    assert s.docs_out == 0 and s.incremental["dropped_exact_cross_batch"] == 3
     assert not list((tmp_path / "index").glob(".*"))  # no staging folder left behind
 
     with pytest.raises(ConfigError, match=r"g1-b0001.*num_perm"):

@@ -89,5 +89,5 @@ def test_exact_level_groups_normalized_variants(tmp_path):
     ]
     write_records(tmp_path / "in", recs)
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
-    assert stats["dropped_exact_duplicate"] == 2 and stats["dropped_near_duplicate"] == 0
-    assert stats["docs_out"] == 2
+    assert stats.dropped["exact_duplicate"] == 2 and stats.dropped["near_duplicate"] == 0
+    assert stats.docs_out == 2

@@ -127,7 +127,7 @@ def test_near_duplicates_across_the_length_bound_are_found(tmp_path):
     b = a + random_poem(rng, 4)  # 102 chars: 3-grams on its own, 2-grams for the 98-char original
     write_records(tmp_path / "in", [dedup_record("x.json", 0, a), dedup_record("x.json", 1, b)])
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(), workers=1)
-    assert stats["dropped_near_duplicate"] == 1
+    assert stats.dropped["near_duplicate"] == 1
 
 
 def test_reordered_short_latin_lines_are_not_near_duplicates(tmp_path):
@@ -146,7 +146,7 @@ def test_reordered_short_latin_lines_are_not_near_duplicates(tmp_path):
     for shingles, near in (("by_script", 1), ("chars", 2)):
         rep = tmp_path / f"rep-{shingles}"
         stats = build_dedup_report(tmp_path / "in", rep, DedupSettings(shingles=shingles), workers=1)
-        assert stats["dropped_near_duplicate"] == near
+        assert stats.dropped["near_duplicate"] == near
     report = json.loads((tmp_path / "rep-by_script" / REPORT_FILE).read_text())
     assert report["parameters"]["shingle_sizes"] == {"2 words": 2, "3 words": 2}
 
@@ -163,4 +163,4 @@ def test_tinyshakespeare_short_lines_are_not_near_duplicates(tmp_path, shared_di
     ingest(source, tmp_path / "raw", workers=1)
     clean_corpus(tmp_path / "raw", tmp_path / "clean", workers=1)
     stats = build_dedup_report(tmp_path / "clean", tmp_path / "rep", DedupSettings(), workers=1)
-    assert stats["docs_in"] > 7000 and stats["dropped_near_duplicate"] == 0
+    assert stats.docs_in > 7000 and stats.dropped["near_duplicate"] == 0

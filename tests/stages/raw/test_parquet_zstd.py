@@ -10,7 +10,8 @@ import pytest
 from support import BATCH, materialize_batch
 
 from assets.raw import raw_records
-from tokenmill.common.io import REJECTED_FILE, iter_jsonl, read_stats, record_id, record_shards
+from tokenmill.common.io import REJECTED_FILE, iter_jsonl, record_id, record_shards
+from tokenmill.common.results import read_result
 from tokenmill.stages.clean import CleanSettings, clean_corpus
 from tokenmill.stages.clean.language import identify_languages
 from tokenmill.stages.raw import RawSettings, ingest
@@ -20,10 +21,10 @@ from tokenmill.stages.raw.stream import Found, zstd
 
 def run(source: Path, out: Path, workers: int = 1, **settings) -> tuple[dict, list[dict], list[dict]]:
     stats = ingest(source, out, RawSettings(**settings), workers=workers)
-    assert read_stats(out) == stats
+    assert read_result(out, type(stats)) == stats
     recs = [r for shard in record_shards(out) for r in iter_jsonl(shard)]
     rej = [json.loads(line) for line in (out / REJECTED_FILE).read_text(encoding="utf-8").splitlines()]
-    assert stats["docs_in"] == stats["docs_out"] + stats["rejected"] == len(recs) + len(rej)
+    assert stats.docs_in == stats.docs_out + stats.rejected == len(recs) + len(rej)
     return stats, recs, rej
 
 
@@ -273,14 +274,14 @@ def test_mixed_folder_counts_and_worker_count_do_not_change_outputs(src, tmp_pat
     (src / "zst" / "d.jsonl.zst").write_bytes(zstd.compress(jsonl_bytes(pages(800)) + b"{not json\n[1]\n"))
     (src / "e.jsonl").write_bytes(jsonl_bytes(pages(300)) + b'{"no": "text"}\n')
     one, recs, rej = run(src, tmp_path / "w1", workers=1, task_mb=0.01, records_per_shard=400)
-    assert one["docs_out"] == 1200 + 800 + 300 and one["tasks"] > 1
-    assert one["rejected_by_reason"] == {
+    assert one.docs_out == 1200 + 800 + 300 and one.tasks > 1
+    assert one.rejected_by_reason == {
         "malformed_json": 1,
         "no_text_field": 2,
         "not_an_object": 1,
         "unreadable_file": 1,
     }
-    assert one["docs_in"] == one["docs_out"] + one["rejected"] == 2300 + 5
+    assert one.docs_in == one.docs_out + one.rejected == 2300 + 5
     two, _, _ = run(src, tmp_path / "w2", workers=2, task_mb=0.01, records_per_shard=400)
     for name in [p.name for p in record_shards(tmp_path / "w1")] + [REJECTED_FILE]:
         assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w2" / name).read_bytes()
@@ -288,7 +289,7 @@ def test_mixed_folder_counts_and_worker_count_do_not_change_outputs(src, tmp_pat
     config = {"task_mb": 0.01, "records_per_shard": 400, "parquet_batch_rows": 128}
     result = materialize_batch([raw_records], tmp_path / "data", src, {"ops": {"raw_records": {"config": config}}})
     meta = result.asset_materializations_for_node("raw_records")[0].metadata
-    assert (meta["docs_in"].value, meta["docs_out"].value) == (one["docs_in"], one["docs_out"])
+    assert (meta["docs_in"].value, meta["docs_out"].value) == (one.docs_in, one.docs_out)
     assert meta["docs_in"].value == meta["docs_out"].value + sum(meta["rejected_by_reason"].value.values())
     batch = tmp_path / "data" / "raw_records" / BATCH
     for name in [p.name for p in record_shards(tmp_path / "w1")] + [REJECTED_FILE]:

@@ -19,13 +19,13 @@ from tokenmill.common.io import (
     iter_jsonl,
     json_parser,
     read_json,
-    read_stats,
     record_id,
     record_shards,
 )
+from tokenmill.common.results import read_result
 from tokenmill.common.samples import SAMPLES_PER_REASON
 from tokenmill.errors import SourceError
-from tokenmill.stages.raw import RawSettings, ingest
+from tokenmill.stages.raw import RawResult, RawSettings, ingest
 
 
 def records(folder) -> list[dict]:
@@ -40,8 +40,8 @@ def rejected(folder) -> list[dict]:
 def run(source, tmp_path, workers=1, **settings) -> tuple[dict, list[dict], list[dict]]:
     out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
     stats = ingest(Path(source), out, RawSettings(**settings), workers=workers)
-    assert read_stats(out) == stats
-    assert stats["docs_in"] == stats["docs_out"] + sum(stats["rejected_by_reason"].values())
+    assert read_result(out, type(stats)) == stats
+    assert stats.docs_in == stats.docs_out + sum(stats.rejected_by_reason.values())
     return stats, records(out), rejected(out)
 
 
@@ -90,7 +90,7 @@ def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
         planted |= {p["id"] for p in demo_manifest[key]}
     assert planted <= ids
     stats = read_json(out / STATS_FILE)
-    assert stats["skipped_files"] == demo_manifest["skipped_files"]
+    assert stats.skipped_files == demo_manifest["skipped_files"]
     # ids are stable across runs (same input, same ids, same bytes)
     again = materialize_raw(demo_source, tmp_path / "data2")
     assert again.success
@@ -142,7 +142,7 @@ def test_byte_identical_for_any_worker_count_and_shard_rollover(demo_source, tmp
     kw = dict(task_mb=0.2, records_per_shard=300)
     s1 = ingest(demo_source, tmp_path / "w1", RawSettings(**kw), workers=1)
     s2 = ingest(demo_source, tmp_path / "w2", RawSettings(**kw), workers=2)
-    assert s1["tasks"] > 2 and s1["shards"] > s1["tasks"] and s2["shards"] == s1["shards"]
+    assert s1.tasks > 2 and s1.shards > s1.tasks and s2.shards == s1.shards
     files1 = sorted(p.name for p in (tmp_path / "w1").iterdir())
     assert files1 == sorted(p.name for p in (tmp_path / "w2").iterdir())
     for name in files1:
@@ -166,7 +166,7 @@ def test_jsonl_reader_and_ids(tmp_path):
         "source": {"path": "a.jsonl", "line": 1},
     }
     assert recs[1]["source"] == {"path": "a.jsonl", "line": 3}  # physical line numbers, blank lines counted
-    assert rej == [] and stats["docs_out"] == 2
+    assert rej == [] and stats.docs_out == 2
     # a single file as the source: paths are its name
     _, recs_file, _ = run(src, tmp_path)
     assert [r["id"] for r in recs_file] == [r["id"] for r in recs]
@@ -270,7 +270,7 @@ def test_skipped_and_hidden_files(tmp_path):
     stats, recs, _ = run(src, tmp_path)
     assert [r["text"] for r in recs] == ["visible"]
     assert recs[0]["source"]["path"] == "sub/z.jsonl"
-    assert stats["skipped_files"] == ["notes.md"]
+    assert stats.skipped_files == ["notes.md"]
 
 
 # ------------------------------------------------------------------------------------------ presets and field mapping
@@ -365,14 +365,14 @@ def test_bad_jsonl_lines_are_rejected_with_line_numbers(tmp_path):
         (8, "undecodable_bytes"),
     ]
     assert rej[0]["snippet"] == '{"text": "cut' and rej[0]["path"] == "bad.jsonl"
-    assert stats["dropped_malformed_json"] == 1 and stats["dropped_no_text_field"] == 2
-    assert stats["rejected_by_reason"] == {
+    assert stats.dropped["malformed_json"] == 1 and stats.dropped["no_text_field"] == 2
+    assert stats.rejected_by_reason == {
         "malformed_json": 1,
         "no_text_field": 2,
         "not_an_object": 1,
         "undecodable_bytes": 2,
     }
-    assert stats["docs_in"] == 9 and stats["files"][0]["rejected"] == 6
+    assert stats.docs_in == 9 and stats.files[0]["rejected"] == 6
 
 
 def test_rejected_samples_first_of_each_reason_in_the_stats(tmp_path):
@@ -383,8 +383,8 @@ def test_rejected_samples_first_of_each_reason_in_the_stats(tmp_path):
         write(tmp_path / "src" / f"f{f}.jsonl", "\n".join(bad) + "\n")
     stats, _, rej = run(tmp_path / "src", tmp_path, task_mb=0.0001)  # one task per file
     stats2, _, _ = run(tmp_path / "src", tmp_path, workers=2, task_mb=0.0001)
-    samples = stats["rejected_samples"]
-    assert stats["tasks"] == 3 and samples == stats2["rejected_samples"]
+    samples = stats.rejected_samples
+    assert stats.tasks == 3 and samples == stats2.rejected_samples
     malformed = [r for r in rej if r["reason"] == "malformed_json"]
     assert len(malformed) == 18 and samples["malformed_json"] == malformed[:SAMPLES_PER_REASON]
     assert samples["malformed_json"][-1]["snippet"] == '{"text": "cut 1.3'
@@ -414,7 +414,7 @@ def test_whole_file_failures(tmp_path):
     assert by_path["e_truncated.jsonl.gz"]["line"] == len(truncated) + 1
     assert [r["text"] for r in recs if r["source"]["path"] == "g_good.jsonl"] == ["still read"]
     assert not any(r["source"]["path"] in ("c_latin1.txt", "b_latin1.json") for r in recs)
-    assert stats["rejected_by_reason"]["unreadable_file"] == 3
+    assert stats.rejected_by_reason["unreadable_file"] == 3
 
 
 # ------------------------------------------------------------------------------------------ the real corpus
@@ -425,9 +425,9 @@ def test_full_tang_poems(shared_dir, tmp_path):
     if not tang.is_dir():
         pytest.skip("chinese-poetry corpus not present")
     stats = ingest(tang, tmp_path / "out", RawSettings(), workers=2)
-    assert stats["docs_out"] == 57_607
-    assert stats["rejected_by_reason"] == {}
-    assert all(f["path"].startswith("poet.tang.") for f in stats["files"]) and len(stats["files"]) == 58
+    assert stats.docs_out == 57_607
+    assert stats.rejected_by_reason == {}
+    assert all(f["path"].startswith("poet.tang.") for f in stats.files) and len(stats.files) == 58
     first = next(iter_jsonl(record_shards(tmp_path / "out")[0]))
     assert first["meta"]["author"] and first["meta"]["title"] and first["source"]["index"] == 0
 
@@ -439,7 +439,7 @@ def test_data_root_inside_source_is_not_ingested(tmp_path):
     (src / "data" / "raw_records" / "part-00000.jsonl").write_text('{"text": "our own output"}\n', encoding="utf-8")
     out = tmp_path / "out"
     stats = ingest(src, out, RawSettings(), workers=1, exclude=src / "data")
-    assert stats["docs_out"] == 1
+    assert stats.docs_out == 1
     texts = [r["text"] for shard in sorted(out.glob("part-*.jsonl")) for r in iter_jsonl(shard)]
     assert texts == ["a real document"]
 
@@ -453,7 +453,7 @@ def test_json_values_that_are_not_objects_are_rejected(tmp_path):
     stats = ingest(src, out, RawSettings(), workers=1)
     texts = sorted(r["text"] for shard in sorted(out.glob("part-*.jsonl")) for r in iter_jsonl(shard))
     assert texts == ["a real record", "kept"]
-    assert stats["dropped_not_an_object"] == 5 and stats["docs_in"] == stats["docs_out"] + stats["rejected"]
+    assert stats.dropped["not_an_object"] == 5 and stats.docs_in == stats.docs_out + stats.rejected
 
 
 # ------------------------------------------------------------------------------------------ hostile input
@@ -484,8 +484,8 @@ def ingest_in_child(source: Path, out: Path, timeout: float = 60, **settings) ->
         env=env,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    stats = read_json(out / STATS_FILE)
-    assert stats["docs_in"] == stats["docs_out"] + stats["rejected"]
+    stats = read_result(out, RawResult)
+    assert stats.docs_in == stats.docs_out + stats.rejected
     return stats, rejected(out), float(res.stdout.split()[-1])
 
 
@@ -509,7 +509,7 @@ def test_fifo_and_socket_are_skipped_not_opened(tmp_path):
         stats, rej, rss = ingest_in_child(src, tmp_path / "out", timeout=60)
     finally:
         sock.close()
-    assert stats["docs_out"] == 1 and stats["rejected_by_reason"] == {"not_a_regular_file": 2}
+    assert stats.docs_out == 1 and stats.rejected_by_reason == {"not_a_regular_file": 2}
     by_path = {r["path"]: r for r in rej}
     assert "a FIFO" in by_path["pipe.jsonl"]["detail"] and "a socket" in by_path["sock.txt"]["detail"]
     assert by_path["pipe.jsonl"]["line"] is None  # the whole file

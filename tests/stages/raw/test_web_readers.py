@@ -71,7 +71,7 @@ def write_warc(path: Path, records: list[bytes], gz: bool = True) -> list[int]:
 def run(source: Path, tmp_path: Path, **settings) -> tuple[dict, list[dict], list[dict]]:
     out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
     stats = ingest(source, out, RawSettings(**settings), workers=1)
-    assert stats["docs_in"] == stats["docs_out"] + stats["rejected"]
+    assert stats.docs_in == stats.docs_out + stats.rejected
     recs = [r for shard in record_shards(out) for r in iter_jsonl(shard)]
     rejected = [json.loads(line) for line in (out / REJECTED_FILE).read_text(encoding="utf-8").splitlines()]
     return stats, recs, rejected
@@ -99,8 +99,8 @@ def test_warc_gz_members_meta_and_skip_counts(tmp_path):
     ]
     write_warc(src / "crawl.warc.gz", crawl(multilingual_pages(), extra))
     stats, recs, rejected = run(src, tmp_path)
-    assert not rejected and stats["docs_out"] == len(MAIN_TEXT)
-    assert stats["skipped_records_by_reason"] == {
+    assert not rejected and stats.docs_out == len(MAIN_TEXT)
+    assert stats.skipped_records_by_reason == {
         "http_status_not_ok": 1,
         "metadata_record": 5,
         "non_html_response": 1,
@@ -108,7 +108,7 @@ def test_warc_gz_members_meta_and_skip_counts(tmp_path):
         "revisit_record": 1,
         "warcinfo_record": 1,
     }
-    assert stats["skipped_records"] == 14 and stats["files"][0]["skipped_by_reason"]["request_record"] == 5
+    assert stats.skipped_records == 14 and stats.files[0]["skipped_by_reason"]["request_record"] == 5
     for rec, name in zip(recs, MAIN_TEXT):
         main, boilerplate = MAIN_TEXT[name]
         assert main in rec["text"], name
@@ -153,7 +153,7 @@ def test_uncompressed_warc_and_wet(tmp_path):
     ]
     write_warc(src / "sample.warc.wet.gz", wet)
     stats, recs, rejected = run(src, tmp_path)
-    assert not rejected and stats["docs_out"] == 4
+    assert not rejected and stats.docs_out == 4
     assert [r["text"] for r in recs[2:]] == texts  # sorted paths: plain.warc, then sample.warc.wet.gz
     assert recs[2]["meta"] == {"url": "https://example.org/wet0", "date": DATE, "content_type": "text/plain"}
     assert MAIN_TEXT["en_wikipedia_mozilla"][0] in recs[0]["text"]
@@ -190,7 +190,7 @@ def test_cut_gzip_member_bad_header_and_undecodable_payload(tmp_path):
         "ko_wikipedia_korean_wikipedia",
         "ru_tolstoy_anna_karenina",
     ]
-    assert stats["dropped_corrupt_warc_record"] == 1 and stats["docs_in"] == 6
+    assert stats.dropped["corrupt_warc_record"] == 1 and stats.docs_in == 6
 
 
 def test_uncompressed_warc_resyncs_after_junk_and_a_missing_length(tmp_path):
@@ -286,7 +286,7 @@ def test_same_output_for_any_worker_count(tmp_path):
 
 def test_html_files_one_record_each(tmp_path):
     stats, recs, rejected = run(PAGES, tmp_path)
-    assert not rejected and stats["docs_out"] == len(MAIN_TEXT)
+    assert not rejected and stats.docs_out == len(MAIN_TEXT)
     for rec in recs:
         name = rec["source"]["path"].removesuffix(".html.gz")
         assert rec["source"] == {"path": f"{name}.html.gz", "index": 0}

@@ -13,9 +13,17 @@ import pytest
 
 import tokenmill.stages.tokenize.shards as shards_mod
 import tokenmill.stages.tokenize.stage as stage_mod
-from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, read_json, write_stats
+from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, atomic_write_json, read_json
+from tokenmill.common.results import read_result
 from tokenmill.errors import CapacityError, ConfigError, CorruptOutputError, StaleUpstreamError
-from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_corpus, train_tokenizer, verify
+from tokenmill.stages.tokenize import (
+    ShardSettings,
+    TokenizeResult,
+    TokenizerSettings,
+    tokenize_corpus,
+    train_tokenizer,
+    verify,
+)
 from tokenmill.stages.tokenize.checks import validate_token_shards
 from tokenmill.stages.tokenize.encode import MIN_TASK_BYTES, SplitChunk, check_ids, encoder, piece_ids, plan_ranges
 from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
@@ -145,23 +153,23 @@ def test_conditional_round_trip_mask_and_dropout(tmp_path, tok_dir):
             body = tok.decode(seq[k + 1 : -1].tolist())
             assert body == r["text"]
             seen += 1
-    assert seen == len(recs) == stats["docs_out"] == stats["records"]
+    assert seen == len(recs) == stats.docs_out == stats.records
     with_meta = sum(1 for r in recs if r["meta"])
-    assert stats["metadata_dropout"] == dropped
-    assert stats["no_metadata"] == len(recs) - with_meta
+    assert stats.metadata_dropout == dropped
+    assert stats.no_metadata == len(recs) - with_meta
     assert abs(dropped / with_meta - 0.25) < 0.08
-    assert stats["supervised_tokens"] + stats["masked_tokens"] == stats["tokens"]
-    assert stats["sample"]["markdown"].startswith("[~~<|")
+    assert stats.supervised_tokens + stats.masked_tokens == stats.tokens
+    assert stats.sample["markdown"].startswith("[~~<|")
 
 
 def test_dropout_share_close_to_rate_and_per_document(tmp_path, tok_dir):
     recs = [poem(i) for i in range(1, 2000) if i % 10]
     s1, _ = run(tmp_path, tok_dir, recs, name="a", training_type="conditional", metadata_dropout=0.25)
-    assert abs(s1["metadata_dropout"] / len(recs) - 0.25) < 0.03
+    assert abs(s1.metadata_dropout / len(recs) - 0.25) < 0.03
     s0, _ = run(tmp_path, tok_dir, recs, name="b", training_type="conditional", metadata_dropout=0.0)
-    assert s0["metadata_dropout"] == 0 and s0["masked_tokens"] > s1["masked_tokens"]
+    assert s0.metadata_dropout == 0 and s0.masked_tokens > s1.masked_tokens
     s2, _ = run(tmp_path, tok_dir, recs, name="c", training_type="conditional", metadata_dropout=0.25, seed=7)
-    assert s2["metadata_dropout"] != s1["metadata_dropout"] or s2["tokens"] != s1["tokens"]
+    assert s2.metadata_dropout != s1.metadata_dropout or s2.tokens != s1.tokens
 
 
 def test_seq_documents_are_bos_text_eos(tmp_path, tok_dir):
@@ -173,8 +181,8 @@ def test_seq_documents_are_bos_text_eos(tmp_path, tok_dir):
     src = by_id(recs)
     for rid, seq in zip(d["ids"], d["items"]["sequence"]):
         assert tok.decode(seq.tolist(), skip_special_tokens=False) == "<s>" + src[rid]["text"] + "</s>"
-    assert stats["dropped_empty_text"] == 1 and stats["docs_in"] == 51 == stats["docs_out"] + 1
-    assert stats["supervised_tokens"] == stats["tokens"]
+    assert stats.dropped["empty_text"] == 1 and stats.docs_in == 51 == stats.docs_out + 1
+    assert stats.supervised_tokens == stats.tokens
     assert read_split(out / "val")["ids"] == []  # an empty split still loads
 
 
@@ -197,10 +205,10 @@ def test_sft_mask_is_assistant_turns_only_and_rejects_are_listed(tmp_path, tok_d
             assert mask[s] == 0 and mask[s + 1] == 1
     rejected = json.loads((out / REJECTED_JSON).read_text(encoding="utf-8"))
     missing = [r for r in recs if "messages" not in r]
-    assert stats["dropped_missing_messages"] == len(missing) == len(rejected)
+    assert stats.dropped["missing_messages"] == len(missing) == len(rejected)
     assert {r["id"] for r in rejected} == {r["id"] for r in missing}
     assert all(r["reason"] == "missing_messages" and r["where"].startswith("part-00000.jsonl:") for r in rejected)
-    assert stats["docs_in"] == stats["docs_out"] + len(rejected)
+    assert stats.docs_in == stats.docs_out + len(rejected)
 
 
 def test_dpo_keys_offsets_and_masks(tmp_path, tok_dir):
@@ -222,8 +230,8 @@ def test_dpo_keys_offsets_and_masks(tmp_path, tok_dir):
             assert tok.decode(seq[mask == 1].tolist(), skip_special_tokens=False) == f"{r[key]}<|end|></s>"
             k = int(np.flatnonzero(seq == SP["<|assistant|>"])[0])
             assert mask[: k + 1].sum() == 0 and mask[k + 1 :].all()
-    assert stats["tokens"] == sum(len(x) for k in ("chosen", "rejected") for x in d["items"][k])
-    assert d["manifest"]["totals"]["tokens"] == stats["tokens"]
+    assert stats.tokens == sum(len(x) for k in ("chosen", "rejected") for x in d["items"][k])
+    assert d["manifest"]["totals"]["tokens"] == stats.tokens
 
 
 def test_grpo_keeps_record_and_group_boundaries(tmp_path, tok_dir):
@@ -248,7 +256,7 @@ def test_grpo_keeps_record_and_group_boundaries(tmp_path, tok_dir):
             assert tok.decode(seq.tolist(), skip_special_tokens=False) == f"{resp}<|end|></s>"
             assert mask.all()
     assert next(resp_iter, None) is None
-    assert stats["dropped_rewards_mismatch"] == 1
+    assert stats.dropped["rewards_mismatch"] == 1
     # the meta.json of every shard: rewards offsets are response-index boundaries
     for sh in d["manifest"]["shards"]:
         meta = read_json(out / "train" / sh["name"] / "meta.json")
@@ -286,7 +294,7 @@ def test_shards_roll_over_and_records_never_straddle(tmp_path, tok_dir):
     assert read_split(out / "train")["ids"] == [r["id"] for r in recs]  # input order kept
     assert (out / "train" / "tokenizer.json").read_bytes() == (tok_dir / "tokenizer.json").read_bytes()
     assert m["tokenizer"]["sha256"] == hashlib.sha256((tok_dir / "tokenizer.json").read_bytes()).hexdigest()
-    assert m["totals"]["tokens"] == stats["tokens"] == sum(s["tokens"] for s in m["shards"])
+    assert m["totals"]["tokens"] == stats.tokens == sum(s["tokens"] for s in m["shards"])
 
 
 def tree_bytes(folder: Path) -> dict:
@@ -313,8 +321,8 @@ def test_identical_bytes_for_any_worker_count_and_task_cut(tmp_path, tok_dir):
             workers=workers,
         )
         outs.append(tree_bytes(tmp_path / name))
-        assert s["docs_in"] == s["docs_out"] == 400
-        assert s["workers"] == workers and (s["tasks"] > 3 or task_bytes == 0)
+        assert s.docs_in == s.docs_out == 400
+        assert s.workers == workers and (s.tasks > 3 or task_bytes == 0)
     assert outs[0] == outs[1] == outs[2]
     assert any(k.startswith("train/shard-00002") for k in outs[0])
 
@@ -401,7 +409,7 @@ def test_vocabulary_overflow_is_refused_at_write_time(tmp_path, tok_dir):
         tokenize_corpus(tmp_path / "in", big, tmp_path / "out", ShardSettings(token_dtype="uint16"), workers=1)
     assert not list((tmp_path / "out").rglob("dataset.json")) if (tmp_path / "out").exists() else True
     s = tokenize_corpus(tmp_path / "in", big, tmp_path / "out32", ShardSettings(val_fraction=0.0), workers=1)
-    assert s["token_dtype"] == "uint32"
+    assert s.token_dtype == "uint32"
     assert read_json(tmp_path / "out32" / "train" / "shard-00000" / "meta.json")["sequence"]["dtype"] == "uint32"
 
 
@@ -476,7 +484,8 @@ def test_assets_materialize(tmp_path, tok_dir):
 
     root = tmp_path / "data"
     write_parts(root / "deduped_jsonl" / "g1-b000001", [poem(i) for i in range(150)])
-    write_stats(root / "deduped_jsonl" / "g1-b000001", {"docs_in": 150, "docs_out": 150})  # a published batch
+    published = root / "deduped_jsonl" / "g1-b000001"
+    atomic_write_json(published / STATS_FILE, {"docs_in": 150, "docs_out": 150})  # a published batch
     res = dg.materialize(
         [tokenizer, tokenized_bins],
         resources={
@@ -492,8 +501,8 @@ def test_assets_materialize(tmp_path, tok_dir):
     md = res.asset_materializations_for_node("tokenized_bins")[0].metadata
     assert md["docs_out"].value == 150 and md["tokens"].value > 0
     assert 0 < md["masked_share"].value < 1
-    stats = read_json(root / "tokenized_bins" / STATS_FILE)
-    assert stats["train"]["records"] + stats["val"]["records"] == 150
+    stats = read_result(root / "tokenized_bins", TokenizeResult)
+    assert stats.train["records"] + stats.val["records"] == 150
     arr = np.memmap(root / "tokenized_bins" / "train" / "shard-00000" / "sequence.bin", dtype=np.uint16, mode="r")
     assert arr.size and int(arr.max()) < 400
     tmd = res.asset_materializations_for_node("tokenizer")[0].metadata

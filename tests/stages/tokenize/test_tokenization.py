@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.conftest import REPO
-from tokenmill.common.io import read_stats
+from tokenmill.common.results import read_result
 from tokenmill.errors import ConfigError, CorruptOutputError
 from tokenmill.stages.tokenize import TokenizerSettings, train_tokenizer
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer
@@ -53,8 +53,8 @@ def test_special_tokens_first_in_fixed_order(trained):
     base, stats = trained
     tok = load_tokenizer(base / "out" / "tokenizer.json")
     assert [tok.token_to_id(t) for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
-    assert stats["special_tokens"] == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
-    assert stats["vocab_size"] == tok.get_vocab_size() <= 400
+    assert stats.special_tokens == {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    assert stats.vocab_size == tok.get_vocab_size() <= 400
 
 
 ODD = ["  leading spaces\n\ttabs  ", "emoji 🙂 and é, ñ!?", "锟斤拷\u3000全角　空格", "", "「曰：」…—", "a,b;c 1.5e3%"]
@@ -85,19 +85,19 @@ def test_pretokenizers_round_trip_and_punctuation_attachment(tmp_path):
 
 def test_stats_held_out_and_examples(trained):
     base, stats = trained
-    assert read_stats(base / "out") == json.loads(json.dumps(stats, ensure_ascii=False))
-    assert stats["mode"] == "trained"
-    assert stats["held_out_records"] > 0 and stats["sample_records"] > 0
-    assert stats["sample_records"] + stats["held_out_records"] <= stats["docs_in"] == 300
-    assert stats["chars_per_token"] > 0.5
-    assert stats["examples"] and all(e["roundtrip"] for e in stats["examples"])
+    assert read_result(base / "out", type(stats)) == stats
+    assert stats.mode == "trained"
+    assert stats.held_out_records > 0 and stats.sample_records > 0
+    assert stats.sample_records + stats.held_out_records <= stats.docs_in == 300
+    assert stats.chars_per_token > 0.5
+    assert stats.examples and all(e["roundtrip"] for e in stats.examples)
 
 
 def test_sample_is_bounded(tmp_path):
     write_records(tmp_path / "in", n=400)
     s = train_tokenizer(tmp_path / "in", tmp_path / "out", TokenizerSettings(vocab_size=300, sample_chars=2000))
-    assert 0 < s["sample_chars"] <= 2000
-    assert s["sample_records"] < 60
+    assert 0 < s.sample_chars <= 2000
+    assert s.sample_records < 60
 
 
 def test_deterministic_bytes(tmp_path, trained):
@@ -110,12 +110,12 @@ def test_existing_tokenizer_is_copied(tmp_path, trained):
     base, _ = trained
     src = base / "out" / "tokenizer.json"
     s = train_tokenizer(base / "in", tmp_path / "copy", TokenizerSettings(tokenizer_path=str(src)))
-    assert s["mode"] == "existing" and s["special_tokens_added"] == []
+    assert s.mode == "existing" and s.special_tokens_added == []
     assert (tmp_path / "copy" / "tokenizer.json").read_bytes() == src.read_bytes()
     # a folder holding tokenizer.json works too
     s2 = train_tokenizer(base / "in", tmp_path / "copy2", TokenizerSettings(tokenizer_path=str(base / "out")))
     assert (tmp_path / "copy2" / "tokenizer.json").read_bytes() == src.read_bytes()
-    assert s2["vocab_size"] == s["vocab_size"]
+    assert s2.vocab_size == s.vocab_size
 
 
 def test_existing_tokenizer_without_our_specials_gets_them(tmp_path):
@@ -139,8 +139,8 @@ def test_existing_tokenizer_without_our_specials_gets_them(tmp_path):
     s = train_tokenizer(
         tmp_path / "in", tmp_path / "out", TokenizerSettings(tokenizer_path=str(tmp_path / "foreign.json"))
     )
-    assert s["special_tokens_added"] == list(SPECIAL_TOKENS)
-    assert s["vocab_size"] == n0 + len(SPECIAL_TOKENS)
+    assert s.special_tokens_added == list(SPECIAL_TOKENS)
+    assert s.vocab_size == n0 + len(SPECIAL_TOKENS)
     out = load_tokenizer(tmp_path / "out" / "tokenizer.json")
     assert all(out.token_to_id(t) is not None for t in SPECIAL_TOKENS)
 
@@ -194,10 +194,10 @@ def test_sample_does_not_depend_on_file_order_or_cut(tmp_path):
     s = TokenizerSettings(vocab_size=300, sample_chars=3000, held_out_chars=500)
     a = train_tokenizer(tmp_path / "one", tmp_path / "a", s)
     b = train_tokenizer(tmp_path / "three", tmp_path / "b", s)
-    assert (a["sample_records"], a["sample_chars"], a["held_out_chars"]) == (
-        b["sample_records"],
-        b["sample_chars"],
-        b["held_out_chars"],
+    assert (a.sample_records, a.sample_chars, a.held_out_chars) == (
+        b.sample_records,
+        b.sample_chars,
+        b.held_out_chars,
     )
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
 

@@ -83,9 +83,9 @@ def test_auto_is_the_default_and_encodes_as_the_type_it_chose(tmp_path, tok_dir)
     for batch, chosen in ((plain, "seq"), (titled, "conditional")):
         auto = build(tok_dir, tmp_path / f"auto-{chosen}", [batch])
         explicit = build(tok_dir, tmp_path / f"explicit-{chosen}", [batch], training_type=chosen)
-        assert (auto["training_type"], auto["training_type_setting"]) == (chosen, "auto")
-        assert auto["training_type_reason"].startswith(f"auto: {8 if chosen == 'conditional' else 0} of 40 records")
-        assert explicit["training_type_setting"] == chosen and explicit["training_type_reason"] == "set explicitly"
+        assert (auto.training_type, auto.training_type_setting) == (chosen, "auto")
+        assert auto.training_type_reason.startswith(f"auto: {8 if chosen == 'conditional' else 0} of 40 records")
+        assert explicit.training_type_setting == chosen and explicit.training_type_reason == "set explicitly"
         # the same shards as the type set explicitly; the manifest adds what auto decided on
         a, e = published_bytes(tmp_path / f"auto-{chosen}"), published_bytes(tmp_path / f"explicit-{chosen}")
         assert {k: v for k, v in a.items() if "dataset" not in k} == {k: v for k, v in e.items() if "dataset" not in k}
@@ -98,7 +98,7 @@ def test_auto_is_the_default_and_encodes_as_the_type_it_chose(tmp_path, tok_dir)
     content = load_tokenizer(tok_dir / "tokenizer.json").token_to_id("<|content|>")
     store = open_store(tmp_path / "auto-seq" / "train")
     assert all(content not in store.read_record(i, "sequence").tolist() for i in range(store.num_records))
-    assert build(tok_dir, tmp_path / "auto-seq", [plain])["masked_tokens"] == 0
+    assert build(tok_dir, tmp_path / "auto-seq", [plain]).masked_tokens == 0
 
 
 @pytest.mark.parametrize("first_titled", [True, False])
@@ -114,8 +114,8 @@ def test_a_first_build_guessed_wrong_from_its_first_records_is_encoded_again_as_
     batch = write_batch(tmp_path / "in", "b1", recs)
     auto = build(tok_dir, tmp_path / "auto", [batch])
     build(tok_dir, tmp_path / "explicit", [batch], training_type=chosen)
-    assert auto["training_type"] == chosen
-    assert auto["training_type_reason"].startswith(f"auto: {1 if first_titled else 39} of 40 records")
+    assert auto.training_type == chosen
+    assert auto.training_type_reason.startswith(f"auto: {1 if first_titled else 39} of 40 records")
     a, e = published_bytes(tmp_path / "auto"), published_bytes(tmp_path / "explicit")
     assert {k: v for k, v in a.items() if "dataset" not in k} == {k: v for k, v in e.items() if "dataset" not in k}
     manifest = read_json(tmp_path / "auto" / "train" / "dataset.json")
@@ -127,17 +127,17 @@ def test_auto_choice_is_kept_by_appends_and_made_again_by_a_new_generation(tmp_p
     plain = write_batch(tmp_path / "in", "b2", [record("b", i) for i in range(400)])
     bins = tmp_path / "bins"
     first = build(tok_dir, bins, [titled], val_fraction=0.2)
-    assert first["training_type"] == "conditional" and first["generation"] == 1
+    assert first.training_type == "conditional" and first.generation == 1
     # 20 of 420 records titled (< 10%), but an append never flips the generation's choice
     append = build(tok_dir, bins, [titled, plain], val_fraction=0.2)
-    assert (append["generation"], append["rebuild_reason"], append["training_type"]) == (1, None, "conditional")
-    assert append["training_type_reason"].startswith("auto: 20 of 20 records")
-    assert build(tok_dir, bins, [titled, plain], val_fraction=0.2)["new_version"] is False
+    assert (append.generation, append.rebuild_reason, append.training_type) == (1, None, "conditional")
+    assert append.training_type_reason.startswith("auto: 20 of 20 records")
+    assert build(tok_dir, bins, [titled, plain], val_fraction=0.2).new_version is False
     # a new generation (another setting) chooses again, from all its records
     regen = build(tok_dir, bins, [titled, plain], val_fraction=0.3)
-    assert (regen["generation"], regen["training_type"]) == (2, "seq")
-    assert regen["rebuild_reason"] == "encoding settings changed: val_fraction"
-    assert regen["training_type_reason"].startswith("auto: 20 of 420 records")
+    assert (regen.generation, regen.training_type) == (2, "seq")
+    assert regen.rebuild_reason == "encoding settings changed: val_fraction"
+    assert regen.training_type_reason.startswith("auto: 20 of 420 records")
 
 
 def test_auto_over_an_explicit_generation_appends_when_it_chooses_the_same_type(tmp_path, tok_dir):
@@ -145,12 +145,12 @@ def test_auto_over_an_explicit_generation_appends_when_it_chooses_the_same_type(
     bins = tmp_path / "bins"
     build(tok_dir, bins, plain[:1], training_type="seq")
     same = build(tok_dir, bins, plain, training_type="auto")
-    assert (same["generation"], same["rebuild_reason"], same["training_type"]) == (1, None, "seq")
+    assert (same.generation, same.rebuild_reason, same.training_type) == (1, None, "seq")
     other = build(tok_dir, tmp_path / "bins2", plain[:1], training_type="conditional")
-    assert other["generation"] == 1
+    assert other.generation == 1
     switched = build(tok_dir, tmp_path / "bins2", plain)
-    assert (switched["generation"], switched["training_type"]) == (2, "seq")
-    assert switched["rebuild_reason"] == "encoding settings changed: training_type"
+    assert (switched.generation, switched.training_type) == (2, "seq")
+    assert switched.rebuild_reason == "encoding settings changed: training_type"
 
 
 # ------------------------------------------------------------------------------------------------ small val split
@@ -165,32 +165,32 @@ def test_a_small_corpus_gets_one_val_record_and_a_warning(tmp_path, tok_dir):
     moved = min(recs, key=lambda r: split_hash(r["id"]))["id"]
     batch = write_batch(tmp_path / "in", "b1", recs, per_part=5)
     stats = build(tok_dir, tmp_path / "w1", [batch], val_fraction=0.05)
-    assert (stats["train_records"], stats["val_records"]) == (19, 1)
-    assert split_ids(tmp_path / "w1", "val") == [moved] and stats["val_moved"] == [moved]
-    assert "val holds 1 of 20 records, under min_val_records 10" in stats["val_warning"]
+    assert (stats.train_records, stats.val_records) == (19, 1)
+    assert split_ids(tmp_path / "w1", "val") == [moved] and stats.val_moved == [moved]
+    assert "val holds 1 of 20 records, under min_val_records 10" in stats.val_warning
     meta = tokenized_bins_metadata(stats, tmp_path / "w1")
-    assert meta["val_warning"] == stats["val_warning"] and meta["val_moved"] == moved
+    assert meta["val_warning"] == stats.val_warning and meta["val_moved"] == moved
     assert read_json(tmp_path / "w1" / "val" / "dataset.json")["val_moved"] == [moved]
     # the same output with several workers (tasks report their smallest train hash; the least of them moves)
     build(tok_dir, tmp_path / "w2", [batch], workers=2, val_fraction=0.05)
     assert published_bytes(tmp_path / "w2") == published_bytes(tmp_path / "w1")
-    assert build(tok_dir, tmp_path / "quiet", [batch], val_fraction=0.05, min_val_records=1)["val_warning"] is None
+    assert build(tok_dir, tmp_path / "quiet", [batch], val_fraction=0.05, min_val_records=1).val_warning is None
     # appends never move a published record, and the moved one stays listed
     more = write_batch(tmp_path / "in", "b2", hashed_to_train("t", 5, 0.05))
     appended = build(tok_dir, tmp_path / "w1", [batch, more], val_fraction=0.05)
-    assert appended["rebuild_reason"] is None and appended["val_moved"] == [moved]
-    assert split_ids(tmp_path / "w1", "val") == [moved] and appended["train_records"] == 24
+    assert appended.rebuild_reason is None and appended.val_moved == [moved]
+    assert split_ids(tmp_path / "w1", "val") == [moved] and appended.train_records == 24
 
 
 def test_no_val_asked_or_one_record_moves_nothing(tmp_path, tok_dir):
     recs = hashed_to_train("s", 20, 0.05)
     batch = write_batch(tmp_path / "in", "b1", recs)
     none_asked = build(tok_dir, tmp_path / "none", [batch], val_fraction=0.0)
-    assert (none_asked["val_records"], none_asked["val_moved"], none_asked["val_warning"]) == (0, [], None)
+    assert (none_asked.val_records, none_asked.val_moved, none_asked.val_warning) == (0, [], None)
     single = write_batch(tmp_path / "in", "b2", recs[:1])
     one = build(tok_dir, tmp_path / "one", [single], val_fraction=0.05)
-    assert (one["train_records"], one["val_records"], one["val_moved"]) == (1, 0, [])
-    assert one["val_warning"].startswith("val holds 0 of 1 records")
+    assert (one.train_records, one.val_records, one.val_moved) == (1, 0, [])
+    assert one.val_warning.startswith("val holds 0 of 1 records")
 
 
 # --------------------------------------------------------------------------------------------------- drop samples
@@ -207,7 +207,7 @@ def test_dropped_records_keep_a_bounded_sample_with_their_text(tmp_path, tok_dir
         stats = build(tok_dir, out, batches, workers=w, training_type="seq")
     assert published_bytes(bins[1]) == published_bytes(bins[2])
     rejected = json.loads((bins[1] / REJECTED_JSON).read_text(encoding="utf-8"))
-    assert len(rejected) == stats["dropped_empty_text"] == 2 * 21
+    assert len(rejected) == stats.dropped["empty_text"] == 2 * 21
     for b, (_, folder) in zip(("b1", "b2"), batches):
         mine = [e for e in rejected if e["batch"] == b]
         with_text = [e for e in mine if "text" in e]
@@ -215,7 +215,7 @@ def test_dropped_records_keep_a_bounded_sample_with_their_text(tmp_path, tok_dir
         lines = {json.loads(line)["id"]: line for p in sorted(folder.glob("*.jsonl")) for line in p.open()}
         for e in with_text:
             assert e["text"] == lines[e["id"]].rstrip("\n")[:SAMPLE_CHARS] and e["text_chars"] > 0
-    samples = stats["rejected_samples"]["empty_text"]
+    samples = stats.rejected_samples["empty_text"]
     assert len(samples) == SAMPLES_PER_REASON and all(e["batch"] == "b1" for e in samples)
     table = tokenized_bins_metadata(stats, bins[1])["rejected_samples"].value
     wheres = [r.data["record and reason"].split()[0] for r in table.records]

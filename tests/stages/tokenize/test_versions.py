@@ -63,7 +63,7 @@ def test_reader_with_workers_keeps_its_version_while_a_batch_is_published(tmp_pa
     root, batches = world
     bins = tmp_path / "tokenized_bins"
     first = build(root, bins, batches[:1])
-    assert first["version"] == 1 and first["generation"] == 1 and first["batches_added"] == ["g1-b0001"]
+    assert first.version == 1 and first.generation == 1 and first.batches_added == ["g1-b0001"]
     split = bins / "train"
     alone = [b["input_ids"] for b in DataLoader(TokenDataset(split, seq_len=32), batch_size=4, seed=3)]
 
@@ -72,7 +72,7 @@ def test_reader_with_workers_keeps_its_version_while_a_batch_is_published(tmp_pa
     it = iter(reader)
     got = [next(it)["input_ids"] for _ in range(3)]  # workers started and reading
     second = build(root, bins, batches[:2])  # a new batch published meanwhile
-    assert second["version"] == 2 and second["batches_added"] == ["g1-b0002"] and second["new_version"]
+    assert second.version == 2 and second.batches_added == ["g1-b0002"] and second.new_version
     got += [b["input_ids"] for _, b in zip(range(2), it)]  # the running workers
     del it
     got += [b["input_ids"] for b in reader]  # new workers for the rest of the epoch: they re-open version 1
@@ -85,8 +85,8 @@ def test_reader_with_workers_keeps_its_version_while_a_batch_is_published(tmp_pa
     ]
     v1, v2 = records_by_id(split, version=1), records_by_id(split)
     assert list(v2)[: len(v1)] == list(v1) and all(v2[rid] == v1[rid] for rid in v1)
-    assert len(v2) > len(v1) and second["train_records"] == len(v2)
-    assert second["docs_in"] == 200 and second["batches"]["g1-b0002"]["docs_in"] == 80
+    assert len(v2) > len(v1) and second.train_records == len(v2)
+    assert second.docs_in == 200 and second.batches["g1-b0002"]["docs_in"] == 80
 
 
 def test_appended_batches_equal_a_one_shot_build_and_nothing_new_publishes_nothing(tmp_path, world):
@@ -106,7 +106,7 @@ def test_appended_batches_equal_a_one_shot_build_and_nothing_new_publishes_nothi
     for key in ("docs_in", "docs_out", "tokens", "train_records", "val_tokens", "tokens_per_doc", "batches"):
         assert stats_a[key] == stats_b[key], key
     again = build(root, appended, batches)
-    assert not again["new_version"] and again["version"] == 3 and again["batches_added"] == []
+    assert not again.new_version and again.version == 3 and again.batches_added == []
     assert list_versions(appended / "train") == [1, 2, 3]
 
 
@@ -160,26 +160,26 @@ def test_retention_removes_expired_versions_never_the_latest_nor_one_in_the_wind
     build(root, bins, batches[:1])
     build(root, bins, batches[:2])
     gen2 = build(root, bins, batches[:2], ShardSettings(**{**SETTINGS.model_dump(), "val_fraction": 0.3}))
-    assert gen2["generation"] == 2 and gen2["rebuild_reason"] == "encoding settings changed: val_fraction"
+    assert gen2.generation == 2 and gen2.rebuild_reason == "encoding settings changed: val_fraction"
     gen1_shards = {s["name"] for s in read_json(bins / "train" / version_file(2))["shards"]}
     gen2_shards = {s["name"] for s in read_json(bins / "train" / version_file(3))["shards"]}
     assert not gen1_shards & gen2_shards
-    keep = ShardSettings(**{**gen2["settings"], "retention_hours": 1.0})
+    keep = ShardSettings(**{**gen2.settings, "retention_hours": 1.0})
     _age(bins, 2, hours=3)  # version 1 superseded 3 h ago
     _age(bins, 3, hours=0.5)  # version 2 superseded 30 min ago: inside the window
     stats = build(root, bins, batches[:2], keep)
-    assert stats["versions_removed"] == [1] and stats["versions"] == [2, 3] and not stats["new_version"]
+    assert stats.versions_removed == [1] and stats.versions == [2, 3] and not stats.new_version
     assert all((bins / "train" / name).is_dir() for name in gen1_shards)  # version 2 still names them
     with pytest.raises(DatasetError, match="version 1 is not available"):
         open_store(bins / "train", version=1)
 
     _age(bins, 3, hours=2)
     stats = build(
-        root, bins, batches[:2], ShardSettings(**{**gen2["settings"], "retention_hours": 1.0, "keep_versions": 2})
+        root, bins, batches[:2], ShardSettings(**{**gen2.settings, "retention_hours": 1.0, "keep_versions": 2})
     )
-    assert stats["versions_removed"] == []  # the newest two are kept whatever their age
-    stats = build(root, bins, batches[:2], ShardSettings(**{**gen2["settings"], "retention_hours": 0.0}))
-    assert stats["versions_removed"] == [2] and stats["versions"] == [3]  # the latest stays, even at 0 h
+    assert stats.versions_removed == []  # the newest two are kept whatever their age
+    stats = build(root, bins, batches[:2], ShardSettings(**{**gen2.settings, "retention_hours": 0.0}))
+    assert stats.versions_removed == [2] and stats.versions == [3]  # the latest stays, even at 0 h
     assert not any((bins / "train" / name).exists() for name in gen1_shards)
     assert sorted(p.name for p in (bins / "train").glob("shard-*")) == sorted(gen2_shards)
     assert open_store(bins / "train", verify=True).version == 3
@@ -218,13 +218,13 @@ def test_a_failed_check_or_a_kill_before_publishing_leaves_the_previous_version(
             stats = build(root, bins, batches[:2], log=_Log(logs))
             assert any("removed unpublished train/dataset.v000002.json" in m for m in logs)
             assert any("removed unreferenced train/shard-" in m for m in logs)
-            assert stats["version"] == 2
+            assert stats.version == 2
         else:  # train points at version 3, val still at 2: the next run re-points val
             assert open_store(bins / "train").version == 3 and open_store(bins / "val").version == 2
             logs = []
             stats = build(root, bins, batches[:3], log=_Log(logs))
             assert "recovered tokenized_bins: re-pointed val/dataset.json to version 3" in logs
-            assert stats["version"] == 3 and not stats["new_version"]
+            assert stats.version == 3 and not stats.new_version
             assert open_store(bins / "val", verify=True).version == 3
         for split in ("train", "val"):
             named = {

@@ -38,11 +38,11 @@ Steps, each over every shard in parallel (`map_ordered`, one task per input shar
 Output is byte-identical for any worker count; records in = out + rejected (checked before `_stats.json`).
 """
 
-from tokenmill.stages.clean.corpus import REASONS, clean_corpus
+from tokenmill.stages.clean.corpus import REASONS, CleanResult, clean_corpus
 from tokenmill.stages.clean.settings import CleanSettings
 
 # code_version of cleaned_jsonl (Dagster shows what an older one built as stale): the date of the last
 # change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
 VERSION = "2026-12-03"
 
-__all__ = ["REASONS", "VERSION", "CleanSettings", "clean_corpus"]
+__all__ = ["REASONS", "VERSION", "CleanResult", "CleanSettings", "clean_corpus"]

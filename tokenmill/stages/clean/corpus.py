@@ -20,10 +20,10 @@ from tokenmill.common.io import (
     dumps,
     record_shards,
     shard_figures,
-    write_stats,
 )
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.results import StageResult, flattened, run_fact, write_result
 from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.clean.boilerplate import merge_line_stats, prune_candidates
@@ -33,7 +33,7 @@ from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
 from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.pii import KINDS as PII_KINDS
 from tokenmill.stages.clean.prepare import PrepareResult, PrepareTask, prepare_task
-from tokenmill.stages.clean.quality import QUALITY_REASONS, ProfileChoice, choose_profile, quality_stats
+from tokenmill.stages.clean.quality import QUALITY_REASONS, ProfileChoice, c4_lines_removed, choose_profile
 from tokenmill.stages.clean.report import LENGTH_BUCKETS, RULES, bucket_labels, pick_examples
 from tokenmill.stages.clean.settings import CleanSettings
 
@@ -231,12 +231,12 @@ def _boilerplate_stats(s: CleanSettings, merged: LineTable | None, totals: Total
     }
 
 
-def _language_stats(s: CleanSettings, totals: Totals) -> dict:
-    """Records and characters written per language, most records first (nothing when identification is off)."""
+def _languages(s: CleanSettings, totals: Totals) -> dict[str, dict[str, int]] | None:
+    """Records and characters written per language, most records first (None when identification is off)."""
     if not s.language_id:
-        return {}
+        return None
     order = sorted(totals.languages.items(), key=lambda kv: (-kv[1][0], kv[0]))
-    return {"languages": {language: {"records": n, "chars": chars} for language, (n, chars) in order}}
+    return {language: {"records": n, "chars": chars} for language, (n, chars) in order}
 
 
 def drops_by_language(counts: Counter) -> dict:
@@ -247,60 +247,92 @@ def drops_by_language(counts: Counter) -> dict:
     return dict(sorted(table.items(), key=lambda kv: (-sum(kv[1].values()), kv[0])))
 
 
-def build_stats(
+@dataclass(frozen=True, kw_only=True)
+class CleanResult(StageResult):
+    """cleaned_jsonl of one batch: records in and out, dropped per rule (`dropped`, also per language), what the
+    repairs, boilerplate, PII masking and decontamination did, lengths before and after, examples and timings."""
+
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    dropped_by_language: dict[str, dict[str, int]]
+    rejected_samples: dict[str, list[dict]]
+    quality_profile: dict  # the batch's profile and why (ProfileChoice.as_dict)
+    c4_lines_removed: dict[str, int]
+    mojibake_repaired: int
+    surrogates_removed: int
+    control_chars_removed: int
+    docs_meta_extracted: int
+    meta_lines_extracted: int
+    docs_pii_masked: int
+    pii: dict[str, int] = flattened("pii_")  # addresses masked per kind
+    chars_in: int
+    chars_out: int
+    boilerplate: dict
+    flagged_contamination: int
+    decontamination: dict  # mode and, per evaluation file, its items, n-grams and hits
+    languages: dict[str, dict[str, int]] | None = None  # records and chars per meta.language
+    length_buckets: list[str]
+    length_hist_before: list[int]
+    length_hist_after: list[int]
+    examples: list[dict]
+    shards: int
+    settings: dict
+    pass_seconds: dict[str, float] = run_fact()
+    workers: int = run_fact()
+    rule_seconds: dict[str, float] = run_fact()
+    rule_time_share: dict[str, float] = run_fact()
+
+
+def _result(
     s: CleanSettings,
     merged: LineTable | None,
     totals: Totals,
     shards: int,
     workers: int | None,
     t0: float,
-    contamination: ContaminationIndex | None = None,
-    profile: ProfileChoice | None = None,
-) -> dict:
+    contamination: ContaminationIndex | None,
+    profile: ProfileChoice,
+) -> CleanResult:
     work = sum(totals.seconds.values()) or 1.0
     reasons, counts = totals.reasons, totals.counts
-    return {
-        "docs_in": totals.docs_in,
-        "docs_out": totals.docs_out,
-        **{f"dropped_{r}": reasons.get(r, 0) for r in REASONS},
-        "rejected": sum(reasons.values()),
-        "rejected_by_reason": dict(sorted(reasons.items())),
-        "dropped_by_language": drops_by_language(totals.drops_by_language),
-        **(quality_stats(profile, counts) if profile is not None else {}),
-        **{
-            k: counts.get(k, 0)
-            for k in (
-                "mojibake_repaired",
-                "surrogates_removed",
-                "control_chars_removed",
-                "docs_meta_extracted",
-                "meta_lines_extracted",
-                "docs_pii_masked",
-                *(f"pii_{kind}" for kind in PII_KINDS),
-            )
-        },
-        "chars_in": totals.chars_in,
-        "chars_out": totals.chars_out,
-        "boilerplate": _boilerplate_stats(s, merged, totals),
-        "flagged_contamination": counts.get("flagged_contamination", 0),
-        "decontamination": {
+    return CleanResult(
+        docs_in=totals.docs_in,
+        docs_out=totals.docs_out,
+        dropped={r: reasons.get(r, 0) for r in REASONS},
+        rejected=sum(reasons.values()),
+        rejected_by_reason=dict(sorted(reasons.items())),
+        dropped_by_language=drops_by_language(totals.drops_by_language),
+        rejected_samples=totals.rejected_samples,
+        quality_profile=profile.as_dict(),
+        c4_lines_removed=c4_lines_removed(counts),
+        mojibake_repaired=counts.get("mojibake_repaired", 0),
+        surrogates_removed=counts.get("surrogates_removed", 0),
+        control_chars_removed=counts.get("control_chars_removed", 0),
+        docs_meta_extracted=counts.get("docs_meta_extracted", 0),
+        meta_lines_extracted=counts.get("meta_lines_extracted", 0),
+        docs_pii_masked=counts.get("docs_pii_masked", 0),
+        pii={kind: counts.get(f"pii_{kind}", 0) for kind in PII_KINDS},
+        chars_in=totals.chars_in,
+        chars_out=totals.chars_out,
+        boilerplate=_boilerplate_stats(s, merged, totals),
+        flagged_contamination=counts.get("flagged_contamination", 0),
+        decontamination={
             "mode": s.decontaminate_mode,
             "files": contamination.report(counts) if contamination is not None else [],
         },
-        **_language_stats(s, totals),
-        "length_buckets": bucket_labels(),
-        "length_hist_before": totals.hist_in.tolist(),
-        "length_hist_after": totals.hist_out.tolist(),
-        "examples": pick_examples(totals.examples, s.examples),
-        "rejected_samples": totals.rejected_samples,
-        "shards": shards,
-        "pass_seconds": totals.pass_seconds,
-        "workers": default_workers() if workers is None else workers,
-        "rule_seconds": {k: round(v, 4) for k, v in totals.seconds.items()},
-        "rule_time_share": {k: round(v / work, 4) for k, v in totals.seconds.items()},
-        "settings": s.model_dump(),
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
+        languages=_languages(s, totals),
+        length_buckets=bucket_labels(),
+        length_hist_before=totals.hist_in.tolist(),
+        length_hist_after=totals.hist_out.tolist(),
+        examples=pick_examples(totals.examples, s.examples),
+        shards=shards,
+        settings=s.model_dump(),
+        pass_seconds=totals.pass_seconds,
+        workers=default_workers() if workers is None else workers,
+        rule_seconds={k: round(v, 4) for k, v in totals.seconds.items()},
+        rule_time_share={k: round(v / work, 4) for k, v in totals.seconds.items()},
+        seconds=round(time.perf_counter() - t0, 3),
+    )
 
 
 def clean_corpus(
@@ -310,9 +342,9 @@ def clean_corpus(
     workers: int | None = None,
     log=None,
     cache_dir: Path | None = None,
-) -> dict:
+) -> CleanResult:
     """Cleans every `in_dir/part-*.jsonl` into `out_dir` (same shard names) with `_rejected.jsonl` and
-    `_stats.json`; returns the stats. See the package docstring for the rules and their order. The evaluation
+    its result (`write_result`); returns it. See the package docstring for the rules and their order. The evaluation
     sets' decontamination indexes are cached in `cache_dir` (default: `_decontam_cache` beside `out_dir`, i.e.
     in the stage folder for a batch's output)."""
     t0 = time.perf_counter()
@@ -345,14 +377,12 @@ def clean_corpus(
         for p in paths:
             p.stage.unlink(missing_ok=True)
             p.rejected.unlink(missing_ok=True)
-    stats = build_stats(s, merged, totals, len(paths), workers, t0, contamination, profile)
-    if stats["docs_in"] != stats["docs_out"] + stats["rejected"]:  # a bug, never expected: say so loudly
-        raise RuntimeError(
-            f"cleaned_jsonl: {stats['docs_in']} in != {stats['docs_out']} out + {stats['rejected']} rejected"
-        )
-    write_stats(out_dir, stats)
+    result = _result(s, merged, totals, len(paths), workers, t0, contamination, profile)
+    if result.docs_in != result.docs_out + result.rejected:  # a bug, never expected: say so loudly
+        raise RuntimeError(f"cleaned_jsonl: {result.docs_in} in != {result.docs_out} out + {result.rejected} rejected")
+    write_result(out_dir, result)
     write_shard_figures(out_dir, totals)
-    return stats
+    return result
 
 
 def write_shard_figures(out_dir: Path, totals: Totals) -> None:

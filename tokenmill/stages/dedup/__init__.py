@@ -15,21 +15,24 @@ another process or machine:
   stage        build_dedup_report: the steps in order; dedup_batch: the same over a batch after the index
 """
 
-from tokenmill.stages.dedup.apply import write_deduped
+from tokenmill.stages.dedup.apply import DedupApplyResult, write_deduped
 from tokenmill.stages.dedup.layout import CLUSTERS_FILE, DECISION_DIR, REPORT_FILE
+from tokenmill.stages.dedup.report import DedupResult
 from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.stage import Partitions, build_dedup_report, dedup_batch
 
 # code_version of dedup_report, dedup_index and deduped_jsonl (Dagster shows what an older one built as stale):
 # the date of the last change to the output's bytes; bump it with such a change, not with a refactor that keeps
 # them byte-identical.
-VERSION = "2026-12-04"
+VERSION = "2026-12-04.2"  # the second change that day: _stats.json through write_result
 
 __all__ = [
     "CLUSTERS_FILE",
     "DECISION_DIR",
     "REPORT_FILE",
     "VERSION",
+    "DedupApplyResult",
+    "DedupResult",
     "DedupSettings",
     "Partitions",
     "build_dedup_report",

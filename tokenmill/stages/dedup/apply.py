@@ -24,10 +24,10 @@ from tokenmill.common.io import (
     read_json,
     record_shards,
     shard_figures,
-    write_stats,
 )
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.results import StageResult, write_result
 from tokenmill.common.samples import SAMPLES_PER_REASON, with_text
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.dedup.layout import DECISION_DIR, LEVEL_NAMES, REPORT_FILE, Chunk, chunk_lines, parse
@@ -118,7 +118,17 @@ def _removed_entry(chunk: Chunk, ordinal: int, rec: dict, decision: tuple[str, s
     }
 
 
-def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | None = None, log=None) -> dict:
+@dataclass(frozen=True, kw_only=True)
+class DedupApplyResult(StageResult):
+    """deduped_jsonl of one batch: the records kept and those removed as exact or near duplicates (`dropped`)."""
+
+    shards: int
+    removed_samples: list[dict]  # a few clusters of the report: removed texts next to the kept one
+
+
+def write_deduped(
+    in_dir: Path, report_dir: Path, out_dir: Path, workers: int | None = None, log=None
+) -> DedupApplyResult:
     """Writes the survivors of `in_dir` to `out_dir` (same shard names) and removed.jsonl, per the report."""
     t_start = time.perf_counter()
     in_dir, report_dir, out_dir = Path(in_dir), Path(report_dir), Path(out_dir)
@@ -143,18 +153,20 @@ def write_deduped(in_dir: Path, report_dir: Path, out_dir: Path, workers: int | 
             f"removed {dropped} records but the report lists "
             f"{report['counts']['records_removed']}: rematerialize dedup_report"
         )
-    stats = {
-        "docs_in": kept + dropped,
-        "docs_out": kept,
-        "dropped_exact_duplicate": sum(r.levels[0] for r in results),
-        "dropped_near_duplicate": sum(r.levels[1] for r in results),
-        "seconds": round(time.perf_counter() - t_start, 3),
-        "shards": len(shards),
-        "removed_samples": report["samples"],  # a few clusters: removed texts next to the kept one
-    }
-    write_stats(out_dir, stats)
+    result = DedupApplyResult(
+        docs_in=kept + dropped,
+        docs_out=kept,
+        dropped={
+            "exact_duplicate": sum(r.levels[0] for r in results),
+            "near_duplicate": sum(r.levels[1] for r in results),
+        },
+        shards=len(shards),
+        removed_samples=report["samples"],
+        seconds=round(time.perf_counter() - t_start, 3),
+    )
+    write_result(out_dir, result)
     atomic_write_json(out_dir / SHARDS_FILE, {"shards": figures, "ids_crc32": kept_ids_crc32(results)})
-    return stats
+    return result
 
 
 def _report_chunks(in_dir: Path, report: dict) -> tuple[dict[str, Path], list[Chunk]]:

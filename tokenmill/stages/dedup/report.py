@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import atomic_write_json, write_stats
+from tokenmill.common.io import atomic_write_json
+from tokenmill.common.results import StageResult, run_fact, write_result
 from tokenmill.explain import find_line
 from tokenmill.stages.dedup import minhash as mh
 from tokenmill.stages.dedup.clusters import (
@@ -362,8 +363,38 @@ def _files(s: DedupSettings, clusters_written: int) -> dict:
     }
 
 
-def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: int) -> dict:
-    """Writes report.json and _stats.json; returns the stats."""
+@dataclass(frozen=True, kw_only=True)
+class DedupResult(StageResult):
+    """dedup_report of one batch: records in, kept and removed as exact or near duplicates (`dropped`), what each
+    step found (report.json's counts), the LSH bands x rows, and for a batch deduplicated against the index
+    (dedup_batch) the removals split into cross- and within-batch with the index's figures."""
+
+    records_removed: int
+    exact_duplicates_removed: int
+    near_duplicates_removed: int
+    exact_groups: int
+    lsh_items: int
+    candidate_pairs: int
+    verified_pairs: int
+    rejected_candidates: int
+    signature_rejected: int
+    band_collisions: int
+    oversized_buckets: int
+    pairs_not_emitted: int
+    clusters: int
+    largest_cluster: int
+    components: int
+    components_with_several_kept: int
+    cross_file_duplicates: int
+    empty_keys: int
+    bands: int
+    rows: int
+    incremental: dict[str, int] | None = None
+    timings: dict[str, float] = run_fact()  # seconds per step
+
+
+def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: int) -> DedupResult:
+    """Writes report.json and the result (`write_result`); returns it."""
     t0 = time.perf_counter()
     sources = per_source(c, sum((Counter(sk.records_per_path) for sk in run.sketches), Counter()))
     counts = _counts(run, c, sources)
@@ -387,17 +418,20 @@ def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: 
             run, run.index, c, counts["exact_duplicates_removed"], counts["near_duplicates_removed"]
         )
     atomic_write_json(out_dir / REPORT_FILE, report)
-    stats = {
-        "docs_in": counts["records_in"],
-        "docs_out": counts["records_kept"],
-        "dropped_exact_duplicate": counts["exact_duplicates_removed"],
-        "dropped_near_duplicate": counts["near_duplicates_removed"],
-        "seconds": round(seconds, 3),
-        **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
-        "bands": run.bands,
-        "rows": run.rows,
-        **incremental,
-        "timings": {k: round(v, 3) for k, v in run.timings.items()},
+    removed = {
+        "exact_duplicate": counts["exact_duplicates_removed"],
+        "near_duplicate": counts["near_duplicates_removed"],
     }
-    write_stats(out_dir, stats)
-    return stats
+    result = DedupResult(
+        docs_in=counts["records_in"],
+        docs_out=counts["records_kept"],
+        dropped=removed,
+        **{k: v for k, v in counts.items() if k not in ("records_in", "records_kept")},
+        bands=run.bands,
+        rows=run.rows,
+        incremental=incremental or None,
+        timings={k: round(v, 3) for k, v in run.timings.items()},
+        seconds=round(seconds, 3),
+    )
+    write_result(out_dir, result)
+    return result

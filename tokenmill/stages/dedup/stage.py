@@ -73,7 +73,7 @@ from tokenmill.stages.dedup.layout import (
     folder,
     plan_chunks,
 )
-from tokenmill.stages.dedup.report import RunSummary, write_report
+from tokenmill.stages.dedup.report import DedupResult, RunSummary, write_report
 from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
 from tokenmill.stages.dedup.verify import VerifyResult, VerifyTask, verify_range
@@ -173,7 +173,7 @@ def build_dedup_report(
     workers: int | None = None,
     log=None,
     partitions: Partitions | None = None,
-) -> dict:
+) -> DedupResult:
     """Finds exact and near duplicates in `in_dir` (record JSONL) and writes the decision to `out_dir`."""
     return _deduplicate(DedupRun.start(in_dir, out_dir, settings, workers, log, partitions, None))
 
@@ -187,14 +187,14 @@ def dedup_batch(
     workers: int | None = None,
     log=None,
     partitions: Partitions | None = None,
-) -> dict:
+) -> DedupResult:
     """Deduplicates the batch `cleaned_dir` against the index segments `index_dirs` (the earlier batches', in
     order) and within itself; writes the decision to `report_out` and the batch's index segment to `index_out`."""
     index = (index_dirs, index_out)
     return _deduplicate(DedupRun.start(cleaned_dir, report_out, settings, workers, log, partitions, index))
 
 
-def _deduplicate(run: DedupRun) -> dict:
+def _deduplicate(run: DedupRun) -> DedupResult:
     """The steps over the run's input, after the index segments' chunks when it has an index."""
     chunks, sketches = _signatures(run)
     exact_files, exact = _exact_groups(run, chunks)
@@ -397,9 +397,9 @@ def _summary(
     )
 
 
-def _report(run: DedupRun, summary: RunSummary, clusters: Clusters, clusters_written: int) -> dict:
-    """Step 7: report.json and _stats.json; the step files only the steps read are removed. Returns the stats."""
-    stats = write_report(run.out_dir, summary, clusters, clusters_written)
+def _report(run: DedupRun, summary: RunSummary, clusters: Clusters, clusters_written: int) -> DedupResult:
+    """Step 7: report.json and the result; the step files only the steps read are removed. Returns the result."""
+    result = write_report(run.out_dir, summary, clusters, clusters_written)
     for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR):
         shutil.rmtree(run.out_dir / name, ignore_errors=True)
-    return stats
+    return result

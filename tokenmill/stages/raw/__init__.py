@@ -24,11 +24,11 @@ Steps, one module each:
                sequence in task order, so the output is byte-identical for any worker count
 """
 
-from tokenmill.stages.raw.ingest import REASONS, ingest
+from tokenmill.stages.raw.ingest import REASONS, RawResult, ingest
 from tokenmill.stages.raw.settings import RawSettings
 
 # code_version of raw_records (Dagster shows what an older one built as stale): the date of the last change to the
 # output's bytes (web readers, Parquet, zstd, refused files); bump it with such a change, not with a refactor.
 VERSION = "2026-12-04"
 
-__all__ = ["REASONS", "VERSION", "RawSettings", "ingest"]
+__all__ = ["REASONS", "VERSION", "RawResult", "RawSettings", "ingest"]

@@ -21,10 +21,10 @@ from tokenmill.common.io import (
     dumps,
     record_id,
     shard_name,
-    write_stats,
 )
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.results import StageResult, run_fact, write_result
 from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import SourceError
 from tokenmill.stages.raw.discover import (
@@ -269,16 +269,42 @@ def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[File
     return n_shard, reports, samples.as_dict()
 
 
-def _stats(
+@dataclass(frozen=True, kw_only=True)
+class RawResult(StageResult):
+    """raw_records of one source batch: records read (docs_in) and kept, rejected per reason (`dropped`), with the
+    first rejected inputs per reason, per-file figures and the source's fingerprint."""
+
+    rejected: int
+    rejected_by_reason: dict[str, int]
+    # WARC records that are not documents: outside docs_in, so docs_in = docs_out + rejected still holds
+    skipped_records: int
+    skipped_records_by_reason: dict[str, int]
+    rejected_samples: dict[str, list[dict]]
+    files_read: int
+    files: list[dict]  # a FileReport per file
+    skipped_files: list[str]  # not read: unknown extension or a name that is not UTF-8
+    bytes_read: int
+    shards: int
+    source: str
+    source_fingerprint: str
+    # files rejected whole, unopened (each one rejected record): not malformed input, the rejected-share bound
+    # leaves them out
+    refused_files: int
+    settings: dict
+    tasks: int = run_fact()
+
+
+def _result(
     reports: list[FileReport],
     samples: dict,
-    skipped: list[str],
+    listing: Listing,
     shards: int,
     tasks: int,
     source: Path,
+    fingerprint: str,
     settings: RawSettings,
     t0: float,
-) -> dict:
+) -> RawResult:
     by_reason: Counter[str] = Counter()
     not_documents: Counter[str] = Counter()
     for f in reports:
@@ -286,26 +312,27 @@ def _stats(
         not_documents.update(f.skipped_by_reason)
     docs_out = sum(f.records for f in reports)
     n_rejected = sum(by_reason.values())
-    return {
-        "docs_in": docs_out + n_rejected,
-        "docs_out": docs_out,
-        **{f"dropped_{r}": by_reason.get(r, 0) for r in sorted(set(REASONS) | set(by_reason))},
-        "rejected": n_rejected,
-        "rejected_by_reason": dict(sorted(by_reason.items())),
-        # WARC records that are not documents: outside docs_in, so docs_in = docs_out + rejected still holds
-        "skipped_records": sum(not_documents.values()),
-        "skipped_records_by_reason": dict(sorted(not_documents.items())),
-        "rejected_samples": samples,
-        "files_read": len(reports),
-        "files": [asdict(f) for f in reports],
-        "skipped_files": skipped,
-        "bytes_read": sum(f.bytes for f in reports),
-        "shards": shards,
-        "tasks": tasks,
-        "source": str(source),
-        "settings": settings.model_dump(),
-        "seconds": round(time.perf_counter() - t0, 3),
-    }
+    return RawResult(
+        docs_in=docs_out + n_rejected,
+        docs_out=docs_out,
+        dropped={r: by_reason.get(r, 0) for r in sorted(set(REASONS) | set(by_reason))},
+        rejected=n_rejected,
+        rejected_by_reason=dict(sorted(by_reason.items())),
+        skipped_records=sum(not_documents.values()),
+        skipped_records_by_reason=dict(sorted(not_documents.items())),
+        rejected_samples=samples,
+        files_read=len(reports),
+        files=[asdict(f) for f in reports],
+        skipped_files=listing.skipped,
+        bytes_read=sum(f.bytes for f in reports),
+        shards=shards,
+        source=str(source),
+        source_fingerprint=fingerprint,
+        refused_files=sum(f.refused is not None for f in listing.files),
+        settings=settings.model_dump(),
+        tasks=tasks,
+        seconds=round(time.perf_counter() - t0, 3),
+    )
 
 
 def ingest(
@@ -317,14 +344,14 @@ def ingest(
     exclude: Path | None = None,
     only: Collection[str] | None = None,
     refused: Mapping[str, Sequence[str]] | None = None,
-) -> dict:
+) -> RawResult:
     """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`; with `only`,
     just those files (paths relative to the source: one source batch), ids as in a read of the whole source, and
     `refused` ({path: [reason, detail]}: the batch's files refused or unopenable when it was registered) rejected
     whole without being opened, but for symlinks out of the source when `follow_outside_symlinks` is set.
 
-    Writes part-XXXXX.jsonl, _rejected.jsonl (every bad line/record/file with a reason) and _stats.json;
-    returns the stats. Raises SourceError before any work when `source` does not exist.
+    Writes part-XXXXX.jsonl, _rejected.jsonl (every bad line/record/file with a reason) and the result
+    (`write_result`); returns it. Raises SourceError before any work when `source` does not exist.
     """
     t0 = time.perf_counter()
     source, out_dir = Path(source), Path(out_dir)
@@ -371,12 +398,6 @@ def ingest(
     finally:
         for t in tasks:
             shutil.rmtree(t.folder, ignore_errors=True)
-    stats = {
-        **_stats(reports, samples, listing.skipped, shards, len(tasks), source, settings, t0),
-        "source_fingerprint": fingerprint,
-        # files rejected whole, unopened (each one rejected record): not malformed input, the rejected-share bound
-        # leaves them out
-        "refused_files": sum(f.refused is not None for f in listing.files),
-    }
-    write_stats(out_dir, stats)
-    return stats
+    result = _result(reports, samples, listing, shards, len(tasks), source, fingerprint, settings, t0)
+    write_result(out_dir, result)
+    return result

@@ -16,10 +16,20 @@ The shard format itself (names, keys, kinds, dtypes, manifest, validator) is tok
 """
 
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
-from tokenmill.stages.tokenize.stage import tokenize_batches, tokenize_corpus, train_tokenizer
+from tokenmill.stages.tokenize.stage import TokenizerResult, tokenize_batches, tokenize_corpus, train_tokenizer
+from tokenmill.stages.tokenize.summary import TokenizeResult
 
 # code_version of tokenizer and tokenized_bins (Dagster shows what an older one built as stale): the date of the last
 # change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
-VERSION = "2026-12-04"
+VERSION = "2026-12-04.2"  # the second change that day: _stats.json through write_result
 
-__all__ = ["VERSION", "ShardSettings", "TokenizerSettings", "tokenize_batches", "tokenize_corpus", "train_tokenizer"]
+__all__ = [
+    "VERSION",
+    "ShardSettings",
+    "TokenizeResult",
+    "TokenizerResult",
+    "TokenizerSettings",
+    "tokenize_batches",
+    "tokenize_corpus",
+    "train_tokenizer",
+]

@@ -13,9 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.common.io import atomic_write_text, read_json, write_stats
+from tokenmill.common.io import atomic_write_text, read_json
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.results import StageResult, run_fact, write_result
 from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.tokenize.encode import (
     ByteRange,
@@ -39,7 +40,7 @@ from tokenmill.stages.tokenize.shards import (
     write_rejected,
     write_tokenizer_copy,
 )
-from tokenmill.stages.tokenize.summary import BatchTotals, stage_stats
+from tokenmill.stages.tokenize.summary import BatchTotals, TokenizeResult, stage_result
 from tokenmill.stages.tokenize.tokenizer import TokenizerPin, load_tokenizer, pin_tokenizer, special_token_ids
 from tokenmill.stages.tokenize.train import examples, measure, sample_corpus, write_existing, write_trained
 from tokenmill.stages.tokenize.versions import (
@@ -55,42 +56,64 @@ from tokenmill.stages.tokenize.versions import (
 from tokenmill_loader.format import PLAIN_NAME, SPLITS, TOKENIZER_FILE, list_versions, versioned_tokenizer_file
 
 
-def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, log=None) -> dict:
-    """Trains (or copies) the tokenizer; writes out_dir/tokenizer.json and _stats.json; returns the stats."""
+@dataclass(frozen=True, kw_only=True)
+class TokenizerResult(StageResult):
+    """The tokenizer: trained on a sample of the records (or copied from tokenizer_path), its vocabulary, special
+    token ids, chars per token on held-out records, a few texts tokenized and its SHA-256."""
+
+    settings: dict
+    corpus_bytes: int
+    mode: str  # trained | existing
+    sample_records: int
+    sample_chars: int
+    source: str | None = None  # existing: the tokenizer.json copied
+    special_tokens_added: list[str] | None = None  # existing: the special tokens it lacked
+    vocab_size: int
+    special_tokens: dict[str, int]
+    held_out_records: int
+    held_out_chars: int
+    held_out_tokens: int
+    chars_per_token: float | None = None  # None: no held-out text
+    examples: list[dict]
+    tokenizer_sha256: str
+    sample_seconds: float = run_fact()
+    train_seconds: float = run_fact()
+
+
+def train_tokenizer(in_dir: Path, out_dir: Path, settings: TokenizerSettings, log=None) -> TokenizerResult:
+    """Trains (or copies) the tokenizer; writes out_dir/tokenizer.json and the result; returns it."""
     t0 = time.perf_counter()
     in_dir, out_dir = Path(in_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sample = sample_corpus(in_dir, settings, log)
     t_sample = time.perf_counter() - t0
-    stats: dict = {
-        "settings": settings.model_dump(),
-        "docs_in": sample.records,
-        "docs_out": sample.records,
-        "corpus_bytes": sample.corpus_bytes,
-    }
     t1 = time.perf_counter()
     if settings.tokenizer_path:
-        stats.update(write_existing(settings, out_dir))
+        made = write_existing(settings, out_dir)
         held = sample.held_out or sample.train
     else:
-        stats.update(write_trained(sample, settings, out_dir, log))
+        made = write_trained(sample, settings, out_dir, log)
         held = sample.held_out
     t_train = time.perf_counter() - t1
-    stats.update(_tokenizer_figures(out_dir / TOKENIZER_FILE, held or sample.train, held))
-    stats.update(
-        {
-            "sample_seconds": round(t_sample, 3),
-            "train_seconds": round(t_train, 3),
-            "seconds": round(time.perf_counter() - t0, 3),
-        }
+    result = TokenizerResult(
+        settings=settings.model_dump(),
+        docs_in=sample.records,
+        docs_out=sample.records,
+        dropped={},
+        corpus_bytes=sample.corpus_bytes,
+        **made,
+        **_tokenizer_figures(out_dir / TOKENIZER_FILE, held or sample.train, held),
+        sample_seconds=round(t_sample, 3),
+        train_seconds=round(t_train, 3),
+        seconds=round(time.perf_counter() - t0, 3),
     )
-    write_stats(out_dir, stats)
+    write_result(out_dir, result)
     if log:
         log.info(
-            f"tokenizer: vocab {stats['vocab_size']}, {stats['chars_per_token']} chars/token held out, "
+            f"tokenizer: vocab {result.vocab_size}, {result.chars_per_token} chars/token held out, "
             f"trained in {t_train:.1f} s"
         )
-    return stats
+    return result
 
 
 def _tokenizer_figures(path: Path, shown: list[str], held: list[str]) -> dict:
@@ -227,7 +250,7 @@ class _Run:
     settings: ShardSettings
     workers: int
     log: Any
-    started: float  # time.perf_counter() at the start (the stats' seconds)
+    started: float  # time.perf_counter() at the start (the result's seconds)
     published: Published | None  # the latest version (None: none yet)
     pin: TokenizerPin
     tokenizer_bytes: bytes
@@ -331,10 +354,10 @@ def tokenize_batches(
     workers: int | None = None,
     log=None,
     check: Callable[[int], None] | None = None,
-) -> dict:
+) -> TokenizeResult:
     """Publishes the next version of bins_dir/train/ and bins_dir/val/ (docs/format.md, "Versions") holding every
-    batch of `batches` ((key, deduped folder) pairs, all of them, in order); writes _rejected.json and _stats.json
-    (cumulative over the published version) and returns the stats.
+    batch of `batches` ((key, deduped folder) pairs, all of them, in order); writes _rejected.json and the result
+    (cumulative over the published version) and returns it.
 
     With the tokenizer and the encoding settings (ShardSettings.ENCODING) of the latest version, only the batches
     after its own are encoded and appended; otherwise (first build, retrained tokenizer, changed settings, a
@@ -500,44 +523,40 @@ def _version_fields(run: _Run) -> dict:
     }
 
 
-def _report(run: _Run, published: Published) -> dict:
-    """Retention, then the published version's (the latest) _stats.json and _rejected.json; returns the stats."""
+def _report(run: _Run, published: Published) -> TokenizeResult:
+    """Retention, then the published version's (the latest) result and _rejected.json; returns the result."""
     removed = apply_retention(run.bins_dir, run.settings.retention_hours, run.settings.keep_versions, log=run.log)
     latest = published.manifests[SPLITS[0]]
-    stats = stage_stats(
+    result = stage_result(
         run.settings,
         {key: run.totals[key] for key in published.batches},
         published.manifests,
         vocab_size=latest["vocab_size"],
         token_dtype=np.dtype(latest["token_dtype"]),
         seconds=time.perf_counter() - run.started,
+        choice=run.choice,
         workers=run.workers,
         tasks=run.tasks,
-        choice=run.choice,
-    )
-    stats.update(
-        {
-            "version": published.version,
-            "generation": published.generation,
-            "new_version": run.new_version,
-            "rebuild_reason": run.reason,
-            "batches_added": [key for key, _ in run.added],
-            "versions": list_versions(run.bins_dir / SPLITS[0]),
-            "versions_removed": removed,
-        }
+        version=published.version,
+        generation=published.generation,
+        new_version=run.new_version,
+        rebuild_reason=run.reason,
+        batches_added=[key for key, _ in run.added],
+        versions=list_versions(run.bins_dir / SPLITS[0]),
+        versions_removed=removed,
     )
     rejected = write_rejected(run.bins_dir, (e for key in published.batches for e in run.totals[key].rejected))
-    write_stats(run.bins_dir, stats)
+    write_result(run.bins_dir, result)
     run.info(
         f"tokenized_bins: version {published.version} (generation {published.generation}, "
-        f"{len(published.batches)} batches, {len(run.added)} added): {stats['docs_out']:,} records, "
-        f"{stats['tokens']:,} tokens, dropped {rejected:,}"
+        f"{len(published.batches)} batches, {len(run.added)} added): {result.docs_out:,} records, "
+        f"{result.tokens:,} tokens, dropped {rejected:,}"
     )
-    return stats
+    return result
 
 
 def tokenize_corpus(
     in_dir: Path, tokenizer_dir: Path, out_dir: Path, settings: ShardSettings, workers: int | None = None, log=None
-) -> dict:
+) -> TokenizeResult:
     """tokenize_batches over one deduped folder, as the single batch named after it (a non-incremental build)."""
     return tokenize_batches([(Path(in_dir).name, Path(in_dir))], tokenizer_dir, out_dir, settings, workers, log)

@@ -1,13 +1,15 @@
 """What tokenize runs measured: counts per input batch as tasks finish (kept beside the shards), then the stage's
-`_stats.json` over every batch of the published version (plain data; the asset turns it into Dagster metadata)."""
+result over every batch of the published version (plain data; the asset turns it into Dagster metadata)."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from tokenmill.common.results import StageResult, run_fact
 from tokenmill.common.samples import ReasonSamples
 from tokenmill.stages.tokenize.encode import Encoder, SplitChunk, TaskResult
 from tokenmill.stages.tokenize.render import VAL_MOVED_KEY, TrainingTypeChoice
@@ -201,7 +203,61 @@ def _share(part: int, whole: int, digits: int = 4) -> float:
     return round(part / whole, digits) if whole else 0.0
 
 
-def stage_stats(
+@dataclass(frozen=True, kw_only=True)
+class TokenizeResult(StageResult):
+    """tokenized_bins' published version over every batch it holds: records in, encoded (docs_out) and dropped per
+    reason, the training type and why, tokens and their shares, per split and per batch, tokens per record, bytes
+    per shard file, the first record decoded; and how the run went (the version published, the batches added, the
+    versions retention removed)."""
+
+    rejected_samples: dict[str, list[dict]]
+    training_type: str
+    training_type_setting: str
+    training_type_reason: str
+    settings: dict
+    vocab_size: int
+    token_dtype: str
+    records: int
+    tokens: int
+    supervised_tokens: int
+    masked_tokens: int
+    supervised_share: float
+    masked_share: float
+    metadata_dropout: int
+    metadata_dropout_share: float
+    no_metadata: int
+    records_with_metadata: int
+    chars_per_token: float | None = None  # None: no text tokens
+    isolated_punctuation_tokens: int
+    isolated_punctuation_share: float
+    bytes_on_disk: dict[str, int]  # per shard file name
+    tokens_per_doc: dict  # mean, p50, p90, p99, max, histogram
+    batches: dict[str, dict]  # per input batch: docs_in, docs_out, dropped_<reason>, tokens
+    languages: dict[str, dict[str, int]]  # meta.language -> records, tokens
+    train: dict[str, int]  # tokens, records, shards
+    train_tokens: int
+    train_records: int
+    train_shards: int
+    val: dict[str, int]
+    val_tokens: int
+    val_records: int
+    val_shards: int
+    val_moved: list[str]  # records moved from train so val is not empty
+    val_warning: str | None = None  # why val is too small to measure a loss on
+    sample: dict | None = None  # the first train record, decoded
+    version: int
+    generation: int
+    tokens_per_second: float = run_fact()
+    workers: int = run_fact()
+    tasks: int = run_fact()
+    new_version: bool = run_fact()
+    rebuild_reason: str | None = run_fact(default=None)  # None: appended to the latest version
+    batches_added: list[str] = run_fact()
+    versions: list[int] = run_fact()  # the versions on disk after retention
+    versions_removed: list = run_fact()
+
+
+def stage_result(
     settings: ShardSettings,
     batches: dict[str, BatchTotals],
     manifests: dict[str, dict],
@@ -209,45 +265,40 @@ def stage_stats(
     vocab_size: int,
     token_dtype: np.dtype,
     seconds: float,
-    workers: int,
-    tasks: int,
     choice: TrainingTypeChoice,
-) -> dict:
-    """The stage's _stats.json for the published version whose split manifests are `manifests`, holding `batches`
-    (in order): docs_in/docs_out/dropped_<reason> (with samples), the training type and why, tokens and shares, per
-    split (val_warning when val is small), per batch, the first record."""
+    **run_facts: Any,
+) -> TokenizeResult:
+    """The result of the published version whose split manifests are `manifests`, holding `batches` (in order);
+    `run_facts` are the TokenizeResult fields that say how the run went (version, workers, tasks, ...)."""
     token_figures = _token_figures(manifests)
     records, tokens = token_figures["records"], token_figures["tokens"]
-    stats = {
+    splits = _split_figures(manifests)
+    return TokenizeResult(
         **_drop_figures(batches.values(), records),
-        "training_type": choice.resolved,
-        "training_type_setting": choice.setting,
-        "training_type_reason": choice.reason,
-        "settings": settings.model_dump(),
-        "vocab_size": vocab_size,
-        "token_dtype": token_dtype.name,
+        training_type=choice.resolved,
+        training_type_setting=choice.setting,
+        training_type_reason=choice.reason,
+        settings=settings.model_dump(),
+        vocab_size=vocab_size,
+        token_dtype=token_dtype.name,
         **token_figures,
         **_text_figures(batches.values(), records, tokens, choice),
-        "bytes_on_disk": _bytes_on_disk(manifests),
-        "tokens_per_doc": _tokens_per_doc(batches.values()),
-        "batches": {key: b.counts() for key, b in batches.items()},
-        "languages": language_table(batches.values()),
-        "seconds": round(seconds, 3),
-        "tokens_per_second": round(tokens / seconds, 1) if seconds else 0.0,
-        "workers": workers,
-        "tasks": tasks,
-        **_split_figures(manifests),
-        "val_moved": manifests["val"].get(VAL_MOVED_KEY, []),
-    }
-    stats["val_warning"] = val_warning(settings, stats["val_records"], records)
-    sample = next((b.sample for b in batches.values() if b.sample is not None), None)
-    if sample is not None:
-        stats["sample"] = sample
-    return stats
+        bytes_on_disk=_bytes_on_disk(manifests),
+        tokens_per_doc=_tokens_per_doc(batches.values()),
+        batches={key: b.counts() for key, b in batches.items()},
+        languages=language_table(batches.values()),
+        seconds=round(seconds, 3),
+        tokens_per_second=round(tokens / seconds, 1) if seconds else 0.0,
+        **splits,
+        val_moved=manifests["val"].get(VAL_MOVED_KEY, []),
+        val_warning=val_warning(settings, splits["val_records"], records),
+        sample=next((b.sample for b in batches.values() if b.sample is not None), None),
+        **run_facts,
+    )
 
 
 def _drop_figures(batches: Collection[BatchTotals], records: int) -> dict:
-    """docs_in, docs_out and dropped_<reason> over the batches, with the first rejected records with text per reason."""
+    """docs_in, docs_out and dropped over the batches, with the first rejected records with text per reason."""
     reasons: dict[str, int] = {}
     samples = ReasonSamples()
     for b in batches:
@@ -259,7 +310,7 @@ def _drop_figures(batches: Collection[BatchTotals], records: int) -> dict:
     return {
         "docs_in": sum(b.docs_in for b in batches),
         "docs_out": records,
-        **{f"dropped_{r}": c for r, c in sorted(reasons.items())},
+        "dropped": dict(sorted(reasons.items())),
         "rejected_samples": samples.as_dict(),
     }
 

@@ -27,9 +27,9 @@ only reads the records holding a candidate line.
 from tokenmill.stages.clean.quality.apply import (
     QUALITY_REASONS,
     ProfileChoice,
+    c4_lines_removed,
     check_batch,
     choose_profile,
-    quality_stats,
     recheck_record,
     web_verdict,
 )
@@ -41,7 +41,7 @@ __all__ = [
     "QualitySettings",
     "check_batch",
     "choose_profile",
-    "quality_stats",
+    "c4_lines_removed",
     "recheck_record",
     "web_verdict",
 ]

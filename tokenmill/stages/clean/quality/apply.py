@@ -157,8 +157,7 @@ def choose_profile(shards: list[Path], setting: str) -> ProfileChoice:
     return ProfileChoice(setting, profile, web, total, why)
 
 
-def quality_stats(choice: ProfileChoice, counts: Counter) -> dict:
-    """The stats entries of the web rules: the batch's profile and why, and the lines C4 removed by why."""
+def c4_lines_removed(counts: Counter) -> dict[str, int]:
+    """The lines the C4 rules removed, by why."""
     prefix = "c4_lines_removed_"
-    removed = {k[len(prefix) :]: n for k, n in sorted(counts.items()) if k.startswith(prefix)}
-    return {"quality_profile": choice.as_dict(), "c4_lines_removed": removed}
+    return {k[len(prefix) :]: n for k, n in sorted(counts.items()) if k.startswith(prefix)}
