@@ -108,6 +108,13 @@ def _exit_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, name="tokenmill-parent-watch", daemon=True).start()
 
 
+def hash_ranges(parts: int) -> list[tuple[int, int]]:
+    """`parts` equal ranges [lo, hi) of a 64-bit hash (the last hi is 2**64): how a step over hashed items is
+    partitioned into tasks that each see every item of their range."""
+    bounds = [i * (1 << 64) // parts for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def map_ordered(fn: Callable[[T], R], tasks: Iterable[T], workers: int | None = None) -> Iterator[R]:
     """Yields fn(task) for each task, in task order, on the active engine, else over `workers` local processes
     (1: in this process).

@@ -10,8 +10,9 @@ from tokenmill.common.io import (
     iter_jsonl,
     record_shards,
 )
-from tokenmill.stages.clean import CleanSettings, clean_corpus
-from tokenmill.stages.clean.boilerplate import template_score
+from tokenmill.common.results import result_files
+from tokenmill.stages.clean import CleanSettings, clean_corpus, corpus
+from tokenmill.stages.clean.boilerplate import merge_task, template_score
 
 
 def test_boilerplate_stripped_genuine_frequent_lines_kept(tmp_path):
@@ -38,6 +39,23 @@ def test_boilerplate_stripped_genuine_frequent_lines_kept(tmp_path):
     }
     t = top["Read more at https://example.com/poems"]
     assert t["score"] >= 0.65 and t["position"] == 1.0 and "url" in t["traits"]
+
+
+def test_merge_split_into_hash_ranges_finds_the_same_lines(tmp_path, monkeypatch):
+    """The corpus-wide merge of line statistics runs as one task per hash range: any number of ranges gives the
+    output of one merge over every shard, byte for byte."""
+    docs, planted, *_ = planted_corpus()
+    _, _, _, whole = clean(tmp_path, docs, per_shard=70, workers=1, name="whole")
+    ranges = []
+    monkeypatch.setattr(corpus, "MERGE_ROWS", 40)  # a few hundred distinct lines: a dozen ranges
+    monkeypatch.setattr(corpus, "merge_task", lambda task: ranges.append(task.lo) or merge_task(task))
+    _, _, _, split = clean(tmp_path, docs, per_shard=70, workers=1, name="split")
+    assert len(ranges) > 10 and ranges == sorted(ranges)
+    assert result_files(split)[0] == result_files(whole)[0] and whole.boilerplate["lines_stripped"] > 0
+    for f in sorted((tmp_path / "whole").iterdir()):
+        if f.name != "_timings.json":
+            assert (tmp_path / "split" / f.name).read_bytes() == f.read_bytes(), f.name
+    assert not list((tmp_path / "split").glob(".lines-*"))  # the line-statistics files are gone
 
 
 def test_frequency_alone_never_strips(tmp_path):

@@ -26,10 +26,13 @@ Rules 1-5 only run on a text that a few C-speed string tests (`needs_repair`) fl
 
 Steps, each over every shard in parallel (`map_ordered`, one task per input shard, results in shard order):
   prepare  pass 1: reads and parses each record once, rules 0-6, then rule 8 on the text as it stands, and
-           gathers line statistics (`line_stats.LineTable`); stages per batch (`staging.StagedBatch`) each
-           record's output line, its rejected line if a filter failed, and the hashes of its lines
-  merge    `boilerplate.merge_line_stats` keeps lines in >= `bp_min_df` documents, `prune_candidates` drops,
-           vectorized, those that cannot reach the threshold
+           gathers line statistics (`line_stats.LineTable`, written to a file per shard: `save_lines`); stages
+           per batch (`staging.StagedBatch`) each record's output line, its rejected line if a filter failed,
+           and the hashes of its lines
+  merge    one task per hash range of the line hashes (`boilerplate.merge_task`, ~`MERGE_ROWS` rows of every
+           shard's file each, memory-mapped): `merge_line_stats` keeps lines in >= `bp_min_df` documents,
+           `prune_candidates` drops, vectorized, those that cannot reach the threshold; the ranges' candidates
+           in order are the corpus's
   finish   pass 2: finds, with one np.isin per batch, the records that hold a candidate line, strips their
            boilerplate lines (rule 7) and runs rule 8 again on them only, then writes `part-XXXXX.jsonl` (same
            shard names as the input) and a rejected side file per shard, concatenated in order into

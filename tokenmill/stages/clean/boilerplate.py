@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tokenmill.stages.clean.line_stats import COUNT_FIELDS, LineTable, doc_line_hashes, line_key
+from tokenmill.stages.clean.line_stats import COUNT_FIELDS, LineTable, doc_line_hashes, line_key, load_lines
 
 # template traits, each with its weight in template_score (capped at 1)
 TEMPLATE_TRAITS = [
@@ -98,6 +98,24 @@ def merge_line_stats(parts: list[LineTable], min_df: int) -> LineTable:
     }
     keep = sums["df"] >= max(1, min_df)
     return LineTable(docs, hashes[first][keep], *(sums[k][keep] for k in COUNT_FIELDS))
+
+
+@dataclass(frozen=True)
+class MergeTask:
+    """The corpus-wide statistics of the lines whose hash is in [lo, hi): each shard's rows of that range."""
+
+    shards: tuple[tuple[str, int], ...]  # per shard, in order: its line-statistics file (save_lines), its documents
+    lo: int
+    hi: int
+    min_df: int
+    threshold: float
+
+
+def merge_task(task: MergeTask) -> LineTable:
+    """The candidates of one hash range, merged and pruned (a line's rows are all in its range, so the ranges'
+    candidates, in order, are those of one merge over every shard)."""
+    parts = [load_lines(path, docs, task.lo, task.hi) for path, docs in task.shards]
+    return prune_candidates(merge_line_stats(parts, task.min_df), task.threshold)
 
 
 def prune_candidates(merged: LineTable, threshold: float) -> LineTable:

@@ -3,6 +3,7 @@ shards' figures (SHARDS_FILE: what cleaned_records_valid reads instead of re-par
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from collections import Counter
@@ -21,12 +22,12 @@ from tokenmill.common.io import (
     record_shards,
     shard_figures,
 )
-from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.parallel import default_workers, hash_ranges, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.common.results import StageResult, flattened, run_fact, write_result
 from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import StaleUpstreamError
-from tokenmill.stages.clean.boilerplate import merge_line_stats, prune_candidates
+from tokenmill.stages.clean.boilerplate import MergeTask, merge_task
 from tokenmill.stages.clean.decontam import CACHE_DIR as DECONTAM_CACHE
 from tokenmill.stages.clean.decontam import ContaminationIndex, prepare_indexes
 from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
@@ -50,6 +51,9 @@ REASONS = (
 # input size from which both passes run on the workers (below it, starting a pool costs more than it saves;
 # above it, pass 2 finds the pool pass 1 started: 0.9 s in this process vs 0.5 s on 2 workers for 355k poems)
 POOL_MIN_BYTES = 8 << 20
+# distinct-line rows of every shard together per merge task (48 bytes each): the merge is split into hash ranges
+# so no process holds the whole corpus's line statistics
+MERGE_ROWS = 4_000_000
 TOP_LINES = 50  # stripped lines listed in _stats.json
 
 
@@ -59,6 +63,8 @@ class ShardPaths:
     """The input shard."""
     stage: Path
     """Staged records from pass 1 to pass 2 (in out_dir, removed at the end)."""
+    lines: Path
+    """Line statistics from pass 1 to the merge (in out_dir, removed at the end)."""
     out: Path
     rejected: Path
     """The shard's rejected side file."""
@@ -68,6 +74,7 @@ class ShardPaths:
         return cls(
             shard,
             out_dir / f".stage-{shard.stem}.marshal",
+            out_dir / f".lines-{shard.stem}.npy",
             out_dir / shard.name,
             out_dir / f".rejected-{shard.stem}.part",
         )
@@ -89,6 +96,8 @@ class Totals:
     docs_out: int = 0
     chars_in: int = 0
     chars_out: int = 0
+    line_rows: int = 0
+    """Distinct-line rows of every shard's line statistics (what the merge reads)."""
     pass_seconds: dict = field(default_factory=dict)
     samples: list = field(default_factory=list)
     """Each shard's FinishResult.samples, in shard order."""
@@ -114,6 +123,7 @@ class Totals:
         self.counts.update(res.counts)
         self.chars_in += res.chars_in
         self.hist_in += res.hist_in
+        self.line_rows += res.line_rows
 
     def add_finished(self, res: FinishResult, name: str) -> None:
         self._add_common(res)
@@ -148,25 +158,31 @@ def run_pass1(
     workers: int,
     log,
     contamination: ContaminationIndex | None = None,
-) -> list[LineTable]:
-    """Rules 0-6 and 8, line statistics, staging; returns each shard's line statistics."""
+) -> list[tuple[str, int]]:
+    """Rules 0-6 and 8, line statistics, staging; returns each shard's line-statistics file and the documents
+    they cover, and adds up their rows in `totals.line_rows`."""
     progress = Progress(
         "cleaned_jsonl pass 1 (repair, metadata, filters, line statistics)", total=len(paths), unit="shards", log=log
     )
-    tasks = [PrepareTask(str(p.shard), str(p.stage), s, contamination) for p in paths]
-    parts = []
-    for res in map_ordered(prepare_task, tasks, workers):
+    tasks = [PrepareTask(str(p.shard), str(p.stage), str(p.lines), s, contamination) for p in paths]
+    shards = []
+    for task, res in zip(tasks, map_ordered(prepare_task, tasks, workers)):
         totals.add_prepared(res)
-        parts.append(res.lines)
+        shards.append((task.lines, res.line_docs))
         progress.advance(1)
     progress.finish()
-    return parts
+    return shards
 
 
-def find_boilerplate(parts: list[LineTable], s: CleanSettings, totals: Totals) -> LineTable | None:
-    """The corpus-wide candidate lines (merged, pruned); None when detection is off."""
+def find_boilerplate(shards: list[tuple[str, int]], s: CleanSettings, totals: Totals, workers: int) -> LineTable | None:
+    """The corpus-wide candidate lines (merged, pruned), one task per hash range of about MERGE_ROWS rows; None
+    when detection is off."""
+    if not s.boilerplate:
+        return None
     t0 = time.perf_counter()
-    merged = prune_candidates(merge_line_stats(parts, s.bp_min_df), s.bp_threshold) if s.boilerplate else None
+    ranges = hash_ranges(max(1, math.ceil(totals.line_rows / MERGE_ROWS)))
+    tasks = [MergeTask(tuple(shards), lo, hi, s.bp_min_df, s.bp_threshold) for lo, hi in ranges]
+    merged = LineTable.concat(list(map_ordered(merge_task, tasks, workers)))
     totals.seconds["merge_line_stats"] = time.perf_counter() - t0
     return merged
 
@@ -364,11 +380,10 @@ def clean_corpus(
     pooled = sum(p.shard.stat().st_size for p in paths) >= POOL_MIN_BYTES
     task_workers = (default_workers() if workers is None else workers) if pooled else 1
     try:
-        parts = run_pass1(paths, run, totals, task_workers, log, contamination)
+        shards = run_pass1(paths, run, totals, task_workers, log, contamination)
         t_merge = time.perf_counter()
         totals.pass_seconds["pass1"] = round(t_merge - t0, 3)
-        merged = find_boilerplate(parts, s, totals)
-        del parts
+        merged = find_boilerplate(shards, s, totals, task_workers)
         t_pass2 = time.perf_counter()
         totals.pass_seconds["merge"] = round(t_pass2 - t_merge, 3)
         run_pass2(paths, out_dir, run, merged, totals, task_workers, log)
@@ -376,6 +391,7 @@ def clean_corpus(
     finally:
         for p in paths:
             p.stage.unlink(missing_ok=True)
+            p.lines.unlink(missing_ok=True)
             p.rejected.unlink(missing_ok=True)
     result = _result(s, merged, totals, len(paths), workers, t0, contamination, profile)
     if result.docs_in != result.docs_out + result.rejected:  # a bug, never expected: say so loudly

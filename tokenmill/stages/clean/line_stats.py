@@ -8,6 +8,7 @@ Lines are hashed and placed a batch of documents at a time (one lower/digit/enco
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
@@ -15,9 +16,13 @@ from zlib import adler32, crc32
 
 import numpy as np
 
+from tokenmill.common.io import atomic_file
+
 DIGITS_RE = re.compile(r"\d+")
 HAS_DIGIT = re.compile(r"\d").search
 COUNT_FIELDS = ("df", "head", "tail", "informative", "chance")  # LineTable's arrays after `hash`, in order
+# a shard's line statistics on disk (`save_lines`): one row per distinct line, sorted by hash
+LINE_ROW = np.dtype([("hash", "<u8"), *((k, "<f8") for k in COUNT_FIELDS)])
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,37 @@ class LineTable:
     def select(self, keep: np.ndarray) -> LineTable:
         """The rows where `keep` is true."""
         return replace(self, hash=self.hash[keep], **{k: getattr(self, k)[keep] for k in COUNT_FIELDS})
+
+    @classmethod
+    def concat(cls, tables: list[LineTable]) -> LineTable:
+        """Tables of consecutive hash ranges as one (documents: the first's, each covers the same documents)."""
+        return cls(
+            tables[0].docs,
+            np.concatenate([t.hash for t in tables]),
+            *(np.concatenate([getattr(t, k) for t in tables]) for k in COUNT_FIELDS),
+            candidates=sum(t.candidates for t in tables),
+        )
+
+
+def save_lines(table: LineTable, path: str | os.PathLike) -> None:
+    """A shard's line statistics as one .npy of LINE_ROW rows, which the merge tasks map and cut by hash range."""
+    rows = np.empty(len(table), LINE_ROW)
+    rows["hash"] = table.hash
+    for k in COUNT_FIELDS:
+        rows[k] = getattr(table, k)
+    with atomic_file(path, "wb") as f:
+        np.save(f, rows)
+
+
+def load_lines(path: str | os.PathLike, docs: int, lo: int, hi: int) -> LineTable:
+    """The rows of `save_lines`' file whose hash is in [lo, hi) (hi up to 2**64), read from a memory map: a merge
+    task holds its range of every shard, never a whole shard's table."""
+    rows = np.load(path, mmap_mode="r")
+    hashes = rows["hash"]
+    start = int(np.searchsorted(hashes, np.uint64(lo)))
+    end = len(hashes) if hi >= 1 << 64 else int(np.searchsorted(hashes, np.uint64(hi)))
+    part = np.array(rows[start:end])
+    return LineTable(docs, part["hash"].copy(), *(part[k].copy() for k in COUNT_FIELDS))
 
 
 def line_key(line: str) -> str:

@@ -20,7 +20,7 @@ from tokenmill.stages.clean import repair as R
 from tokenmill.stages.clean.decontam import ContaminationIndex
 from tokenmill.stages.clean.filters import check_too_long, record_filters
 from tokenmill.stages.clean.language import LanguageRule, identify_languages, with_language, with_language_line
-from tokenmill.stages.clean.line_stats import LineStats, LineTable
+from tokenmill.stages.clean.line_stats import LineStats, save_lines
 from tokenmill.stages.clean.metadata import extract_metadata
 from tokenmill.stages.clean.pii import masker_for
 from tokenmill.stages.clean.quality import check_batch
@@ -39,6 +39,8 @@ class PrepareTask:
     """A raw_records shard."""
     stage: str
     """Where its StagedBatch stream goes (removed by pass 2)."""
+    lines: str
+    """Where its line statistics go (save_lines; read by the merge tasks, removed at the end)."""
     settings: CleanSettings
     contamination: ContaminationIndex | None = None
     """The evaluation sets' cached indexes (paths: each worker maps them), None when decontamination is off."""
@@ -51,7 +53,10 @@ class PrepareResult:
     chars_in: int
     hist_in: list[int]
     seconds: dict
-    lines: LineTable
+    line_docs: int
+    """Documents the shard's line statistics cover."""
+    line_rows: int
+    """Distinct lines in them."""
     examples: dict
 
 
@@ -331,4 +336,9 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             timer.lap("write_json")
             staged.dump(stage)
             timer.lap("stage_io")
-    return PrepareResult(dict(counts), chars_in, length_hist(len_in), timer.sec, stats.table(), examples.by_kind)
+    table = stats.table()
+    save_lines(table, task.lines)
+    timer.lap("line_stats")
+    return PrepareResult(
+        dict(counts), chars_in, length_hist(len_in), timer.sec, table.docs, len(table), examples.by_kind
+    )

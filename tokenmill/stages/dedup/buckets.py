@@ -84,11 +84,6 @@ def write_lsh(lsh_dir: Path, stem: str, item_doc: np.ndarray, bands: np.ndarray,
     return hashes.shape[1]
 
 
-def hash_ranges(parts: int) -> list[tuple[int, int]]:
-    bounds = [i * (1 << 64) // parts for i in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
 @dataclass(frozen=True)
 class BucketTask:
     out_dir: Path

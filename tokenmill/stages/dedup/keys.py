@@ -289,12 +289,6 @@ def write_keys(keys_dir: Path, stem: str, keys: list[str]) -> None:
     np.save(keys_dir / f"{stem}.digest_ordinal.npy", order.astype(np.int64))
 
 
-def digest_ranges(parts: int) -> list[tuple[int, int]]:
-    """`parts` equal ranges [lo, hi) of the 64-bit digest prefix."""
-    bounds = [i * (1 << 64) // parts for i in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
 @dataclass(frozen=True)
 class ExactTask:
     key_files: tuple[Path, ...]  # per chunk: its key files without the suffix (Chunk.step_file(out_dir, KEYS_DIR, ""))

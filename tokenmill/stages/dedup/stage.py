@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from tokenmill.common.parallel import default_workers, map_ordered
+from tokenmill.common.parallel import default_workers, hash_ranges, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.stages.dedup.buckets import (
     BIN_DOCS,
@@ -48,7 +48,6 @@ from tokenmill.stages.dedup.buckets import (
     BucketTask,
     LshInputTask,
     bucket_pairs,
-    hash_ranges,
     lsh_inputs,
 )
 from tokenmill.stages.dedup.clusters import Clusters, ClusterTask, build_clusters, write_clusters, write_decisions
@@ -61,7 +60,7 @@ from tokenmill.stages.dedup.index import (
     staging_folder,
     write_segment_chunk,
 )
-from tokenmill.stages.dedup.keys import ExactResult, ExactTask, digest_ranges, exact_groups
+from tokenmill.stages.dedup.keys import ExactResult, ExactTask, exact_groups
 from tokenmill.stages.dedup.layout import (
     CANDIDATE_DIR,
     DOCS_DIR,
@@ -225,7 +224,7 @@ def _signatures(run: DedupRun) -> tuple[list[Chunk], list]:
 
 def _exact_groups(run: DedupRun, chunks: list[Chunk]) -> tuple[tuple[Path, ...], list[ExactResult]]:
     """Step 2, per digest range: the members of the exact groups, a file per range."""
-    ranges = digest_ranges(max(1, math.ceil(_documents(chunks) / run.partitions.exact_docs)))
+    ranges = hash_ranges(max(1, math.ceil(_documents(chunks) / run.partitions.exact_docs)))
     files = tuple(folder(run.out_dir, EXACT_DIR) / f"p{k:04d}.npy" for k in range(len(ranges)))
     key_files = tuple(c.step_file(run.out_dir, KEYS_DIR, "") for c in chunks)
     firsts = tuple(c.first for c in chunks)
