@@ -304,16 +304,16 @@ def test_low_entropy_candidates_bounded_per_document(tmp_path):
     # a document has at most max_bucket - 1 candidates per band in a bucket within the limit, 2 * neighbours in an
     # oversized one, so the pairs grow linearly with the corpus; every pair of every bucket is 4x that bound
     bound = 1000 * 32 * max(bounded.max_bucket - 1, 2 * bounded.bucket_neighbours) // 2
-    assert b["candidate_pairs"] <= bound and u["candidate_pairs"] > 4 * bound
+    assert b.candidate_pairs <= bound and u.candidate_pairs > 4 * bound
     report = json.loads((tmp_path / "bounded" / REPORT_FILE).read_text())
-    assert report["counts"]["oversized_buckets"] == b["oversized_buckets"] > 0 and b["pairs_not_emitted"] > 0
-    assert u["oversized_buckets"] == 0
+    assert report["counts"]["oversized_buckets"] == b.oversized_buckets > 0 and b.pairs_not_emitted > 0
+    assert u.oversized_buckets == 0
     # the signature pre-filter leaves almost none of these false candidates to the exact comparison
-    assert report["counts"]["signature_rejected"] == b["signature_rejected"]
-    assert b["signature_rejected"] > 0.99 * (b["candidate_pairs"] - b["verified_pairs"])
+    assert report["counts"]["signature_rejected"] == b.signature_rejected
+    assert b.signature_rejected > 0.99 * (b.candidate_pairs - b.verified_pairs)
     assert report["parameters"]["signature_filter"]["min_agreement"] == 73  # of 128 at threshold 0.8
     # the near copies are found as with every pair of every bucket
-    assert b["dropped_near_duplicate"] == u["dropped_near_duplicate"] > 40
+    assert b.dropped["near_duplicate"] == u.dropped["near_duplicate"] > 40
     removed = [(tmp_path / f"out-{name}" / REMOVED_FILE).read_bytes() for name in runs]
     assert removed[0] == removed[1]
 

@@ -14,11 +14,9 @@ from assets.raw import raw_records
 from tests.conftest import REPO
 from tokenmill.common.io import (
     REJECTED_FILE,
-    STATS_FILE,
     TIMINGS_FILE,
     iter_jsonl,
     json_parser,
-    read_json,
     record_id,
     record_shards,
 )
@@ -89,7 +87,7 @@ def test_raw_records_on_demo_corpus(demo_source, demo_manifest, tmp_path):
     for key in ("mojibake", "garbled", "header_metadata", "boilerplate_docs", "genuine_frequent_docs"):
         planted |= {p["id"] for p in demo_manifest[key]}
     assert planted <= ids
-    stats = read_json(out / STATS_FILE)
+    stats = read_result(out, RawResult)
     assert stats.skipped_files == demo_manifest["skipped_files"]
     # ids are stable across runs (same input, same ids, same bytes)
     again = materialize_raw(demo_source, tmp_path / "data2")
