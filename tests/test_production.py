@@ -2,6 +2,7 @@
 tick and a sensor tick recorded there (a new file becomes a batch and a run), and runs launched together on one data
 root executed one after the other."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
@@ -77,16 +79,8 @@ def test_update_schedule_and_sensor_on_postgres_one_run_per_data_root(production
     assert updated.returncode == 0, updated.stderr[-3000:]
     write_batch_file(Path(env["TOKENMILL_SOURCE"]) / "added.jsonl", 20, seed=7)  # the next batch
 
-    daemon = subprocess.Popen(
-        [str(BIN / "dagster-daemon"), "run", "-m", "definitions"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
     rerun_first_batch = ("job", "launch", "-j", WHOLE_GRAPH_JOB, "--tags", '{"dagster/partition": "g1-b000001"}')
-    try:
+    with daemon_running(env):
         for args in (
             ("schedule", "start", "tokenmill_daily"),
             ("sensor", "start", "source_files_sensor"),
@@ -121,12 +115,30 @@ def test_update_schedule_and_sensor_on_postgres_one_run_per_data_root(production
             for (_, end), (next_start, _) in zip(windows, windows[1:]):
                 assert next_start >= end, f"runs on one data root overlapped: {windows}"
             assert instance.get_dynamic_partitions("source_batch") == ["g1-b000001", "g1-b000002"]
+
+
+@contextlib.contextmanager
+def daemon_running(env: dict) -> Iterator[None]:
+    """dagster-daemon over the definitions, in a session of its own; at the end stopped with SIGINT, then whatever is
+    left in its session killed: the code server it started waits for its last run's process to be cleared in
+    PostgreSQL, which the fixture stops next, so it would outlive the test."""
+    daemon = subprocess.Popen(
+        [str(BIN / "dagster-daemon"), "run", "-m", "definitions"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        yield
     finally:
         os.killpg(daemon.pid, signal.SIGINT)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(daemon.pid, signal.SIGKILL)
+        daemon.wait()
 
 
 def instigators(instance):
@@ -168,15 +180,7 @@ def test_a_killed_update_never_wedges_the_queue(production_env):
         assert type(instance.run_storage).__name__ == "PostgresRunStorage"
         assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
         assert instance.get_run_by_id(killed_run).status == dg.DagsterRunStatus.STARTED  # what wedged the queue
-    daemon = subprocess.Popen(
-        [str(BIN / "dagster-daemon"), "run", "-m", "definitions"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
+    with daemon_running(env):
         with dg.DagsterInstance.get() as instance:
             (waiting,) = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
             deadline = time.monotonic() + 60
@@ -192,9 +196,3 @@ def test_a_killed_update_never_wedges_the_queue(production_env):
                 assert time.monotonic() < deadline, f"the queued run did not finish: {run.status}"
                 time.sleep(1)
             assert run.status == dg.DagsterRunStatus.SUCCESS
-    finally:
-        os.killpg(daemon.pid, signal.SIGINT)
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
