@@ -23,6 +23,8 @@ SLOW = (
     "tests/test_ui.py",
     "tests/test_run_processes.py",
     "tests/test_production.py",
+    "tests/test_refused_runs.py",  # a real `dagster dev` per test
+    "tests/test_ui_truths.py::test_readme_sensor_commands_switch_the_sensor_dagster_dev_shows",
     "tests/test_batch_recovery.py",
     "tests/test_partition_keys.py",
     "tests/test_automation.py::test_sensor_requests_one_run_per_new_batch_and_none_otherwise",
