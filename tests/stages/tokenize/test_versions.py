@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -281,3 +282,24 @@ def test_the_contract_tool_passes_on_versioned_bins(tmp_path, world, shared_dir)
     r = subprocess.run([sys.executable, str(tool), str(data)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "- 0 violations" in r.stdout and "tokenized_bins/train:" in r.stdout
+
+
+def test_each_batch_keeps_its_token_counts_in_a_binary_file_and_older_summaries_still_load(tmp_path, world):
+    """A batch's tokens per record go to `_batches/g<gen>.<batch>.tokens.npz` (a JSON list of 10M records cost the
+    run process ~370 MiB); a summary written before, with `tokens_per_doc` lists, is still read by an append."""
+    root, batches = world
+    one_shot = build(root, tmp_path / "one_shot", batches[:2])
+    bins = tmp_path / "appended"
+    build(root, bins, batches[:1])
+    summary = bins / "_batches" / "g000001.g1-b0001.json"
+    counts = bins / "_batches" / "g000001.g1-b0001.tokens.npz"
+    assert "tokens_per_doc" not in summary.read_text(encoding="utf-8") and counts.exists()
+    older = read_json(summary)
+    with np.load(counts) as saved:
+        for split, figures in older["splits"].items():
+            figures["tokens_per_doc"] = saved[split].tolist()
+    summary.write_text(json.dumps(older), encoding="utf-8")
+    counts.unlink()
+    appended = build(root, bins, batches[:2])
+    assert appended.version == 2 and appended.tokens_per_doc == one_shot.tokens_per_doc
+    assert appended.batches == one_shot.batches

@@ -21,7 +21,7 @@ from tokenmill.stages.tokenize.summary import TokenizeResult
 
 # code_version of tokenizer and tokenized_bins (Dagster shows what an older one built as stale): the date of the last
 # change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
-VERSION = "2026-12-04.2"  # the second change that day: _stats.json through write_result
+VERSION = "2026-12-04.3"  # that day: _stats.json through write_result, then token counts in .npz
 
 __all__ = [
     "VERSION",

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from tokenmill.common.io import atomic_write_text, read_json
+from tokenmill.common.io import atomic_file, atomic_write_text, read_json
 from tokenmill.common.parallel import default_workers, map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.common.results import StageResult, run_fact, write_result
@@ -49,6 +49,7 @@ from tokenmill.stages.tokenize.versions import (
     Published,
     apply_retention,
     batch_summary_file,
+    batch_token_counts_file,
     next_shard_index,
     publish,
     recover,
@@ -206,12 +207,21 @@ def _load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals
     path = batch_summary_file(bins_dir, generation, key)
     if not path.exists():
         raise CorruptOutputError(f"{path}: missing (the counts of published batch {key})")
-    return BatchTotals.from_json(read_json(path))
+    summary = read_json(path)
+    counts_file = batch_token_counts_file(bins_dir, generation, key)
+    if counts_file.exists():
+        with np.load(counts_file) as counts:
+            return BatchTotals.from_json(summary, {s: counts[s] for s in counts.files})
+    if any("tokens_per_doc" not in split for split in summary["splits"].values()):
+        raise CorruptOutputError(f"{counts_file}: missing (the tokens per record of published batch {key})")
+    return BatchTotals.from_json(summary, {})
 
 
 def _save_batch_totals(bins_dir: Path, generation: int, key: str, batch: BatchTotals) -> None:
     path = batch_summary_file(bins_dir, generation, key)
     path.parent.mkdir(exist_ok=True)
+    with atomic_file(batch_token_counts_file(bins_dir, generation, key), "wb") as f:
+        np.savez(f, allow_pickle=False, **batch.token_counts())
     atomic_write_text(path, json.dumps(batch.to_json(), ensure_ascii=False, separators=(",", ":")))
 
 

@@ -117,13 +117,9 @@ class BatchTotals:
         }
 
     def to_json(self) -> dict:
-        splits = {
-            s: {
-                **{a: getattr(t, a) for a in ("records", *SplitChunk.COUNTS)},
-                "tokens_per_doc": np.concatenate(t.tokens_per_doc).tolist() if t.tokens_per_doc else [],
-            }
-            for s, t in self.splits.items()
-        }
+        """The counts, without the tokens of each record (`token_counts`: a binary file, as a JSON list they would
+        cost the run process ~40 bytes per record)."""
+        splits = {s: {a: getattr(t, a) for a in ("records", *SplitChunk.COUNTS)} for s, t in self.splits.items()}
         return {
             "training_type": self.training_type,
             "docs_in": self.docs_in,
@@ -134,11 +130,20 @@ class BatchTotals:
             "languages": dict(sorted(self.languages.items())),
         }
 
+    def token_counts(self) -> dict[str, np.ndarray]:
+        """Per split, the tokens of each record (int32), in order."""
+        return {
+            s: np.concatenate(t.tokens_per_doc) if t.tokens_per_doc else np.zeros(0, np.int32)
+            for s, t in self.splits.items()
+        }
+
     @classmethod
-    def from_json(cls, data: dict) -> BatchTotals:
+    def from_json(cls, data: dict, token_counts: dict[str, np.ndarray]) -> BatchTotals:
+        """The totals `to_json` and `token_counts` saved (a summary written before the counts had their own file
+        holds them as `tokens_per_doc` lists)."""
         splits = {}
         for s, d in data["splits"].items():
-            tpd = np.asarray(d["tokens_per_doc"], dtype=np.int32)
+            tpd = np.asarray(d["tokens_per_doc"] if "tokens_per_doc" in d else token_counts[s], dtype=np.int32)
             splits[s] = SplitTotals(**{k: v for k, v in d.items() if k != "tokens_per_doc"}, tokens_per_doc=[tpd])
         return cls(
             data["training_type"],

@@ -65,6 +65,12 @@ def batch_summary_file(bins_dir: Path, generation: int, batch: str) -> Path:
     return Path(bins_dir) / BATCHES_DIR / f"g{generation:06d}.{batch}.json"
 
 
+def batch_token_counts_file(bins_dir: Path, generation: int, batch: str) -> Path:
+    """The tokens of each record of a batch, per split (.npz), beside its summary (written first: the summary,
+    written last, says both are complete)."""
+    return Path(bins_dir) / BATCHES_DIR / f"g{generation:06d}.{batch}.tokens.npz"
+
+
 def _copy_atomic(src: Path, dst: Path) -> None:
     with open(src, "rb") as given, atomic_file(dst, "wb") as f:
         shutil.copyfileobj(given, f)
@@ -117,8 +123,16 @@ def recover(bins_dir: Path, log=None) -> Published | None:
                 _remove(d / version_file(v), actions, "unpublished")
     _remove_unreferenced(bins_dir, actions)
     published = Published.of({s: read_json(d / DATASET_FILE) for s, d in split_dirs.items()}) if latest else None
-    keep = {batch_summary_file(bins_dir, published.generation, b) for b in published.batches} if published else set()
-    for p in sorted((bins_dir / BATCHES_DIR).glob("*.json")):
+    keep = (
+        {
+            f(bins_dir, published.generation, b)
+            for b in published.batches
+            for f in (batch_summary_file, batch_token_counts_file)
+        }
+        if published
+        else set()
+    )
+    for p in sorted((bins_dir / BATCHES_DIR).glob("g*")):
         if p not in keep:
             _remove(p, actions, "unpublished")
     if log:
