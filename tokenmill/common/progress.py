@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 
-
 # work shorter than this ends without a line: a small run's log stays short (each line is an event the Dagster
 # instance stores, ~8 ms each in SQLite: half of a one-file update's steps went to such lines)
 QUIET_SECONDS = 1.0
