@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
 
 from tokenmill.common import parallel
 from tokenmill.common.parallel import map_ordered, start_workers
@@ -20,6 +21,27 @@ def square(x: int) -> int:
 
 def test_results_come_back_in_task_order_for_any_worker_count():
     assert list(map_ordered(square, range(20), workers=2)) == list(map_ordered(square, range(20), workers=1))
+
+
+class Payload:
+    """A task result that can be weakly referenced (ints and dicts cannot)."""
+
+    def __init__(self, i: int):
+        self.i = i
+
+
+def payload(i: int) -> Payload:
+    return Payload(i)
+
+
+def test_a_result_taken_and_dropped_is_freed_before_the_step_ends():
+    """The pool keeps no result once handed over: a consumer that holds one task's arrays at a time (tokenize's
+    packing) holds that much, not every task's until the last."""
+    results = map_ordered(payload, range(6), workers=2)
+    first = weakref.ref(next(results))
+    gc.collect()
+    assert first() is None
+    assert [r.i for r in results] == [1, 2, 3, 4, 5]
 
 
 def alive(pid: int) -> bool:

@@ -4,6 +4,7 @@ that `tokenmill.common.compute` made active for the current asset (a Ray cluster
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures
 import contextlib
 import gc
@@ -137,15 +138,17 @@ def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
         return
     pool = _shared_pool(workers)
     with _main_module_hidden(fn):
-        futures = [pool.submit(_without_gc_pauses, fn, task) for task in tasks]  # every worker is spawned here
+        # every worker is spawned here; each future is dropped once its result is taken, so a result the consumer
+        # has let go is freed (tokenize's encoded arrays of 10M records would otherwise stay until the step ends)
+        pending = collections.deque(pool.submit(_without_gc_pauses, fn, task) for task in tasks)
     try:
         failpoint(f"tasks:{getattr(fn, '__name__', fn)}")
-        for future in futures:
-            yield future.result()
+        while pending:
+            yield pending.popleft().result()
     finally:  # a failed or abandoned step leaves no task of it queued or running
-        for future in futures:
+        for future in pending:
             future.cancel()
-        concurrent.futures.wait(futures)
+        concurrent.futures.wait(pending)
 
 
 def _without_gc_pauses(fn: Callable[[T], R], task: T) -> R:

@@ -53,7 +53,7 @@ REASONS = (
 POOL_MIN_BYTES = 8 << 20
 # distinct-line rows of every shard together per merge task (48 bytes each): the merge is split into hash ranges
 # so no process holds the whole corpus's line statistics
-MERGE_ROWS = 4_000_000
+MERGE_ROWS = 2_000_000
 TOP_LINES = 50  # stripped lines listed in _stats.json
 
 
