@@ -38,12 +38,11 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
-from proctree import descendants, status_mib
+from proctree import Periodic, descendants, status_mib
 from scale_corpus import DOCS_PER_FILE, corpus
 
 REPO = Path(__file__).resolve().parent.parent
@@ -95,22 +94,21 @@ def process_name(pid: int) -> str:
         return "?"
 
 
-class Sampler:
+class Sampler(Periodic):
     """Samples every process of the tree under `pid` each `interval` seconds: peak VmHWM and last CPU seconds per
     process, and the tree's CPU seconds over time (the sum of every process's last value)."""
 
     def __init__(self, pid: int, interval: float):
-        self.pid, self.interval = pid, interval
+        super().__init__(interval)
+        self.pid = pid
         self.hwm: dict[int, float] = {}
         self.cpu: dict[int, float] = {}
         self.names: dict[int, str] = {}
         self.curve: list[tuple[float, float]] = []  # (time, CPU seconds of the tree)
         self.rss: list[tuple[float, float, float]] = []  # (time, run process VmRSS, largest other VmRSS)
         self.tree_rss_peak = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> None:
+    def sample(self) -> None:
         pids = [self.pid, *descendants(self.pid)]
         rss = {}
         for p in pids:
@@ -127,19 +125,6 @@ class Sampler:
         self.curve.append((now, sum(self.cpu.values())))
         others = [m for p, m in rss.items() if p != self.pid]
         self.rss.append((now, rss.get(self.pid, 0.0), max(others, default=0.0)))
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            self._stop.wait(self.interval)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
     def cpu_at(self, t: float) -> float:
         if not self.curve:

@@ -36,19 +36,21 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-class TreeSampler:
-    """Samples `measure(descendant pids)` every `interval` seconds in a thread; `peak` is the largest value."""
+class Periodic:
+    """Calls `sample()` every `interval` seconds in a thread while the `with` block runs (and once at its start)."""
 
-    def __init__(self, measure: Callable[[list[int]], float], interval: float):
-        self.peak = 0.0
-        self._measure, self._interval = measure, interval
+    def __init__(self, interval: float):
+        self.interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def sample(self) -> None:
+        raise NotImplementedError
+
     def _run(self):
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._measure(descendants(os.getpid())))
-            self._stop.wait(self._interval)
+            self.sample()
+            self._stop.wait(self.interval)
 
     def __enter__(self):
         self._thread.start()
@@ -57,3 +59,15 @@ class TreeSampler:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+
+
+class TreeSampler(Periodic):
+    """Samples `measure(descendant pids)` every `interval` seconds in a thread; `peak` is the largest value."""
+
+    def __init__(self, measure: Callable[[list[int]], float], interval: float):
+        super().__init__(interval)
+        self.peak = 0.0
+        self._measure = measure
+
+    def sample(self):
+        self.peak = max(self.peak, self._measure(descendants(os.getpid())))
