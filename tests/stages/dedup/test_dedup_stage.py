@@ -214,8 +214,8 @@ def test_partitioned_steps_decide_as_one_partition(tmp_path):
     write_records(tmp_path / "in", recs, per_shard=70)
     runs = {}
     for name, parts in (
-        ("one", Partitions(exact_docs=10**9, bucket_items=10**9, verify_pairs=10**9)),
-        ("many", Partitions(exact_docs=7, bucket_items=5, verify_pairs=3)),
+        ("one", Partitions(exact_docs=10**9, bucket_items=10**9, verify_pairs=10**9, cluster_docs=10**9)),
+        ("many", Partitions(exact_docs=7, bucket_items=5, verify_pairs=3, cluster_docs=4)),
     ):
         rep, out = tmp_path / f"rep-{name}", tmp_path / f"out-{name}"
         build_dedup_report(tmp_path / "in", rep, DedupSettings(chunk_bytes=3000), workers=1, partitions=parts)
@@ -223,9 +223,11 @@ def test_partitioned_steps_decide_as_one_partition(tmp_path):
         runs[name] = _decisions(rep, out)
         partitions = json.loads((rep / REPORT_FILE).read_text())["partitions"]
         if name == "many":  # every partitioned step really ran as several tasks
-            assert min(partitions["digest_ranges"], partitions["band_hash_ranges"], partitions["verify_ranges"]) > 1
+            steps = ("digest_ranges", "band_hash_ranges", "verify_ranges", "cluster_parts")
+            assert min(partitions[k] for k in steps) > 1
         else:
             assert partitions["digest_ranges"] == partitions["band_hash_ranges"] == partitions["verify_ranges"] == 1
+            assert partitions["cluster_parts"] == 1
     assert runs["one"] == runs["many"]
     counts = runs["one"][0]
     assert counts["near_duplicates_removed"] >= 20 + 12 and counts["components"] >= 50

@@ -208,7 +208,7 @@ def test_an_earlier_batch_record_is_never_removed(tmp_path):
 def test_identical_outputs_for_any_worker_count_and_partition(tmp_path):
     batches, _ = _batches(seed=2)
     settings = DedupSettings(keep="first_seen", chunk_bytes=600)  # many chunks: every step has several tasks
-    tiny = Partitions(exact_docs=16, bucket_items=64, verify_pairs=8)
+    tiny = Partitions(exact_docs=16, bucket_items=64, verify_pairs=8, cluster_docs=3)
     runs = []
     for name, kw in (("w1", {"workers": 1}), ("w2", {"workers": 2, "partitions": tiny})):
         _run_batches(tmp_path / name, batches, settings, **kw)

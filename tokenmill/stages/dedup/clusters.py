@@ -1,10 +1,11 @@
-"""Step 6, over pairs: exact groups joined by verified pairs -> clusters and keep decisions.
+"""Step 6, over pairs: exact groups joined by verified pairs -> clusters and keep decisions, for one part.
 
 Only the documents that are in some exact group of two or more or in some verified pair take part (their fields
-are read by index from the per-chunk document tables), never the whole corpus. Union-find over the groups gives
-the components; within them, in keep-rule order, a group joins the most preferred kept record it has a verified
-pair with, else it is kept itself (so every removed record is within the threshold of the record it names;
-chains are cut, not merged). Writes the decisions per chunk (decisions/) and clusters.jsonl.
+are read by index from the per-chunk document tables), never the whole corpus, and a task holds only some whole
+components of them (a part, cut by cluster_parts.py). Union-find over the groups gives the components; within
+them, in keep-rule order, a group joins the most preferred kept record it has a verified pair with, else it is
+kept itself (so every removed record is within the threshold of the record it names; chains are cut, not merged).
+Writes the part's decisions per chunk and its lines of clusters.jsonl.
 
 keep="first_seen" is that walk in input order, with one difference from "first": a record with the key of an earlier
 record is an exact duplicate of that record (the first with the key) even when that one was itself removed as a
@@ -25,27 +26,30 @@ import numpy as np
 
 from tokenmill.common.io import JsonlWriter
 from tokenmill.stages.dedup import minhash as mh
-from tokenmill.stages.dedup.keys import EXACT_DTYPE
 from tokenmill.stages.dedup.layout import (
-    CLUSTERS_FILE,
-    DECISION_DIR,
     LEVEL_NAMES,
     LOC_KIND,
-    VERIFIED_DTYPE,
     Chunk,
     Corpus,
     DocumentTable,
-    folder,
 )
 
 
 @dataclass(frozen=True)
 class ClusterTask:
+    """The documents of some whole components (a part, see cluster_parts.py): everything a cluster or keep
+    decision among them depends on."""
+
     out_dir: Path
     chunks: tuple[Chunk, ...]
-    exact_files: tuple[Path, ...]
-    verified_files: tuple[Path, ...]
+    part: int
+    doc: np.ndarray  # global indices, ascending
+    rep: np.ndarray  # each document's exact group, named by its first member (global index)
+    group_number: np.ndarray  # each document's group's number over the whole input (by first member)
+    pairs: np.ndarray  # (pairs, 2) the verified pairs, as indices into `doc`, in the verified files' order
+    sims: np.ndarray  # each pair's similarity
     keep: str
+    samples: int  # the report's sample clusters (settings.sample_clusters): its candidates are chosen per part
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,7 @@ class Clusters:
     component: np.ndarray  # each document's component (union-find root: a group)
     component_size: np.ndarray  # per group that is a component's root: the component's documents
     group_ordinal: np.ndarray  # per group: its global number (the component's number, for a root)
-
-
-def _load(files, dtype) -> np.ndarray:
-    parts = [np.load(f) for f in files]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+    reps: np.ndarray  # per group: its first member's global index (reps[star]: a cluster's name across parts)
 
 
 # quality ties of richest_meta and longest, fewer first (signatures.text_quality), with the reason each gives
@@ -179,22 +179,23 @@ def removal_levels(c: Clusters) -> dict[int, tuple[int, float]]:
     return dict(zip(c.removed.tolist(), zip(c.level.tolist(), c.similarity.tolist())))
 
 
-def write_clusters(out_dir: Path, c: Clusters) -> int:
-    """clusters.jsonl: one line per cluster (one kept record and the records removed as its duplicates),
-    ordered by the kept record's input position; `component` links clusters that union-find joined. A removed
-    member names what it duplicates (`duplicate_of`) where that is not the cluster's kept record (first_seen: an
-    exact copy of a near duplicate). Returns the clusters written."""
+def write_cluster_lines(path: Path, c: Clusters) -> np.ndarray:
+    """The part's lines of clusters.jsonl, each without its "cluster" number (cluster_parts.merge_clusters numbers
+    them): one kept record and the records removed as its duplicates, ordered by the kept record's input position;
+    `component` links clusters that union-find joined. A removed member names what it duplicates (`duplicate_of`)
+    where that is not the cluster's kept record (first_seen: an exact copy of a near duplicate). Returns each
+    line's kept record (global index)."""
     verified_pairs, linked_pairs = _pairs_by_cluster(c)
     criteria = keep_criteria(c.docs, c.keep)
     levels = removal_levels(c)
-    with JsonlWriter(out_dir / CLUSTERS_FILE) as w:
-        for i, members in enumerate(_cluster_members(c)):
+    kept_docs = []
+    with JsonlWriter(path) as w:
+        for members in _cluster_members(c):
             kept, star = int(members[0]), int(c.star[members[0]])
             rows = [_kept_member(c.docs, kept)] + [_removed_member(c, d, kept, levels[d]) for d in members[1:].tolist()]
             member_levels = {m.get("level") for m in rows[1:]}
             w.write(
                 {
-                    "cluster": i,
                     "kept": _id(c.docs, kept),
                     "reason": keep_reason(criteria, kept, int(members[1])),
                     "size": len(members),
@@ -206,7 +207,8 @@ def write_clusters(out_dir: Path, c: Clusters) -> int:
                     "component_size": int(c.component_size[c.component[kept]]),
                 }
             )
-        return w.count
+            kept_docs.append(kept)
+    return c.doc[np.asarray(kept_docs, dtype=np.int64)]
 
 
 def _pairs_by_cluster(c: Clusters) -> tuple[dict[int, list], dict[int, list]]:
@@ -248,26 +250,16 @@ def _removed_member(c: Clusters, d: int, kept: int, removal: tuple[int, float]) 
     return {**member, "source": _source(c.docs, d)}
 
 
-def _group_ordinals(reps: np.ndarray, exact: np.ndarray) -> np.ndarray:
-    """Global number of each group (by first member: the rep's index minus the documents before it that are not
-    the first of their group), as the unpartitioned stage numbered them."""
-    not_first = np.sort(exact["doc"][exact["doc"] != exact["rep"]])
-    return reps - np.searchsorted(not_first, reps)
-
-
 def build_clusters(task: ClusterTask) -> Clusters:
-    """The clusters and keep decisions of the documents in some exact group of two or more or in some verified
-    pair (see the module docstring)."""
-    exact = np.sort(_load(task.exact_files, EXACT_DTYPE), order="doc")
-    ver = _load(task.verified_files, VERIFIED_DTYPE)  # files in range order, each sorted: sorted
-    doc = np.union1d(exact["doc"], np.concatenate([ver["a"], ver["b"]]))
-    docs = Corpus(task.out_dir, list(task.chunks)).rows(doc)
-    reps, group = _exact_group_of(doc, exact)
+    """The clusters and keep decisions of the part's documents (see the module docstring). Every comparison the
+    keep rule makes is between two documents of the part, and orders them as over the whole input."""
+    docs = Corpus(task.out_dir, list(task.chunks)).rows(task.doc)
+    reps, group = np.unique(task.rep, return_inverse=True)
+    group = group.ravel().astype(np.int64)
     n_groups = len(reps)
-    verified = np.stack([np.searchsorted(doc, ver["a"]), np.searchsorted(doc, ver["b"])], axis=1).astype(np.int64)
-    verified_sims = ver["sim"].astype(np.float64)
-    group_pairs = group[verified]
-    component_of_group = _components(n_groups, group_pairs)
+    verified_sims = task.sims.astype(np.float64)
+    group_pairs = group[task.pairs]
+    component_of_group = components_of(n_groups, group_pairs)
     component = component_of_group[group]
     component_size = np.bincount(component, minlength=n_groups)
     rank = _preference(docs, task.keep)
@@ -277,8 +269,10 @@ def build_clusters(task: ClusterTask) -> Clusters:
     star_size = np.bincount(star, minlength=n_groups)
     cluster_roots = np.flatnonzero(star_size >= 2)
     kept_per_component = np.bincount(component_of_group[np.unique(star)], minlength=n_groups)
+    group_ordinal = np.empty(n_groups, dtype=np.int64)
+    group_ordinal[group] = task.group_number
     return Clusters(
-        doc=doc,
+        doc=task.doc,
         docs=docs,
         group=group,
         star=star,
@@ -286,7 +280,7 @@ def build_clusters(task: ClusterTask) -> Clusters:
         removed=removed,
         level=level,
         similarity=similarity,
-        verified=verified,
+        verified=task.pairs,
         verified_sims=verified_sims,
         cluster_roots=cluster_roots,
         sizes=star_size[cluster_roots],
@@ -297,20 +291,12 @@ def build_clusters(task: ClusterTask) -> Clusters:
         rank=rank,
         component=component,
         component_size=component_size,
-        group_ordinal=_group_ordinals(reps, exact),
+        group_ordinal=group_ordinal,
+        reps=reps,
     )
 
 
-def _exact_group_of(doc: np.ndarray, exact: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(reps, group): the groups' representatives (first members, ascending) and each document's group (an index
-    into reps); a document in no exact group is a group of its own."""
-    rep = doc.copy()
-    rep[np.searchsorted(doc, exact["doc"])] = exact["rep"]
-    reps, group = np.unique(rep, return_inverse=True)
-    return reps, group.ravel().astype(np.int64)
-
-
-def _components(n_groups: int, group_pairs: np.ndarray) -> np.ndarray:
+def components_of(n_groups: int, group_pairs: np.ndarray) -> np.ndarray:
     """The union-find root of each group over the verified pairs between groups."""
     uf = mh.UnionFind(n_groups)
     uf.union_pairs(group_pairs.tolist())
@@ -333,17 +319,22 @@ def _removals(group: np.ndarray, star: np.ndarray, best: np.ndarray, center_sim:
     return kept_doc, removed, level, similarity
 
 
-def write_decisions(out_dir: Path, chunks: list[Chunk], c: Clusters) -> None:
-    """decisions/<stem>.npz per chunk with removals: ordinal, id, kept id, level, similarity (by ordinal)."""
+def write_part_decisions(part_dir: Path, chunks: tuple[Chunk, ...], c: Clusters) -> None:
+    """<part_dir>/<stem>.npz per chunk with removals: the decisions' arrays (ordinal, id, kept id, level,
+    similarity) and `dropped`: the removed records an index segment leaves out (not the best of their exact group,
+    so their key is indexed already), the others being indexed as near duplicates (cluster_parts.finish_chunk)."""
     chunk = c.docs.chunk[c.removed]
-    dec_dir = folder(out_dir, DECISION_DIR)
+    dropped = c.group_best[c.removed] != c.removed
+    part_dir.mkdir(parents=True, exist_ok=True)
     for ci in np.unique(chunk).tolist():
-        r = c.removed[chunk == ci]
+        here = chunk == ci
+        r = c.removed[here]
         np.savez(
-            dec_dir / f"{chunks[ci].stem}.npz",
+            part_dir / f"{chunks[ci].stem}.npz",
             ordinal=c.docs.ordinal[r],
             id=c.docs.ids[r],
             kept_id=c.docs.ids[c.kept_doc[r]],
-            level=c.level[chunk == ci],
-            similarity=c.similarity[chunk == ci].astype(np.float32),
+            level=c.level[here],
+            similarity=c.similarity[here].astype(np.float32),
+            dropped=dropped[here],
         )

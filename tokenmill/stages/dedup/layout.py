@@ -31,6 +31,7 @@ LSH_DIR = "lsh"  # per chunk: (bands, items) band hashes, ordinals and order wor
 CANDIDATE_DIR = "candidates"  # per band, hash range and batch: (2, pairs) candidate pairs sorted by first doc
 VERIFIED_DIR = "verified"  # per first-doc range: verified pairs (a, b, similarity)
 DECISION_DIR = "decisions"  # per chunk with removals: ordinal, id, kept id, level, similarity
+CLUSTER_PART_DIR = "cluster_parts"  # per part of the clustering: its clusters' lines, decisions, clustering
 LEVEL_NAMES = ("exact", "near")
 LOC_KIND = ("line", "index", None)
 VERIFIED_DTYPE = np.dtype([("a", "<i8"), ("b", "<i8"), ("sim", "<f8")])

@@ -70,70 +70,168 @@ def _texts(chunks: list[Chunk], docs: DocumentTable, wanted: list[int]) -> dict:
     return out
 
 
-def per_source(c: Clusters, records_per_path: Counter) -> list[dict]:
+@dataclass(frozen=True)
+class SampleCandidates:
+    """What choose_samples needs of one part to choose the sample clusters as over the whole input; a cluster is
+    named by its key (the first member of its center group, a global index: keys order clusters as the stage
+    numbers them)."""
+
+    largest: list[tuple[int, int]]  # (-size, key) of the part's few largest clusters
+    lowest: list[tuple[float, int, int]]  # (similarity, document, key) of its few lowest near removals
+    cross_docs: np.ndarray  # its near removals whose kept record is in another file (global, ascending)
+    cross_keys: np.ndarray  # and their clusters
+    near_keys: np.ndarray  # its clusters with a near removal (ascending)
+    exact_keys: np.ndarray  # its clusters with an exact removal (ascending)
+
+
+@dataclass(frozen=True)
+class ClusterCounts:
+    """What the report needs of the clusters of one part, or of all (`total`): no per-document data but the sample
+    candidates' few arrays."""
+
+    removed: int
+    exact: int
+    near: int
+    exact_cross_batch: int  # removed as a duplicate of an indexed record (dedup_batch)
+    near_cross_batch: int
+    by_source: dict[str, tuple[int, int, int]]  # path: (exact removed, near removed, removed across files)
+    sizes: np.ndarray  # members per cluster
+    components: int
+    components_with_several_kept: int
+    candidates: list[SampleCandidates]
+
+    @classmethod
+    def of(cls, c: Clusters, k: int) -> ClusterCounts:
+        """The counts of one part's clusters, with its sample candidates for k sample clusters."""
+        path, names, removed, level = c.docs.path, c.docs.paths, c.removed, c.level
+        kept_path = path[c.kept_doc[removed]]
+        ex = Counter(names[p] for p in path[removed[level == 0]].tolist())
+        ne = Counter(names[p] for p in path[removed[level == 1]].tolist())
+        cross = Counter(names[p] for p in path[removed][path[removed] != kept_path].tolist())
+        by_batch = c.docs.indexed[c.kept_doc[removed]]
+        return cls(
+            removed=len(removed),
+            exact=int((level == 0).sum()),
+            near=int((level == 1).sum()),
+            exact_cross_batch=int((by_batch & (level == 0)).sum()),
+            near_cross_batch=int((by_batch & (level == 1)).sum()),
+            by_source={p: (ex[p], ne[p], cross[p]) for p in sorted(ex.keys() | ne.keys() | cross.keys())},
+            sizes=c.sizes,
+            components=c.components,
+            components_with_several_kept=c.components_with_several_kept,
+            candidates=[_sample_candidates(c, k)],
+        )
+
+    @classmethod
+    def total(cls, parts: list[ClusterCounts]) -> ClusterCounts:
+        by_source: dict[str, tuple[int, int, int]] = {}
+        for part in parts:
+            for p, n in part.by_source.items():
+                by_source[p] = tuple(a + b for a, b in zip(by_source.get(p, (0, 0, 0)), n))  # type: ignore[assignment]
+        return cls(
+            removed=sum(p.removed for p in parts),
+            exact=sum(p.exact for p in parts),
+            near=sum(p.near for p in parts),
+            exact_cross_batch=sum(p.exact_cross_batch for p in parts),
+            near_cross_batch=sum(p.near_cross_batch for p in parts),
+            by_source=by_source,
+            sizes=np.concatenate([p.sizes for p in parts]) if parts else np.empty(0, dtype=np.int64),
+            components=sum(p.components for p in parts),
+            components_with_several_kept=sum(p.components_with_several_kept for p in parts),
+            candidates=[cand for p in parts for cand in p.candidates],
+        )
+
+
+def per_source(c: ClusterCounts, records_per_path: Counter) -> list[dict]:
     """Per source path (natural order): records in, kept, exact and near removed, removed across files."""
-    path = c.docs.path
-    kept_path = path[c.kept_doc[c.removed]]
-    names = c.docs.paths
-    ex = Counter(names[p] for p in path[c.removed[c.level == 0]].tolist())
-    ne = Counter(names[p] for p in path[c.removed[c.level == 1]].tolist())
-    cross = Counter(names[p] for p in path[c.removed][path[c.removed] != kept_path].tolist())
-    return [
-        {
-            "path": p,
-            "records_in": n,
-            "kept": n - ex[p] - ne[p],
-            "exact_removed": ex[p],
-            "near_removed": ne[p],
-            "cross_file": cross[p],
-        }
-        for p, n in sorted(records_per_path.items(), key=lambda kv: (mh.natural_key(kv[0]), kv[0]))
-    ]
+    rows = []
+    for p, n in sorted(records_per_path.items(), key=lambda kv: (mh.natural_key(kv[0]), kv[0])):
+        ex, ne, cross = c.by_source.get(p, (0, 0, 0))
+        kept = n - ex - ne
+        rows.append(
+            {"path": p, "records_in": n, "kept": kept, "exact_removed": ex, "near_removed": ne, "cross_file": cross}
+        )
+    return rows
 
 
-def samples(chunks: list[Chunk], c: Clusters, k: int) -> list[dict]:
-    """A few clusters with their texts: the largest, the lowest similarity (borderline), cross-file ones,
-    and near and exact ones spread over the input (deterministic)."""
-    if len(c.cluster_roots) == 0 or k <= 0:
+def _sample_candidates(c: Clusters, k: int) -> SampleCandidates:
+    """The part's candidates for each pick choose_samples makes: the few largest clusters and lowest near
+    removals, and every cluster a spread over the input could pick."""
+    few = max(1, k // 4)
+    key = c.reps[c.star]  # each document's cluster
+    near_removed = c.removed[c.level == 1]
+    by_size = np.lexsort((c.reps[c.cluster_roots], -c.sizes))[:few]
+    by_sim = np.lexsort((c.doc[near_removed], c.similarity[c.level == 1]))[:few]
+    cross = near_removed[c.docs.path[near_removed] != c.docs.path[c.kept_doc[near_removed]]]
+    return SampleCandidates(
+        largest=list(zip((-c.sizes[by_size]).tolist(), c.reps[c.cluster_roots[by_size]].tolist())),
+        lowest=list(
+            zip(
+                c.similarity[c.level == 1][by_sim].tolist(),
+                c.doc[near_removed[by_sim]].tolist(),
+                key[near_removed[by_sim]].tolist(),
+            )
+        ),
+        cross_docs=c.doc[cross],
+        cross_keys=key[cross],
+        near_keys=np.unique(key[near_removed]),
+        exact_keys=np.unique(key[c.removed[c.level == 0]]),
+    )
+
+
+def choose_samples(c: ClusterCounts, k: int) -> list[int]:
+    """The keys of at most k sample clusters, in the order they are shown: the largest, the lowest similarity
+    (borderline), cross-file ones, and near and exact ones spread over the input (deterministic: the same over any
+    parts)."""
+    if len(c.sizes) == 0 or k <= 0:
         return []
-    chosen = _sample_roots(c, k)
-    in_sample = np.flatnonzero(np.isin(c.star, chosen))
-    levels = removal_levels(c)
-    criteria = keep_criteria(c.docs, c.keep)
-    shown = {r: _shown_members(c, in_sample[c.star[in_sample] == r], levels, criteria) for r in chosen}
-    texts = _texts(chunks, c.docs, [d for _, ds, _ in shown.values() for d in ds])
-    out = []
-    for r in chosen:
-        size, (kept, *others), reason = shown[r]
-        rows = [_sample_kept(c.docs, kept, texts[kept])]
-        rows += [_sample_removed(c.docs, d, levels[d], texts[d]) for d in others]
-        out.append({"size": size, "kept": rows[0]["id"], "reason": reason, "members_shown": len(rows), "members": rows})
-    return out
-
-
-def _sample_roots(c: Clusters, k: int) -> list[int]:
-    """The stars of at most k sample clusters, in the order they are shown."""
-    star, removed, level = c.star, c.removed, c.level
-    near_removed = removed[level == 1]
+    few = max(1, k // 4)
     chosen: list[int] = []
 
-    def add(roots):
-        for r in roots:
+    def add(keys):
+        for r in keys:
             r = int(r)
             if r not in chosen and len(chosen) < k:
                 chosen.append(r)
 
-    add(c.cluster_roots[np.argsort(-c.sizes, kind="stable")][: max(1, k // 4)])
-    if len(near_removed):
-        by_sim = near_removed[np.argsort(c.similarity[level == 1], kind="stable")]
-        add(star[by_sim][: max(1, k // 4)])
-        cross = near_removed[c.docs.path[near_removed] != c.docs.path[c.kept_doc[near_removed]]]
-        add(star[cross][:: max(1, len(cross) // max(1, k // 4))][: max(1, k // 4)])
-        spread = np.unique(star[near_removed])
-        add(spread[:: max(1, len(spread) // max(1, k // 4))])
-    exact_roots = np.unique(star[removed[level == 0]])
-    add(exact_roots[:: max(1, len(exact_roots) // max(1, k))])
+    cands = c.candidates
+    add([key for _, key in sorted(x for p in cands for x in p.largest)[:few]])
+    if c.near:
+        add([key for _, _, key in sorted(x for p in cands for x in p.lowest)[:few]])
+        cross_docs = np.concatenate([p.cross_docs for p in cands])
+        cross = np.concatenate([p.cross_keys for p in cands])[np.argsort(cross_docs, kind="stable")]
+        add(cross[:: max(1, len(cross) // few)][:few])
+        spread = np.unique(np.concatenate([p.near_keys for p in cands]))
+        add(spread[:: max(1, len(spread) // few)])
+    exact_keys = np.unique(np.concatenate([p.exact_keys for p in cands]))
+    add(exact_keys[:: max(1, len(exact_keys) // max(1, k))])
     return chosen
+
+
+def sample_clusters(chunks: list[Chunk], c: Clusters, keys: list[int]) -> dict[int, dict]:
+    """{key: sample} of the chosen clusters this part holds, with their texts."""
+    key_of_root = dict(zip(c.reps[c.cluster_roots].tolist(), c.cluster_roots.tolist()))
+    roots = [key_of_root[key] for key in keys if key in key_of_root]
+    if not roots:
+        return {}
+    in_sample = np.flatnonzero(np.isin(c.star, roots))
+    levels = removal_levels(c)
+    criteria = keep_criteria(c.docs, c.keep)
+    shown = {r: _shown_members(c, in_sample[c.star[in_sample] == r], levels, criteria) for r in roots}
+    texts = _texts(chunks, c.docs, [d for _, ds, _ in shown.values() for d in ds])
+    out = {}
+    for r in roots:
+        size, (kept, *others), reason = shown[r]
+        rows = [_sample_kept(c.docs, kept, texts[kept])]
+        rows += [_sample_removed(c.docs, d, levels[d], texts[d]) for d in others]
+        out[int(c.reps[r])] = {
+            "size": size,
+            "kept": rows[0]["id"],
+            "reason": reason,
+            "members_shown": len(rows),
+            "members": rows,
+        }
+    return out
 
 
 def _shown_members(c: Clusters, members: np.ndarray, levels: dict, criteria: list) -> tuple[int, list[int], str]:
@@ -199,11 +297,10 @@ class RunSummary:
     index: dict | None = None  # dedup_batch: the index read and the segment written (counts), see stage.py
 
 
-def _incremental(run: RunSummary, index: dict, c: Clusters, n_exact: int, n_near: int) -> tuple[dict, dict]:
+def _incremental(run: RunSummary, index: dict, c: ClusterCounts, n_exact: int, n_near: int) -> tuple[dict, dict]:
     """(report section, stats) of a batch deduplicated against the index: removals split into cross-batch (the
     record duplicates an indexed one) and within-batch, with the keep rule's difference from a one-shot build."""
-    cross = c.docs.indexed[c.kept_doc[c.removed]]
-    exact_cross, near_cross = int((cross & (c.level == 0)).sum()), int((cross & (c.level == 1)).sum())
+    exact_cross, near_cross = c.exact_cross_batch, c.near_cross_batch
     counts = {
         "dropped_exact_cross_batch": exact_cross,
         "dropped_near_cross_batch": near_cross,
@@ -299,15 +396,15 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
     }
 
 
-def _counts(run: RunSummary, c: Clusters, sources: list[dict]) -> dict:
+def _counts(run: RunSummary, c: ClusterCounts, sources: list[dict]) -> dict:
     """The report's counts: records in, kept and removed, and what each step found."""
     n_docs = sum(sk.records for sk in run.sketches)
     return {
         "records_in": n_docs,
-        "records_kept": n_docs - len(c.removed),
-        "records_removed": int(len(c.removed)),
-        "exact_duplicates_removed": int((c.level == 0).sum()),
-        "near_duplicates_removed": int((c.level == 1).sum()),
+        "records_kept": n_docs - c.removed,
+        "records_removed": c.removed,
+        "exact_duplicates_removed": c.exact,
+        "near_duplicates_removed": c.near,
         "exact_groups": run.exact_groups,
         "lsh_items": int(sum(sk.items for sk in run.sketches)),
         "candidate_pairs": run.candidate_pairs,
@@ -315,7 +412,7 @@ def _counts(run: RunSummary, c: Clusters, sources: list[dict]) -> dict:
         "rejected_candidates": run.candidate_pairs - run.verified_pairs,
         "signature_rejected": run.signature_rejected,
         **run.bucket_stats,
-        "clusters": int(len(c.cluster_roots)),
+        "clusters": len(c.sizes),
         "largest_cluster": int(c.sizes.max()) if len(c.sizes) else 0,
         "components": c.components,
         "components_with_several_kept": c.components_with_several_kept,
@@ -393,13 +490,14 @@ class DedupResult(StageResult):
     timings: dict[str, float] = run_fact()  # seconds per step
 
 
-def write_report(out_dir: Path, run: RunSummary, c: Clusters, clusters_written: int) -> DedupResult:
-    """Writes report.json and the result (`write_result`); returns it."""
+def write_report(
+    out_dir: Path, run: RunSummary, c: ClusterCounts, shown: list[dict], clusters_written: int
+) -> DedupResult:
+    """Writes report.json (`shown`: the sample clusters) and the result (`write_result`); returns it."""
     t0 = time.perf_counter()
     sources = per_source(c, sum((Counter(sk.records_per_path) for sk in run.sketches), Counter()))
     counts = _counts(run, c, sources)
     shingle_sizes = sum((Counter(sk.shingle_sizes) for sk in run.sketches), Counter())
-    shown = samples(run.chunks, c, run.settings.sample_clusters)
     run.timings["outputs"] = run.timings.get("outputs", 0.0) + time.perf_counter() - t0
     seconds = time.perf_counter() - run.started
     report = {

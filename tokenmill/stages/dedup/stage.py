@@ -50,19 +50,27 @@ from tokenmill.stages.dedup.buckets import (
     bucket_pairs,
     lsh_inputs,
 )
-from tokenmill.stages.dedup.clusters import Clusters, ClusterTask, build_clusters, write_clusters, write_decisions
+from tokenmill.stages.dedup.cluster_parts import (
+    ChunkTask,
+    SampleTask,
+    cluster_part,
+    finish_chunk,
+    merge_clusters,
+    plan_parts,
+    show_samples,
+)
 from tokenmill.stages.dedup.index import (
-    SegmentTask,
     publish_segment,
     read_index,
     segment_items,
     sketch_settings,
     staging_folder,
-    write_segment_chunk,
 )
 from tokenmill.stages.dedup.keys import ExactResult, ExactTask, exact_groups
 from tokenmill.stages.dedup.layout import (
     CANDIDATE_DIR,
+    CLUSTER_PART_DIR,
+    DECISION_DIR,
     DOCS_DIR,
     EXACT_DIR,
     KEYS_DIR,
@@ -72,7 +80,7 @@ from tokenmill.stages.dedup.layout import (
     folder,
     plan_chunks,
 )
-from tokenmill.stages.dedup.report import DedupResult, RunSummary, write_report
+from tokenmill.stages.dedup.report import ClusterCounts, DedupResult, RunSummary, choose_samples, write_report
 from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
 from tokenmill.stages.dedup.verify import VerifyResult, VerifyTask, verify_range
@@ -90,6 +98,7 @@ class Partitions:
     bucket_items: int = 1 << 19  # LSH items per band and hash range (16 bytes each)
     verify_pairs: int = 1 << 17  # candidate pairs per range of first documents (16 bytes each, and a byte per
     # signature position of each side's document in the pre-filter: ~300 bytes a pair)
+    cluster_docs: int = 1 << 18  # involved documents per clustering part (whole components; ~500 bytes each)
 
 
 @dataclass
@@ -200,9 +209,9 @@ def _deduplicate(run: DedupRun) -> DedupResult:
     buckets, first_docs = _buckets(run, chunks, exact_files)
     verified_files, verified = _verify(run, chunks, buckets, first_docs)
     clusters = _clusters(run, chunks, exact_files, verified_files)
-    clusters_written, index_summary = _write_outputs(run, chunks, clusters)
-    summary = _summary(run, chunks, sketches, exact, buckets, verified, index_summary)
-    return _report(run, summary, clusters, clusters_written)
+    clusters_written, shown, index_summary = _write_outputs(run, chunks, clusters)
+    summary = _summary(run, chunks, sketches, exact, buckets, verified, index_summary, len(clusters.candidates))
+    return _report(run, summary, clusters, shown, clusters_written)
 
 
 def _documents(chunks: list[Chunk]) -> int:
@@ -304,59 +313,56 @@ def _verify(
 
 def _clusters(
     run: DedupRun, chunks: list[Chunk], exact_files: tuple[Path, ...], verified_files: tuple[Path, ...]
-) -> Clusters:
-    """Step 6: clusters and keep decisions over the pairs; the decisions written per chunk."""
+) -> ClusterCounts:
+    """Step 6, per part of whole components: clusters and keep decisions (cluster_parts.py)."""
     with run.timed("clusters"):
-        task = ClusterTask(run.out_dir, tuple(chunks), exact_files, verified_files, run.settings.keep)
-        clusters = build_clusters(task)
-        write_decisions(run.out_dir, chunks, clusters)
-    return clusters
+        s = run.settings
+        tasks = plan_parts(
+            run.out_dir, chunks, exact_files, verified_files, s.keep, s.sample_clusters, run.partitions.cluster_docs
+        )
+    return ClusterCounts.total(run.step("clusters", cluster_part, tasks))
 
 
 def write_output(write: Callable[[], T]) -> T:
-    """A task of the outputs step: clusters.jsonl, or one chunk of the index segment (a bound call)."""
+    """A task of the outputs step (a bound call)."""
     return write()
 
 
-def _write_outputs(run: DedupRun, chunks: list[Chunk], clusters: Clusters) -> tuple[int, dict | None]:
-    """clusters.jsonl and, with an index, the batch's index segment, in one task list: one worker writes
-    clusters.jsonl (the longest task, first) while the others copy the segment's chunks. Returns the clusters
-    written and the index's summary (None without an index)."""
+def _write_outputs(run: DedupRun, chunks: list[Chunk], clusters: ClusterCounts) -> tuple[int, list[dict], dict | None]:
+    """In one task list: clusters.jsonl merged from the parts (the longest task, first), the sample clusters the
+    report shows from the parts holding them, and per chunk of the batch its decisions and, with an index, its rows
+    of the batch's segment. Returns the clusters written, the samples and the index's summary (None without an
+    index)."""
     segment_out = run.segment_out
     staged = staging_folder(segment_out) if segment_out else None
+    parts = len(clusters.candidates)  # one per part
+    keys = tuple(choose_samples(clusters, run.settings.sample_clusters))
+    folder(run.out_dir, DECISION_DIR)
     try:
-        segment = _segment_tasks(clusters, chunks, run.out_dir, staged, run.rows) if staged else []
-        writes = [partial(write_clusters, run.out_dir, clusters), *(partial(write_segment_chunk, t) for t in segment)]
-        clusters_written, *parts = run.step("outputs", write_output, writes)
-        added = publish_segment(staged, segment_out, run.sketch, parts) if staged and segment_out else None
+        finish = [ChunkTask(ch, run.out_dir, parts, staged, run.rows) for ch in chunks if not ch.root]
+        show = [SampleTask(run.out_dir, tuple(chunks), p, keys) for p in range(parts)] if keys else []
+        writes = [
+            partial(merge_clusters, run.out_dir, parts),
+            *(partial(show_samples, t) for t in show),
+            *(partial(finish_chunk, t) for t in finish),
+        ]
+        clusters_written, *results = run.step("outputs", write_output, writes)
+        shown_by_key = {k: v for r in results[: len(show)] for k, v in r.items()}
+        segment_parts = results[len(show) :]
+        added = publish_segment(staged, segment_out, run.sketch, segment_parts) if staged and segment_out else None
     finally:
         if staged is not None:
             shutil.rmtree(staged, ignore_errors=True)
+    shown = [shown_by_key[k] for k in keys]
     if added is None:
-        return clusters_written, None
+        return clusters_written, shown, None
     index_summary = {
         "segments": [Path(p).name for p in run.index_dirs],  # names (the batch keys): paths differ between roots
         "records": run.indexed_docs,
         "kept": sum(m["kept"] for m in run.manifests),
         **added,
     }
-    return clusters_written, index_summary
-
-
-def _segment_tasks(c: Clusters, chunks: list[Chunk], out_dir: Path, staged: Path, rows: int) -> list[SegmentTask]:
-    """Per chunk of the batch: the records left out of the index (exact duplicates: not the best of their exact
-    group, or in a group with an indexed record) and those indexed without LSH data (removed as near duplicates)."""
-    involved = np.arange(len(c.doc))
-    dropped = ~c.docs.indexed & (c.group_best != involved)
-    near = np.zeros(len(c.doc), dtype=bool)
-    near[c.removed] = True
-    near &= ~dropped
-    chunk, ordinal = c.docs.chunk, c.docs.ordinal
-    return [
-        SegmentTask(ch, out_dir, staged, ordinal[dropped & (chunk == ci)], ordinal[near & (chunk == ci)], rows)
-        for ci, ch in enumerate(chunks)
-        if not ch.root
-    ]
+    return clusters_written, shown, index_summary
 
 
 def _summary(
@@ -367,6 +373,7 @@ def _summary(
     buckets: list[BucketResult],
     verified: list[VerifyResult],
     index_summary: dict | None,
+    cluster_parts: int,
 ) -> RunSummary:
     """The counts the steps returned, for the report (a result per task of each step)."""
     return RunSummary(
@@ -389,6 +396,7 @@ def _summary(
             "digest_ranges": len(exact),
             "band_hash_ranges": len(buckets) // run.bands,  # a bucket task per band and hash range
             "verify_ranges": len(verified),
+            "cluster_parts": cluster_parts,
         },
         started=run.started,
         timings=run.timings,
@@ -396,9 +404,11 @@ def _summary(
     )
 
 
-def _report(run: DedupRun, summary: RunSummary, clusters: Clusters, clusters_written: int) -> DedupResult:
+def _report(
+    run: DedupRun, summary: RunSummary, clusters: ClusterCounts, shown: list[dict], clusters_written: int
+) -> DedupResult:
     """Step 7: report.json and the result; the step files only the steps read are removed. Returns the result."""
-    result = write_report(run.out_dir, summary, clusters, clusters_written)
-    for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR):
+    result = write_report(run.out_dir, summary, clusters, shown, clusters_written)
+    for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR, CLUSTER_PART_DIR):
         shutil.rmtree(run.out_dir / name, ignore_errors=True)
     return result

@@ -1,0 +1,190 @@
+"""Step 6, partitioned: clusters by connected components, a task per part, then the outputs gathered.
+
+The run process finds the components (union-find over the exact groups joined by the verified pairs: a few integers
+per involved document, no document fields) and cuts them into parts of about `docs_per_part` documents, whole
+components each, so every cluster and keep decision is made inside one task (clusters.py). A part's task writes to
+the staging folder (CLUSTER_PART_DIR) its lines of clusters.jsonl, its decisions per chunk and its clustering (for
+the report's sample clusters), and returns its counts (report.ClusterCounts). The outputs step then merges the
+lines into clusters.jsonl, numbered in the order of their kept records; gathers each chunk's decisions (and, with
+an index, copies the chunk's rows into the segment); and shows the sample clusters the report chose, each from the
+part that holds it. Nothing depends on where the parts are cut: the output is the same over any `docs_per_part`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmill.common.io import JsonlWriter
+from tokenmill.stages.dedup.clusters import (
+    ClusterTask,
+    build_clusters,
+    components_of,
+    write_cluster_lines,
+    write_part_decisions,
+)
+from tokenmill.stages.dedup.index import SegmentChunk, SegmentTask, write_segment_chunk
+from tokenmill.stages.dedup.keys import EXACT_DTYPE
+from tokenmill.stages.dedup.layout import CLUSTER_PART_DIR, CLUSTERS_FILE, DECISION_DIR, VERIFIED_DTYPE, Chunk, folder
+from tokenmill.stages.dedup.report import ClusterCounts, sample_clusters
+
+
+def _load(files, dtype) -> np.ndarray:
+    parts = [np.load(f) for f in files]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+
+def plan_parts(
+    out_dir: Path,
+    chunks: list[Chunk],
+    exact_files: tuple[Path, ...],
+    verified_files: tuple[Path, ...],
+    keep: str,
+    samples: int,
+    docs_per_part: int,
+) -> list[ClusterTask]:
+    """The parts of the documents in some exact group of two or more or in some verified pair: whole components,
+    about `docs_per_part` documents each, in the order of their smallest group."""
+    exact = np.sort(_load(exact_files, EXACT_DTYPE), order="doc")
+    ver = _load(verified_files, VERIFIED_DTYPE)  # files in range order, each sorted: sorted
+    doc = np.union1d(exact["doc"], np.concatenate([ver["a"], ver["b"]]))
+    rep = doc.copy()
+    rep[np.searchsorted(doc, exact["doc"])] = exact["rep"]
+    reps, group = np.unique(rep, return_inverse=True)
+    group = group.ravel()
+    pairs = np.stack([np.searchsorted(doc, ver["a"]), np.searchsorted(doc, ver["b"])], axis=1).astype(np.int64)
+    component = components_of(len(reps), group[pairs])[group]
+    # a group's number over the input: its first member's index less the documents before it that are not first
+    not_first = np.sort(exact["doc"][exact["doc"] != exact["rep"]])
+    number = (reps - np.searchsorted(not_first, reps))[group]
+    # a component's part: where its first document falls when the components are laid out by smallest group
+    per_component = np.bincount(component, minlength=len(reps))
+    starts = np.cumsum(per_component) - per_component
+    part = starts[component] // max(1, docs_per_part)
+    part_ids = np.unique(part)
+    pair_part = part[pairs[:, 0]]
+    local = np.empty(len(doc), dtype=np.int64)
+    tasks = []
+    for k, p in enumerate(part_ids.tolist()):
+        members = np.flatnonzero(part == p)
+        local[members] = np.arange(len(members))
+        in_part = pair_part == p
+        tasks.append(
+            ClusterTask(
+                out_dir=Path(out_dir),
+                chunks=tuple(chunks),
+                part=k,
+                doc=doc[members],
+                rep=rep[members],
+                group_number=number[members],
+                pairs=local[pairs[in_part]],
+                sims=ver["sim"][in_part],
+                keep=keep,
+                samples=samples,
+            )
+        )
+    return tasks
+
+
+def _lines(staged: Path, part: int) -> Path:
+    return staged / f"c{part:05d}.jsonl"
+
+
+def _kept(staged: Path, part: int) -> Path:
+    return staged / f"c{part:05d}.kept.npy"
+
+
+def _decisions(staged: Path, part: int) -> Path:
+    return staged / f"d{part:05d}"
+
+
+def _clustering(staged: Path, part: int) -> Path:
+    return staged / f"c{part:05d}.pickle"
+
+
+def cluster_part(task: ClusterTask) -> ClusterCounts:
+    """One part's clusters and keep decisions: its files in the staging folder, its counts returned."""
+    staged = folder(task.out_dir, CLUSTER_PART_DIR)
+    c = build_clusters(task)
+    np.save(_kept(staged, task.part), write_cluster_lines(_lines(staged, task.part), c))
+    write_part_decisions(_decisions(staged, task.part), task.chunks, c)
+    with open(_clustering(staged, task.part), "wb") as f:
+        pickle.dump(c, f, protocol=pickle.HIGHEST_PROTOCOL)
+    return ClusterCounts.of(c, task.samples)
+
+
+def _numbered_lines(staged: Path, part: int) -> Iterator[tuple[int, bytes]]:
+    """(kept record, line) of the part's clusters, in the order of their kept records."""
+    kept = np.load(_kept(staged, part)).tolist()
+    with open(_lines(staged, part), "rb") as f:
+        yield from zip(kept, f)
+
+
+def merge_clusters(out_dir: Path, parts: int) -> int:
+    """clusters.jsonl: the parts' lines merged in the order of their kept records, each numbered; returns the
+    clusters written."""
+    staged = Path(out_dir) / CLUSTER_PART_DIR
+    merged = heapq.merge(*(_numbered_lines(staged, p) for p in range(parts)), key=lambda kv: kv[0])
+    with JsonlWriter(Path(out_dir) / CLUSTERS_FILE) as w:
+        for i, (_, line) in enumerate(merged):
+            w.buffer.write(b'{"cluster": %d, ' % i + line[1:])
+            w.count += 1
+        return w.count
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    chunk: Chunk  # a chunk of the batch
+    out_dir: Path
+    parts: int
+    segment: Path | None  # the index segment being written (dedup_batch), else None
+    rows: int
+
+
+def finish_chunk(task: ChunkTask) -> SegmentChunk | None:
+    """decisions/<stem>.npz from the parts' decisions on the chunk (where it has removals) and, with an index,
+    the chunk's rows of the segment: its records but the exact duplicates, those removed as near duplicates
+    without LSH data."""
+    staged = Path(task.out_dir) / CLUSTER_PART_DIR
+    stem = task.chunk.stem
+    found = [np.load(f) for p in range(task.parts) if (f := _decisions(staged, p) / f"{stem}.npz").exists()]
+    fields = ("ordinal", "id", "kept_id", "level", "similarity", "dropped")
+    arrays = {k: np.concatenate([d[k] for d in found]) for k in fields} if found else {}
+    if arrays:
+        order = np.argsort(arrays["ordinal"], kind="stable")
+        arrays = {k: v[order] for k, v in arrays.items()}
+        np.savez(
+            folder(task.out_dir, DECISION_DIR) / f"{stem}.npz",
+            ordinal=arrays["ordinal"],
+            id=arrays["id"],
+            kept_id=arrays["kept_id"],
+            level=arrays["level"],
+            similarity=arrays["similarity"],
+        )
+    if task.segment is None:
+        return None
+    ordinal = arrays.get("ordinal", np.empty(0, dtype=np.int64))
+    dropped = arrays.get("dropped", np.empty(0, dtype=bool))
+    return write_segment_chunk(
+        SegmentTask(task.chunk, task.out_dir, task.segment, ordinal[dropped], ordinal[~dropped], task.rows)
+    )
+
+
+@dataclass(frozen=True)
+class SampleTask:
+    out_dir: Path
+    chunks: tuple[Chunk, ...]
+    part: int
+    keys: tuple[int, ...]  # the chosen sample clusters (report.choose_samples)
+
+
+def show_samples(task: SampleTask) -> dict[int, dict]:
+    """{key: sample} of the chosen clusters the part holds."""
+    with open(_clustering(Path(task.out_dir) / CLUSTER_PART_DIR, task.part), "rb") as f:
+        c = pickle.load(f)
+    return sample_clusters(list(task.chunks), c, list(task.keys))
