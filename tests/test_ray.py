@@ -234,7 +234,15 @@ def test_two_nodes_same_files_and_tasks_on_both(cluster, second_node, local_file
     assert usage["steps"][STEP]["tasks"] == 6 and usage["steps"][STEP]["nodes"] == 2, usage
     assert set(outcome["usage"]["dedup_report"]["steps"]) == {
         f"dedup_report:{s}"
-        for s in ("sketch_chunk", "exact_groups", "lsh_inputs", "bucket_pairs", "verify_range", "write_output")
+        for s in (
+            "sketch_chunk",
+            "exact_groups",
+            "lsh_inputs",
+            "bucket_pairs",
+            "verify_range",
+            "cluster_part",
+            "write_output",
+        )
     }
 
 

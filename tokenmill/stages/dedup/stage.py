@@ -19,11 +19,12 @@ other rules a one-shot build picks each cluster's survivor over all batches, so 
 there, never here (first seen wins across batches).
 
 Memory: every task holds one chunk, or one partition (a digest range, a band and hash range, a range of first
-documents) sized by `Partitions`, or (clusters) only the documents that are in some exact group or verified pair.
-Tasks read their slices of the step files with positioned reads (layout.NpyRows), never mapped. This process holds
-counts, file names and the candidate pairs per BIN_DOCS documents, never per-document arrays of the corpus. With
-an index, the partitions are sized over the index and the batch together, and the clusters hold only the indexed
-records that some record of the batch duplicates: memory per task stays bounded as the index grows.
+documents, a part of whole components of the documents in some exact group or verified pair) sized by
+`Partitions`. Tasks read their slices of the step files with positioned reads (layout.NpyRows), never mapped. This
+process holds counts, file names, the candidate pairs per BIN_DOCS documents and, to cut the components into parts,
+a few integers per involved document (cluster_parts.plan_parts), never per-document arrays of the whole corpus.
+With an index, the partitions are sized over the index and the batch together, and the clusters hold only the
+indexed records that some record of the batch duplicates: memory per task stays bounded as the index grows.
 """
 
 from __future__ import annotations
