@@ -35,6 +35,7 @@ from tokenmill.stages.dedup import (
     write_deduped,
 )
 from tokenmill.stages.dedup import keys as K
+from tokenmill.stages.dedup.buckets import _band_slice, write_lsh
 from tokenmill.stages.dedup.layout import NpyRows
 
 
@@ -254,6 +255,26 @@ def test_step_files_are_read_by_slice_as_numpy_would(tmp_path):
         a = f.searchsorted((), int(rows["doc"][100]), "doc")
         assert a == np.searchsorted(rows["doc"], rows["doc"][100])
         assert np.array_equal(f.read((), a, 300), rows[a:])
+
+
+def test_a_chunks_band_slice_through_its_fence_is_the_binary_searchs(tmp_path):
+    """A bucket task's slice of a chunk's band, found through the fence file, is where a binary search of the band
+    puts the range's bounds: runs of one hash across fence posts, bounds on a post, beyond every hash, empty bands."""
+    rng = np.random.default_rng(3)
+    for items in (0, 1, 63, 64, 65, 1000):
+        hashes = np.sort(rng.integers(0, 40, (4, items), dtype=np.uint64) * np.uint64(1 << 58), axis=1)
+        docs = np.arange(items, dtype=np.int64)
+        sig = rng.integers(0, 1 << 32, (items, 32), dtype=np.uint32)
+        write_lsh(tmp_path, f"c{items}", docs, rng.permutation(hashes, axis=1), sig, rows=4)
+        base = tmp_path / f"c{items}"
+        values = [0, 1, 1 << 58, (1 << 58) + 1, 39 << 58, 1 << 63, (1 << 64) - 1, 1 << 64]
+        with NpyRows(f"{base}.hash.npy") as f:
+            for band in range(4):
+                for lo, hi in zip(values, values[1:]):
+                    assert _band_slice(base, f, band, lo, hi) == (
+                        f.searchsorted((band,), lo),
+                        f.searchsorted((band,), hi),
+                    )
 
 
 def test_oversized_bucket_is_handled_and_counted(tmp_path):

@@ -7,6 +7,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support import dedup_record, random_poem, substitute, write_records
 
@@ -21,6 +22,7 @@ from tokenmill.stages.dedup import (
     Partitions,
     build_dedup_report,
     dedup_batch,
+    index,
     write_deduped,
 )
 from tokenmill.stages.dedup import keys as K
@@ -180,6 +182,34 @@ def test_counts_add_up_and_no_exact_duplicate_across_batches(tmp_path):
     ]
     digests = [K.key_digest(k) for k in K.dedup_keys(kept_texts)]
     assert len(set(digests)) == len(digests) == sum(s.docs_out for s in stats)
+
+
+def test_a_format_2_index_is_read_as_it_is(tmp_path, monkeypatch):
+    """Segments written before format 3 (whole uint32 signatures, int64 LSH ordinals: 0.4 KB more per record) give
+    the later batches the same decisions as format 3's (signatures folded to the byte the pre-filter compares)."""
+    batches, _ = _batches(seed=5)
+    settings = DedupSettings(keep="first_seen", chunk_bytes=2000)
+    _run_batches(tmp_path / "new", batches, settings, workers=1)
+
+    write_lsh = index.write_lsh
+
+    def format_2_lsh(lsh_dir: Path, stem: str, *args) -> int:
+        items = write_lsh(lsh_dir, stem, *args)
+        np.save(lsh_dir / f"{stem}.doc.npy", np.load(lsh_dir / f"{stem}.doc.npy").astype(np.int64))
+        return items
+
+    with monkeypatch.context() as m:
+        m.setattr(index, "INDEX_FORMAT", 2)
+        m.setattr(index, "fold8", lambda sig: sig)
+        m.setattr(index, "write_lsh", format_2_lsh)
+        _run_batches(tmp_path / "old", batches, settings, workers=1)
+    folders = lambda root: sorted((root / "deduped").iterdir())  # noqa: E731
+    assert _decisions(folders(tmp_path / "old")) == _decisions(folders(tmp_path / "new"))
+    for root, formats in ((tmp_path / "old", (2, "uint32", "int64")), (tmp_path / "new", (3, "uint8", "int32"))):
+        for segment in sorted((root / "index").iterdir()):
+            assert read_json(segment / SEGMENT_FILE)["format_version"] == formats[0]
+            assert {np.load(f).dtype.name for f in (segment / "signatures").glob("*[0-9].npy")} == {formats[1]}
+            assert {np.load(f).dtype.name for f in (segment / "lsh").glob("*.doc.npy")} == {formats[2]}
 
 
 def test_an_earlier_batch_record_is_never_removed(tmp_path):

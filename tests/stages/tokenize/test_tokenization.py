@@ -9,7 +9,7 @@ from pydantic import ValidationError
 from tests.conftest import REPO
 from tokenmill.common.results import read_result
 from tokenmill.errors import ConfigError, CorruptOutputError
-from tokenmill.stages.tokenize import TokenizerSettings, train_tokenizer
+from tokenmill.stages.tokenize import TokenizerSettings, train, train_tokenizer
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer
 from tokenmill.stages.tokenize.train import build_trainer_tokenizer
 from tokenmill_loader.format import SPECIAL_TOKENS
@@ -200,6 +200,28 @@ def test_sample_does_not_depend_on_file_order_or_cut(tmp_path):
         b.held_out_chars,
     )
     assert (tmp_path / "a" / "tokenizer.json").read_bytes() == (tmp_path / "b" / "tokenizer.json").read_bytes()
+
+
+def test_sample_is_the_same_whatever_cutoff_pass_1_starts_from(tmp_path, monkeypatch):
+    """Pass 1 keeps only the records hashing below a cutoff (a bounded candidate list, not a hash per record); a
+    cutoff too low to fill the budgets grows and pass 1 runs again, and the sample is the one every record gives."""
+    write_records(tmp_path / "in", n=2000)
+    s = TokenizerSettings(vocab_size=300, sample_chars=3000, held_out_chars=500)
+    everything = train.sample_corpus(tmp_path / "in", s)
+    passes = []
+    id_hashes = train.id_hashes
+
+    def counted(part, below=train.ALL_HASHES):
+        passes.append(below)
+        return id_hashes(part, below)
+
+    monkeypatch.setattr(train, "first_cutoff", lambda settings, corpus_bytes: 1 << 50)  # ~0.01% of the records
+    monkeypatch.setattr(train, "id_hashes", counted)
+    cut = train.sample_corpus(tmp_path / "in", s)
+    assert (cut.train, cut.held_out, cut.records) == (everything.train, everything.held_out, everything.records)
+    assert len(passes) > 1 and passes[-1] < train.ALL_HASHES  # grew, and filled the budgets before every record
+    assert train.first_cutoff(s, 10**9) < train.ALL_HASHES  # a large corpus: a share of the hashes
+    assert train.first_cutoff(s, 10**4) == train.first_cutoff(s.model_copy(update={"sample_chars": 0}), 10**9)
 
 
 def test_settings_refuse_bad_values_naming_the_field():

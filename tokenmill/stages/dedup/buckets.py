@@ -32,6 +32,8 @@ from tokenmill.stages.dedup.layout import (
 PAIR_BATCH = 1 << 18  # candidate pairs a bucket task holds before it writes a sorted batch (4 MB, ~10x that in
 # temporaries while sorting: measured 348 MiB per task with 1 << 20 at 1.5M documents, the largest process)
 ORDER_ROWS = 8  # signature rows an oversized bucket's members are ordered by (ample to separate thousands)
+FENCE = 64  # every FENCE-th hash of each band goes to <stem>.fence.npy: a bucket task finds its hash range in a
+# chunk's band with one read of the fence and two of FENCE hashes, not a binary search of ~14 reads per bound
 BIN_DOCS = 128  # documents per histogram bin of first documents (verification ranges are cut on bin edges): a
 # document is the first of at most bands * (max_bucket - 1) pairs, so a bin's pairs stay bounded (128 * 16 * 63 = 129k
 # pairs with the defaults) whatever the corpus size, where a fixed count of bins grew them with it
@@ -50,7 +52,8 @@ class LshInputTask:
 @releases_memory
 def lsh_inputs(task: LshInputTask) -> int:
     """Writes lsh/<stem>.hash.npy and .doc.npy (ordinals in the chunk): (bands, items) of the chunk's
-    representatives, and .order.npy (bands, items, words) their order words; returns items."""
+    representatives, .order.npy (bands, items, words) their order words and .fence.npy every FENCE-th hash of each
+    band; returns items."""
     non_rep = np.zeros(task.records, dtype=bool)
     for path in task.exact_files:
         with NpyRows(path) as rows:
@@ -71,7 +74,7 @@ def write_lsh(lsh_dir: Path, stem: str, item_doc: np.ndarray, bands: np.ndarray,
     """Writes the LSH files of a chunk's items (their ordinals, ascending; (bands, items) band hashes; signatures);
     returns items."""
     hashes: np.ndarray = np.empty(bands.shape, dtype=np.uint64)  # (numpy's stubs type empty(shape) as 0-d)
-    docs = np.empty(hashes.shape, dtype=np.int64)
+    docs = np.empty(hashes.shape, dtype=np.int32)  # ordinals in a chunk (a few MiB of records)
     words = np.empty((bands.shape[0], hashes.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
     folded = mh.fold16(sig)  # once for every band; the sort then moves each item's few words, not its signature
     for b in range(bands.shape[0]):
@@ -79,6 +82,7 @@ def write_lsh(lsh_dir: Path, stem: str, item_doc: np.ndarray, bands: np.ndarray,
         hashes[b], docs[b] = bands[b][order], item_doc[order]
         words[b] = mh.order_words(folded, (b + 1) * rows, ORDER_ROWS)[order]
     np.save(lsh_dir / f"{stem}.hash.npy", hashes)
+    np.save(lsh_dir / f"{stem}.fence.npy", np.ascontiguousarray(hashes[:, ::FENCE]))
     np.save(lsh_dir / f"{stem}.doc.npy", docs)
     np.save(lsh_dir / f"{stem}.order.npy", words)
     return hashes.shape[1]
@@ -118,6 +122,29 @@ def _found(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     return np.flatnonzero(sorted_keys[pos] == values)
 
 
+def _band_slice(base: str | Path, hashes: NpyRows, band: int, lo: int, hi: int) -> tuple[int, int]:
+    """[a, b): the positions of the band's hashes in [lo, hi) in a chunk's sorted `hashes`, found through its fence
+    (a binary search of the file where there is none: index segments of format 2)."""
+    try:
+        with NpyRows(f"{base}.fence.npy") as f:
+            fence = f.read((band,), 0, f.shape[1])
+    except FileNotFoundError:
+        return hashes.searchsorted((band,), lo), hashes.searchsorted((band,), hi)
+    return _bound(hashes, band, fence, lo), _bound(hashes, band, fence, hi)
+
+
+def _bound(hashes: NpyRows, band: int, fence: np.ndarray, value: int) -> int:
+    """The first position of the band whose hash is >= value (a Python int: 2**64 is past every hash)."""
+    n = hashes.shape[1]
+    if value >= 1 << 64:
+        return n
+    i = int(np.searchsorted(fence, np.uint64(value)))  # fence[i - 1] < value <= fence[i]
+    if i == 0:
+        return 0
+    start, stop = (i - 1) * FENCE + 1, min(i * FENCE, n)
+    return start + int(np.searchsorted(hashes.read((band,), start, stop), np.uint64(value)))
+
+
 def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hashes, docs, order words) of the band's items in the hash range, sorted by (hash, doc); an indexed item
     only where a document of the batch shares its hash."""
@@ -129,11 +156,11 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if first < task.probe_from and probe is None:
             probe = np.sort(np.concatenate([p[1] for p in parts])) if parts else np.empty(0, dtype=np.uint64)
         with NpyRows(f"{base}.hash.npy") as f:
-            a, b = f.searchsorted(band, task.lo), f.searchsorted(band, task.hi)
+            a, b = _band_slice(base, f, task.band, task.lo, task.hi)
             h = f.read(band, a, b)
         rows = slice(None) if probe is None else _found(h, probe)
         with NpyRows(f"{base}.doc.npy") as f:
-            d = f.read(band, a, b)[rows] + first
+            d = f.read(band, a, b)[rows].astype(np.int64) + first  # int32 ordinals (int64 in format 2 segments)
         with NpyRows(f"{base}.order.npy") as f:
             parts.append((first, h[rows], d, f.read(band, a, b)[rows]))
     # in document order each chunk's items sorted by (hash, doc) follow the previous chunk's: a stable sort by hash

@@ -11,7 +11,7 @@ import numpy as np
 
 from tokenmill.common.io import all_distinct, id_values, iter_jsonl, read_json, record_shards, shards_as_written
 from tokenmill.common.parallel import map_ordered
-from tokenmill.stages.dedup.index import INDEX_FORMAT, SEGMENT_FILE
+from tokenmill.stages.dedup.index import READABLE_FORMATS, SEGMENT_FILE
 from tokenmill.stages.dedup.keys import dedup_keys, key_digest
 from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, Chunk
 
@@ -65,7 +65,7 @@ def segment_kept(segment: Path, settings: dict) -> tuple[np.ndarray, np.ndarray]
         return None
     manifest = read_json(segment / SEGMENT_FILE)
     built = manifest.get("settings", {})
-    if manifest.get("format_version") != INDEX_FORMAT or any(
+    if manifest.get("format_version") not in READABLE_FORMATS or any(
         built.get(k) != settings[k] for k in ("strip_symbols", "fold_chinese")
     ):
         return None

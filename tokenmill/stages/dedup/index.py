@@ -9,8 +9,10 @@ one of the batch (`Chunk.root` names the segment), one chunk per chunk of the ba
   keys/<stem>.digest*.npy         SHA-256 digests of the indexed records' keys, sorted, with prefix and ordinal
   keys/<stem>.key.bin, .key_offsets.npy   the keys of the kept records (verification re-reads them; a near
                                   duplicate's key is empty: only its digest is looked up)
-  signatures/<stem>.npy, .items.npz   MinHash signatures of the kept records (the verification pre-filter)
-  lsh/<stem>.hash.npy, .doc.npy, .order.npy   band hashes of the kept records, each band sorted by hash
+  signatures/<stem>.npy, .items.npz   MinHash signatures of the kept records folded to a byte per position
+                                  (uint8, minhash.fold8: all the verification pre-filter compares; format 2: uint32)
+  lsh/<stem>.hash.npy, .doc.npy, .order.npy, .fence.npy   band hashes of the kept records, each band sorted by
+                                  hash, with every 64th (format 2: int64 ordinals and no fence; now int32)
 
 The indexed records of a batch are those that are not exact duplicates: every record whose key no earlier record
 (indexed or of the batch) has, kept or removed as a near duplicate. Each key digest is in one segment at most.
@@ -31,10 +33,13 @@ from tokenmill.common.io import atomic_write_json, read_json
 from tokenmill.errors import ConfigError, StaleUpstreamError
 from tokenmill.stages.dedup.buckets import write_lsh
 from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, LSH_DIR, SIGNATURE_DIR, Chunk, folder, releases_memory
+from tokenmill.stages.dedup.minhash import fold8
 from tokenmill.stages.dedup.settings import DedupSettings
 
 SEGMENT_FILE = "segment.json"
-INDEX_FORMAT = 2  # 2: document tables hold by_word and the quality fields, keys of word-shingled records are spaced
+INDEX_FORMAT = 3  # 2: document tables hold by_word and the quality fields, keys of word-shingled records are spaced;
+# 3: signatures as bytes, LSH ordinals int32 (0.4 KB less per record); format 2 segments are read as they are
+READABLE_FORMATS = (2, INDEX_FORMAT)
 # the settings an indexed record's key, signatures and band hashes depend on: every segment must share them
 SKETCH_SETTINGS = (
     "threshold",
@@ -62,10 +67,10 @@ def read_index(index_dirs: list[Path], sketch: dict) -> tuple[list[Chunk], list[
         if not (seg / SEGMENT_FILE).exists():
             raise StaleUpstreamError(f"{seg}: not a dedup index segment (no {SEGMENT_FILE}); materialize that batch")
         manifest = read_json(seg / SEGMENT_FILE)
-        if manifest.get("format_version") != INDEX_FORMAT:
+        if manifest.get("format_version") not in READABLE_FORMATS:
             raise StaleUpstreamError(
                 f"{seg / SEGMENT_FILE}: format_version {manifest.get('format_version')!r}, this code reads "
-                f"{INDEX_FORMAT}; rebuild the index"
+                f"{' and '.join(map(str, READABLE_FORMATS))}; rebuild the index"
             )
         differ = sorted(k for k in sketch if manifest["settings"].get(k) != sketch[k])
         if differ:
@@ -137,7 +142,7 @@ def write_segment_chunk(task: SegmentTask) -> SegmentChunk:
     item_doc, item_n = items["item_doc"], items["item_n"]
     sketched = kept[item_doc]  # a kept record's items: its key is not empty (an empty one has none)
     sig = np.load(src(SIGNATURE_DIR, ".npy"))[sketched]
-    np.save(dst(SIGNATURE_DIR, ".npy"), sig)
+    np.save(dst(SIGNATURE_DIR, ".npy"), fold8(sig))
     item_doc = renumber[item_doc[sketched]]
     np.savez(dst(SIGNATURE_DIR, ".items.npz"), item_doc=item_doc, item_n=item_n[sketched])
     bands = np.load(src(SIGNATURE_DIR, ".bands.npy"))[:, sketched]

@@ -370,6 +370,14 @@ def fold16(sig: np.ndarray) -> np.ndarray:
     return (sig ^ (sig >> np.uint32(16))).astype(np.uint16)  # the cast keeps the low 16 bits
 
 
+def fold8(sig: np.ndarray) -> np.ndarray:
+    """(items, num_perm) uint8: each signature value folded to a byte (what the verification pre-filter compares:
+    two equal values give equal bytes, two different ones with probability 1/256)."""
+    v = sig ^ (sig >> np.uint32(16))
+    v ^= v >> np.uint32(8)
+    return v.astype(np.uint8)
+
+
 def order_words(folded: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:
     """(items, ceil(rows / 4)) uint64: the folded signature values (fold16) of `rows` rows from `first_row` on
     (wrapping), four to a word, so sorting by the words in order sorts by those values lexicographically

@@ -28,6 +28,7 @@ import os
 import shutil
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -114,10 +115,17 @@ def parse_record(line: bytes, path, lineno: int, parse=loads) -> dict:
     return rec
 
 
-def id_hashes(part: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A task: the sample hash of every record id of one part file, with the record's byte offset and line number
-    (the id read from the line head; a line that does not start with it is parsed)."""
+ALL_HASHES = 1 << 64  # a cutoff above every hash: every record a candidate
+TEXT_CHARS_PER_BYTE = 1 / 8  # the least text a line's byte is assumed to carry when the first cutoff is chosen
+CUTOFF_GROWTH = 4  # a cutoff that left a budget unfilled grows by this factor
+
+
+def id_hashes(part: Path, below: int = ALL_HASHES) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """A task: the sample hash of the record ids of one part file that hash below `below`, with each record's byte
+    offset and line number, and the records in the file (the id read from the line head; a line that does not start
+    with it is parsed)."""
     hashes, offsets, linenos = [], [], []
+    records = 0
     with open(part, "rb") as f:
         off = 0
         for lineno, line in enumerate(f, 1):
@@ -125,11 +133,29 @@ def id_hashes(part: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 rid = line_id(line)
                 if rid is None:
                     rid = str(parse_record(line, part, lineno).get("id", ""))
-                hashes.append(hash64("tokenizer-sample", rid))
-                offsets.append(off)
-                linenos.append(lineno)
+                h = hash64("tokenizer-sample", rid)
+                records += 1
+                if h < below:
+                    hashes.append(h)
+                    offsets.append(off)
+                    linenos.append(lineno)
             off += len(line)
-    return np.array(hashes, dtype=np.uint64), np.array(offsets, dtype=np.int64), np.array(linenos, dtype=np.int64)
+    return (
+        np.array(hashes, dtype=np.uint64),
+        np.array(offsets, dtype=np.int64),
+        np.array(linenos, dtype=np.int64),
+        records,
+    )
+
+
+def first_cutoff(settings: TokenizerSettings, corpus_bytes: int) -> int:
+    """The hash below which the records are likely to fill both budgets: their share of the corpus, assuming a line
+    byte carries TEXT_CHARS_PER_BYTE characters of text (every record when a budget is 0: unlimited)."""
+    wanted = max(settings.sample_chars, settings.held_out_chars * HELD_OUT_MODULUS)
+    if not settings.sample_chars or not settings.held_out_chars or not corpus_bytes:
+        return ALL_HASHES
+    share = wanted / (corpus_bytes * TEXT_CHARS_PER_BYTE)
+    return ALL_HASHES if share >= 1 else int(share * ALL_HASHES)
 
 
 def sample_corpus(in_dir: Path, settings: TokenizerSettings, log=None) -> Sample:
@@ -137,30 +163,40 @@ def sample_corpus(in_dir: Path, settings: TokenizerSettings, log=None) -> Sample
     (held out: hash % 20 == 0; the rest) whose text fits the budget (at least one record).
 
     Pass 1 hashes every line's id (read from the line head, no JSON parsing), a task per part file on the active
-    engine; pass 2 parses only the records taken, in hash order. Independent of file order and cut; adding records
-    moves it only at the margin.
+    engine, and keeps only the records hashing below a cutoff (first_cutoff: the sample's likely share of the
+    corpus), so this process holds the sample's candidates, not a hash per record; pass 2 parses only the records
+    taken, in hash order. A cutoff that leaves a budget unfilled grows CUTOFF_GROWTH-fold and pass 1 runs again.
+    Independent of file order and cut, and of the cutoff; adding records moves it only at the margin.
     """
     parts = record_shards(in_dir)
-    progress = Progress("tokenizer sample", total=len(parts), unit="shards", log=log)
-    found = []
-    for part_keys in map_ordered(id_hashes, parts):
-        found.append(part_keys)
-        progress.advance()
-    progress.finish()
-    hashes = np.concatenate([h for h, _, _ in found] or [np.zeros(0, np.uint64)])
-    part_of = np.repeat(np.arange(len(found)), [len(h) for h, _, _ in found])
-    offsets = np.concatenate([o for _, o, _ in found] or [np.zeros(0, np.int64)])
-    linenos = np.concatenate([n for _, _, n in found] or [np.zeros(0, np.int64)])
-    in_order = ((part_of[i], offsets[i], int(linenos[i]), hashes[i]) for i in np.argsort(hashes, kind="stable"))
-    train_texts, held_texts = _take_texts(parts, in_order, settings)
+    corpus_bytes = sum(p.stat().st_size for p in parts)
+    below = first_cutoff(settings, corpus_bytes)
+    while True:
+        progress = Progress("tokenizer sample", total=len(parts), unit="shards", log=log)
+        found = []
+        for part_keys in map_ordered(partial(id_hashes, below=below), parts):
+            found.append(part_keys)
+            progress.advance()
+        progress.finish()
+        hashes = np.concatenate([f[0] for f in found] or [np.zeros(0, np.uint64)])
+        part_of = np.repeat(np.arange(len(found)), [len(f[0]) for f in found])
+        offsets = np.concatenate([f[1] for f in found] or [np.zeros(0, np.int64)])
+        linenos = np.concatenate([f[2] for f in found] or [np.zeros(0, np.int64)])
+        in_order = ((part_of[i], offsets[i], int(linenos[i]), hashes[i]) for i in np.argsort(hashes, kind="stable"))
+        train_texts, held_texts, filled = _take_texts(parts, in_order, settings)
+        if filled or below >= ALL_HASHES:
+            break
+        below = min(ALL_HASHES, below * CUTOFF_GROWTH)
     if not train_texts and held_texts:  # tiny corpus: everything fell into the held-out share
         train_texts, held_texts = held_texts, []
-    return Sample(train_texts, held_texts, len(hashes), sum(p.stat().st_size for p in parts))
+    return Sample(train_texts, held_texts, sum(f[3] for f in found), corpus_bytes)
 
 
-def _take_texts(parts: list[Path], records: Iterable[tuple], settings: TokenizerSettings) -> tuple[list, list]:
+def _take_texts(
+    parts: list[Path], records: Iterable[tuple], settings: TokenizerSettings
+) -> tuple[list[str], list[str], bool]:
     """The training and held-out texts of `records` ((part index, byte offset, line number, hash), in hash order),
-    each group up to its budget."""
+    each group up to its budget, and whether both budgets were filled (a record that did not fit was met in each)."""
     groups: dict[bool, tuple[list[str], int]] = {
         True: ([], settings.held_out_chars),
         False: ([], settings.sample_chars),
@@ -188,7 +224,7 @@ def _take_texts(parts: list[Path], records: Iterable[tuple], settings: Tokenizer
     finally:
         for f in handles:
             f.close()
-    return groups[False][0], groups[True][0]
+    return groups[False][0], groups[True][0], closed[True] and closed[False]
 
 
 def build_trainer_tokenizer(vocab_size: int, min_frequency: int, pretokenizer: str = "bytelevel"):
