@@ -50,17 +50,18 @@ def kept_by_index(stage_dir: Path, settings: dict, index_dir: Path) -> int | Non
     kept = segment_kept(Path(index_dir), settings)
     if kept is None:
         return None
-    ids, prefixes = kept
+    count, ids_crc32, prefixes = kept
     records = sum(f["records"] for f in figures["shards"])
-    if len(ids) != records or zlib.crc32(ids.tobytes()) != figures["ids_crc32"] or not all_distinct(prefixes):
+    if count != records or ids_crc32 != figures["ids_crc32"] or not all_distinct(prefixes):
         return None
     return records
 
 
-def segment_kept(segment: Path, settings: dict) -> tuple[np.ndarray, np.ndarray] | None:
-    """(ids as uint64, first 8 bytes of the key digest) of the records a dedup index segment keeps, in order: those
-    it holds a key for (index.py). None when it is not there, or was built with other key settings or in another
-    format."""
+def segment_kept(segment: Path, settings: dict) -> tuple[int, int, np.ndarray] | None:
+    """(records, CRC-32 of their ids as uint64, first 8 bytes of their key digests) of the records a dedup index
+    segment keeps, in order: those it holds a key for (index.py); the ids are folded into the CRC chunk by chunk, so
+    only the prefixes are held (8 bytes a record). None when it is not there, or was built with other key settings
+    or in another format."""
     if not (segment / SEGMENT_FILE).exists():
         return None
     manifest = read_json(segment / SEGMENT_FILE)
@@ -69,7 +70,7 @@ def segment_kept(segment: Path, settings: dict) -> tuple[np.ndarray, np.ndarray]
         built.get(k) != settings[k] for k in ("strip_symbols", "fold_chinese")
     ):
         return None
-    ids, prefixes = [], []
+    records, ids_crc32, prefixes = 0, 0, []
     for c in manifest["chunks"]:
         chunk = Chunk(-1, c["name"], "", 0, 0, c["chunk"])
 
@@ -83,12 +84,12 @@ def segment_kept(segment: Path, settings: dict) -> tuple[np.ndarray, np.ndarray]
         chunk_ids = id_values(np.frombuffer(digits.tobytes(), dtype=np.uint8).reshape(-1, 16))
         if chunk_ids is None:
             return None
-        ids.append(chunk_ids)
+        records += len(chunk_ids)
+        ids_crc32 = zlib.crc32(chunk_ids.tobytes(), ids_crc32)
         by_record = np.empty(len(kept), dtype=np.uint64)  # the digest files are sorted by digest
         by_record[load(KEYS_DIR, ".digest_ordinal.npy")] = load(KEYS_DIR, ".digest_prefix.npy")
         prefixes.append(by_record[kept])
-    empty = [np.zeros(0, np.uint64)]
-    return np.concatenate(ids or empty), np.concatenate(prefixes or empty)
+    return records, ids_crc32, np.concatenate(prefixes or [np.zeros(0, np.uint64)])
 
 
 def audit_exact_keys(stage_dir: Path, settings: dict) -> dict:
