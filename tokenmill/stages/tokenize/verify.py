@@ -88,15 +88,17 @@ def _sample(dataset: Dataset, batches: set[str] | None) -> list[tuple[int, int, 
     their checksums still are)."""
     entries = dataset.manifest.get("shards", [])
     shards = [si for si in range(len(dataset.shards)) if batches is None or entries[si].get("batch") in batches]
-    ids = {si: read_record_ids(dataset.shards[si].folder) for si in shards}
-    ends = np.cumsum([len(ids[si]) for si in shards])
+    ends = np.cumsum([dataset.shards[si].records for si in shards])
     if not len(ends) or not ends[-1]:
         return []
     picks = np.unique(np.linspace(0, ends[-1] - 1, min(SAMPLE_RECORDS, int(ends[-1]))).astype(np.int64))
     where = []
+    ids: dict[int, list[str]] = {}  # the record ids of the shards a pick falls in (all of them: ~80 bytes a record)
     for i in picks:
         k = int(np.searchsorted(ends, i, side="right"))
         j = int(i - (ends[k - 1] if k else 0))
+        if shards[k] not in ids:
+            ids = {shards[k]: read_record_ids(dataset.shards[shards[k]].folder)}  # picks come in shard order
         where.append((shards[k], j, ids[shards[k]][j]))
     return where
 
