@@ -25,8 +25,16 @@ from tokenmill.stages.tokenize import (
     verify,
 )
 from tokenmill.stages.tokenize.checks import validate_token_shards
-from tokenmill.stages.tokenize.encode import MIN_TASK_BYTES, SplitChunk, check_ids, encoder, piece_ids, plan_ranges
-from tokenmill.stages.tokenize.shards import REJECTED_JSON, ShardWriter, token_dtype_for
+from tokenmill.stages.tokenize.encode import (
+    MIN_TASK_BYTES,
+    SplitChunk,
+    check_ids,
+    encoder,
+    piece_ids,
+    plan_ranges,
+    save_splits,
+)
+from tokenmill.stages.tokenize.shards import REJECTED_JSON, PackPlan, ShardWriter, pack_shard, token_dtype_for
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer, pin_tokenizer
 from tokenmill.stages.tokenize.verify import find_records
 from tokenmill_loader import RecordDataset, TokenDataset, open_store
@@ -411,6 +419,48 @@ def test_vocabulary_overflow_is_refused_at_write_time(tmp_path, tok_dir):
     s = tokenize_corpus(tmp_path / "in", big, tmp_path / "out32", ShardSettings(val_fraction=0.0), workers=1)
     assert s.token_dtype == "uint32"
     assert read_json(tmp_path / "out32" / "train" / "shard-00000" / "meta.json")["sequence"]["dtype"] == "uint32"
+
+
+def test_shards_written_by_pack_tasks_are_the_in_process_writers(tmp_path):
+    """The run process plans shards from record token counts alone and a task per shard writes one: the same
+    shards, byte for byte, as one writer fed every chunk in order (records larger than a shard, shards spanning
+    several tasks, numbering after the shards already in the folder)."""
+    rng = np.random.default_rng(7)
+    chunks = []
+    for c in range(6):
+        lens = rng.integers(1, 120, 40)
+        lens[rng.integers(0, 40, 2)] = 700  # each larger than a shard
+        chunks.append(
+            SplitChunk(
+                ids=[f"c{c}r{i}" for i in range(len(lens))],
+                data={"sequence": rng.integers(0, 4096, int(lens.sum())).astype(np.uint16)},
+                item_lens={"sequence": lens},
+                rec_items={"sequence": np.ones(len(lens), np.int64)},
+                rec_tokens=lens,
+            )
+        )
+    for root in ("one", "two"):
+        (tmp_path / root / "train" / "shard-00002").mkdir(parents=True)
+    writer = ShardWriter(tmp_path / "one" / "train", "seq", 4096, "uint16", shard_tokens=500, first_index=3, batch="b")
+    for ch in chunks:
+        writer.add(ch)
+    expected = writer.close()
+
+    plan = PackPlan(tmp_path / "two", "seq", 4096, np.dtype("uint16"), shard_tokens=500)
+    plan.start_batch("b")
+    for i, ch in enumerate(chunks):
+        folder = str(tmp_path / f"task{i}")
+        save_splits({"train": ch}, folder)
+        plan.add(folder, {"train": ch})
+    plan.finish_batch()
+    assert len(plan.tasks) == len(expected) > len(chunks)
+    assert any(len(t.pieces) > 1 for t in plan.tasks)  # some shards span tasks
+    assert [pack_shard(t) for t in plan.tasks] == expected
+    for entry in expected:
+        one, two = (tmp_path / root / "train" / entry["name"] for root in ("one", "two"))
+        assert sorted(f.name for f in one.iterdir()) == sorted(f.name for f in two.iterdir())
+        for f in one.iterdir():
+            assert f.read_bytes() == (two / f.name).read_bytes()
 
 
 def test_interrupted_write_leaves_nothing_a_reader_accepts(tmp_path, tok_dir, monkeypatch):

@@ -270,7 +270,7 @@ class TaskResult:
     # one entry each: id, reason, where (part file:line), source; the task's first SAMPLES_PER_REASON of each
     # reason also carry their record's line (`text`, cut) so a drop can be read
     rejected: list[dict]
-    splits: dict[str, SplitChunk]  # empty as returned; load_splits reads them from splits_dir (save_splits)
+    splits: dict[str, SplitChunk]  # empty as returned; the run process reads them from splits_dir (save_splits)
     splits_dir: str = ""
     first_train: tuple[int, str] | None = None  # (split hash, id) of the train record with the smallest hash
     with_metadata: int = 0  # records with a title or author (what training_type auto decides on)
@@ -299,12 +299,17 @@ def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
     os.replace(tmp, path)
 
 
-def read_splits(path: str) -> dict[str, SplitChunk]:
-    """save_splits' folder back into SplitChunks (allow_pickle=False: an object array is refused, never unpickled)."""
+COUNT_ARRAYS = ("ids", "id_chars", "rec_tokens", "counts")  # what the run process's totals and pack plan read
+
+
+def read_splits(path: str, only: str | None = None, data: bool = True) -> dict[str, SplitChunk]:
+    """save_splits' folder back into SplitChunks (allow_pickle=False: an object array is refused, never unpickled):
+    every split or `only` one; `data=False`: the ids and counts alone (COUNT_ARRAYS), not the encoded arrays."""
     arrays: dict[str, dict[str, np.ndarray]] = {}
     for name in sorted(os.listdir(path)):
         split, what = name.removesuffix(".npy").split(".", 1)
-        arrays.setdefault(split, {})[what] = np.load(os.path.join(path, name), allow_pickle=False)
+        if (only is None or split == only) and (data or what in COUNT_ARRAYS):
+            arrays.setdefault(split, {})[what] = np.load(os.path.join(path, name), allow_pickle=False)
     splits = {}
     for split, named in arrays.items():
         text = named.pop("ids").tobytes().decode("utf-8", "surrogatepass")  # one decode, then slices
@@ -317,13 +322,6 @@ def read_splits(path: str) -> dict[str, SplitChunk]:
             getattr(ch, attr)[key] = values
         splits[split] = ch
     return splits
-
-
-def load_splits(result: TaskResult) -> TaskResult:
-    """In the run process: the task's arrays into result.splits; the file is removed once read."""
-    result.splits = read_splits(result.splits_dir)
-    shutil.rmtree(result.splits_dir)
-    return result
 
 
 def _lines(rng: ByteRange) -> tuple[list[bytes], Callable]:

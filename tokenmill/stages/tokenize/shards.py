@@ -1,9 +1,10 @@
 """Writing: encoded records -> the shard folders and dataset.json of each split (docs/format.md).
 
 Every name, key, kind and manifest field comes from `tokenmill_loader.format`, the module the loader reads with.
-The parent packs the per-task chunks, in task order, into shards, so the output is byte-identical for any worker
-count or task cut. Each shard is written in `.tmp-shard-XXXXX/` and renamed when complete, directly in its split
-folder; a shard never holds two input batches. Nothing is published until a version manifest names the shards
+The run process plans the shards from the encode tasks' record token counts, in task order (PackPlan, ShardCuts),
+and a pack task per shard writes it from the tasks' arrays (pack_shard), so the output is byte-identical for any
+worker count or task cut. Each shard is written in `.tmp-shard-XXXXX/` and renamed when complete, directly in its
+split folder; a shard never holds two input batches. Nothing is published until a version manifest names the shards
 (versions.py publishes it).
 """
 
@@ -13,7 +14,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from tokenmill.common.io import atomic_file
 from tokenmill.errors import CapacityError, ConfigError
-from tokenmill.stages.tokenize.encode import SplitChunk, check_ids
+from tokenmill.stages.tokenize.encode import SplitChunk, check_ids, read_splits
 from tokenmill.stages.tokenize.versions import next_shard_index
 from tokenmill_loader.format import (
     ALL_TOKEN_KEYS,
@@ -87,8 +88,51 @@ class _OpenShard:
     max_token_id: int = -1
 
 
+@dataclass
+class ShardCuts:
+    """Where one batch's records of a split go, in order: a shard takes records until the next would take it past
+    shard_tokens (records never straddle shards; a record larger than a shard gets one of its own). The one rule the
+    in-process writer and the pack plan both follow."""
+
+    shard_tokens: int
+    tokens: int = 0  # in the open shard
+    records: int = 0  # in the open shard
+
+    def cuts(self, rec_tokens: np.ndarray) -> Iterator[tuple[int, int] | None]:
+        """A chunk's records [start, end) for the open shard, in order; None: the open shard is complete."""
+        cum_tok = np.concatenate([[0], np.cumsum(rec_tokens)])
+        i, n = 0, len(rec_tokens)
+        while i < n:
+            room = self.shard_tokens - self.tokens
+            # records [i, j) fit: cum_tok[j] - cum_tok[i] <= room
+            j = int(np.searchsorted(cum_tok, cum_tok[i] + room, side="right")) - 1
+            if j <= i:
+                if self.records:
+                    self.tokens = self.records = 0
+                    yield None  # the open shard is complete
+                    continue
+                j = i + 1  # one record larger than a shard gets a shard of its own
+            yield i, j
+            self.records += j - i
+            self.tokens += int(cum_tok[j] - cum_tok[i])
+            i = j
+            if self.tokens >= self.shard_tokens:
+                self.tokens = self.records = 0
+                yield None
+
+
+class _ChunkSpans:
+    """Where each record's items and elements start in a SplitChunk's flat arrays, per key."""
+
+    def __init__(self, ch: SplitChunk, keys: Iterable[str]):
+        self.chunk = ch
+        self.items = {k: np.concatenate([[0], np.cumsum(ch.rec_items[k])]) for k in keys}
+        self.elems = {k: np.concatenate([[0], np.cumsum(ch.item_lens[k])]) for k in keys}
+
+
 class ShardWriter:
-    """Packs SplitChunks into `split_dir/shard-XXXXX/` (written in `.tmp-shard-XXXXX/`, renamed when done)."""
+    """Writes records into `split_dir/shard-XXXXX/` (in `.tmp-shard-XXXXX/`, renamed when done): `add` cuts
+    SplitChunks into shards itself (ShardCuts); a pack task `write`s the pieces of one planned shard."""
 
     def __init__(
         self,
@@ -109,10 +153,9 @@ class ShardWriter:
         if not dtype_fits(vocab_size, self.dtype):
             raise CapacityError(f"vocabulary of {vocab_size:,} tokens overflows {self.dtype}; refusing to write")
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.shard_tokens = max(1, int(shard_tokens))
+        self.cuts = ShardCuts(max(1, int(shard_tokens)))
         self.keys = {k: key_dtype(kind, self.dtype) for k, kind in KEYS[training_type].items()}
         self.shards: list[dict] = []
-        self.bytes_per_key: dict[str, int] = {}
         self._open: _OpenShard | None = None
 
     def _start(self) -> _OpenShard:
@@ -138,8 +181,6 @@ class ShardWriter:
             data = dumps_compact(obj)
             (sh.tmp / fname).write_bytes(data)
             files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-        for fname, info in files.items():
-            self.bytes_per_key[fname] = self.bytes_per_key.get(fname, 0) + info["bytes"]
         os.replace(sh.tmp, self.dir / sh.name)
         self.shards.append(
             shard_entry(
@@ -154,39 +195,31 @@ class ShardWriter:
         self._open = None
 
     def add(self, ch: SplitChunk) -> None:
-        for k in ALL_TOKEN_KEYS:
-            if k in ch.data:
-                check_ids(ch.data[k], self.vocab, str(self.dir))
-        cum_tok = np.concatenate([[0], np.cumsum(ch.rec_tokens)])
-        cum_items = {k: np.concatenate([[0], np.cumsum(ch.rec_items[k])]) for k in self.keys}
-        cum_elems = {k: np.concatenate([[0], np.cumsum(ch.item_lens[k])]) for k in self.keys}
-        i, n = 0, ch.records
-        while i < n:
-            sh = self._start() if self._open is None else self._open
-            room = self.shard_tokens - sh.tokens
-            # records [i, j) fit: cum_tok[j] - cum_tok[i] <= room
-            j = int(np.searchsorted(cum_tok, cum_tok[i] + room, side="right")) - 1
-            if j <= i:
-                if sh.ids:
-                    self._finish()
-                    continue
-                j = i + 1  # one record larger than a shard gets a shard of its own
-            for k in self.keys:
-                a, b = cum_items[k][i], cum_items[k][j]
-                ea, eb = cum_elems[k][a], cum_elems[k][b]
-                arr = ch.data[k][ea:eb]
-                if self.keys[k] != arr.dtype:
-                    arr = arr.astype(self.keys[k])
-                if k in ALL_TOKEN_KEYS and arr.size:
-                    sh.max_token_id = max(sh.max_token_id, int(arr.max()))
-                sh.files[k].write(arr)
-                sh.offsets[k].append(sh.ends[k] + cum_elems[k][a + 1 : b + 1] - ea)
-                sh.ends[k] += int(eb - ea)
-            sh.ids.extend(ch.ids[i:j])
-            sh.tokens += int(cum_tok[j] - cum_tok[i])
-            i = j
-            if sh.tokens >= self.shard_tokens:
+        spans = _ChunkSpans(ch, self.keys)
+        for cut in self.cuts.cuts(ch.rec_tokens):
+            if cut is None:
                 self._finish()
+            else:
+                self.write(spans, *cut)
+
+    def write(self, spans: _ChunkSpans, i: int, j: int) -> None:
+        """Records [i, j) of a chunk, appended to the open shard (opened if none is)."""
+        sh = self._start() if self._open is None else self._open
+        ch = spans.chunk
+        for k in self.keys:
+            a, b = spans.items[k][i], spans.items[k][j]
+            ea, eb = spans.elems[k][a], spans.elems[k][b]
+            arr = ch.data[k][ea:eb]
+            if k in ALL_TOKEN_KEYS and arr.size:
+                check_ids(arr, self.vocab, str(self.dir))
+                sh.max_token_id = max(sh.max_token_id, int(arr.max()))
+            if self.keys[k] != arr.dtype:
+                arr = arr.astype(self.keys[k])
+            sh.files[k].write(arr)
+            sh.offsets[k].append(sh.ends[k] + spans.elems[k][a + 1 : b + 1] - ea)
+            sh.ends[k] += int(eb - ea)
+        sh.ids.extend(ch.ids[i:j])
+        sh.tokens += int(spans.chunk.rec_tokens[i:j].sum())
 
     def close(self) -> list[dict]:
         if self._open is not None:
@@ -207,36 +240,90 @@ class ShardWriter:
             self._open = None
 
 
-class SplitWriters:
-    """One ShardWriter per split for one input batch, writing straight into the split folders of bins_dir: shard
-    numbers continue after the shards already there; nothing is published until a version manifest names them."""
+@dataclass(frozen=True)
+class Piece:
+    """Records [start, end) of one split of an encode task's arrays (encode.save_splits' folder)."""
 
-    def __init__(
-        self, bins_dir: Path, batch: str, training_type: str, vocab_size: int, token_dtype: np.dtype, shard_tokens: int
-    ):
-        self.writers = {
-            s: ShardWriter(
-                Path(bins_dir) / s,
-                training_type,
-                vocab_size,
-                token_dtype,
-                shard_tokens,
-                first_index=next_shard_index(Path(bins_dir) / s),
-                batch=batch,
-            )
-            for s in SPLITS
-        }
+    folder: str
+    start: int
+    end: int
 
-    def add(self, splits: dict[str, SplitChunk]) -> None:
+
+@dataclass(frozen=True)
+class PackTask:
+    """One shard of a batch's split: its number and pieces, in order (a task's worth of ShardWriter.write)."""
+
+    split_dir: str
+    split: str
+    index: int
+    pieces: tuple[Piece, ...]
+    training_type: str
+    vocab_size: int
+    token_dtype: str
+    batch: str
+
+
+def pack_shard(task: PackTask) -> dict:
+    """Writes one planned shard from its pieces; returns its manifest entry."""
+    writer = ShardWriter(
+        Path(task.split_dir), task.training_type, task.vocab_size, task.token_dtype, 1, task.index, task.batch
+    )
+    try:
+        for piece in task.pieces:  # consecutive tasks' arrays: one piece each
+            ch = read_splits(piece.folder, only=task.split)[task.split]
+            writer.write(_ChunkSpans(ch, writer.keys), piece.start, piece.end)
+        return writer.close()[0]
+    except BaseException:
+        writer.abort()
+        raise
+
+
+class PackPlan:
+    """The shards of one run's new batches, planned in the run process from each encode task's record token counts
+    (ShardCuts per batch and split); numbered after the shards already in each split folder."""
+
+    def __init__(self, bins_dir: Path, training_type: str, vocab_size: int, token_dtype: np.dtype, shard_tokens: int):
+        self.bins_dir = Path(bins_dir)
+        self.common = {"training_type": training_type, "vocab_size": vocab_size, "token_dtype": token_dtype.name}
+        self.shard_tokens = shard_tokens
+        self.next_index = {s: next_shard_index(self.bins_dir / s) for s in SPLITS}
+        self.tasks: list[PackTask] = []
+        self.batch = ""
+        self._cuts: dict[str, ShardCuts] = {}
+        self._pieces: dict[str, list[Piece]] = {}
+
+    def start_batch(self, batch: str) -> None:
+        self.batch = batch
+        self._cuts = {s: ShardCuts(self.shard_tokens) for s in SPLITS}
+        self._pieces = {s: [] for s in SPLITS}
+
+    def add(self, folder: str, splits: dict[str, SplitChunk]) -> None:
+        """An encode task's records (its folder and the record token counts per split), in task order."""
         for s, ch in splits.items():
-            self.writers[s].add(ch)
+            for cut in self._cuts[s].cuts(ch.rec_tokens):
+                if cut is None:
+                    self._complete(s)
+                else:
+                    self._pieces[s].append(Piece(folder, *cut))
 
-    def close(self) -> dict[str, list[dict]]:
-        return {s: w.close() for s, w in self.writers.items()}
+    def finish_batch(self) -> None:
+        for s in SPLITS:
+            if self._pieces[s]:
+                self._complete(s)
 
-    def abort(self) -> None:
-        for w in self.writers.values():
-            w.abort()
+    def _complete(self, split: str) -> None:
+        self.tasks.append(
+            PackTask(
+                str(self.bins_dir / split),
+                split,
+                self.next_index[split],
+                tuple(self._pieces[split]),
+                batch=self.batch,
+                **self.common,
+            )
+        )
+        self.next_index[split] += 1
+        self._pieces[split] = []
 
 
 def write_tokenizer_copy(split_dir: Path, tokenizer_bytes: bytes, sha256: str) -> None:

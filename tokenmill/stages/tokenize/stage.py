@@ -26,15 +26,16 @@ from tokenmill.stages.tokenize.encode import (
     encode_task,
     encoder,
     head_range,
-    load_splits,
     metadata_task,
     plan_ranges,
+    read_splits,
 )
 from tokenmill.stages.tokenize.render import VAL_MOVED_KEY, TrainingTypeChoice
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
 from tokenmill.stages.tokenize.shards import (
+    PackPlan,
     ShardWriter,
-    SplitWriters,
+    pack_shard,
     token_dtype_for,
     version_manifests,
     write_rejected,
@@ -130,7 +131,7 @@ def _tokenizer_figures(path: Path, shown: list[str], held: list[str]) -> dict:
     }
 
 
-ENCODED_DIR = f"{TMP_PREFIX}encoded"  # the encode tasks' arrays, each file removed once packed
+ENCODED_DIR = f"{TMP_PREFIX}encoded"  # the encode tasks' arrays, removed once the shards are written
 
 
 def _batch_keys(batches: list[tuple[str, Path]]) -> tuple[str, ...]:
@@ -302,10 +303,11 @@ class _Run:
 
 
 def _encode_batches(run: _Run, val_ids: frozenset[str] = frozenset()) -> Encoded:
-    """Encodes the added batches, in order, into new shards of bins_dir (one task list for all of them); saves each
+    """Encodes the added batches, in order, into new shards of bins_dir: one task list encodes them all, the run
+    process counts each task's records and plans the shards (PackPlan), then a task per shard writes it. Saves each
     batch's counts. `val_ids` go to val whatever their split hash."""
     settings, folder = run.resolved, run.bins_dir / ENCODED_DIR
-    _, dtype = run.encoding()
+    enc, dtype = run.encoding()
     folder.mkdir(parents=True, exist_ok=True)
     plans = [(key, plan_ranges(Path(records), settings.task_bytes, run.workers)) for key, records in run.added]
     ranges = [r for _, batch_ranges in plans for r in batch_ranges]
@@ -317,40 +319,43 @@ def _encode_batches(run: _Run, val_ids: frozenset[str] = frozenset()) -> Encoded
     progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=run.log)
     results = iter(map_ordered(encode_task, tasks, run.workers))
     encoded = Encoded(len(tasks))
+    packs = PackPlan(run.bins_dir, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
     try:
         for key, batch_ranges in plans:
-            _pack_batch(run, settings, key, batch_ranges, results, progress, encoded)
+            _count_batch(run, key, batch_ranges, results, progress, encoded, packs)
+        progress.finish()
+        shards = Progress(f"{STAGE}: writing shards", total=len(packs.tasks), unit="shards", log=run.log)
+        for task, entry in zip(packs.tasks, map_ordered(pack_shard, packs.tasks, run.workers)):
+            encoded.shards[task.split].append(entry)
+            shards.advance()
+        shards.finish()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    progress.finish()
     return encoded
 
 
-def _pack_batch(
+def _count_batch(
     run: _Run,
-    settings: ShardSettings,
     key: str,
     batch_ranges: list[ByteRange],
     results: Iterator[TaskResult],
     progress: Progress,
     encoded: Encoded,
+    packs: PackPlan,
 ) -> None:
-    """One batch's task results, in task order, into shards of each split (removed if any fails); its counts saved."""
-    enc, dtype = run.encoding()
-    batch = BatchTotals(settings.training_type)
-    writers = SplitWriters(run.bins_dir, key, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
-    try:
-        for rng in batch_ranges:
-            result = load_splits(next(results))
-            encoded.add(key, result)
-            batch.add(result)
-            writers.add(result.splits)
-            progress.advance(rng.end - rng.start)
-        for s, entries in writers.close().items():
-            encoded.shards[s] += entries
-    except BaseException:
-        writers.abort()
-        raise
+    """One batch's task results, in task order, into its counts (saved) and its shards' plan. Only the record
+    counts are read, and the arrays of the tasks up to the batch's first train record (its sample)."""
+    enc, _ = run.encoding()
+    batch = BatchTotals(run.resolved.training_type)
+    packs.start_batch(key)
+    for rng in batch_ranges:
+        result = next(results)
+        result.splits = read_splits(result.splits_dir, data=batch.first is None)
+        encoded.add(key, result)
+        batch.add(result)
+        packs.add(result.splits_dir, result.splits)
+        progress.advance(rng.end - rng.start)
+    packs.finish_batch()
     batch.finish(enc)
     _save_batch_totals(run.bins_dir, run.generation, key, batch)
     encoded.totals[key] = batch
