@@ -169,7 +169,7 @@ class SplitChunk:
 
     @property
     def records(self) -> int:
-        return len(self.ids)
+        return len(self.rec_tokens)
 
 
 def assemble(seg: Segments, tt: str, enc: Encoder, dtype: np.dtype, where: str) -> SplitChunk:
@@ -299,12 +299,12 @@ def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
     os.replace(tmp, path)
 
 
-COUNT_ARRAYS = ("ids", "id_chars", "rec_tokens", "counts")  # what the run process's totals and pack plan read
+COUNT_ARRAYS = ("rec_tokens", "counts")  # what the run process's totals and pack plan read
 
 
 def read_splits(path: str, only: str | None = None, data: bool = True) -> dict[str, SplitChunk]:
     """save_splits' folder back into SplitChunks (allow_pickle=False: an object array is refused, never unpickled):
-    every split or `only` one; `data=False`: the ids and counts alone (COUNT_ARRAYS), not the encoded arrays."""
+    every split or `only` one; `data=False`: the counts alone (COUNT_ARRAYS), no ids or encoded arrays."""
     arrays: dict[str, dict[str, np.ndarray]] = {}
     for name in sorted(os.listdir(path)):
         split, what = name.removesuffix(".npy").split(".", 1)
@@ -312,9 +312,11 @@ def read_splits(path: str, only: str | None = None, data: bool = True) -> dict[s
             arrays.setdefault(split, {})[what] = np.load(os.path.join(path, name), allow_pickle=False)
     splits = {}
     for split, named in arrays.items():
-        text = named.pop("ids").tobytes().decode("utf-8", "surrogatepass")  # one decode, then slices
-        ends = np.cumsum(named.pop("id_chars")).tolist()
-        ch = SplitChunk(ids=[text[a:b] for a, b in zip([0, *ends], ends)], rec_tokens=named.pop("rec_tokens"))
+        ch = SplitChunk(rec_tokens=named.pop("rec_tokens"))
+        if "ids" in named:
+            text = named.pop("ids").tobytes().decode("utf-8", "surrogatepass")  # one decode, then slices
+            ends = np.cumsum(named.pop("id_chars")).tolist()
+            ch.ids = [text[a:b] for a, b in zip([0, *ends], ends)]
         for a, count in zip(SplitChunk.COUNTS, named.pop("counts").tolist()):
             setattr(ch, a, count)
         for what, values in named.items():
