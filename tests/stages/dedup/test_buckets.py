@@ -96,3 +96,21 @@ def test_union_find():
     roots = uf.roots()
     assert roots.tolist() == [0, 1, 1, 3, 4, 3, 3, 3]  # root = smallest member
     assert uf.find(7) == 3 and not uf.union(5, 3) and uf.union(0, 4) and uf.find(4) == 0
+
+
+def test_verified_pairs_are_the_same_whatever_the_key_batches(tmp_path, monkeypatch):
+    """Keys are read in batches bounded by their shingle units: one pair per batch decides as one batch for all."""
+    from tokenmill.stages.dedup import verify
+
+    assert verify.key_batches(np.array([3, 3, 9, 1, 1, 1]), 6) == [0, 2, 3, 6]
+    assert verify.key_batches(np.array([3, 3, 9]), 100) == [0, 3] and verify.key_batches(np.array([]), 5) == [0]
+    rng = random.Random(3)
+    texts = [random_poem(rng, 30) for _ in range(30)]
+    texts += [substitute(t, 3) for t in texts[:20]] + texts[20:25]
+    write_records(tmp_path / "in", [dedup_record("k.json", i, t) for i, t in enumerate(texts)])
+    reports = []
+    for budget in (1, verify.KEY_BATCH_UNITS):
+        monkeypatch.setattr(verify, "KEY_BATCH_UNITS", budget)
+        build_dedup_report(tmp_path / "in", tmp_path / f"rep{budget}", DedupSettings(), workers=1)
+        reports.append((tmp_path / f"rep{budget}" / CLUSTERS_FILE).read_bytes())
+    assert reports[0] == reports[1] and reports[0].count(b'"verified_pairs"') >= 20

@@ -24,7 +24,10 @@ from tokenmill.stages.dedup.settings import DedupSettings
 
 FILTER_MISS = 1e-9  # chance that the pre-filter rejects a pair at the threshold (above it: less)
 AGREEMENT_BATCH = 1 << 16  # pairs compared at once (two (batch, num_perm) byte arrays)
-KEY_BATCH_PAIRS = 1 << 12  # pairs whose keys are read at once (up to twice as many keys held)
+# keys read at once, in shingle units (code points or words) of the pairs' two sides: bounded by their size, not
+# their count, so a task of short keys visits each chunk's key files once or a few times, not once per few thousand
+# pairs (the pairs' second documents are spread over every chunk: chunk visits grew with the corpus squared)
+KEY_BATCH_UNITS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,18 @@ def signature_agreement(corpus: Corpus, pairs: np.ndarray, sizes: np.ndarray, nu
     return agree
 
 
+def key_batches(cost: np.ndarray, budget: int) -> list[int]:
+    """Bounds [0, ..., len(cost)] of consecutive batches whose summed cost stays within `budget` (at least one item
+    each)."""
+    ends = np.cumsum(cost)
+    bounds = [0]
+    while bounds[-1] < len(cost):
+        lo = bounds[-1]
+        hi = int(np.searchsorted(ends, (ends[lo - 1] if lo else 0) + budget, side="right"))
+        bounds.append(max(hi, lo + 1))
+    return bounds
+
+
 @releases_memory
 def verify_range(task: VerifyTask) -> VerifyResult:
     s = task.settings
@@ -109,11 +124,12 @@ def verify_range(task: VerifyTask) -> VerifyResult:
     pairs, sizes = pairs[passed], sizes[passed]
     sims = np.empty(len(pairs), dtype=np.float64)
     held: tuple[int, int, np.ndarray] | None = None  # (doc, size, shingle set): pairs come sorted by first doc
-    for lo in range(0, len(pairs), KEY_BATCH_PAIRS):
-        block = pairs[lo : lo + KEY_BATCH_PAIRS]
+    bounds = key_batches(units.reshape(-1, 2)[passed].sum(axis=1), KEY_BATCH_UNITS)
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        block = pairs[lo:hi]
         docs = np.unique(block)
         keys = dict(zip(docs.tolist(), corpus.keys(docs)))
-        for i, ((a, b), n) in enumerate(zip(block.tolist(), sizes[lo : lo + KEY_BATCH_PAIRS].tolist()), lo):
+        for i, ((a, b), n) in enumerate(zip(block.tolist(), sizes[lo:hi].tolist()), lo):
             if held is None or held[:2] != (a, n):
                 held = (a, n, mh.coded_shingle_set(keys[a], n))
             sims[i] = mh.jaccard(held[2], mh.coded_shingle_set(keys[b], n))
