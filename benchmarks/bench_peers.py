@@ -39,7 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_graph import BATCH, Measured, run_measured, stage_table  # noqa: E402
+from bench_graph import BATCH, REPO, Measured, run_measured, stage_table  # noqa: E402
+from bench_scale import run_update, step_intervals  # noqa: E402
 from poetry_corpus import SONG, TANG, build  # noqa: E402
 
 from tokenmill.common.io import iter_jsonl, read_json  # noqa: E402
@@ -48,6 +49,9 @@ from tokenmill.stages.dedup import minhash as mh  # noqa: E402
 from tokenmill.stages.dedup.keys import exact_key  # noqa: E402
 from tokenmill.stages.dedup.signatures import shingle_keys  # noqa: E402
 
+# tokenmill's steps that do what datatrove's pipeline does here (read, exact + near dedup, tokenize): not clean (it
+# reads tokenmill's cleaned records), BPE training, the funnel or Dagster's start-up; tokenized_bins' checks stay in
+SAME_WORK_STEPS = ("raw_records", "dedup_report", "deduped_jsonl", "tokenized_bins")
 JOIN_PAIRS = 20_000_000  # candidate pairs generated at once by the ground truth's join (two int64 arrays)
 VERIFY_PAIRS = 200_000  # candidate pairs whose shingle rows are gathered at once for the exact intersection
 
@@ -287,9 +291,10 @@ def tokenmill_outputs(data: Path) -> tuple[set[str], int, int]:
     return kept, stats["docs_out"], stats["tokens"] if "tokens" in stats else stats["batches"][BATCH]["tokens"]
 
 
-def stage_profile(data: Path, started: float) -> list[str]:
-    """Each tokenmill stage's wall seconds (its _timings.json) and step seconds, with the passes inside it."""
-    lines = [f"  {'stage':18s} {'stage s':>8s} {'step s':>8s}  inside"]
+def stage_profile(data: Path, started: float, step_cpu: dict[str, float]) -> list[str]:
+    """Each tokenmill stage's wall seconds (its _timings.json), step seconds and CPU seconds of the process tree
+    during its step, with the passes inside it."""
+    lines = [f"  {'stage':18s} {'stage s':>8s} {'step s':>8s} {'CPU s':>8s}  inside"]
     details = {
         "cleaned_jsonl": lambda t: t.get("pass_seconds", {}),
         "dedup_report": lambda t: t.get("timings", {}),
@@ -299,8 +304,31 @@ def stage_profile(data: Path, started: float) -> list[str]:
         timings = data / asset / (BATCH if (data / asset / BATCH).is_dir() else "") / "_timings.json"
         inside = details.get(asset, lambda t: {})(read_json(timings) if timings.exists() else {})
         parts = ", ".join(f"{k} {v:.1f}" for k, v in inside.items())
-        lines.append(f"  {asset:18s} {seconds or 0:8.1f} {step:8.1f}  {parts}")
+        cpu = f"{step_cpu[asset]:8.1f}" if asset in step_cpu else f"{'-':>8s}"
+        lines.append(f"  {asset:18s} {seconds or 0:8.1f} {step:8.1f} {cpu}  {parts}")
     return lines
+
+
+def run_tokenmill(env: dict, work: Path) -> tuple[Measured, dict[str, float]]:
+    """`tokenmill update` with a Dagster instance of the repo's dagster.yaml (its events time the steps): the
+    measured figures and each step's CPU seconds of the process tree (the sampled CPU curve between the step's start
+    and success events)."""
+    home = work / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
+    env = {**env, "DAGSTER_HOME": str(home)}
+    r = run_update(env, work / "tokenmill.log", 0.1)
+    sampler = r.pop("_sampler")
+    measured = Measured(
+        r["wall_s"],
+        r["cpu_s"],
+        r["tree_rss_peak_mib"],
+        max(r["run_rss_mib"], r["largest_other_rss_mib"]),
+        r["returncode"],
+        r["started"],
+    )
+    steps = step_intervals(env) if not r["returncode"] else {}
+    return measured, {k: sampler.cpu_at(end) - sampler.cpu_at(start) for k, (start, end) in steps.items()}
 
 
 HEADER = (
@@ -342,8 +370,7 @@ def main() -> None:
     input_bytes = tree_bytes(source)
     data = work / "data"
     env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(data)}
-    env.pop("DAGSTER_HOME", None)
-    tm = run_measured([sys.executable, "-m", "cli", "update"], env, work / "tokenmill.log")
+    tm, step_cpu = run_tokenmill(env, work)
     if tm.returncode:
         sys.exit(f"tokenmill failed (rc {tm.returncode}): see {work / 'tokenmill.log'}")
 
@@ -391,8 +418,15 @@ def main() -> None:
     print(row("tokenmill", tm, input_bytes, tm_records, tm_tokens, tm_quality))
     print(row("datatrove", dt, input_bytes, len(ids) - len(dt_removed), dt_tokens, dt_quality))
     print(f"tokenmill / datatrove, GB per core-hour: {dt.cpu_seconds / tm.cpu_seconds:.2f}x (target >= 4x)")
+    same = sum(step_cpu.get(k, 0.0) for k in SAME_WORK_STEPS)
+    if same:
+        print(
+            f"on the work datatrove does ({', '.join(SAME_WORK_STEPS)}: no clean, BPE training, funnel or start-up): "
+            f"tokenmill {same:.1f} CPU-s, {input_bytes / 1e9 / (same / 3600):.2f} GB/core-h, "
+            f"{dt.cpu_seconds / same:.2f}x datatrove"
+        )
     print("tokenmill per stage:")
-    print("\n".join(stage_profile(data, tm.started)))
+    print("\n".join(stage_profile(data, tm.started, step_cpu)))
     print("datatrove per step (task seconds, summed over its tasks):")
     print("\n".join(datatrove_steps(work / "dt")))
 
