@@ -101,6 +101,68 @@ def test_position_ids_restart_at_documents(sft):
     assert batch["cu_seqlens"].dtype == torch.int32
 
 
+def _reference_batch(seq, mask, doc_starts, idx, seq_len, stride, n_windows):
+    """get_batch computed the plain way, window by window and token by token."""
+    is_start = set(doc_starts.tolist())
+    rows, cu = [], []
+    for r, i in enumerate(idx):
+        b = (i + n_windows if i < 0 else i) * stride
+        ids = seq[b : b + seq_len].astype(np.int64)
+        labels = ids.copy() if mask is None else np.where(mask[b : b + seq_len] != 0, ids, -100)
+        pos, p = [], 0
+        for j in range(seq_len):
+            if j == 0 or b + j in is_start:
+                p = 0
+                cu.append(r * seq_len + j)
+            pos.append(p)
+            p += 1
+        rows.append((ids, labels, pos))
+    cu.append(len(idx) * seq_len)
+    return rows, cu
+
+
+@pytest.mark.parametrize("token_dtype, masked", [("uint16", True), ("uint16", False), ("uint32", True)])
+def test_get_batch_equals_a_plain_computation(tmp_path, token_dtype, masked):
+    """Every output of get_batch, bit for bit: many short documents (empty ones too) over several shards, a
+    loss_mask, windows that overlap or leave gaps, repeated and negative indices, batches without any document
+    start inside; and windows of 2**16 tokens and more (position ids past the uint16 fast path)."""
+    rng = np.random.default_rng(7)
+    lengths = rng.choice([0, 1, 2, 3, 5, 9, 40, 300], size=400, p=[0.05, 0.2, 0.15, 0.15, 0.15, 0.1, 0.1, 0.1])
+    lengths = np.concatenate([lengths, [70_000, 4, 66_000]])  # long documents for the long windows
+    recs = []
+    for n in lengths.tolist():
+        rec = {"sequence": rng.integers(0, 1000, n).tolist()}
+        if masked:
+            rec["loss_mask"] = rng.integers(0, 2, n).tolist()
+        recs.append(rec)
+    path = write_dataset(tmp_path / "d", recs, "sft" if masked else "seq", shard_records=37, token_dtype=token_dtype)
+    seq, mask, _ = _stream(recs)
+    doc_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    short = [(1, None), (2, None), (7, 3), (16, None), (33, 5), (64, 100)]
+    for seq_len, stride in short + [(65_535, 4_000), (65_536, 3_000), (70_001, 9_000)]:
+        ds = TokenDataset(path, seq_len, stride=stride, cu_seqlens=True)
+        n = len(ds)
+        long = seq_len > 1000  # few windows, each checked token by token below
+        batches = [list(range(n))[: 3 if long else 40], [-1, 0, -n, n - 1, 3 % n, 3 % n], [], [n - 1]]
+        sizes = rng.integers(1, 4 if long else 12, size=6 if long else 20).tolist()
+        batches += [rng.integers(-n, n, size=k).tolist() for k in sizes]
+        for idx in batches:
+            b = ds.get_batch(idx)
+            rows, cu = _reference_batch(seq, mask if masked else None, doc_starts, idx, seq_len, ds.stride, n)
+            assert b["input_ids"].shape == b["labels"].shape == b["position_ids"].shape == (len(idx), seq_len)
+            assert b["input_ids"].dtype == b["labels"].dtype == b["position_ids"].dtype == torch.int32
+            for r, (ids, labels, pos) in enumerate(rows):
+                assert np.array_equal(b["input_ids"][r].numpy(), ids), (seq_len, idx, r)
+                assert np.array_equal(b["labels"][r].numpy(), labels), (seq_len, idx, r)
+                assert b["position_ids"][r].tolist() == pos, (seq_len, idx, r)
+            assert b["cu_seqlens"].dtype == torch.int32 and b["cu_seqlens"].tolist() == cu, (seq_len, idx)
+            assert b["max_seqlen"] == (max(np.diff(cu)) if idx else 0)
+            # labels are their own memory: writing them leaves input_ids as read
+            before = b["input_ids"].clone()
+            b["labels"].fill_(-7)
+            assert torch.equal(b["input_ids"], before)
+
+
 def test_get_batch_equals_items_and_dtypes(sft):
     path, _ = sft
     ds = TokenDataset(path, 20, stride=10)
