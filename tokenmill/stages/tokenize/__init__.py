@@ -6,7 +6,8 @@ Steps, one module each:
   train      a bounded, deterministic sample of the records -> BPE training (or an existing tokenizer.json)
   render     one function per training type: a record -> special tokens and text pieces with mask bits
   encode     one task per newline-aligned byte range: parse, route train/val, render, encode a batch at once
-  shards     the per-task arrays, in task order, -> shard folders and version manifests of each split
+  shards     shards planned from the tasks' record token counts, one pack task per shard -> shard folders;
+             the version manifests of each split
   versions   what is published, publishing a version (dataset.json last), recovery after a kill, retention
   summary    counts per input batch and the stage's _stats.json
   verify     re-encoding a sample of the shards' records with the dataset's tokenizer (the asset check)
