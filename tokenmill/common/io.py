@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 import time
 import uuid
 import zlib
@@ -382,3 +383,47 @@ def all_distinct(values: np.ndarray) -> bool:
     """Whether no value occurs twice."""
     ordered = np.sort(values)
     return not (ordered[1:] == ordered[:-1]).any()
+
+
+class DistinctValues:
+    """Whether the uint64 values `add`ed, in pieces, are all distinct, holding at most HELD of them: past that they
+    go to SPILL_FILES files by their top bits (they are ids and key digests, hashes that fill the files evenly) in a
+    temporary folder under `spill_dir`, and each file is checked alone. A batch's record ids or key digests at any
+    corpus size, in the run process, in bounded memory."""
+
+    HELD = 1 << 22  # 32 MiB of values before they are spilled
+    SPILL_BITS = 8  # 2**8 files: 100M values are ~400k (3 MiB) a file
+
+    def __init__(self, spill_dir: Path | None = None):
+        self.spill_dir = spill_dir
+        self._held: list[np.ndarray] = []
+        self._count = 0
+        self._spilled: tempfile.TemporaryDirectory | None = None
+
+    def add(self, values: np.ndarray) -> None:
+        self._held.append(np.asarray(values, dtype=np.uint64))
+        self._count += len(values)
+        if self._count > self.HELD:
+            self._spill()
+
+    def all_distinct(self) -> bool:
+        """The answer; the spilled files are removed."""
+        if self._spilled is None:
+            return all_distinct(np.concatenate(self._held or [np.zeros(0, np.uint64)]))
+        try:
+            self._spill()
+            return all(all_distinct(np.fromfile(f, dtype=np.uint64)) for f in Path(self._spilled.name).iterdir())
+        finally:
+            self._spilled.cleanup()
+
+    def _spill(self) -> None:
+        if self._spilled is None:
+            self._spilled = tempfile.TemporaryDirectory(prefix=".distinct-", dir=self.spill_dir)
+        values = np.sort(np.concatenate(self._held or [np.zeros(0, np.uint64)]))  # each file's values: one slice
+        self._held, self._count = [], 0
+        edges = np.arange(1, 1 << self.SPILL_BITS, dtype=np.uint64) << np.uint64(64 - self.SPILL_BITS)
+        bounds = [0, *np.searchsorted(values, edges).tolist(), len(values)]
+        for part, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+            if hi > lo:
+                with open(Path(self._spilled.name) / f"{part:03d}.u64", "ab") as f:
+                    f.write(values[lo:hi].tobytes())

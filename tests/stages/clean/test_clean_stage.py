@@ -179,3 +179,39 @@ def test_drops_counted_per_language_for_every_reason(tmp_path, monkeypatch):
     assert s1.dropped_by_language == s2.dropped_by_language == want
     assert list(s1.dropped_by_language) == ["de", "fr", "und", "zh"]  # most drops first, then by code
     assert sum(n for reasons in want.values() for n in reasons.values()) == s1.rejected == len(rej)
+
+
+def test_distinct_values_spill_past_what_they_hold_and_still_find_a_repeat(tmp_path, monkeypatch):
+    import numpy as np
+
+    from tokenmill.common.io import DistinctValues
+
+    monkeypatch.setattr(DistinctValues, "HELD", 1000)
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 2**64, 20_000, dtype=np.uint64)
+    for repeat in (False, True):
+        pieces = np.array_split(np.concatenate([values, values[12_345:12_346]]) if repeat else values, 17)
+        seen = DistinctValues(tmp_path)
+        for piece in pieces:
+            seen.add(piece)
+        assert seen.all_distinct() is not repeat
+        assert list(tmp_path.iterdir()) == []  # the spilled files are removed
+    few = DistinctValues(tmp_path / "never")
+    few.add(values[:10])
+    assert few.all_distinct() and not (tmp_path / "never").exists()  # under HELD nothing is written
+
+
+def test_shard_figures_see_a_repeated_id_across_shards_when_ids_are_spilled(tmp_path, monkeypatch):
+    from tokenmill.common.io import DistinctValues, read_json
+
+    monkeypatch.setattr(DistinctValues, "HELD", 3)
+    clean(tmp_path, [PROSE + f" {i}" for i in range(12)], name="unique", per_shard=4)
+    assert read_json(tmp_path / "unique" / SHARDS_FILE)["unique_ids"] is True
+    texts = [PROSE + f" {i}" for i in range(8)]
+    ids = make_raw(tmp_path / "raw-twice", texts, per_shard=8)
+    # a second shard whose records repeat the first's ids (as a source listed twice would)
+    make_raw(tmp_path / "raw-again", texts, per_shard=8, extra={i: {"id": ids[i]} for i in range(8)})
+    (tmp_path / "raw-again" / "part-00000.jsonl").rename(tmp_path / "raw-twice" / "part-00001.jsonl")
+    clean_corpus(tmp_path / "raw-twice", tmp_path / "twice", CleanSettings(), workers=1)
+    assert read_json(tmp_path / "twice" / SHARDS_FILE)["unique_ids"] is False
+    assert not [p for p in (tmp_path / "twice").iterdir() if p.name.startswith(".distinct")]

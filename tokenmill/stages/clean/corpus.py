@@ -15,8 +15,8 @@ import numpy as np
 from tokenmill.common.io import (
     REJECTED_FILE,
     SHARDS_FILE,
+    DistinctValues,
     JsonlWriter,
-    all_distinct,
     atomic_write_json,
     dumps,
     record_shards,
@@ -105,8 +105,8 @@ class Totals:
     """reason -> the batch's first rejected entries with their text (as written in _rejected.jsonl)."""
     shards: list = field(default_factory=list)
     """Each shard's entry in SHARDS_FILE, in shard order."""
-    ids: list | None = field(default_factory=list)
-    """Each shard's record ids (uint64), None once a shard has a line without one."""
+    ids: DistinctValues | None = field(default_factory=DistinctValues)
+    """The shards' record ids (uint64), None once a shard has a line without one."""
     languages: dict = field(default_factory=dict)
     """language -> [records, characters] written."""
     drops_by_language: Counter = field(default_factory=Counter)
@@ -131,7 +131,7 @@ class Totals:
         if self.ids is None or res.ids is None:
             self.ids = None
         else:
-            self.ids.append(res.ids)
+            self.ids.add(res.ids)
         self.docs_in += res.docs_in
         self.docs_out += res.docs_out
         self.chars_out += res.chars_out
@@ -376,7 +376,7 @@ def clean_corpus(
     paths = [ShardPaths.of(p, out_dir) for p in record_shards(in_dir)]
     profile = choose_profile([p.shard for p in paths], s.quality)
     run = s.model_copy(update={"quality": profile.profile})  # the passes see the batch's profile, never 'auto'
-    totals = Totals()
+    totals = Totals(ids=DistinctValues(out_dir))  # spilled, past a few million ids, into the output folder
     pooled = sum(p.shard.stat().st_size for p in paths) >= POOL_MIN_BYTES
     task_workers = (default_workers() if workers is None else workers) if pooled else 1
     try:
@@ -404,5 +404,5 @@ def clean_corpus(
 def write_shard_figures(out_dir: Path, totals: Totals) -> None:
     """SHARDS_FILE: each shard's size, CRC-32 and records, and `unique_ids`: every record line starts with its id
     and no two ids are equal (false: the check parses every record and names the problems)."""
-    unique = totals.ids is not None and all_distinct(np.concatenate(totals.ids or [np.zeros(0, np.uint64)]))
+    unique = totals.ids is not None and totals.ids.all_distinct()
     atomic_write_json(out_dir / SHARDS_FILE, {"shards": totals.shards, "unique_ids": unique})

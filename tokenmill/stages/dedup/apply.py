@@ -7,6 +7,7 @@ that chunk's decisions. Records in = kept + removed."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import zlib
 from dataclasses import dataclass
@@ -141,8 +142,10 @@ def write_deduped(
     tasks = [ApplyTask(c, d, tmp_dir, texts) for c, d, texts in zip(chunks, decisions, text_quotas(decisions))]
     progress = Progress("dedup: writing survivors", unit="records", log=log)
     results = []
+    ids_crc32: int | None = 0  # CRC-32 of the kept ids (uint64, in output order); None: a line without its id
     for r in map_ordered(apply_chunk, tasks, workers):
-        results.append(r)
+        ids_crc32 = None if ids_crc32 is None or r.kept_ids is None else zlib.crc32(r.kept_ids.tobytes(), ids_crc32)
+        results.append(dataclasses.replace(r, kept_ids=None))  # the batch's ids are never held together
         progress.advance(r.kept + r.removed)
     progress.finish()
     figures = _concat_shards(out_dir, shards, chunks, results)
@@ -165,7 +168,7 @@ def write_deduped(
         seconds=round(time.perf_counter() - t_start, 3),
     )
     write_result(out_dir, result)
-    atomic_write_json(out_dir / SHARDS_FILE, {"shards": figures, "ids_crc32": kept_ids_crc32(results)})
+    atomic_write_json(out_dir / SHARDS_FILE, {"shards": figures, "ids_crc32": ids_crc32})
     return result
 
 
@@ -210,13 +213,3 @@ def text_quotas(decisions: list[Path]) -> list[tuple[int, int]]:
         quotas.append((min(left[0], removed[0]), min(left[1], removed[1])))
         left = [left[0] - quotas[-1][0], left[1] - quotas[-1][1]]
     return quotas
-
-
-def kept_ids_crc32(results: list[ApplyResult]) -> int | None:
-    """CRC-32 of the kept records' ids (uint64, in output order); None when a kept line does not start with its id."""
-    crc = 0
-    for r in results:
-        if r.kept_ids is None:
-            return None
-        crc = zlib.crc32(r.kept_ids.tobytes(), crc)
-    return crc

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import all_distinct, id_values, iter_jsonl, read_json, record_shards, shards_as_written
+from tokenmill.common.io import DistinctValues, id_values, iter_jsonl, read_json, record_shards, shards_as_written
 from tokenmill.common.parallel import map_ordered
 from tokenmill.stages.dedup.index import READABLE_FORMATS, SEGMENT_FILE
 from tokenmill.stages.dedup.keys import dedup_keys, key_digest
@@ -50,18 +50,18 @@ def kept_by_index(stage_dir: Path, settings: dict, index_dir: Path) -> int | Non
     kept = segment_kept(Path(index_dir), settings)
     if kept is None:
         return None
-    count, ids_crc32, prefixes = kept
+    count, ids_crc32, distinct = kept
     records = sum(f["records"] for f in figures["shards"])
-    if count != records or ids_crc32 != figures["ids_crc32"] or not all_distinct(prefixes):
+    if count != records or ids_crc32 != figures["ids_crc32"] or not distinct:
         return None
     return records
 
 
-def segment_kept(segment: Path, settings: dict) -> tuple[int, int, np.ndarray] | None:
-    """(records, CRC-32 of their ids as uint64, first 8 bytes of their key digests) of the records a dedup index
-    segment keeps, in order: those it holds a key for (index.py); the ids are folded into the CRC chunk by chunk, so
-    only the prefixes are held (8 bytes a record). None when it is not there, or was built with other key settings
-    or in another format."""
+def segment_kept(segment: Path, settings: dict) -> tuple[int, int, bool] | None:
+    """(records, CRC-32 of their ids as uint64, whether the first 8 bytes of their key digests all differ) of the
+    records a dedup index segment keeps, in order: those it holds a key for (index.py); read chunk by chunk, the ids
+    folded into the CRC and the prefixes into a DistinctValues (bounded memory). None when it is not there, or was
+    built with other key settings or in another format."""
     if not (segment / SEGMENT_FILE).exists():
         return None
     manifest = read_json(segment / SEGMENT_FILE)
@@ -70,7 +70,7 @@ def segment_kept(segment: Path, settings: dict) -> tuple[int, int, np.ndarray] |
         built.get(k) != settings[k] for k in ("strip_symbols", "fold_chinese")
     ):
         return None
-    records, ids_crc32, prefixes = 0, 0, []
+    records, ids_crc32, prefixes = 0, 0, DistinctValues()
     for c in manifest["chunks"]:
         chunk = Chunk(-1, c["name"], "", 0, 0, c["chunk"])
 
@@ -88,8 +88,8 @@ def segment_kept(segment: Path, settings: dict) -> tuple[int, int, np.ndarray] |
         ids_crc32 = zlib.crc32(chunk_ids.tobytes(), ids_crc32)
         by_record = np.empty(len(kept), dtype=np.uint64)  # the digest files are sorted by digest
         by_record[load(KEYS_DIR, ".digest_ordinal.npy")] = load(KEYS_DIR, ".digest_prefix.npy")
-        prefixes.append(by_record[kept])
-    return records, ids_crc32, np.concatenate(prefixes or [np.zeros(0, np.uint64)])
+        prefixes.add(by_record[kept])
+    return records, ids_crc32, prefixes.all_distinct()
 
 
 def audit_exact_keys(stage_dir: Path, settings: dict) -> dict:
