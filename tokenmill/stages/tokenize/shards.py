@@ -211,8 +211,10 @@ class ShardWriter:
             ea, eb = spans.elems[k][a], spans.elems[k][b]
             arr = ch.data[k][ea:eb]
             if k in ALL_TOKEN_KEYS and arr.size:
-                check_ids(arr, self.vocab, str(self.dir))
-                sh.max_token_id = max(sh.max_token_id, int(arr.max()))
+                top = int(arr.max())  # one pass: the shard's max_token_id and the vocabulary check
+                if top >= self.vocab:
+                    check_ids(arr, self.vocab, str(self.dir))
+                sh.max_token_id = max(sh.max_token_id, top)
             if self.keys[k] != arr.dtype:
                 arr = arr.astype(self.keys[k])
             sh.files[k].write(arr)
@@ -266,7 +268,13 @@ class PackTask:
 def pack_shard(task: PackTask) -> dict:
     """Writes one planned shard from its pieces; returns its manifest entry."""
     writer = ShardWriter(
-        Path(task.split_dir), task.training_type, task.vocab_size, task.token_dtype, 1, task.index, task.batch
+        Path(task.split_dir),
+        task.training_type,
+        task.vocab_size,
+        task.token_dtype,
+        shard_tokens=1,  # unused: the plan cut the shard, `write` only appends
+        first_index=task.index,
+        batch=task.batch,
     )
     try:
         for piece in task.pieces:  # consecutive tasks' arrays: one piece each
