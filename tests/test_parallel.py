@@ -59,7 +59,7 @@ def test_workers_exit_when_the_run_process_is_killed(tmp_path):
         import os, sys, time
         from tokenmill.common.parallel import map_ordered
         def report_and_block(i):
-            print(os.getpid(), flush=True)
+            os.write(1, f"{os.getpid()}\\n".encode())  # one write: two workers' lines never interleave
             time.sleep(600)
         if __name__ == "__main__":
             list(map_ordered(report_and_block, range(2), workers=2))
