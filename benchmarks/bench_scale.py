@@ -25,8 +25,8 @@ DAGSTER_HOME (the repository's dagster.yaml) under --data/run-<size>/, TOKENMILL
 Prints a table per size and the ratios: CPU-s per document at the largest size over the smallest (target <= 1.15,
 also per step), then pass/fail per target; --out saves every figure as JSON, with each run's sampled timeline (run
 process and largest other RSS, CPU seconds of the tree). The run outputs are removed after each size unless --keep.
-Disk: a data root takes ~9.4 bytes per input byte (10M documents: dedup_report 2.1 and dedup_index 2.8 of it), so the
-10M run needs ~40 GB free under --data besides its ~4 GB corpus.
+Disk: a data root takes ~8.6 bytes per input byte (10M documents: dedup_report 2.1 and dedup_index 2.0 of it), so the
+10M run needs ~35 GB free under --data besides its ~4 GB corpus.
 """
 
 from __future__ import annotations

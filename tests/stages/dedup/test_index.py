@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from support import dedup_record, random_poem, substitute, write_records
 
-from tokenmill.common.io import REMOVED_FILE, iter_jsonl, read_json, record_shards
+from tokenmill.common.io import REMOVED_FILE, BlockReader, iter_jsonl, read_json, record_shards
 from tokenmill.errors import ConfigError, StaleUpstreamError
 from tokenmill.stages.dedup import (
     CLUSTERS_FILE,
@@ -21,11 +21,14 @@ from tokenmill.stages.dedup import (
     DedupSettings,
     Partitions,
     build_dedup_report,
+    cluster_parts,
     dedup_batch,
     index,
     write_deduped,
 )
 from tokenmill.stages.dedup import keys as K
+from tokenmill.stages.dedup import minhash as mh
+from tokenmill.stages.dedup.buckets import ORDER_ROWS
 from tokenmill.stages.dedup.index import SEGMENT_FILE
 
 WORDS = "river stone light morning harbor window garden silver quiet letter winter orchard lantern meadow".split()
@@ -184,32 +187,82 @@ def test_counts_add_up_and_no_exact_duplicate_across_batches(tmp_path):
     assert len(set(digests)) == len(digests) == sum(s.docs_out for s in stats)
 
 
-def test_a_format_2_index_is_read_as_it_is(tmp_path, monkeypatch):
-    """Segments written before format 3 (whole uint32 signatures, int64 LSH ordinals: 0.4 KB more per record) give
-    the later batches the same decisions as format 3's (signatures folded to the byte the pre-filter compares)."""
-    batches, _ = _batches(seed=5)
-    settings = DedupSettings(keep="first_seen", chunk_bytes=2000)
+def _rewrite_as_format(version: int, task: index.SegmentTask) -> None:
+    """Rewrites a segment chunk just written (format 4) in the files an earlier format had: keys uncompressed, LSH
+    ordinals and order words, signatures as bytes (format 3) or uint32 (format 2, whose fold16 is the stored one),
+    and no fence (format 2)."""
+    stem = task.chunk.stem
+    keys, sigs, lsh = (task.segment / step / stem for step in ("keys", "signatures", "lsh"))
+    with BlockReader(f"{keys}.key.zst") as f:
+        Path(f"{keys}.key.bin").write_bytes(f.read(0, int(np.load(f"{keys}.key_offsets.npy")[-1])))
+    folded = np.load(f"{sigs}.npy")
+    np.save(f"{sigs}.npy", folded.astype(np.uint32) if version == 2 else mh.fold8(folded))
+    item = np.load(f"{lsh}.item.npy").astype(np.int64)
+    np.save(
+        f"{lsh}.doc.npy", np.load(f"{sigs}.items.npz")["item_doc"][item].astype(np.int64 if version == 2 else np.int32)
+    )
+    words = [mh.order_words(folded, (b + 1) * task.rows, ORDER_ROWS)[item[b]] for b in range(len(item))]
+    np.save(f"{lsh}.order.npy", np.stack(words) if words else np.empty((0, 0, 2), dtype=np.uint64))
+    for path in (f"{keys}.key.zst", f"{keys}.key.zst.blocks.npy", f"{lsh}.item.npy") + (
+        (f"{lsh}.fence.npy",) if version == 2 else ()
+    ):
+        Path(path).unlink()
+
+
+def _template_batches(seed: int) -> list[list[dict]]:
+    """Two batches of 30 poems that share a 34-character opening (about 0.7 similar: all kept, while their LSH bands
+    collide in buckets of many members)."""
+    rng = random.Random(seed)
+    head = random_poem(rng, 40)[:34]
+    return [[dedup_record(f"b{b}.json", i, head + random_poem(rng, 40)[:6]) for i in range(30)] for b in range(2)]
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("case", ["planted", "oversized"])
+def test_segments_of_earlier_formats_are_read_as_they_are(tmp_path, monkeypatch, version, case):
+    """Segments written by earlier code (format 3: keys uncompressed, LSH ordinals and order words, signatures as
+    bytes; format 2 also uint32 signatures, int64 ordinals and no fence) give the later batches the same candidates
+    and decisions as format 4's, whose smaller files hold the same facts: in oversized buckets too, whose members
+    are paired in the order of the words format 4 derives from its signatures."""
+    if case == "planted":
+        batches, settings = _batches(seed=5)[0], DedupSettings(keep="first_seen", chunk_bytes=2000)
+    else:
+        batches = _template_batches(seed=3)
+        settings = DedupSettings(keep="first_seen", chunk_bytes=2000, max_bucket=2, bucket_neighbours=1)
     _run_batches(tmp_path / "new", batches, settings, workers=1)
 
-    write_lsh = index.write_lsh
-
-    def format_2_lsh(lsh_dir: Path, stem: str, *args) -> int:
-        items = write_lsh(lsh_dir, stem, *args)
-        np.save(lsh_dir / f"{stem}.doc.npy", np.load(lsh_dir / f"{stem}.doc.npy").astype(np.int64))
-        return items
+    def earlier_format(task: index.SegmentTask) -> index.SegmentChunk:
+        written = index.write_segment_chunk(task)
+        _rewrite_as_format(version, task)
+        return written
 
     with monkeypatch.context() as m:
-        m.setattr(index, "INDEX_FORMAT", 2)
-        m.setattr(index, "fold8", lambda sig: sig)
-        m.setattr(index, "write_lsh", format_2_lsh)
+        m.setattr(index, "INDEX_FORMAT", version)
+        m.setattr(cluster_parts, "write_segment_chunk", earlier_format)
         _run_batches(tmp_path / "old", batches, settings, workers=1)
     folders = lambda root: sorted((root / "deduped").iterdir())  # noqa: E731
     assert _decisions(folders(tmp_path / "old")) == _decisions(folders(tmp_path / "new"))
-    for root, formats in ((tmp_path / "old", (2, "uint32", "int64")), (tmp_path / "new", (3, "uint8", "int32"))):
+    for later in [f"g1-b{b + 1:04d}" for b in range(1, len(batches))]:  # the same figures, but the index's size
+        old, new = (read_json(tmp_path / run / "report" / later / REPORT_FILE) for run in ("old", "new"))
+        assert old["incremental"]["counts"].pop("index_bytes_added") > new["incremental"]["counts"].pop(
+            "index_bytes_added"
+        )
+        assert old == new
+        assert (new["counts"]["oversized_buckets"] > 0) == (case == "oversized")
+    old_sig = {2: "uint32", 3: "uint8"}[version]
+    for root, expected in (
+        (tmp_path / "old", (version, old_sig, ".doc.npy")),
+        (tmp_path / "new", (4, "uint16", ".item.npy")),
+    ):
         for segment in sorted((root / "index").iterdir()):
-            assert read_json(segment / SEGMENT_FILE)["format_version"] == formats[0]
-            assert {np.load(f).dtype.name for f in (segment / "signatures").glob("*[0-9].npy")} == {formats[1]}
-            assert {np.load(f).dtype.name for f in (segment / "lsh").glob("*.doc.npy")} == {formats[2]}
+            assert read_json(segment / SEGMENT_FILE)["format_version"] == expected[0]
+            assert {np.load(f).dtype.name for f in (segment / "signatures").glob("*[0-9].npy")} == {expected[1]}
+            assert {f.name[len(f.name.split(".")[0]) :] for f in (segment / "lsh").iterdir()} >= {
+                ".hash.npy",
+                expected[2],
+            }
+    new_segment = sorted((tmp_path / "new" / "index").iterdir())[0]
+    assert not list(new_segment.rglob("*.order.npy")) and not list(new_segment.rglob("*.key.bin"))
 
 
 def test_an_earlier_batch_record_is_never_removed(tmp_path):

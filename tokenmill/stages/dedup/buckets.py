@@ -13,6 +13,7 @@ bucket holds a document of the batch, and two of them are never paired (they wer
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,21 +72,35 @@ def lsh_inputs(task: LshInputTask) -> int:
 
 
 def write_lsh(lsh_dir: Path, stem: str, item_doc: np.ndarray, bands: np.ndarray, sig: np.ndarray, rows: int) -> int:
-    """Writes the LSH files of a chunk's items (their ordinals, ascending; (bands, items) band hashes; signatures);
-    returns items."""
-    hashes: np.ndarray = np.empty(bands.shape, dtype=np.uint64)  # (numpy's stubs type empty(shape) as 0-d)
-    docs = np.empty(hashes.shape, dtype=np.int32)  # ordinals in a chunk (a few MiB of records)
-    words = np.empty((bands.shape[0], hashes.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
+    """Writes the LSH files of a batch chunk's items (their ordinals, ascending; (bands, items) band hashes;
+    signatures); returns items."""
+    by_band = _sort_bands(lsh_dir, stem, bands)
+    words = np.empty((bands.shape[0], bands.shape[1], -(-ORDER_ROWS // 4)), dtype=np.uint64)
     folded = mh.fold16(sig)  # once for every band; the sort then moves each item's few words, not its signature
-    for b in range(bands.shape[0]):
-        order = mh.stable_argsort(bands[b])  # by (hash, ordinal): the items come by ordinal
-        hashes[b], docs[b] = bands[b][order], item_doc[order]
+    for b, order in enumerate(by_band):
         words[b] = mh.order_words(folded, (b + 1) * rows, ORDER_ROWS)[order]
+    np.save(lsh_dir / f"{stem}.doc.npy", item_doc[by_band].astype(np.int32))  # ordinals in a chunk (a few MiB)
+    np.save(lsh_dir / f"{stem}.order.npy", words)
+    return bands.shape[1]
+
+
+def write_index_lsh(lsh_dir: Path, stem: str, bands: np.ndarray) -> int:
+    """Writes the LSH files of an index segment's chunk: band hashes and item numbers (.item.npy, uint16 where they
+    fit), no order words: a bucket task derives the few it needs from the segment's fold16 signatures (index
+    format 4; the order words were 40% of a segment); returns items."""
+    by_band = _sort_bands(lsh_dir, stem, bands)
+    np.save(lsh_dir / f"{stem}.item.npy", by_band.astype(np.uint16 if bands.shape[1] <= 1 << 16 else np.int32))
+    return bands.shape[1]
+
+
+def _sort_bands(lsh_dir: Path, stem: str, bands: np.ndarray) -> np.ndarray:
+    """Saves each band's hashes sorted (.hash.npy) and every FENCE-th of them (.fence.npy); returns (bands, items)
+    the item order of each band: by (hash, item), and items come by ordinal."""
+    by_band = np.stack([mh.stable_argsort(h) for h in bands])
+    hashes = np.take_along_axis(bands, by_band, axis=1).astype(np.uint64, copy=False)
     np.save(lsh_dir / f"{stem}.hash.npy", hashes)
     np.save(lsh_dir / f"{stem}.fence.npy", np.ascontiguousarray(hashes[:, ::FENCE]))
-    np.save(lsh_dir / f"{stem}.doc.npy", docs)
-    np.save(lsh_dir / f"{stem}.order.npy", words)
-    return hashes.shape[1]
+    return by_band
 
 
 @dataclass(frozen=True)
@@ -100,6 +115,7 @@ class BucketTask:
     max_bucket: int
     neighbours: int
     bins: int  # histogram bins: ceil(documents / BIN_DOCS)
+    rows: int  # LSH rows per band (where the band's order words start)
     pair_batch: int = PAIR_BATCH
     probe_from: int = 0  # documents below are indexed (earlier batches): only looked up, never paired together
 
@@ -159,10 +175,15 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             a, b = _band_slice(base, f, task.band, task.lo, task.hi)
             h = f.read(band, a, b)
         rows = slice(None) if probe is None else _found(h, probe)
-        with NpyRows(f"{base}.doc.npy") as f:
-            d = f.read(band, a, b)[rows].astype(np.int64) + first  # int32 ordinals (int64 in format 2 segments)
-        with NpyRows(f"{base}.order.npy") as f:
-            parts.append((first, h[rows], d, f.read(band, a, b)[rows]))
+        if os.path.exists(f"{base}.item.npy"):  # an index segment of format 4
+            with NpyRows(f"{base}.item.npy") as f:
+                d, w = _index_items(Path(base), f.read(band, a, b)[rows], (task.band + 1) * task.rows)
+        else:
+            with NpyRows(f"{base}.doc.npy") as f:
+                d = f.read(band, a, b)[rows].astype(np.int64)  # int32 ordinals (int64 in format 2 segments)
+            with NpyRows(f"{base}.order.npy") as f:
+                w = f.read(band, a, b)[rows]
+        parts.append((first, h[rows], d + first, w))
     # in document order each chunk's items sorted by (hash, doc) follow the previous chunk's: a stable sort by hash
     # sorts them by (hash, doc)
     parts.sort(key=lambda p: p[0])
@@ -171,6 +192,17 @@ def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     w = np.concatenate([p[3] for p in parts]) if parts else np.empty((0, -(-ORDER_ROWS // 4)), dtype=np.uint64)
     order = mh.stable_argsort(h)
     return h[order], d[order], w[order]
+
+
+def _index_items(base: Path, items: np.ndarray, first_row: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ordinals, order words) of an index segment chunk's items, from its item table and fold16 signatures (only
+    the items a batch document shares a bucket with: a few rows of the mapped signatures)."""
+    if len(items) == 0:
+        return np.empty(0, dtype=np.int64), np.empty((0, -(-ORDER_ROWS // 4)), dtype=np.uint64)
+    signatures = base.parent.parent / SIGNATURE_DIR / base.name
+    item_doc = np.load(f"{signatures}.items.npz")["item_doc"]
+    folded = np.load(f"{signatures}.npy", mmap_mode="r")
+    return item_doc[items].astype(np.int64), mh.order_words(np.asarray(folded[items]), first_row, ORDER_ROWS)
 
 
 @releases_memory

@@ -7,12 +7,15 @@ one of the batch (`Chunk.root` names the segment), one chunk per chunk of the ba
                                   records (indexed), kept, items; written last
   docs/<stem>.npy, .paths.json    document table of the indexed records (id, meta count, lengths, source)
   keys/<stem>.digest*.npy         SHA-256 digests of the indexed records' keys, sorted, with prefix and ordinal
-  keys/<stem>.key.bin, .key_offsets.npy   the keys of the kept records (verification re-reads them; a near
-                                  duplicate's key is empty: only its digest is looked up)
-  signatures/<stem>.npy, .items.npz   MinHash signatures of the kept records folded to a byte per position
-                                  (uint8, minhash.fold8: all the verification pre-filter compares; format 2: uint32)
-  lsh/<stem>.hash.npy, .doc.npy, .order.npy, .fence.npy   band hashes of the kept records, each band sorted by
-                                  hash, with every 64th (format 2: int64 ordinals and no fence; now int32)
+  keys/<stem>.key.zst, .key_offsets.npy   the keys of the kept records, compressed in frames (io.write_zstd_blocks;
+                                  verification re-reads them; a near duplicate's key is empty: only its digest is
+                                  looked up); format 2-3: .key.bin uncompressed
+  signatures/<stem>.npy, .items.npz   MinHash signatures of the kept records folded to 16 bits (uint16,
+                                  minhash.fold16: the verification pre-filter folds them on to a byte, and a bucket task
+                                  takes an oversized bucket's order words from them); format 3: uint8, format 2: uint32
+  lsh/<stem>.hash.npy, .item.npy, .fence.npy   band hashes of the kept records' items, each band sorted by hash,
+                                  their item numbers in the chunk, and every 64th hash; formats 2-3: .doc.npy
+                                  (ordinals) and .order.npy (the order words) instead of .item.npy
 
 The indexed records of a batch are those that are not exact duplicates: every record whose key no earlier record
 (indexed or of the batch) has, kept or removed as a near duplicate. Each key digest is in one segment at most.
@@ -29,17 +32,27 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import atomic_write_json, read_json
+from tokenmill.common.io import atomic_write_json, read_json, write_zstd_blocks
 from tokenmill.errors import ConfigError, StaleUpstreamError
-from tokenmill.stages.dedup.buckets import write_lsh
-from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, LSH_DIR, SIGNATURE_DIR, Chunk, folder, releases_memory
-from tokenmill.stages.dedup.minhash import fold8
+from tokenmill.stages.dedup.buckets import write_index_lsh
+from tokenmill.stages.dedup.layout import (
+    DOCS_DIR,
+    KEY_ZST,
+    KEYS_DIR,
+    LSH_DIR,
+    SIGNATURE_DIR,
+    Chunk,
+    folder,
+    releases_memory,
+)
+from tokenmill.stages.dedup.minhash import fold16
 from tokenmill.stages.dedup.settings import DedupSettings
 
 SEGMENT_FILE = "segment.json"
-INDEX_FORMAT = 3  # 2: document tables hold by_word and the quality fields, keys of word-shingled records are spaced;
-# 3: signatures as bytes, LSH ordinals int32 (0.4 KB less per record); format 2 segments are read as they are
-READABLE_FORMATS = (2, INDEX_FORMAT)
+INDEX_FORMAT = 4  # 2: document tables hold by_word and the quality fields, keys of word-shingled records are spaced;
+# 3: signatures as bytes, LSH ordinals int32 (0.4 KB less per record); 4: signatures as fold16 and no LSH order
+# words, LSH item numbers, keys compressed (a quarter less); segments of formats 2 and 3 are read as they are
+READABLE_FORMATS = (2, 3, INDEX_FORMAT)
 # the settings an indexed record's key, signatures and band hashes depend on: every segment must share them
 SKETCH_SETTINGS = (
     "threshold",
@@ -133,7 +146,7 @@ def write_segment_chunk(task: SegmentTask) -> SegmentChunk:
     offsets = np.load(src(KEYS_DIR, ".key_offsets.npy"))
     lengths = np.diff(offsets)
     key_bytes = np.fromfile(src(KEYS_DIR, ".key.bin"), dtype=np.uint8)
-    dst(KEYS_DIR, ".key.bin").write_bytes(key_bytes[np.repeat(kept, lengths)].tobytes())
+    write_zstd_blocks(dst(KEYS_DIR, KEY_ZST), key_bytes[np.repeat(kept, lengths)].tobytes())
     new_offsets = np.zeros(int(indexed.sum()) + 1, dtype=np.int64)
     np.cumsum((lengths * kept)[indexed], out=new_offsets[1:])
     np.save(dst(KEYS_DIR, ".key_offsets.npy"), new_offsets)
@@ -142,11 +155,11 @@ def write_segment_chunk(task: SegmentTask) -> SegmentChunk:
     item_doc, item_n = items["item_doc"], items["item_n"]
     sketched = kept[item_doc]  # a kept record's items: its key is not empty (an empty one has none)
     sig = np.load(src(SIGNATURE_DIR, ".npy"))[sketched]
-    np.save(dst(SIGNATURE_DIR, ".npy"), fold8(sig))
+    np.save(dst(SIGNATURE_DIR, ".npy"), fold16(sig))
     item_doc = renumber[item_doc[sketched]]
     np.savez(dst(SIGNATURE_DIR, ".items.npz"), item_doc=item_doc, item_n=item_n[sketched])
     bands = np.load(src(SIGNATURE_DIR, ".bands.npy"))[:, sketched]
-    n_items = write_lsh(folder(seg, LSH_DIR), c.stem, item_doc, bands, sig, task.rows)
+    n_items = write_index_lsh(folder(seg, LSH_DIR), c.stem, bands)
     return SegmentChunk(c.name, c.chunk, int(indexed.sum()), int(kept.sum()), n_items)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import json_parser, record_shards
+from tokenmill.common.io import BlockReader, json_parser, record_shards
 from tokenmill.errors import CorruptOutputError
 from tokenmill.stages.dedup.minhash import fold8, natural_key
 
@@ -27,6 +27,7 @@ CLUSTERS_FILE = "clusters.jsonl"
 SIGNATURE_DIR = "signatures"  # per chunk: <stem>.npy signatures, <stem>.bands.npy band hashes, <stem>.items.npz
 DOCS_DIR = "docs"  # per chunk: <stem>.npy document table, <stem>.paths.json its source paths
 KEYS_DIR = "keys"  # per chunk: the keys (<stem>.key.bin + offsets) and the digest index sorted by digest
+KEY_ZST = ".key.zst"  # an index segment's keys (format 4): io.write_zstd_blocks of what .key.bin holds
 EXACT_DIR = "exact"  # per digest range: members of exact groups (doc, rep), sorted by doc
 LSH_DIR = "lsh"  # per chunk: (bands, items) band hashes, ordinals, order words of group representatives, a fence
 CANDIDATE_DIR = "candidates"  # per band, hash range and batch: (2, pairs) candidate pairs sorted by first doc
@@ -343,7 +344,7 @@ class Corpus:
         """(rows, found): each document's MinHash signature at its shingle size, a byte per position (the value
         folded: two equal values give equal bytes, two different ones with probability 1/256), and whether the
         document was sketched at that size. One chunk's signature file is mapped at a time; an index segment's
-        holds the bytes already (index.py)."""
+        holds them folded already (index.py)."""
         out = np.zeros((len(docs), num_perm), dtype=np.uint8)
         found = np.zeros(len(docs), dtype=bool)
         for ci, pos, o in self.per_chunk(docs):
@@ -364,16 +365,37 @@ class Corpus:
     def keys(self, docs: np.ndarray) -> list[str]:
         """The dedup keys of documents as shingled (signatures.shingle_keys), in the order given: a chunk's offsets
         read once for all its documents, then one positioned read per key (not mapped, so a task's resident memory
-        holds the keys it asks for, not the pages of the key files it touched)."""
+        holds the keys it asks for, not the pages of the key files it touched). An index segment of format 4 holds
+        them compressed in frames (index.py): read in ascending order, each frame is decompressed once."""
         out = [""] * len(docs)
         for ci, pos, o in self.per_chunk(np.asarray(docs, dtype=np.int64)):
             offsets = np.load(self._file(ci, KEYS_DIR, ".key_offsets.npy"), mmap_mode="r")
-            starts, ends = offsets[o].tolist(), offsets[o + 1].tolist()
+            ascending = np.argsort(offsets[o], kind="stable")
+            starts, ends = offsets[o[ascending]].tolist(), offsets[o[ascending] + 1].tolist()
             del offsets
-            fd = os.open(self._file(ci, KEYS_DIR, ".key.bin"), os.O_RDONLY)
-            try:
-                for p, start, end in zip(pos.tolist(), starts, ends):
-                    out[p] = os.pread(fd, end - start, start).decode("utf-8")
-            finally:
-                os.close(fd)
+            with _key_file(self._file(ci, KEYS_DIR, "")) as f:
+                for p, start, end in zip(pos[ascending].tolist(), starts, ends):
+                    out[p] = f.read(start, end).decode("utf-8")
         return out
+
+
+class _PlainFile:
+    """Byte ranges of an uncompressed file (BlockReader's interface)."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __enter__(self) -> _PlainFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+    def read(self, start: int, end: int) -> bytes:
+        return os.pread(self.fd, end - start, start)
+
+
+def _key_file(base: Path) -> _PlainFile | BlockReader:
+    """A chunk's key stream: <stem>.key.zst in an index segment of format 4, else <stem>.key.bin."""
+    compressed = Path(f"{base}{KEY_ZST}")
+    return BlockReader(compressed) if compressed.exists() else _PlainFile(Path(f"{base}.key.bin"))

@@ -371,11 +371,11 @@ def fold16(sig: np.ndarray) -> np.ndarray:
 
 
 def fold8(sig: np.ndarray) -> np.ndarray:
-    """(items, num_perm) uint8: each signature value folded to a byte (what the verification pre-filter compares:
-    two equal values give equal bytes, two different ones with probability 1/256)."""
-    v = sig ^ (sig >> np.uint32(16))
-    v ^= v >> np.uint32(8)
-    return v.astype(np.uint8)
+    """(items, num_perm) uint8: each signature value (uint32, or already folded by fold16) folded to a byte (what
+    the verification pre-filter compares: two equal values give equal bytes, two different ones with probability
+    1/256). fold8(fold16(sig)) == fold8(sig): an index segment stores fold16 and serves both."""
+    v = sig if sig.dtype == np.uint16 else fold16(sig)
+    return (v ^ (v >> np.uint16(8))).astype(np.uint8)
 
 
 def order_words(folded: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray:

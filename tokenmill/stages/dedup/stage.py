@@ -268,6 +268,7 @@ def _buckets(
             max_bucket=run.settings.max_bucket,
             neighbours=run.settings.bucket_neighbours,
             bins=len(first_docs),
+            rows=run.rows,
             probe_from=run.indexed_docs,
         )
         for band in range(run.bands)

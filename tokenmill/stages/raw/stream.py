@@ -16,7 +16,6 @@ import contextlib
 import gzip
 import os
 import stat
-import sys
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,10 +23,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-if sys.version_info >= (3, 14):  # the stdlib's; backports.zstd is installed for older Pythons only
-    from compression import zstd
-else:
-    from backports import zstd
+from tokenmill.common.io import zstd
 
 SNIPPET_CHARS = 200
 SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of an oversized line
