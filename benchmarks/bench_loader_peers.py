@@ -1,7 +1,8 @@
 """tokenmill_loader against Megatron-Core, OLMo-core and LitData on the same tokens (CPU, one process each).
 
     python benchmarks/bench_loader_peers.py [--tokens 100_000_000] [--large-tokens 10_000_000_000]
-                                            [--peers tokenmill,megatron,olmo,litdata] [--dir /tmp/tm_loader_peers]
+                                            [--peers tokenmill,tokenmill_input_ids,megatron,olmo,litdata]
+                                            [--dir /tmp/tm_loader_peers]
 
 For uint16 and uint32 tokens, sequence length 2048 and 8192, batch 8 and 32, shuffled, every reader in its own
 process (num_workers=0, so "per process" is what it says):
@@ -22,9 +23,11 @@ The same token stream in every reader's own format, written by this script: toke
 (docs/format.md, 1B-token shards), Megatron-Core's .bin/.idx (IndexedDataset format; its dtype codes have no
 uint32, so uint32 data is declared int32: the same bytes for ids < 2**31), OLMo-core's raw token arrays (the shard
 files themselves) and LitData's chunks + index.json (the layout litdata.optimize writes with TokensLoader, one item
-per chunk). Windows: tokenmill seq_len L + 1, stride L (input_ids, labels, position_ids); Megatron-Core L tokens +
+per chunk). Windows: tokenmill seq_len L + 1, stride L (input_ids, labels, position_ids; tokenmill_input_ids:
+input_ids only, TokenDataset(fields=("input_ids",)), the work OLMo-core and LitData do); Megatron-Core L tokens +
 its extra label token (tokens, labels, loss_mask, position_ids; no attention mask); OLMo-core L tokens
-(input_ids); LitData blocks of L + 1. A peer that cannot be imported or run here is reported with the reason.
+(input_ids); LitData blocks of L + 1. Each row gives both tokenmill readers' rate over its own.
+A peer that cannot be imported or run here is reported with the reason.
 Timings on a shared machine are noisy: the CPU seconds are the steadier figure.
 """
 
@@ -46,7 +49,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SEQ_LENS = (2048, 8192)
 BATCHES = (8, 32)
 DTYPES = ("uint16", "uint32")
-PEERS = ("tokenmill", "megatron", "olmo", "litdata")
+PEERS = ("tokenmill", "tokenmill_input_ids", "megatron", "olmo", "litdata")
+TOKENMILL_READERS = ("tokenmill", "tokenmill_input_ids")  # the ratio columns: each over every reader
 VOCAB = {"uint16": 50_304, "uint32": 200_064}  # GPT-NeoX-like / o200k-like vocabularies
 EOS, PAD = 1, 2
 SHARD_TOKENS = 1_000_000_000  # tokenmill shards and OLMo-core arrays: files of up to 1B tokens
@@ -212,10 +216,12 @@ def build_corpus(root: Path, dtype: str, total: int, sparse: bool) -> Path:
 # Each reader: open(corpus, seq_len, batch) -> (handle, iterator of batches); state(handle, batches_done);
 # resume(handle, state, reopen) -> iterator; ids(batch) -> the (B, L) token ids, for comparing batches.
 class Tokenmill:
+    fields = ("input_ids", "labels", "position_ids")
+
     def open(self, corpus: Path, seq_len: int, batch: int):
         from tokenmill_loader import DataLoader, TokenDataset
 
-        ds = TokenDataset(corpus / "tokenmill", seq_len=seq_len + 1, stride=seq_len)
+        ds = TokenDataset(corpus / "tokenmill", seq_len=seq_len + 1, stride=seq_len, fields=self.fields)
         dl = DataLoader(ds, batch_size=batch, shuffle=True, seed=SEED, compact_labels=True)
         return {"args": (corpus, seq_len, batch), "ds": ds, "dl": dl}, iter(dl)
 
@@ -226,7 +232,11 @@ class Tokenmill:
         from tokenmill_loader import DataLoader, TokenDataset
 
         corpus, seq_len, batch = h["args"]
-        ds = TokenDataset(corpus / "tokenmill", seq_len=seq_len + 1, stride=seq_len) if reopen else h["ds"]
+        ds = (
+            TokenDataset(corpus / "tokenmill", seq_len=seq_len + 1, stride=seq_len, fields=self.fields)
+            if reopen
+            else h["ds"]
+        )
         dl = DataLoader(ds, batch_size=batch, shuffle=True, seed=SEED, compact_labels=True)
         dl.load_state_dict(state)
         return iter(dl)
@@ -234,6 +244,12 @@ class Tokenmill:
     @staticmethod
     def ids(b):
         return b["input_ids"]
+
+
+class TokenmillInputIds(Tokenmill):
+    """The tokens only, as a trainer that shifts them itself asks for them."""
+
+    fields = ("input_ids",)
 
 
 class Megatron:
@@ -375,9 +391,16 @@ class Litdata:
         return b
 
 
-READERS = {"tokenmill": Tokenmill, "megatron": Megatron, "olmo": Olmo, "litdata": Litdata}
+READERS = {
+    "tokenmill": Tokenmill,
+    "tokenmill_input_ids": TokenmillInputIds,
+    "megatron": Megatron,
+    "olmo": Olmo,
+    "litdata": Litdata,
+}
 IMPORTS = {
     "tokenmill": "tokenmill_loader.datasets",
+    "tokenmill_input_ids": "tokenmill_loader.datasets",
     "megatron": "megatron.core.datasets.gpt_dataset",
     "olmo": "olmo_core.data",
     "litdata": "litdata",
@@ -475,20 +498,25 @@ def main_table(root: Path, tokens: int, sparse: bool, dtypes: list[str], peers: 
                     print(f"  {dtype} L={seq_len} B={batch} {peer}: {r}", flush=True)
     print(f"\n== {tokens:,} tokens{' (sparse files)' if sparse else ''}, shuffled, one process per reader ==")
     print(
-        "| tokens | L | B | reader | M tokens/s | tokenmill / reader | CPU s per 1M tokens | first batch ms "
-        "| peak MB | resume ms | reopen ms | resumed batch |"
+        "| tokens | L | B | reader | M tokens/s | tokenmill / reader | tokenmill_input_ids / reader "
+        "| CPU s per 1M tokens | first batch ms | peak MB | resume ms | reopen ms | resumed batch |"
     )
-    print("|" + "---|" * 12)
-    rate = {(d, s, b): r.get("tokens_per_s") for d, s, b, p, r in rows if p == "tokenmill"}
+    print("|" + "---|" * 13)
+    rate = {(p, d, s, b): r.get("tokens_per_s") for d, s, b, p, r in rows if p in TOKENMILL_READERS}
     for d, s, b, p, r in rows:
         if "error" in r and "first_batch_s" not in r:
-            print(f"| {d} | {s} | {b} | {p} | n/a: {r['error']} |||||||")
+            print(f"| {d} | {s} | {b} | {p} | n/a: {r['error']} ||||||||")
             continue
-        ratio = f"{rate[(d, s, b)] / r['tokens_per_s']:.2f}x" if rate.get((d, s, b)) and "tokens_per_s" in r else "-"
+        ratios = " | ".join(
+            f"{rate[(tm, d, s, b)] / r['tokens_per_s']:.2f}x"
+            if rate.get((tm, d, s, b)) and "tokens_per_s" in r
+            else "-"
+            for tm in TOKENMILL_READERS
+        )
         same = {True: "same", False: "DIFFERENT"}.get(r.get("resume_same"), "-")
         error = f" ({r['error']})" if "error" in r else ""
         print(
-            f"| {d} | {s} | {b} | {p} | {fmt(r, 'tokens_per_s', 1e-6)} | {ratio} | {fmt(r, 'cpu_s_per_m', 1, '.4f')} "
+            f"| {d} | {s} | {b} | {p} | {fmt(r, 'tokens_per_s', 1e-6)} | {ratios} | {fmt(r, 'cpu_s_per_m', 1, '.4f')} "
             f"| {fmt(r, 'first_batch_s', 1e3, '.0f')} | {fmt(r, 'peak_mb', 1, '.0f')} | {fmt(r, 'resume_s', 1e3)} "
             f"| {fmt(r, 'reopen_s', 1e3)} | {same}{error} |"
         )

@@ -454,13 +454,16 @@ class Store:
         self._check_ids(key, out, f"{self._file(key, begin)} (stream items {begin}..{end})")
         return out
 
-    def gather(self, key: str, starts, length: int, out: np.ndarray | None = None) -> np.ndarray:
+    def gather(
+        self, key: str, starts, length: int, out: np.ndarray | None = None, in_bounds: bool = False
+    ) -> np.ndarray:
         """Windows [s, s+length) of the stream of `key` for each s in `starts`, as one (B, length) array.
 
         The shard of every window comes from one np.searchsorted over the cumulative counts; each window
         is then one contiguous slice copy into `out` (converted to out's dtype during the copy), which
         measured 2x faster than a fancy-indexed gather. Only windows that straddle a shard boundary
-        (rare) are assembled piecewise.
+        (rare) are assembled piecewise. `in_bounds=True`: the caller has checked that every window lies in the
+        stream (TokenDataset checks its window indices), so its bounds are not checked again (~6 us at B 8).
         """
         self._need(key)
         starts = np.asarray(starts, dtype=np.int64).reshape(-1)
@@ -469,7 +472,7 @@ class Store:
             out = np.empty((len(starts), length), dtype=self.dtypes[key])
         if not len(starts):
             return out
-        if starts.min() < 0 or starts.max() + length > cum[-1]:
+        if not in_bounds and (starts.min() < 0 or starts.max() + length > cum[-1]):
             raise IndexError(f"window outside the stream of {key!r} (0..{int(cum[-1])})")
         if len(cum) == 2:
             a = self._array(0, key)
