@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from tokenmill.common.failpoints import failpoint
+from tokenmill.errors import CorruptOutputError
 
 if sys.version_info >= (3, 14):  # the stdlib's; backports.zstd is installed for older Pythons only
     from compression import zstd
@@ -452,6 +453,7 @@ class BlockReader:
     decompressed: ranges read in ascending order decompress each frame once."""
 
     def __init__(self, path: str | os.PathLike):
+        self.path = path
         self.offsets = np.load(f"{path}.blocks.npy").tolist()
         self.fd = os.open(path, os.O_RDONLY)
         self.last: tuple[int, bytes] = (-1, b"")
@@ -472,5 +474,8 @@ class BlockReader:
     def _frame(self, k: int) -> bytes:
         if self.last[0] != k:
             a, b = self.offsets[k], self.offsets[k + 1]
-            self.last = (k, zstd.decompress(os.pread(self.fd, b - a, a)))
+            try:
+                self.last = (k, zstd.decompress(os.pread(self.fd, b - a, a)))
+            except zstd.ZstdError as e:  # truncated or overwritten: name the file, not just the codec's complaint
+                raise CorruptOutputError(f"{self.path}: frame {k} (bytes {a}..{b}) does not decompress: {e}") from e
         return self.last[1]

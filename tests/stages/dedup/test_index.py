@@ -11,8 +11,16 @@ import numpy as np
 import pytest
 from support import dedup_record, random_poem, substitute, write_records
 
-from tokenmill.common.io import REMOVED_FILE, BlockReader, iter_jsonl, read_json, record_shards
-from tokenmill.errors import ConfigError, StaleUpstreamError
+from tokenmill.common.io import (
+    REMOVED_FILE,
+    ZSTD_BLOCK,
+    BlockReader,
+    iter_jsonl,
+    read_json,
+    record_shards,
+    write_zstd_blocks,
+)
+from tokenmill.errors import ConfigError, CorruptOutputError, StaleUpstreamError
 from tokenmill.stages.dedup import (
     CLUSTERS_FILE,
     REPORT_FILE,
@@ -263,6 +271,25 @@ def test_segments_of_earlier_formats_are_read_as_they_are(tmp_path, monkeypatch,
             }
     new_segment = sorted((tmp_path / "new" / "index").iterdir())[0]
     assert not list(new_segment.rglob("*.order.npy")) and not list(new_segment.rglob("*.key.bin"))
+
+
+def test_block_compressed_keys_read_any_range_and_a_damaged_frame_is_named(tmp_path):
+    """An index segment's keys (io.write_zstd_blocks): any byte range, across frame edges too, reads back as written;
+    a frame overwritten on disk is an error naming the file and the frame."""
+    rng = random.Random(4)
+    data = "".join(random_poem(rng, 40) for _ in range(3000)).encode()  # ~360 KB: several frames
+    path = tmp_path / "k.key.zst"
+    write_zstd_blocks(path, data)
+    with BlockReader(path) as f:
+        for start in [0, ZSTD_BLOCK - 3, 2 * ZSTD_BLOCK, *rng.sample(range(len(data)), 50)]:
+            end = min(len(data), start + rng.choice([0, 1, 40, ZSTD_BLOCK + 7]))
+            assert f.read(start, end) == data[start:end]
+    frames = np.load(f"{path}.blocks.npy")
+    with open(path, "r+b") as f:
+        f.seek(int(frames[1]))
+        f.write(b"\0" * 16)
+    with BlockReader(path) as f, pytest.raises(CorruptOutputError, match=r"k\.key\.zst: frame 1 "):
+        f.read(ZSTD_BLOCK, ZSTD_BLOCK + 5)
 
 
 def test_an_earlier_batch_record_is_never_removed(tmp_path):

@@ -371,10 +371,11 @@ class Corpus:
         for ci, pos, o in self.per_chunk(np.asarray(docs, dtype=np.int64)):
             offsets = np.load(self._file(ci, KEYS_DIR, ".key_offsets.npy"), mmap_mode="r")
             ascending = np.argsort(offsets[o], kind="stable")
-            starts, ends = offsets[o[ascending]].tolist(), offsets[o[ascending] + 1].tolist()
+            pos, o = pos[ascending], o[ascending]
+            starts, ends = offsets[o].tolist(), offsets[o + 1].tolist()
             del offsets
             with _key_file(self._file(ci, KEYS_DIR, "")) as f:
-                for p, start, end in zip(pos[ascending].tolist(), starts, ends):
+                for p, start, end in zip(pos.tolist(), starts, ends):
                     out[p] = f.read(start, end).decode("utf-8")
         return out
 
