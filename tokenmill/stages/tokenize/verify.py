@@ -4,6 +4,7 @@ tokenizer (or by two, when tokenizer.json changed during a run) fail it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -182,7 +183,9 @@ def _reencode(
         seg.ids.append(rid)
     if not picks:
         return 0, problems
-    chunk: SplitChunk = assemble(seg, tt, enc, np.dtype(dataset.manifest["token_dtype"]), str(folder))
+    # HF's own encoder, not the piece encoder the shards were written with: the check covers that one too
+    hf = dataclasses.replace(enc, pieces=None)
+    chunk: SplitChunk = assemble(seg, tt, hf, np.dtype(dataset.manifest["token_dtype"]), str(folder))
     for n, (si, j, rid) in enumerate(picks):
         for key in KEYS[tt]:
             a, b = _record_slice(chunk.rec_items[key], chunk.item_lens[key], n)
