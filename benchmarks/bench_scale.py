@@ -141,13 +141,13 @@ class Sampler(Periodic):
         return max(r for r, _ in inside), max(o for _, o in inside)
 
 
-def run_update(env: dict, log: Path, interval: float) -> dict:
-    """One `tokenmill update` in its own process: wall, CPU of the tree (rusage) and the sampler's figures."""
+def run_update(env: dict, log: Path, interval: float, config: Path | None = None) -> dict:
+    """One `tokenmill update` (with a run config YAML if given) in its own process: wall, CPU of the tree (rusage)
+    and the sampler's figures."""
     started, t0 = time.time(), time.perf_counter()
+    command = [sys.executable, "-m", "cli", "update", *(["--config", str(config)] if config else [])]
     with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "update"], env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
-        )
+        proc = subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
         with Sampler(proc.pid, interval) as sampler:
             _, status, usage = os.wait4(proc.pid, 0)  # usage covers every descendant the process waited for
     wall = time.perf_counter() - t0

@@ -4,6 +4,7 @@
 Prints:
   - tokenizer training: tokenmill's bounded sample vs the reference approach (train on every record,
     as ../shared/reference/seed_reference.py does), with chars/token of both on the same held-out text;
+  - the encoder alone: the piece encoder against HF's encode_batch_fast on one thread, CPU seconds on the same texts;
   - tokens/s of the whole tokenize_corpus function (read JSONL, split, render, encode, pack, write shards)
     next to the ceiling measured in the same run: `Tokenizer.encode_batch` alone (rayon threads on every
     core) on the same rendered texts, best of --repeat interleaved runs; the ratio (target >= 0.7).
@@ -24,6 +25,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
 
 from tokenmill.common.io import iter_jsonl, record_shards  # noqa: E402
 from tokenmill.stages.tokenize import (  # noqa: E402
@@ -97,6 +100,39 @@ def ceiling(tok_path: Path, texts: list[str], batch: int = 8192) -> tuple[float,
     for i in range(0, len(texts), batch):
         n += sum(len(e.ids) for e in tok.encode_batch(texts[i : i + batch], add_special_tokens=False))
     return time.perf_counter() - t0, n
+
+
+def encoders(tok_path: Path, in_dir: Path, batch: int = 2048) -> None:
+    """The piece encoder against HF's `encode_batch_fast` on one thread, on the records' texts: CPU seconds of each
+    (best of 3, in turn) and whether every record's ids agree."""
+    import os
+
+    from tokenmill.stages.tokenize.piece_bpe import PieceEncoder
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as in a worker process
+    texts = [r["text"] for p in record_shards(in_dir) for r in iter_jsonl(p) if r.get("text")]
+    batches = [texts[i : i + batch] for i in range(0, len(texts), batch)]
+    tok = load_tokenizer(tok_path)
+    tok.encode_special_tokens = True
+    pieces = PieceEncoder.build(tok, tok_path.read_text(encoding="utf-8"))
+    if pieces is None:
+        print("piece encoder: not for this tokenizer (HF encodes)")
+        return
+    hf_s = ours_s = float("inf")
+    for _ in range(3):
+        c0 = time.process_time()
+        hf = [e.ids for b in batches for e in tok.encode_batch_fast(b, add_special_tokens=False)]
+        c1 = time.process_time()
+        ours = [pieces.encode(b) for b in batches]
+        c2 = time.process_time()
+        hf_s, ours_s = min(hf_s, c1 - c0), min(ours_s, c2 - c1)
+    flat = [ids.tolist() for got in ours if got for ids in np.split(got[0], np.cumsum(got[1])[:-1])]
+    tokens = sum(map(len, hf))
+    print(
+        f"encoder alone on {len(texts):,} texts, {tokens:,} tokens (CPU-s, best of 3): HF encode_batch_fast "
+        f"{hf_s:.2f} ({hf_s / tokens * 1e9:.0f} ns a token), piece encoder {ours_s:.2f} "
+        f"({ours_s / tokens * 1e9:.0f} ns): {hf_s / ours_s:.2f}x; ids identical: {flat == hf}"
+    )
 
 
 def reference_training(in_dir: Path) -> tuple[float, object]:
@@ -201,6 +237,7 @@ def main() -> None:
             f"chars; held-out chars/token {ts.chars_per_token}"
         )
 
+        encoders(tok_dir / "tokenizer.json", raw)
         settings = ShardSettings(training_type=args.training_type)
         texts = rendered_texts(raw, settings) if args.training_type == "conditional" else None
         best_ours = best_ceiling = cpu_ours = cpu_ceiling = None
