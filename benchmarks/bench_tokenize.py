@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 
 from tokenmill.common.io import iter_jsonl, record_shards  # noqa: E402
+from tokenmill.common.parallel import close_workers  # noqa: E402
 from tokenmill.stages.tokenize import (  # noqa: E402
     ShardSettings,
     TokenizeResult,
@@ -107,15 +108,24 @@ def encoders(tok_path: Path, in_dir: Path, batch: int = 2048) -> None:
     (best of 3, in turn) and whether every record's ids agree."""
     import os
 
+    parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as in a worker process
+    try:
+        _compare_encoders(tok_path, in_dir, batch)
+    finally:
+        os.environ.pop("TOKENIZERS_PARALLELISM")
+        if parallelism is not None:
+            os.environ["TOKENIZERS_PARALLELISM"] = parallelism
+
+
+def _compare_encoders(tok_path: Path, in_dir: Path, batch: int) -> None:
     from tokenmill.stages.tokenize.piece_bpe import PieceEncoder
 
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread, as in a worker process
     texts = [r["text"] for p in record_shards(in_dir) for r in iter_jsonl(p) if r.get("text")]
     batches = [texts[i : i + batch] for i in range(0, len(texts), batch)]
     tok = load_tokenizer(tok_path)
     tok.encode_special_tokens = True
-    pieces = PieceEncoder.build(tok, tok_path.read_text(encoding="utf-8"))
-    if pieces is None:
+    if PieceEncoder.build(tok, tok_path.read_text(encoding="utf-8")) is None:
         print("piece encoder: not for this tokenizer (HF encodes)")
         return
     hf_s = ours_s = float("inf")
@@ -123,6 +133,8 @@ def encoders(tok_path: Path, in_dir: Path, batch: int = 2048) -> None:
         c0 = time.process_time()
         hf = [e.ids for b in batches for e in tok.encode_batch_fast(b, add_special_tokens=False)]
         c1 = time.process_time()
+        pieces = PieceEncoder.build(tok, tok_path.read_text(encoding="utf-8"))  # an empty piece cache each round
+        assert pieces is not None
         ours = [pieces.encode(b) for b in batches]
         c2 = time.process_time()
         hf_s, ours_s = min(hf_s, c1 - c0), min(ours_s, c2 - c1)
@@ -250,6 +262,7 @@ def main() -> None:
             c0, t0 = cpu_seconds(), time.perf_counter()
             with PeakRSS() as rss:
                 result = tokenize_corpus(raw, tok_dir, out, settings, workers=args.workers)
+                close_workers()  # joined, so RUSAGE_CHILDREN holds the workers' CPU (the pool outlives a call)
             dt, dc = time.perf_counter() - t0, cpu_seconds() - c0
             peak = max(peak, rss.peak)
             best_ours = dt if best_ours is None else min(best_ours, dt)
