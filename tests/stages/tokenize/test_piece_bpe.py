@@ -103,13 +103,14 @@ def test_tokens_holding_part_of_a_character_span_its_boundaries():
 def test_batches_of_one_text_empty_texts_and_later_planes(tok):
     pe = PieceEncoder.build(tok, tok.to_str())
     assert pe is not None
-    for texts in (["a"], [""], ["", "", POEM, ""], [POEM + " ok"], ["\U0002a6d6明\U00020000"], ["x😀 👍🏽"]):
+    for texts in ([], ["a"], [""], ["", "", POEM, ""], [POEM + " ok"], ["\U0002a6d6明\U00020000"], ["x😀 👍🏽"]):
         assert _split(pe.encode(texts)) == _hf(tok, texts), texts
     assert pe._limit > piece_bpe.PLANE  # the last batches grew the span tables past the basic plane
 
 
-def test_the_piece_cache_starting_over_changes_nothing(tok, monkeypatch):
+def test_small_chunks_and_the_piece_cache_starting_over_change_nothing(tok, monkeypatch):
     monkeypatch.setattr(piece_bpe, "CACHE_IDS", 50)
+    monkeypatch.setattr(piece_bpe, "CHUNK_POINTS", 64)  # texts of up to 80 points: a chunk of one text at times
     pe = PieceEncoder.build(tok, tok.to_str())
     assert pe is not None
     for seed in (7, 8, 9):

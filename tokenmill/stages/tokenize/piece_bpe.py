@@ -27,6 +27,8 @@ CODE_POINTS = 0x110000
 PLANE = 0x10000  # span tables cover the planes up to the highest code point seen (~30 ms a plane)
 SHORT_PIECE = 3  # code points a 63-bit key holds exactly (21 bits each)
 CACHE_IDS = 1 << 22  # ids kept per process (16 MiB) before the piece cache starts over
+CACHE_LONG = 1 << 18  # or longer pieces kept (a dict of strings, ~30 MiB)
+CHUNK_POINTS = 1 << 20  # code points encoded at once: ~100 MiB of numpy temporaries whatever the batch
 MAX_SPANS = 1 << 24  # left x right profiles (bytes); a vocabulary needing more is left to HF (4,096 tokens: ~250k)
 MAX_ATOMS = 55_000  # a profile's four atom numbers make one int64 below this
 
@@ -220,7 +222,7 @@ class PieceEncoder:
 
     def _entries(self, text: str, cps: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
         """The cache entry of each piece, encoding the pieces not seen yet."""
-        if len(self._ids) > CACHE_IDS:
+        if len(self._ids) > CACHE_IDS or len(self._long) > CACHE_LONG:
             self._reset_cache()
         entry = np.empty(len(starts), dtype=np.int64)
         short = lens <= SHORT_PIECE
@@ -254,7 +256,24 @@ class PieceEncoder:
     # -- encoding -----------------------------------------------------------------------------------------------
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
         """The texts' ids, flat, and each text's count; None where HF must encode the batch: it holds a surrogate,
-        or characters of a plane whose span tables would be too large."""
+        or characters of a plane whose span tables would be too large. Texts go CHUNK_POINTS at a time."""
+        ends = np.cumsum(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+        parts: list[tuple[np.ndarray, np.ndarray]] = []
+        first = 0
+        while first < len(texts) or not parts:
+            # the texts that end within CHUNK_POINTS of the chunk's start (at least one)
+            base = int(ends[first - 1]) if first else 0
+            last = max(first + 1, int(np.searchsorted(ends, base + CHUNK_POINTS, side="right")))
+            part = self._encode_chunk(texts[first:last])
+            if part is None:
+                return None
+            parts.append(part)
+            first = last
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+    def _encode_chunk(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
         text = "".join(texts)
         cps = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
         text_lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
