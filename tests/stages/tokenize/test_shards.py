@@ -34,6 +34,7 @@ from tokenmill.stages.tokenize.encode import (
     plan_ranges,
     save_splits,
 )
+from tokenmill.stages.tokenize.piece_bpe import PieceEncoder
 from tokenmill.stages.tokenize.shards import REJECTED_JSON, PackPlan, ShardWriter, pack_shard, token_dtype_for
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer, pin_tokenizer
 from tokenmill.stages.tokenize.verify import find_records
@@ -700,6 +701,22 @@ def test_check_re_encodes_and_catches_another_tokenizer(tmp_path, tok_dir):
     # and the upstream tokenizer changed after the shards were built: stale
     stale = validate_token_shards(root / "tokenized_bins", root / "deduped_jsonl", other)
     assert any("the shards are stale" in p for p in stale["problems"])
+
+
+def test_the_check_re_encodes_with_hf_itself_not_the_piece_encoder(tmp_path, tok_dir, monkeypatch):
+    root = complete_data_root(tmp_path / "data", tok_dir, [poem(i) for i in range(60)])
+    real, calls = PieceEncoder.encode, []
+
+    def one_id_off(self, texts):  # a piece encoder gone wrong: every ordinary token one id lower
+        ids, counts = real(self, texts)
+        calls.append(len(texts))
+        return np.where(ids > 20, ids - 1, ids), counts
+
+    monkeypatch.setattr(PieceEncoder, "encode", one_id_off)
+    tokenize_corpus(root / "deduped_jsonl", root / "tokenizer", root / "tokenized_bins", ShardSettings(), workers=1)
+    assert calls  # the shards were written by the piece encoder
+    bad = validate_token_shards(root / "tokenized_bins", root / "deduped_jsonl", root / "tokenizer")
+    assert bad["problems"] and all("differs from its record encoded with tokenizer.json" in p for p in bad["problems"])
 
 
 def test_find_records_reads_ids_from_line_heads_and_parses_other_lines(tmp_path, monkeypatch):
