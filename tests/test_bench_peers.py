@@ -69,6 +69,26 @@ def test_truth_joins_exact_and_near_copies(bench):
     near = poem.replace("故乡", "故园")
     other = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"
     texts = [poem, poem.replace("，", "、"), near, other, ""]  # an exact copy (same key), a near one, others
-    roots, counts = bench.truth_components(texts, ["zh"] * 5, bench.DedupSettings())
+    roots, counts, _ = bench.truth_components(texts, ["zh"] * 5, bench.DedupSettings())
     assert roots.tolist()[:3] == [roots[0]] * 3 and len(set(roots.tolist())) == 3
     assert counts["removable"] == 2
+
+
+def test_missed_removals_are_told_apart_as_pairs_never_found_and_chains(bench):
+    """a ~ b ~ c (each two characters changed from the last) while a and c are below the threshold."""
+    a = "床前明月光疑是地上霜举头望明月低头思故乡春眠不觉晓处处闻啼鸟夜来风雨声花落知多少"
+
+    def changed(text: str, at: int) -> str:
+        chars = list(text)
+        chars[at], chars[at + 5] = "甲", "乙"
+        return "".join(chars)
+
+    b = changed(a, 0)
+    c = changed(b, 2)
+    settings = bench.DedupSettings()
+    roots, counts, shingles = bench.truth_components([a, b, c], ["zh"] * 3, settings)
+    assert len(set(roots.tolist())) == 1 and counts["removable"] == 2
+    kept_all = np.zeros(3, dtype=bool)
+    assert bench.missed_kinds(roots, kept_all, shingles, settings) == {"direct": 2, "chain": 0}
+    b_removed = np.array([False, True, False])  # a and c kept: joined only through b
+    assert bench.missed_kinds(roots, b_removed, shingles, settings) == {"direct": 0, "chain": 1}
