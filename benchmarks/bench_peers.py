@@ -4,8 +4,8 @@ each process tree, GB of input per core-hour, peak memory, records out, and near
 ground truth.
 
 usage: python benchmarks/bench_peers.py [--docs N] [--source DIR] [--workers 2]
-                                        [--dt-ngrams 2] [--dt-buckets 20] [--dt-hashes 5] [--tm-bands B --tm-rows R]
-                                        [--skip-truth]
+                                        [--dt-ngrams 2] [--dt-buckets 20] [--dt-hashes 5] [--dt-words] [--dt-extract]
+                                        [--tm-bands B --tm-rows R] [--skip-truth]
 The input is a chinese-poetry corpus of about --docs poems (benchmarks/poetry_corpus.py builds it: the Tang and Song
 files, then renamed Tang copies; below the ~79k poems of those files, a spread of whole files), or --source.
 - tokenmill: `tokenmill update` on a fresh data root (read, clean, exact + near dedup with its defaults, BPE training,
@@ -18,6 +18,9 @@ files, then renamed Tang copies; below the ~79k poems of those files, a spread o
   The default, 2-character shingles in 20 buckets of 5 hashes, had the best recall of those tried on the 80k-poem
   corpus (recall / precision: 5 chars 14x8, datatrove's default shape, 74.6% / 94.8%; 3 chars 14x8 93.3% / 86.8%;
   2 chars 14x8 99.0% / 77.4%; 16x4 99.96% / 62.2%; 20x5 100% / 65.6%; 32x4 100% / 60.2%; 3 chars 20x4 99.9% / 66.4%).
+A web source (WARC files): with --dt-words datatrove shingles English words (its spaCy tokenizer; the character
+shingles are for poems), and with --dt-extract it also reads the WARC files and extracts their text (WarcReader +
+Trafilatura, output unused), the work of tokenmill's raw_records there, so "the same work" stays the same.
 Both sides' CPU seconds are user + sys of the process and every descendant it waited for; memory is sampled every
 0.1 s (bench_graph.run_measured). GB per core-hour divides the source corpus's bytes by both sides' CPU hours.
 Ground truth: every pair of cleaned records with the same exact key, or with exact Jaccard >= tokenmill's threshold
@@ -132,7 +135,14 @@ def run_datatrove(cfg: dict) -> None:
             start_method="fork",
         ).run()
 
-    signature = MinhashDedupSignature(str(work / "sigs"), config, language=CharTokenizer())
+    if cfg["extract"]:  # the web read tokenmill's raw_records does: WARC records -> main text (not used further)
+        from datatrove.pipeline.extractors import Trafilatura
+        from datatrove.pipeline.readers import WarcReader
+
+        warc = WarcReader(cfg["extract"], glob_pattern="**/*.warc.gz", recursive=True)
+        execute([warc, Trafilatura(), JsonlWriter(str(work / "extracted"), compression=None)], "extract", tasks)
+    # words: datatrove's own English word tokenizer (spaCy), for web text; else characters, for poems
+    signature = MinhashDedupSignature(str(work / "sigs"), config, language="en" if cfg["words"] else CharTokenizer())
     # datatrove 0.10 hashes shingles as str, which xxhash 4 (in this venv for datasets) refuses; xxhash 3, which
     # datatrove pins, encoded them as UTF-8 itself: the same here
     signature._hash_func = lambda shingle: xxhash.xxh64_intdigest(shingle.encode("utf-8"))
@@ -166,8 +176,9 @@ def datatrove_steps(work: Path) -> list[str]:
     """Each datatrove step's seconds summed over its tasks (its stats.json; wall inside the tasks, so on a loaded
     machine above the CPU seconds they used)."""
     lines = []
-    for run in ("sigs", "buckets", "clusters", "filter_tokenize"):
-        for step in json.loads((work / "logs" / run / "stats.json").read_text()):
+    for run in ("extract", "sigs", "buckets", "clusters", "filter_tokenize"):
+        stats = work / "logs" / run / "stats.json"
+        for step in json.loads(stats.read_text()) if stats.exists() else []:
             total = (step.get("time_stats") or {}).get("total", 0.0)
             name = " ".join(step["name"].encode("ascii", "ignore").decode().split()).lstrip("- ")  # no emoji
             lines.append(f"  {run:16s} {name:26s} {total:7.1f}")
@@ -383,6 +394,15 @@ def main() -> None:
     ap.add_argument("--dt-ngrams", type=int, default=2, help="datatrove shingle size (characters)")
     ap.add_argument("--dt-buckets", type=int, default=20, help="datatrove LSH buckets (bands)")
     ap.add_argument("--dt-hashes", type=int, default=5, help="datatrove hashes per bucket (rows)")
+    ap.add_argument(
+        "--dt-words", action="store_true", help="datatrove shingles of English words (spaCy) instead of characters"
+    )
+    ap.add_argument(
+        "--dt-extract",
+        action="store_true",
+        help="web sources: datatrove also reads the WARC files and extracts their text (WarcReader + Trafilatura), "
+        "the work of tokenmill's raw_records there",
+    )
     ap.add_argument("--tm-bands", type=int, default=0, help="tokenmill LSH bands (0: its default, with rows)")
     ap.add_argument("--tm-rows", type=int, default=0, help="tokenmill LSH rows per band (0: its default)")
     ap.add_argument("--skip-truth", action="store_true", help="no ground truth (speed and memory only)")
@@ -417,6 +437,8 @@ def main() -> None:
         "ngrams": args.dt_ngrams,
         "buckets": args.dt_buckets,
         "hashes": args.dt_hashes,
+        "words": args.dt_words,
+        "extract": str(source) if args.dt_extract else "",
     }
     (work / "dt.json").write_text(json.dumps(cfg))
     dt = run_measured(
@@ -442,7 +464,8 @@ def main() -> None:
         )
     print(f"source: {source} ({input_bytes / 1e6:.1f} MB); logs and outputs: {work}")
     print(
-        f"datatrove {cfg['buckets']} buckets x {cfg['hashes']} hashes, {cfg['ngrams']}-character shingles, "
+        f"datatrove {cfg['buckets']} buckets x {cfg['hashes']} hashes, {cfg['ngrams']}-"
+        f"{'word' if cfg['words'] else 'character'} shingles, "
         f"{cfg['tasks']} tasks on {cfg['workers']} workers; load average {os.getloadavg()[0]:.1f} on "
         f"{os.cpu_count()} cores (shared machine: figures are noisy)"
     )
