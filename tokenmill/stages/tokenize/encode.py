@@ -2,7 +2,7 @@
 
 The input part files are cut into newline-aligned byte ranges. A task parses its range, routes each record to
 train/val by a hash of its id, renders it (render.py), encodes every text piece of a batch at once (with
-piece_bpe.PieceEncoder for tokenizers of the shape the tokenizer asset trains, 3-5x less CPU; else with one HF
+piece_bpe.PieceEncoder for tokenizers of the shape the tokenizer asset trains, 2-7x less CPU; else with one HF
 `encode_batch` call) and assembles each key's flat arrays with numpy gathers (no per-token Python work), then writes
 them to its file in the stage folder (atomically), so no token array travels back with its result: on a cluster the
 run process reads them from the shared data root to pack the shards. Encoding

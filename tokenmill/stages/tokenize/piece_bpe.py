@@ -188,12 +188,14 @@ class PieceEncoder:
         self._spans = spans
 
     # -- per-code-point classes, as the tokenizer's regex engine sees them --------------------------------------
-    def _classify(self, cps: np.ndarray) -> None:
+    def _classify(self, cps: np.ndarray) -> np.ndarray:
+        """Each code point's class, probing the ones not seen before."""
         from tokenizers import Regex, pre_tokenizers
 
-        new = np.unique(cps[self.classes[cps] == UNKNOWN])
+        classes = self.classes[cps]
+        new = np.unique(cps[classes == UNKNOWN])
         if not len(new):
-            return
+            return classes
         text = "".join(map(chr, new.tolist()))
         found = np.full(len(new), OTHER, dtype=np.uint8)
         for cls, pattern in CLASS_PATTERNS:  # disjoint classes
@@ -202,6 +204,7 @@ class PieceEncoder:
                 unmatched[a:b] = True
             found[~unmatched] = cls
         self.classes[new] = found
+        return self.classes[cps]
 
     # -- the piece cache ----------------------------------------------------------------------------------------
     def _reset_cache(self) -> None:
@@ -296,8 +299,7 @@ class PieceEncoder:
         spans = self._spans
         if spans is None:
             return None
-        self._classify(cps)
-        starts = np.flatnonzero(self._cuts(cps, text_lens, spans))
+        starts = np.flatnonzero(self._cuts(cps, self._classify(cps), text_lens, spans))
         lens = np.diff(np.append(starts, len(cps)))
         entry = self._entries(text, cps, starts, lens)
         counts = self._count[entry]
@@ -307,14 +309,13 @@ class PieceEncoder:
         per_text = np.bincount(text_of_piece, weights=counts, minlength=len(texts)).astype(np.int64)
         return ids, per_text
 
-    def _cuts(self, cps: np.ndarray, text_lens: np.ndarray, spans_table: np.ndarray) -> np.ndarray:
+    def _cuts(self, cps: np.ndarray, cls: np.ndarray, text_lens: np.ndarray, spans_table: np.ndarray) -> np.ndarray:
         """cut[i]: a piece starts at code point i (a text's start, a word's start, or a point no token spans)."""
         n = len(cps)
         first = np.zeros(n + 1, dtype=bool)
         first[np.cumsum(text_lens) - text_lens] = True  # empty texts collapse onto the next start
         first = first[:n]
         last = np.append(first[1:], True)
-        cls = self.classes[cps]
         prev = np.empty(n, dtype=np.uint8)
         prev[0], prev[1:] = OTHER, cls[:-1]
         nxt = np.empty(n, dtype=np.uint8)
