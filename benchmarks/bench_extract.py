@@ -54,7 +54,8 @@ def _tokenmill(payload: bytes) -> str:
 
 def _candidates() -> dict:
     found = {
-        "tokenmill (trafilatura default)": _tokenmill,
+        "tokenmill (trafilatura fast)": _tokenmill,
+        "trafilatura with fallbacks": lambda b: trafilatura.extract(b.decode("utf-8"), include_comments=False) or "",
         "trafilatura favor_precision": lambda b: (
             trafilatura.extract(b.decode("utf-8"), include_comments=False, favor_precision=True) or ""
         ),

@@ -2,7 +2,9 @@
 (menus, footers, cookie banners dropped; one paragraph per line) and the page title.
 
 trafilatura was chosen by benchmarks/bench_extract.py on scrapinghub's article-extraction-benchmark (181 pages,
-the benchmark's own shingle F1): trafilatura 0.960 at ~39 pages/s per core, resiliparse 0.898 at ~500 pages/s.
+the benchmark's own shingle F1): trafilatura 0.960 at ~39 pages/s per core, resiliparse 0.898 at ~500 pages/s. It runs
+in its fast mode, without the readability/jusText fallbacks it otherwise retries short extractions with: F1 0.962
+against 0.960 with them, at 1.4-1.5x the pages per CPU second.
 
 Time per page grows with its element count (~0.5 ms per element, nesting does not matter: lxml caps the depth),
 so a page is refused before extraction above `html_max_bytes` or `html_max_tags`. Deterministic caps rather than
@@ -82,7 +84,7 @@ def extract_page(html: str, max_tags: int) -> PageText:
     if tags > max_tags:
         raise Rejected("record_too_large", f"{tags} tags, more than html_max_tags ({max_tags}); not extracted")
     try:
-        text = trafilatura.extract(html, include_comments=False)
+        text = trafilatura.extract(html, include_comments=False, fast=True)
     except Exception as e:  # a third-party parser on hostile input: any error is this page's, never the run's
         raise Rejected("extraction_failed", f"{type(e).__name__}: {e}") from None
     if not text or not text.strip():
