@@ -27,7 +27,10 @@ Ground truth: every pair of cleaned records with the same exact key, or with exa
 of their shingle sets at the pair's shingle code (tokenmill's definition: character 2/3/5-grams by the longer key's
 length), found by an exact prefix-filter join; its connected components C each hold |C| - 1 removable duplicates.
 A side's removals R are scored keeper-agnostically: correct = sum over C of min(|R & C|, |C| - 1);
-recall = correct / sum(|C| - 1), precision = correct / |R|.
+recall = correct / sum(|C| - 1), precision = correct / |R|. "Pairs left" counts the truth's direct pairs (same key,
+or Jaccard >= the threshold) whose two records are both kept: the near duplicates still in the output. A component
+can be fully resolved with more than one record kept (a chain A ~ B ~ C, A and C below the threshold: removing B
+leaves no pair), which recall counts as a miss and pairs left does not.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -57,7 +61,7 @@ from tokenmill.stages.dedup.signatures import shingle_keys  # noqa: E402
 # reads tokenmill's cleaned records), BPE training, the funnel or Dagster's start-up; tokenized_bins' checks stay in
 SAME_WORK_STEPS = ("raw_records", "dedup_report", "deduped_jsonl", "tokenized_bins")
 JOIN_PAIRS = 20_000_000  # candidate pairs generated at once by the ground truth's join (two int64 arrays)
-VERIFY_PAIRS = 200_000  # candidate pairs whose shingle rows are gathered at once for the exact intersection
+VERIFY_SHINGLES = 20_000_000  # shingles of the candidate pairs gathered at once for their exact intersections
 
 # ------------------------------------------------------------------------------------------------
 # Input
@@ -233,8 +237,10 @@ def similar_pairs(sets: list[np.ndarray], threshold: float) -> np.ndarray:
         big, small = np.maximum(size[a], size[b]), np.minimum(size[a], size[b])
         fits = small >= threshold * big - 1e-9
         a, b = a[fits], b[fits]
-        for lo in range(0, len(a), VERIFY_PAIRS):
-            x, y = a[lo : lo + VERIFY_PAIRS], b[lo : lo + VERIFY_PAIRS]
+        # batches of bounded shingles, not pairs: web pages hold thousands of shingles each
+        spent = np.cumsum(size[a] + size[b])
+        cuts = np.searchsorted(spent, np.arange(VERIFY_SHINGLES, spent[-1] if len(spent) else 0, VERIFY_SHINGLES))
+        for x, y in zip(np.split(a, cuts), np.split(b, cuts)):
             inter = np.asarray(rows[x].multiply(rows[y]).sum(axis=1)).ravel()
             ok = inter >= threshold * (size[x] + size[y] - inter) - 1e-9
             found.append(np.stack([x[ok], y[ok]], axis=1))
@@ -243,29 +249,40 @@ def similar_pairs(sets: list[np.ndarray], threshold: float) -> np.ndarray:
     return np.unique(out, axis=0) if len(out) else out
 
 
-def truth_components(texts: list[str], languages: list, settings: DedupSettings) -> tuple[np.ndarray, dict, tuple]:
-    """(component root of every record, counts, the records' shingle keys): records with the same exact key, or
-    whose keys reach the threshold at the pair's shingle code, joined transitively; records with an empty key stand
-    alone."""
+class Truth(NamedTuple):
+    roots: np.ndarray  # each record's component: exact and near duplicates joined transitively
+    exact_of: np.ndarray  # each record's first record with the same exact key (itself when first or keyless)
+    near: np.ndarray  # (pairs, 2) first records of two exact keys at Jaccard >= the threshold
+    counts: dict
+    shingles: tuple  # (keys, units, by_word) of every record
+
+
+def truth_components(texts: list[str], languages: list, settings: DedupSettings) -> Truth:
+    """Records with the same exact key, or whose keys reach the threshold at the pair's shingle code, joined
+    transitively; records with an empty key stand alone."""
     keys, units, by_word = shingle_keys(texts, settings, languages)
     uf = mh.UnionFind(len(texts))
     first: dict[str, int] = {}
+    exact_of = np.arange(len(texts))
     for i, k in enumerate(keys):
         if k:
-            uf.union(first.setdefault(exact_key(k), i), i)
+            exact_of[i] = first.setdefault(exact_key(k), i)
+            uf.union(exact_of[i], i)
     reps = np.asarray(sorted(first.values()), dtype=np.int64)
     doc, code = settings.items(units[reps], by_word[reps])
-    near = 0
+    near = []
     for c in np.unique(code).tolist():
         members = reps[doc[code == c]]
         sets = [mh.coded_shingle_set(keys[i], c) for i in members.tolist()]
         pairs = members[similar_pairs(sets, settings.threshold)]
         at_code = settings.pair_codes(units[pairs], by_word[pairs]) == c
         uf.union_pairs(pairs[at_code].tolist())
-        near += int(at_code.sum())
+        near.append(pairs[at_code])
     roots = uf.roots()
     sizes = np.bincount(roots, minlength=len(texts))
-    return roots, {"near_pairs": near, "removable": int((sizes[sizes > 1] - 1).sum())}, (keys, units, by_word)
+    near_pairs = np.concatenate(near) if near else np.empty((0, 2), dtype=np.int64)
+    counts = {"near_pairs": len(near_pairs), "removable": int((sizes[sizes > 1] - 1).sum())}
+    return Truth(roots, exact_of, near_pairs, counts, (keys, units, by_word))
 
 
 def missed_kinds(roots: np.ndarray, removed: np.ndarray, shingles: tuple, settings: DedupSettings) -> dict[str, int]:
@@ -287,6 +304,12 @@ def missed_kinds(roots: np.ndarray, removed: np.ndarray, shingles: tuple, settin
         )
         out["direct" if direct else "chain"] += len(members) - 1
     return out
+
+
+def pairs_left(removed: np.ndarray, truth: Truth) -> int:
+    """The truth's direct pairs both of whose records were kept: same exact key, or a near pair of two keys."""
+    kept = np.bincount(truth.exact_of[~removed], minlength=len(removed))
+    return int((kept * (kept - 1) // 2).sum() + (kept[truth.near[:, 0]] * kept[truth.near[:, 1]]).sum())
 
 
 def score(removed: np.ndarray, roots: np.ndarray) -> dict:
@@ -371,15 +394,19 @@ def run_tokenmill(env: dict, work: Path, bands: int = 0, rows: int = 0) -> tuple
 
 HEADER = (
     "| tool      |  wall s |   CPU s | GB/core-h | largest MiB | tree MiB | records out |  tokens out |  recall "
-    "| precision |\n|-----------|--------:|--------:|----------:|------------:|---------:|------------:|------------:"
-    "|--------:|----------:|"
+    "| precision | pairs left |\n|-----------|--------:|--------:|----------:|------------:|---------:|------------:"
+    "|------------:|--------:|----------:|-----------:|"
 )
 
 
 def row(name: str, m: Measured, input_bytes: int, records: int, tokens: int, quality: dict | None) -> str:
     """A markdown row of HEADER: GB/core-h is the source's bytes over the side's CPU hours."""
     rate = input_bytes / 1e9 / (m.cpu_seconds / 3600)
-    acc = f"{quality['recall']:7.2%} | {quality['precision']:9.2%}" if quality else f"{'-':>7s} | {'-':>9s}"
+    acc = (
+        f"{quality['recall']:7.2%} | {quality['precision']:9.2%} | {quality['pairs_left']:10,d}"
+        if quality
+        else f"{'-':>7s} | {'-':>9s} | {'-':>10s}"
+    )
     return (
         f"| {name:9s} | {m.seconds:7.1f} | {m.cpu_seconds:7.1f} | {rate:9.2f} | {m.process_peak_mib:11.0f} | "
         f"{m.peak_mib:8.0f} | {records:11,d} | {tokens:11,d} | {acc} |"
@@ -453,14 +480,15 @@ def main() -> None:
     tm_quality = dt_quality = None
     tm_missed: dict[str, int] = {}
     if not args.skip_truth:
-        roots, truth, shingles = truth_components(texts, languages, DedupSettings())
+        truth = truth_components(texts, languages, DedupSettings())
         tm_removed = np.asarray([i not in kept for i in ids])
-        tm_quality = score(tm_removed, roots)
-        tm_missed = missed_kinds(roots, tm_removed, shingles, DedupSettings())
-        dt_quality = score(np.asarray([i in dt_removed for i in ids]), roots)
+        dt_removed_mask = np.asarray([i in dt_removed for i in ids])
+        tm_quality = {**score(tm_removed, truth.roots), "pairs_left": pairs_left(tm_removed, truth)}
+        tm_missed = missed_kinds(truth.roots, tm_removed, truth.shingles, DedupSettings())
+        dt_quality = {**score(dt_removed_mask, truth.roots), "pairs_left": pairs_left(dt_removed_mask, truth)}
         print(
-            f"ground truth: {len(ids):,} cleaned records, {truth['near_pairs']:,} near pairs at Jaccard >= "
-            f"{DedupSettings().threshold}, {truth['removable']:,} removable duplicates (exact + near)"
+            f"ground truth: {len(ids):,} cleaned records, {truth.counts['near_pairs']:,} near pairs at Jaccard >= "
+            f"{DedupSettings().threshold}, {truth.counts['removable']:,} removable duplicates (exact + near)"
         )
     print(f"source: {source} ({input_bytes / 1e6:.1f} MB); logs and outputs: {work}")
     print(

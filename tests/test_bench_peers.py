@@ -48,7 +48,7 @@ def all_pairs(sets: list[np.ndarray], threshold: float) -> set[tuple[int, int]]:
 def test_join_finds_every_pair_at_the_threshold(bench, monkeypatch, threshold, chunked):
     if chunked:  # pairs generated and verified a few at a time
         monkeypatch.setattr(bench, "JOIN_PAIRS", 50)
-        monkeypatch.setattr(bench, "VERIFY_PAIRS", 7)
+        monkeypatch.setattr(bench, "VERIFY_SHINGLES", 50)
     sets = random_sets(seed=int(threshold * 10))
     want = all_pairs(sets, threshold)
     assert len(want) > 20  # enough pairs to mean something
@@ -69,9 +69,13 @@ def test_truth_joins_exact_and_near_copies(bench):
     near = poem.replace("故乡", "故园")
     other = "白日依山尽，黄河入海流。欲穷千里目，更上一层楼。"
     texts = [poem, poem.replace("，", "、"), near, other, ""]  # an exact copy (same key), a near one, others
-    roots, counts, _ = bench.truth_components(texts, ["zh"] * 5, bench.DedupSettings())
+    truth = bench.truth_components(texts, ["zh"] * 5, bench.DedupSettings())
+    roots = truth.roots
     assert roots.tolist()[:3] == [roots[0]] * 3 and len(set(roots.tolist())) == 3
-    assert counts["removable"] == 2
+    assert truth.counts["removable"] == 2
+    kept_all = np.zeros(5, dtype=bool)
+    assert bench.pairs_left(kept_all, truth) == 3  # the exact copies, and the near one with each of them
+    assert bench.pairs_left(np.array([False, True, False, False, False]), truth) == 1
 
 
 def test_missed_removals_are_told_apart_as_pairs_never_found_and_chains(bench):
@@ -86,9 +90,12 @@ def test_missed_removals_are_told_apart_as_pairs_never_found_and_chains(bench):
     b = changed(a, 0)
     c = changed(b, 2)
     settings = bench.DedupSettings()
-    roots, counts, shingles = bench.truth_components([a, b, c], ["zh"] * 3, settings)
-    assert len(set(roots.tolist())) == 1 and counts["removable"] == 2
+    truth = bench.truth_components([a, b, c], ["zh"] * 3, settings)
+    roots, shingles = truth.roots, truth.shingles
+    assert len(set(roots.tolist())) == 1 and truth.counts["removable"] == 2
     kept_all = np.zeros(3, dtype=bool)
     assert bench.missed_kinds(roots, kept_all, shingles, settings) == {"direct": 2, "chain": 0}
+    assert bench.pairs_left(kept_all, truth) == 2  # a ~ b and b ~ c
     b_removed = np.array([False, True, False])  # a and c kept: joined only through b
     assert bench.missed_kinds(roots, b_removed, shingles, settings) == {"direct": 0, "chain": 1}
+    assert bench.pairs_left(b_removed, truth) == 0

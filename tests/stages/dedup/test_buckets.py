@@ -22,9 +22,11 @@ from tokenmill.stages.dedup import minhash as mh
 def test_band_choice_favours_recall():
     from datasketch import MinHashLSH
 
-    assert mh.choose_bands(0.8, 128) == (16, 8)
-    b, r = mh.choose_bands(0.85, 128)
-    assert (b, r) == (14, 9) and mh.catch_probability(0.85, b, r) > 0.97
+    assert DedupSettings().band_shape() == mh.choose_bands(0.8, 128, 0.999) == (21, 6)
+    assert mh.catch_probability(0.8, 21, 6) > 0.998
+    assert mh.choose_bands(0.8, 128, 0.97) == (16, 8)
+    b, r = mh.choose_bands(0.85, 128, 0.999)
+    assert (b, r) == (18, 7) and mh.catch_probability(0.85, b, r) > 0.998
     ds = MinHashLSH(threshold=0.85, num_perm=128)
     assert mh.catch_probability(0.85, ds.b, ds.r) < 0.6  # datasketch's default misses many pairs at 0.85
     assert abs(mh.catch_probability(0.8, 16, 8) - (1 - (1 - 0.8**8) ** 16)) < 1e-12

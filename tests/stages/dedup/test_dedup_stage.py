@@ -105,7 +105,7 @@ def test_counts_add_up_and_report(tmp_path):
     c = report["counts"]
     assert c["records_in"] == 250 and c["clusters"] == 50 and c["largest_cluster"] == 2
     assert c["cross_file_duplicates"] == 50 and c["candidate_pairs"] >= c["verified_pairs"] >= 20
-    assert report["parameters"]["bands"] == 16 and report["parameters"]["catch_probability"]["0.8"] == 0.947
+    assert report["parameters"]["bands"] == 21 and report["parameters"]["catch_probability"]["0.8"] == 0.9983
     src = {p["path"]: p for p in report["per_source"]}
     assert src["a.json"]["records_in"] == 200 and src["a.json"]["exact_removed"] == 30
     assert sum(p["kept"] for p in report["per_source"]) == len(kept)
@@ -167,8 +167,8 @@ def test_materialize_dedup_assets(tmp_path):
     assert result.success
     md = result.asset_materializations_for_node("dedup_report")[0].metadata
     assert md["docs_in"].value == 250 and md["dropped_near_duplicate"].value == 20
-    assert md["bands_x_rows"].value == "16 x 8"
-    assert "removed" in md["sample_clusters"].value and "0.947" in md["parameters"].value
+    assert md["bands_x_rows"].value == "21 x 6"
+    assert "removed" in md["sample_clusters"].value and "0.9983" in md["parameters"].value
     assert len(md["per_source"].value.records) == 2
     assert (tmp_path / "dedup_index" / BATCH / "segment.json").exists()
     md2 = result.asset_materializations_for_node("deduped_jsonl")[0].metadata

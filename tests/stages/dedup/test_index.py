@@ -372,7 +372,30 @@ def test_empty_batch_and_index_errors(tmp_path):
         dedup_batch(
             later, segments, tmp_path / "r2", tmp_path / "i2", DedupSettings(keep="first_seen", shingles="chars")
         )
+    with pytest.raises(ConfigError, match=r"g1-b0001.*bands"):  # a shape set other than the index's
+        dedup_batch(
+            later, segments, tmp_path / "r2", tmp_path / "i2", DedupSettings(keep="first_seen", bands=8, rows=8)
+        )
     (tmp_path / "index" / "g1-b0002" / SEGMENT_FILE).unlink()
     with pytest.raises(StaleUpstreamError, match="g1-b0002"):
         dedup_batch(later, segments, tmp_path / "r3", tmp_path / "i3", settings, workers=1)
     assert not (tmp_path / "i3").exists()
+
+
+def test_an_automatic_band_shape_follows_the_index_built_under_another(tmp_path):
+    """A data root indexed under an earlier default shape (16 x 8) takes its next batch with the automatic one."""
+    batches, _ = _batches(seed=5)
+    _run_batches(tmp_path, batches[:1], DedupSettings(keep="first_seen", bands=16, rows=8), workers=1)
+    assert DedupSettings().band_shape() != (16, 8)
+    later = write_records(tmp_path / "cleaned" / "g1-b0002", batches[1])
+    stats = dedup_batch(
+        later,
+        [tmp_path / "index" / "g1-b0001"],
+        tmp_path / "report" / "g1-b0002",
+        tmp_path / "index" / "g1-b0002",
+        DedupSettings(keep="first_seen"),
+        workers=1,
+    )
+    assert stats.docs_in == len(batches[1])
+    built = json.loads((tmp_path / "index" / "g1-b0002" / SEGMENT_FILE).read_text())["settings"]
+    assert (built["bands"], built["rows"]) == (16, 8)

@@ -72,6 +72,16 @@ def sketch_settings(settings: DedupSettings, bands: int, rows: int) -> dict:
     return {**{k: getattr(settings, k) for k in SKETCH_SETTINGS}, "bands": bands, "rows": rows}
 
 
+def indexed_band_shape(index_dirs: list[Path]) -> tuple[int, int] | None:
+    """(bands, rows) the first index segment was built with, None without one: an automatic shape
+    (DedupSettings.bands 0) follows it, so a data root indexed under an earlier default keeps working."""
+    first = next((Path(seg) / SEGMENT_FILE for seg in index_dirs if (Path(seg) / SEGMENT_FILE).exists()), None)
+    if first is None:
+        return None
+    built = read_json(first)["settings"]
+    return int(built["bands"]), int(built["rows"])
+
+
 def read_index(index_dirs: list[Path], sketch: dict) -> tuple[list[Chunk], list[dict]]:
     """The chunks of the index segments in order (global numbering from 0) and their manifests; a missing segment
     or one sketched with other settings is refused naming it."""

@@ -64,13 +64,22 @@ class DedupSettings(StageSettings):
         "with 3-grams)",
     )
     bands: int = Field(
-        0, ge=0, le=1024, description="LSH bands; 0 = chosen for the threshold (with rows), favouring recall"
+        0,
+        ge=0,
+        le=1024,
+        description="LSH bands; 0 = chosen for the threshold (with rows), favouring recall, or the "
+        "shape the data root's dedup index was built with (so batches indexed under an earlier default still match)",
     )
     rows: int = Field(
         0, ge=0, le=1024, description="LSH rows per band; 0 = chosen with bands. bands * rows <= num_perm"
     )
     fn_weight: float = Field(
-        0.97, ge=0.0, le=1.0, description="Weight of missed pairs against false candidates when choosing bands x rows"
+        0.999,
+        ge=0.0,
+        le=1.0,
+        description="Weight of missed pairs against false candidates when choosing bands x rows (0.999 at threshold "
+        "0.8: 21 x 6, which catches a pair at 0.8 with probability 0.998; every candidate is verified exactly, so a "
+        "false one costs only time)",
     )
     shingle_hash: Literal["poly", "sha1"] = Field(
         "poly",

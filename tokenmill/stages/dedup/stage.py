@@ -61,6 +61,7 @@ from tokenmill.stages.dedup.cluster_parts import (
     show_samples,
 )
 from tokenmill.stages.dedup.index import (
+    indexed_band_shape,
     publish_segment,
     read_index,
     segment_items,
@@ -130,6 +131,8 @@ class DedupRun:
         # a plain DedupSettings (not the asset's Dagster config subclass) travels to the workers
         settings = DedupSettings.model_validate(settings.model_dump()) if settings else DedupSettings()
         bands, rows = settings.band_shape()
+        if index and settings.bands == 0:
+            bands, rows = indexed_band_shape(index[0]) or (bands, rows)
         sketch = sketch_settings(settings, bands, rows)
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         indexed, manifests = read_index(index[0], sketch) if index else ([], [])
