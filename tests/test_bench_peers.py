@@ -55,6 +55,19 @@ def test_join_finds_every_pair_at_the_threshold(bench, monkeypatch, threshold, c
     assert {tuple(p) for p in bench.similar_pairs(sets, threshold).tolist()} == want
 
 
+def test_word_shingles_join_as_ids(bench):
+    """str shingle sets (one shingle very long, as a URL makes one) are joined as int ids with the same pairs."""
+    sets = random_sets(seed=3)
+    words = [
+        np.unique(np.asarray([f"w{v}" * (1 + v // 100) for v in x.tolist()] + ["u" * 500] * (i == 0)))
+        for i, x in enumerate(sets)
+    ]
+    ids = bench.numeric_sets(words)
+    assert all(x.dtype == np.int64 and len(x) == len(w) for x, w in zip(ids, words))
+    want = all_pairs([np.asarray(sorted(hash(v) for v in w.tolist())) for w in words], 0.8)
+    assert {tuple(p) for p in bench.similar_pairs(ids, 0.8).tolist()} == want
+
+
 def test_score_counts_one_keeper_per_group(bench):
     roots = np.asarray([0, 0, 0, 3, 4, 4])  # groups {0, 1, 2}, {3}, {4, 5}: 3 removable
     removed = np.zeros(6, dtype=bool)
