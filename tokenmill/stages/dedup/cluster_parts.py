@@ -32,6 +32,7 @@ from tokenmill.stages.dedup.index import SegmentChunk, SegmentTask, write_segmen
 from tokenmill.stages.dedup.keys import EXACT_DTYPE
 from tokenmill.stages.dedup.layout import CLUSTER_PART_DIR, CLUSTERS_FILE, DECISION_DIR, VERIFIED_DTYPE, Chunk, folder
 from tokenmill.stages.dedup.report import ClusterCounts, sample_clusters
+from tokenmill.stages.dedup.settings import DedupSettings
 
 
 def _load(files, dtype) -> np.ndarray:
@@ -44,8 +45,7 @@ def plan_parts(
     chunks: list[Chunk],
     exact_files: tuple[Path, ...],
     verified_files: tuple[Path, ...],
-    keep: str,
-    samples: int,
+    settings: DedupSettings,
     docs_per_part: int,
 ) -> list[ClusterTask]:
     """The parts of the documents in some exact group of two or more or in some verified pair: whole components,
@@ -84,8 +84,7 @@ def plan_parts(
                 group_number=number[members],
                 pairs=local[pairs[in_part]],
                 sims=ver["sim"][in_part],
-                keep=keep,
-                samples=samples,
+                settings=settings,
             )
         )
     return tasks
@@ -115,7 +114,7 @@ def cluster_part(task: ClusterTask) -> ClusterCounts:
     write_part_decisions(_decisions(staged, task.part), task.chunks, c)
     with open(_clustering(staged, task.part), "wb") as f:
         pickle.dump(c, f, protocol=pickle.HIGHEST_PROTOCOL)
-    return ClusterCounts.of(c, task.samples)
+    return ClusterCounts.of(c, task.settings.sample_clusters)
 
 
 def _numbered_lines(staged: Path, part: int) -> Iterator[tuple[int, bytes]]:

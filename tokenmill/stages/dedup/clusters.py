@@ -5,6 +5,9 @@ are read by index from the per-chunk document tables), never the whole corpus, a
 components of them (a part, cut by cluster_parts.py). Union-find over the groups gives the components; within
 them, in keep-rule order, a group joins the most preferred kept record it has a verified pair with, else it is
 kept itself (so every removed record is within the threshold of the record it names; chains are cut, not merged).
+Then a second look (_look_again): where a component keeps several records, they are compared exactly with each other
+and join at the threshold. LSH buckets above max_bucket pair each member with a few neighbours only, so without it a
+page copied a thousand times kept hundreds of its copies.
 Writes the part's decisions per chunk and its lines of clusters.jsonl.
 
 keep="first_seen" is that walk in input order, with one difference from "first": a record with the key of an earlier
@@ -33,6 +36,11 @@ from tokenmill.stages.dedup.layout import (
     Corpus,
     DocumentTable,
 )
+from tokenmill.stages.dedup.settings import DedupSettings
+from tokenmill.stages.dedup.verify import ExactJaccard
+
+# centers of its component a group of the second look is compared with at most (the most preferred first)
+SECOND_LOOK_CENTERS = 32
 
 
 @dataclass(frozen=True)
@@ -48,8 +56,7 @@ class ClusterTask:
     group_number: np.ndarray  # each document's group's number over the whole input (by first member)
     pairs: np.ndarray  # (pairs, 2) the verified pairs, as indices into `doc`, in the verified files' order
     sims: np.ndarray  # each pair's similarity
-    keep: str
-    samples: int  # the report's sample clusters (settings.sample_clusters): its candidates are chosen per part
+    settings: DedupSettings  # keep (the rule), sample_clusters (their candidates are chosen per part), threshold
 
 
 @dataclass(frozen=True)
@@ -253,19 +260,24 @@ def _removed_member(c: Clusters, d: int, kept: int, removal: tuple[int, float]) 
 def build_clusters(task: ClusterTask) -> Clusters:
     """The clusters and keep decisions of the part's documents (see the module docstring). Every comparison the
     keep rule makes is between two documents of the part, and orders them as over the whole input."""
-    docs = Corpus(task.out_dir, list(task.chunks)).rows(task.doc)
+    corpus = Corpus(task.out_dir, list(task.chunks))
+    docs = corpus.rows(task.doc)
+    keep = task.settings.keep
     reps, group = np.unique(task.rep, return_inverse=True)
     group = group.ravel().astype(np.int64)
     n_groups = len(reps)
-    verified_sims = task.sims.astype(np.float64)
-    group_pairs = group[task.pairs]
-    component_of_group = components_of(n_groups, group_pairs)
+    verified = Verified(task.pairs, task.sims.astype(np.float64), group[task.pairs])
+    component_of_group = components_of(n_groups, verified.group_pairs)
     component = component_of_group[group]
     component_size = np.bincount(component, minlength=n_groups)
-    rank = _preference(docs, task.keep)
-    center, center_sim, best = _assign(group, n_groups, rank, group_pairs, verified_sims)
+    rank = _preference(docs, keep)
+    walk = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
+    if keep == "first_seen":  # a record verifies against earlier kept records among its candidates only (module doc)
+        center, center_sim, best = walk
+    else:
+        center, center_sim, best, verified = _look_again(corpus, task, component_of_group, rank, verified, walk)
     star = center[group]  # cluster = center group
-    kept_doc, removed, level, similarity = _removals(group, star, best, center_sim, task.keep)
+    kept_doc, removed, level, similarity = _removals(group, star, best, center_sim, keep)
     star_size = np.bincount(star, minlength=n_groups)
     cluster_roots = np.flatnonzero(star_size >= 2)
     kept_per_component = np.bincount(component_of_group[np.unique(star)], minlength=n_groups)
@@ -280,20 +292,83 @@ def build_clusters(task: ClusterTask) -> Clusters:
         removed=removed,
         level=level,
         similarity=similarity,
-        verified=task.pairs,
-        verified_sims=verified_sims,
+        verified=verified.pairs,
+        verified_sims=verified.sims,
         cluster_roots=cluster_roots,
         sizes=star_size[cluster_roots],
         components=int((component_size >= 2).sum()),
         components_with_several_kept=int((kept_per_component >= 2).sum()),
         group_best=best[group],
-        keep=task.keep,
+        keep=keep,
         rank=rank,
         component=component,
         component_size=component_size,
         group_ordinal=group_ordinal,
         reps=reps,
     )
+
+
+@dataclass(frozen=True)
+class Verified:
+    pairs: np.ndarray  # (pairs, 2) documents of the part (local indices)
+    sims: np.ndarray
+    group_pairs: np.ndarray  # the pairs' exact groups
+
+    def plus(self, pairs: np.ndarray, sims: np.ndarray, group_pairs: np.ndarray) -> Verified:
+        return Verified(
+            np.concatenate([self.pairs, pairs]),
+            np.concatenate([self.sims, sims]),
+            np.concatenate([self.group_pairs, group_pairs]),
+        )
+
+
+def _look_again(
+    corpus: Corpus,
+    task: ClusterTask,
+    component: np.ndarray,
+    rank: np.ndarray,
+    verified: Verified,
+    walk: tuple[np.ndarray, np.ndarray, np.ndarray],
+):
+    """The walk redone over the components where _assign kept several groups, now also comparing exactly: a group
+    with no verified pair to a center is compared (best record to best record) with its component's centers in keep
+    order, up to SECOND_LOOK_CENTERS of them, and joins the first at the threshold. So no two kept records of a
+    component within those bounds are near duplicates, and a chain (A ~ B ~ C, A and C below the threshold) still
+    keeps both ends. `component`: each group's; `walk`: _assign's (center, similarity, best). Returns the walk's
+    arrays and the verified pairs with those the comparisons added."""
+    center, center_sim, best = (a.copy() for a in walk)
+    is_center = center == np.arange(len(center))
+    multi = np.flatnonzero(np.bincount(component[is_center], minlength=len(center)) >= 2)
+    if not len(multi):
+        return center, center_sim, best, verified
+    groups = np.flatnonzero(np.isin(component, multi))
+    groups = groups[np.argsort(rank[best[groups]], kind="stable")]
+    known = {(int(a), int(b)): s for (a, b), s in zip(verified.group_pairs.tolist(), verified.sims.tolist())}
+    known.update({(b, a): s for (a, b), s in list(known.items())})
+    jaccard = ExactJaccard(corpus, task.doc[best[groups]], task.settings)
+    centers: dict[int, list[int]] = {}
+    added: list[tuple[int, int, float]] = []
+    for g in groups.tolist():
+        joined, compared = None, 0
+        for h in centers.setdefault(int(component[g]), []):
+            sim = known.get((g, h))
+            if sim is None and compared < SECOND_LOOK_CENTERS:
+                compared += 1
+                sim = jaccard(int(task.doc[best[g]]), int(task.doc[best[h]]))
+                if sim >= task.settings.threshold - 1e-12:
+                    added.append((g, h, sim))
+            if sim is not None and sim >= task.settings.threshold - 1e-12:
+                joined = (h, sim)
+                break
+        if joined is None:
+            center[g], center_sim[g] = g, 1.0
+            centers[int(component[g])].append(g)
+        else:
+            center[g], center_sim[g] = joined
+    if added:
+        pairs = np.asarray([(g, h) for g, h, _ in added], dtype=np.int64)
+        verified = verified.plus(best[pairs], np.asarray([s for _, _, s in added]), pairs)
+    return center, center_sim, best, verified
 
 
 def components_of(n_groups: int, group_pairs: np.ndarray) -> np.ndarray:

@@ -322,9 +322,7 @@ def _clusters(
     """Step 6, per part of whole components: clusters and keep decisions (cluster_parts.py)."""
     with run.timed("clusters"):
         s = run.settings
-        tasks = plan_parts(
-            run.out_dir, chunks, exact_files, verified_files, s.keep, s.sample_clusters, run.partitions.cluster_docs
-        )
+        tasks = plan_parts(run.out_dir, chunks, exact_files, verified_files, s, run.partitions.cluster_docs)
     return ClusterCounts.total(run.step("clusters", cluster_part, tasks))
 
 

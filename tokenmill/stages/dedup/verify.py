@@ -111,6 +111,32 @@ def key_batches(cost: np.ndarray, budget: int) -> list[int]:
     return bounds
 
 
+class ExactJaccard:
+    """Exact Jaccard of two of some documents (global indices) at the pair's shingle code, as verify_range measures
+    it; 0 for a pair shingled in different units. Their keys are read at once. For one document compared with many
+    (the second, `b`): its shingle set is kept; the first's only until another first comes."""
+
+    def __init__(self, corpus: Corpus, docs: np.ndarray, settings: DedupSettings):
+        docs = np.unique(docs)
+        units, by_word = corpus.shingle_units(docs)
+        self._keys = dict(zip(docs.tolist(), corpus.keys(docs)))
+        self._units = dict(zip(docs.tolist(), zip(units.tolist(), by_word.tolist())))
+        self._settings = settings
+        self._kept: dict[tuple[int, int], np.ndarray] = {}
+        self._held: tuple[int, int, np.ndarray] | None = None
+
+    def __call__(self, a: int, b: int) -> float:
+        (units_a, word_a), (units_b, word_b) = self._units[a], self._units[b]
+        code = int(self._settings.pair_codes(np.array([[units_a, units_b]]), np.array([[word_a, word_b]]))[0])
+        if not code:
+            return 0.0
+        if self._held is None or self._held[:2] != (a, code):
+            self._held = (a, code, mh.coded_shingle_set(self._keys[a], code))
+        if (b, code) not in self._kept:
+            self._kept[b, code] = mh.coded_shingle_set(self._keys[b], code)
+        return mh.jaccard(self._held[2], self._kept[b, code])
+
+
 @releases_memory
 def verify_range(task: VerifyTask) -> VerifyResult:
     s = task.settings
