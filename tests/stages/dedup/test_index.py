@@ -315,6 +315,39 @@ def test_an_earlier_batch_record_is_never_removed(tmp_path):
     assert later[0]["id"] in _decisions([tmp_path / "out"])[0]  # what the incremental rule documents as differing
 
 
+def test_the_second_look_never_removes_an_earlier_batch_record(tmp_path):
+    """Batch 1 (first_seen, one neighbour per oversized bucket) keeps near copies of one poem never compared; batch
+    2's copies join them into one component, whose second look (richest_meta) must leave every indexed record."""
+    rng = random.Random(7)
+    base = random_poem(rng, 90)
+
+    def copy() -> str:
+        text = base
+        for pos in rng.sample(range(90), 2):
+            text = substitute(text, pos, rng.choice("甲乙丙丁戊己庚辛"))
+        return text
+
+    sparse = {"max_bucket": 4, "bucket_neighbours": 1}
+    first = [dedup_record("a.json", i, copy()) for i in range(120)]
+    _run_batches(tmp_path, [first], DedupSettings(keep="first_seen", **sparse), workers=1)
+    kept_first, _ = _decisions([tmp_path / "deduped" / "g1-b0001"])
+    assert len(kept_first) >= 2
+    later = write_records(tmp_path / "cleaned" / "g1-b0002", [dedup_record("b.json", i, copy()) for i in range(60)])
+    report, out = tmp_path / "report" / "g1-b0002", tmp_path / "deduped" / "g1-b0002"
+    dedup_batch(
+        later,
+        [tmp_path / "index" / "g1-b0001"],
+        report,
+        tmp_path / "index" / "g1-b0002",
+        DedupSettings(**sparse),
+        workers=1,
+    )
+    write_deduped(later, report, out, workers=1)
+    clusters = [json.loads(line) for line in (report / CLUSTERS_FILE).read_text().splitlines()]
+    indexed_removed = [m for c in clusters for m in c["members"] if m["role"] == "removed" and m["id"] in kept_first]
+    assert indexed_removed == [] and len(_decisions([out])[1]) > 30
+
+
 def test_identical_outputs_for_any_worker_count_and_partition(tmp_path):
     batches, _ = _batches(seed=2)
     settings = DedupSettings(keep="first_seen", chunk_bytes=600)  # many chunks: every step has several tasks

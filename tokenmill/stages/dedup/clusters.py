@@ -275,7 +275,9 @@ def build_clusters(task: ClusterTask) -> Clusters:
     if keep == "first_seen":  # a record verifies against earlier kept records among its candidates only (module doc)
         center, center_sim, best = walk
     else:
-        center, center_sim, best, verified = _look_again(corpus, task, component_of_group, rank, verified, walk)
+        center, center_sim, best, verified = _look_again(
+            corpus, task, docs.indexed, component_of_group, rank, verified, walk
+        )
     star = center[group]  # cluster = center group
     kept_doc, removed, level, similarity = _removals(group, star, best, center_sim, keep)
     star_size = np.bincount(star, minlength=n_groups)
@@ -325,6 +327,7 @@ class Verified:
 def _look_again(
     corpus: Corpus,
     task: ClusterTask,
+    indexed: np.ndarray,
     component: np.ndarray,
     rank: np.ndarray,
     verified: Verified,
@@ -334,8 +337,9 @@ def _look_again(
     with no verified pair to a center is compared (best record to best record) with its component's centers in keep
     order, up to SECOND_LOOK_CENTERS of them, and joins the first at the threshold. So no two kept records of a
     component within those bounds are near duplicates, and a chain (A ~ B ~ C, A and C below the threshold) still
-    keeps both ends. `component`: each group's; `walk`: _assign's (center, similarity, best). Returns the walk's
-    arrays and the verified pairs with those the comparisons added."""
+    keeps both ends. A group of an earlier batch (`indexed`, per document) is never compared: it stays kept.
+    `component`: each group's; `walk`: _assign's (center, similarity, best). Returns the walk's arrays and the
+    verified pairs with those the comparisons added."""
     center, center_sim, best = (a.copy() for a in walk)
     is_center = center == np.arange(len(center))
     multi = np.flatnonzero(np.bincount(component[is_center], minlength=len(center)) >= 2)
@@ -350,7 +354,7 @@ def _look_again(
     added: list[tuple[int, int, float]] = []
     for g in groups.tolist():
         joined, compared = None, 0
-        for h in centers.setdefault(int(component[g]), []):
+        for h in [] if indexed[best[g]] else centers.setdefault(int(component[g]), []):
             sim = known.get((g, h))
             if sim is None and compared < SECOND_LOOK_CENTERS:
                 compared += 1
@@ -362,7 +366,7 @@ def _look_again(
                 break
         if joined is None:
             center[g], center_sim[g] = g, 1.0
-            centers[int(component[g])].append(g)
+            centers.setdefault(int(component[g]), []).append(g)
         else:
             center[g], center_sim[g] = joined
     if added:
