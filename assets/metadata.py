@@ -498,6 +498,8 @@ def dedup_report_metadata(
                 "largest_cluster",
                 "components",
                 "components_with_several_kept",
+                "second_look_pairs",
+                "second_look_joins",
                 "cross_file_duplicates",
                 "oversized_buckets",
                 "pairs_not_emitted",

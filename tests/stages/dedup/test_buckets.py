@@ -83,6 +83,7 @@ def test_chains_do_not_remove_records_below_the_threshold(tmp_path):
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
     ids = [record_id("c.json", index=i) for i in range(3)]
     assert stats.verified_pairs == 2 and stats.components == 1 and stats.components_with_several_kept == 1
+    assert (stats.second_look_pairs, stats.second_look_joins) == (1, 0)  # c against a: below the threshold
     # union-find alone would remove c as a duplicate of a at 0.73; c is kept, b is removed as a's duplicate
     assert kept_ids(tmp_path / "out") == {ids[0], ids[2]}
     (r,) = iter_jsonl(tmp_path / "out" / REMOVED_FILE)
@@ -107,8 +108,9 @@ def test_no_two_kept_records_are_near_duplicates_in_an_oversized_bucket(tmp_path
         texts.append(text)
     write_records(tmp_path / "in", [dedup_record("p.json", i, t) for i, t in enumerate(texts)])
     settings = DedupSettings(max_bucket=4, bucket_neighbours=1)
-    build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1)
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1)
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+    assert stats.second_look_pairs >= stats.second_look_joins > 0
     by_id = {record_id("p.json", index=i): mh.shingle_set(t, 2) for i, t in enumerate(texts)}  # < 100 chars: 2-grams
     kept = sorted(kept_ids(tmp_path / "out"))
     removed = list(iter_jsonl(tmp_path / "out" / REMOVED_FILE))

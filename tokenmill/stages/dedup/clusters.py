@@ -78,6 +78,8 @@ class Clusters:
     sizes: np.ndarray
     components: int
     components_with_several_kept: int
+    second_look_pairs: int  # exact comparisons of the second look (_look_again)
+    second_look_joins: int  # of them at the threshold: records removed that the first walk kept or named elsewhere
     group_best: np.ndarray  # the most preferred record of each document's exact group (local index)
     keep: str  # the keep rule
     rank: np.ndarray  # each document's rank under the keep rule (0 = most preferred)
@@ -273,9 +275,9 @@ def build_clusters(task: ClusterTask) -> Clusters:
     rank = _preference(docs, keep)
     walk = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
     if keep == "first_seen":  # a record verifies against earlier kept records among its candidates only (module doc)
-        center, center_sim, best = walk
+        (center, center_sim, best), compared = walk, 0
     else:
-        center, center_sim, best, verified = _look_again(
+        center, center_sim, best, verified, compared = _look_again(
             corpus, task, docs.indexed, component_of_group, rank, verified, walk
         )
     star = center[group]  # cluster = center group
@@ -300,6 +302,8 @@ def build_clusters(task: ClusterTask) -> Clusters:
         sizes=star_size[cluster_roots],
         components=int((component_size >= 2).sum()),
         components_with_several_kept=int((kept_per_component >= 2).sum()),
+        second_look_pairs=compared,
+        second_look_joins=len(verified.pairs) - len(task.pairs),
         group_best=best[group],
         keep=keep,
         rank=rank,
@@ -338,13 +342,13 @@ def _look_again(
     order, up to SECOND_LOOK_CENTERS of them, and joins the first at the threshold. So no two kept records of a
     component within those bounds are near duplicates, and a chain (A ~ B ~ C, A and C below the threshold) still
     keeps both ends. A group of an earlier batch (`indexed`, per document) is never compared: it stays kept.
-    `component`: each group's; `walk`: _assign's (center, similarity, best). Returns the walk's arrays and the
-    verified pairs with those the comparisons added."""
+    `component`: each group's; `walk`: _assign's (center, similarity, best). Returns the walk's arrays, the
+    verified pairs with those the comparisons added, and the number of comparisons."""
     center, center_sim, best = (a.copy() for a in walk)
     is_center = center == np.arange(len(center))
     multi = np.flatnonzero(np.bincount(component[is_center], minlength=len(center)) >= 2)
     if not len(multi):
-        return center, center_sim, best, verified
+        return center, center_sim, best, verified, 0
     groups = np.flatnonzero(np.isin(component, multi))
     groups = groups[np.argsort(rank[best[groups]], kind="stable")]
     known = {(int(a), int(b)): s for (a, b), s in zip(verified.group_pairs.tolist(), verified.sims.tolist())}
@@ -352,6 +356,7 @@ def _look_again(
     jaccard = ExactJaccard(corpus, task.doc[best[groups]], task.settings)
     centers: dict[int, list[int]] = {}
     added: list[tuple[int, int, float]] = []
+    total = 0
     for g in groups.tolist():
         joined, compared = None, 0
         for h in [] if indexed[best[g]] else centers.setdefault(int(component[g]), []):
@@ -364,6 +369,7 @@ def _look_again(
             if sim is not None and sim >= task.settings.threshold - 1e-12:
                 joined = (h, sim)
                 break
+        total += compared
         if joined is None:
             center[g], center_sim[g] = g, 1.0
             centers.setdefault(int(component[g]), []).append(g)
@@ -372,7 +378,7 @@ def _look_again(
     if added:
         pairs = np.asarray([(g, h) for g, h, _ in added], dtype=np.int64)
         verified = verified.plus(best[pairs], np.asarray([s for _, _, s in added]), pairs)
-    return center, center_sim, best, verified
+    return center, center_sim, best, verified, total
 
 
 def components_of(n_groups: int, group_pairs: np.ndarray) -> np.ndarray:

@@ -98,6 +98,8 @@ class ClusterCounts:
     sizes: np.ndarray  # members per cluster
     components: int
     components_with_several_kept: int
+    second_look_pairs: int
+    second_look_joins: int
     candidates: list[SampleCandidates]
 
     @classmethod
@@ -119,6 +121,8 @@ class ClusterCounts:
             sizes=c.sizes,
             components=c.components,
             components_with_several_kept=c.components_with_several_kept,
+            second_look_pairs=c.second_look_pairs,
+            second_look_joins=c.second_look_joins,
             candidates=[_sample_candidates(c, k)],
         )
 
@@ -138,6 +142,8 @@ class ClusterCounts:
             sizes=np.concatenate([p.sizes for p in parts]) if parts else np.empty(0, dtype=np.int64),
             components=sum(p.components for p in parts),
             components_with_several_kept=sum(p.components_with_several_kept for p in parts),
+            second_look_pairs=sum(p.second_look_pairs for p in parts),
+            second_look_joins=sum(p.second_look_joins for p in parts),
             candidates=[cand for p in parts for cand in p.candidates],
         )
 
@@ -416,6 +422,8 @@ def _counts(run: RunSummary, c: ClusterCounts, sources: list[dict]) -> dict:
         "largest_cluster": int(c.sizes.max()) if len(c.sizes) else 0,
         "components": c.components,
         "components_with_several_kept": c.components_with_several_kept,
+        "second_look_pairs": c.second_look_pairs,
+        "second_look_joins": c.second_look_joins,
         "cross_file_duplicates": int(sum(p["cross_file"] for p in sources)),
         "empty_keys": int(sum(sk.empty_keys for sk in run.sketches)),
     }
@@ -482,6 +490,8 @@ class DedupResult(StageResult):
     largest_cluster: int
     components: int
     components_with_several_kept: int
+    second_look_pairs: int  # kept records of one component compared exactly (clusters._look_again)
+    second_look_joins: int  # of them at the threshold
     cross_file_duplicates: int
     empty_keys: int
     bands: int
