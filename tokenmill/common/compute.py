@@ -124,6 +124,9 @@ class RayEngine:
         step = _step_name(self.label, fn)
         remote = ray.remote(run_task).options(
             name=step,
+            # across the nodes: tasks read and write the shared data root, so no node holds their data; Ray's default
+            # packs a short step's tasks onto the first node while the others' workers are still starting
+            scheduling_strategy="SPREAD",
             num_cpus=opt.task_cpus,
             memory=opt.task_memory_mb << 20,
             max_retries=opt.max_retries,
