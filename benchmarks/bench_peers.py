@@ -297,7 +297,8 @@ def truth_components(texts: list[str], languages: list, settings: DedupSettings)
 def missed_kinds(roots: np.ndarray, removed: np.ndarray, shingles: tuple, settings: DedupSettings) -> dict[str, int]:
     """A side's missed removals (records kept beyond one per truth component), by component: "direct" where two
     kept records reach the threshold themselves (a pair the side never found), "chain" where they are joined only
-    through other records (A ~ B ~ C with A, C below the threshold)."""
+    through other records (A ~ B ~ C with A, C below the threshold). A component counts whole: in one of a thousand
+    records keeping a hundred, a single kept pair makes all 99 surplus records "direct"."""
     keys, units, by_word = shingles
     kept = ~removed
     kept_in = np.bincount(roots[kept], minlength=len(roots))
@@ -511,9 +512,10 @@ def main() -> None:
     print(row("datatrove", dt, input_bytes, len(ids) - len(dt_removed), dt_tokens, dt_quality))
     if tm_quality:
         print(
-            f"tokenmill's missed removals: {tm_missed['direct']} with a near-duplicate pair it never found (LSH), "
-            f"{tm_missed['chain']} joined to the kept record only through others (it removes a record only if it "
-            f"is near its cluster's kept one; the truth joins transitively)"
+            f"tokenmill's missed removals, by truth component: {tm_missed['direct']} in components where two kept "
+            f"records are near duplicates themselves (a pair never found; 'pairs left' counts those pairs), "
+            f"{tm_missed['chain']} in components whose kept records are joined only through others (it removes a "
+            f"record only if it is near its cluster's kept one; the truth joins transitively)"
         )
     print(f"tokenmill / datatrove, GB per core-hour: {dt.cpu_seconds / tm.cpu_seconds:.2f}x (target >= 4x)")
     same = sum(step_cpu.get(k, 0.0) for k in SAME_WORK_STEPS)
