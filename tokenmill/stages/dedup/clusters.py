@@ -344,14 +344,15 @@ def _look_again(
     keeps both ends. A group of an earlier batch (`indexed`, per document) is never compared: it stays kept.
     `component`: each group's; `walk`: _assign's (center, similarity, best). Returns the walk's arrays, the
     verified pairs with those the comparisons added, and the number of comparisons."""
-    center, center_sim, best = (a.copy() for a in walk)
+    center, center_sim, best = walk  # redone in place: the first walk's arrays are not used again
     is_center = center == np.arange(len(center))
     multi = np.flatnonzero(np.bincount(component[is_center], minlength=len(center)) >= 2)
     if not len(multi):
         return center, center_sim, best, verified, 0
     groups = np.flatnonzero(np.isin(component, multi))
     groups = groups[np.argsort(rank[best[groups]], kind="stable")]
-    known = {(int(a), int(b)): s for (a, b), s in zip(verified.group_pairs.tolist(), verified.sims.tolist())}
+    inside = np.isin(component[verified.group_pairs[:, 0]], multi)  # the pairs of the components walked again
+    known = {(a, b): s for (a, b), s in zip(verified.group_pairs[inside].tolist(), verified.sims[inside].tolist())}
     known.update({(b, a): s for (a, b), s in list(known.items())})
     jaccard = ExactJaccard(corpus, task.doc[best[groups]], task.settings)
     centers: dict[int, list[int]] = {}
