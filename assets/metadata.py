@@ -461,6 +461,7 @@ def dedup_report_metadata(
         ("shingles", f"{p['ngram_rule']} (sketched: {p['shingle_sizes']})"),
         ("key", p["key"]),
         ("keep rule", p["keep"]),
+        ("clusters", p["clusters"]),
         ("MinHash", p["minhash"]),
         ("oversized buckets", p["bucket_limit"]),
         (
@@ -500,6 +501,7 @@ def dedup_report_metadata(
                 "components_with_several_kept",
                 "second_look_pairs",
                 "second_look_joins",
+                "chained_removals",
                 "cross_file_duplicates",
                 "oversized_buckets",
                 "pairs_not_emitted",

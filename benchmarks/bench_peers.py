@@ -5,7 +5,7 @@ ground truth.
 
 usage: python benchmarks/bench_peers.py [--docs N] [--source DIR] [--workers 2]
                                         [--dt-ngrams 2] [--dt-buckets 20] [--dt-hashes 5] [--dt-words] [--dt-extract]
-                                        [--tm-bands B --tm-rows R] [--skip-truth]
+                                        [--tm-bands B --tm-rows R] [--tm-clusters star] [--skip-truth]
 The input is a chinese-poetry corpus of about --docs poems (benchmarks/poetry_corpus.py builds it: the Tang and Song
 files, then renamed Tang copies; below the ~79k poems of those files, a spread of whole files), or --source.
 - tokenmill: `tokenmill update` on a fresh data root (read, clean, exact + near dedup with its defaults, BPE training,
@@ -376,14 +376,14 @@ def stage_profile(data: Path, started: float, step_cpu: dict[str, float]) -> lis
     return lines
 
 
-def run_tokenmill(env: dict, work: Path, bands: int = 0, rows: int = 0) -> tuple[Measured, dict[str, float]]:
+def run_tokenmill(env: dict, work: Path, dedup: dict) -> tuple[Measured, dict[str, float]]:
     """`tokenmill update` with a Dagster instance of the repo's dagster.yaml (its events time the steps): the
     measured figures and each step's CPU seconds of the process tree (the sampled CPU curve between the step's start
-    and success events). bands/rows: the dedup LSH shape instead of the default (a run config)."""
+    and success events). dedup: dedup_report settings instead of the defaults (a run config)."""
     config = None
-    if bands or rows:
+    if dedup:
         config = work / "tokenmill.yaml"
-        config.write_text(json.dumps({"ops": {"dedup_report": {"config": {"bands": bands, "rows": rows}}}}))
+        config.write_text(json.dumps({"ops": {"dedup_report": {"config": dedup}}}))
     home = work / "home"
     home.mkdir()
     (home / "dagster.yaml").write_text((REPO / "dagster_home" / "dagster.yaml").read_text())
@@ -442,6 +442,9 @@ def main() -> None:
     )
     ap.add_argument("--tm-bands", type=int, default=0, help="tokenmill LSH bands (0: its default, with rows)")
     ap.add_argument("--tm-rows", type=int, default=0, help="tokenmill LSH rows per band (0: its default)")
+    ap.add_argument(
+        "--tm-clusters", choices=("components", "star"), help="tokenmill's dedup clusters (default: its default)"
+    )
     ap.add_argument("--skip-truth", action="store_true", help="no ground truth (speed and memory only)")
     ap.add_argument("--_datatrove", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -456,7 +459,8 @@ def main() -> None:
     input_bytes = tree_bytes(source)
     data = work / "data"
     env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(data)}
-    tm, step_cpu = run_tokenmill(env, work, args.tm_bands, args.tm_rows)
+    dedup = {"bands": args.tm_bands, "rows": args.tm_rows} if args.tm_bands or args.tm_rows else {}
+    tm, step_cpu = run_tokenmill(env, work, {**dedup, **({"clusters": args.tm_clusters} if args.tm_clusters else {})})
     if tm.returncode:
         sys.exit(f"tokenmill failed (rc {tm.returncode}): see {work / 'tokenmill.log'}")
 
@@ -514,8 +518,8 @@ def main() -> None:
         print(
             f"tokenmill's missed removals, by truth component: {tm_missed['direct']} in components where two kept "
             f"records are near duplicates themselves (a pair never found; 'pairs left' counts those pairs), "
-            f"{tm_missed['chain']} in components whose kept records are joined only through others (it removes a "
-            f"record only if it is near its cluster's kept one; the truth joins transitively)"
+            f"{tm_missed['chain']} in components whose kept records are joined only through others (clusters "
+            f"'star' removes a record only if it is near its cluster's kept one; the truth joins transitively)"
         )
     print(f"tokenmill / datatrove, GB per core-hour: {dt.cpu_seconds / tm.cpu_seconds:.2f}x (target >= 4x)")
     same = sum(step_cpu.get(k, 0.0) for k in SAME_WORK_STEPS)

@@ -15,7 +15,7 @@ from definitions import build_defs
 from resources import CorpusSource, DataRoot
 from runs import run_batches
 from tokenmill.common.io import record_id
-from tokenmill.explain import explain, word_diff
+from tokenmill.explain import explain, render, word_diff
 
 FIRST, SECOND = "g1-b000001", "g1-b000002"
 
@@ -91,6 +91,15 @@ def test_a_near_duplicate_shows_a_word_diff_the_similarity_and_the_threshold(gra
     assert fate["diff"].endswith("{+" + fate["text"].split()[-1] + "+}")
     assert rc == 0 and "kept -> this record" in out and "source a.jsonl:2" in out and f"threshold {0.8}" in out
     assert out.count(first[1][:60]) == 2  # both texts in full
+
+
+def test_a_chained_near_duplicate_says_it_is_below_the_threshold_through_its_cluster(graph):
+    data, _ = graph
+    fate = explain(data, "a.jsonl:42")
+    assert "through others of its cluster" not in render(fate)
+    assert "threshold 0.8: joined to the kept record through others of its cluster" in render(
+        {**fate, "similarity": 0.7}
+    )
 
 
 def test_a_duplicate_of_an_earlier_batch_shows_the_indexed_records_text_and_source(graph):

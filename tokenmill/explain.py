@@ -320,6 +320,8 @@ def render(fate: dict) -> str:
         return "\n".join([*lines, f"  {label}", _indent(fate.get("text"))])
     kept, cluster = fate["duplicate_of"], fate["cluster"]
     threshold = f" (threshold {fate['threshold']})" if fate.get("threshold") is not None else ""
+    if fate.get("threshold") is not None and fate["level"] == "near" and fate["similarity"] < fate["threshold"]:
+        threshold = f" (threshold {fate['threshold']}: joined to the kept record through others of its cluster)"
     lines += [
         f"  level       {fate['level']}, similarity {fate['similarity']}{threshold}",
         f"  kept record {kept['id']} ({kept['role']}, batch {kept['batch']}), source {where(kept['source'])}",

@@ -73,13 +73,14 @@ def test_exact_jaccard_on_packed_shingle_sets():
         assert abs(mh.jaccard(mh.shingle_set(a, n), mh.shingle_set(b, n)) - ref) < 1e-12
 
 
-def test_chains_do_not_remove_records_below_the_threshold(tmp_path):
+def test_star_clusters_keep_both_ends_of_a_chain_below_the_threshold(tmp_path):
     rng = random.Random(11)
     a = random_poem(rng, 40)
     b = substitute(a, 10)  # J(a, b) = 0.90 (2-grams)
     c = substitute(substitute(b, 25), 32)  # J(b, c) = 0.81, J(a, c) = 0.73 < 0.8
     write_records(tmp_path / "in", [dedup_record("c.json", i, t) for i, t in enumerate((a, b, c))])
-    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", DedupSettings(bands=32, rows=4), workers=1)
+    settings = DedupSettings(bands=32, rows=4, clusters="star")
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1)
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
     ids = [record_id("c.json", index=i) for i in range(3)]
     assert stats.verified_pairs == 2 and stats.components == 1 and stats.components_with_several_kept == 1
@@ -91,6 +92,28 @@ def test_chains_do_not_remove_records_below_the_threshold(tmp_path):
     (cl,) = iter_jsonl(tmp_path / "rep" / CLUSTERS_FILE)
     assert cl["kept"] == ids[0] and cl["component_size"] == 3 and len(cl["verified_pairs"]) == 1
     assert [p[:2] for p in cl["linked_pairs"]] == [[ids[1], ids[2]]]  # the cut link of the chain
+
+
+def test_components_remove_a_chain_naming_the_kept_record_with_its_measured_similarity(tmp_path):
+    rng = random.Random(11)
+    a = random_poem(rng, 40)
+    b = substitute(a, 10)
+    c = substitute(substitute(b, 25), 32)  # as in the chain test: J(a, b) 0.90, J(b, c) 0.81, J(a, c) 0.73
+    write_records(tmp_path / "in", [dedup_record("c.json", i, t) for i, t in enumerate((a, b, c))])
+    settings = DedupSettings(bands=32, rows=4, clusters="components")
+    stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1)
+    write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
+    ids = [record_id("c.json", index=i) for i in range(3)]
+    assert kept_ids(tmp_path / "out") == {ids[0]} and stats.components_with_several_kept == 0
+    assert (stats.near_duplicates_removed, stats.chained_removals, stats.second_look_pairs) == (2, 1, 0)
+    removed = {r["id"]: r for r in iter_jsonl(tmp_path / "out" / REMOVED_FILE)}
+    assert {i: r["duplicate_of"] for i, r in removed.items()} == {ids[1]: ids[0], ids[2]: ids[0]}
+    assert removed[ids[1]]["similarity"] >= 0.8  # its verified pair
+    chained = mh.jaccard(mh.shingle_set(a, 2), mh.shingle_set(c, 2))
+    assert removed[ids[2]]["similarity"] == pytest.approx(chained, abs=1e-4) and chained < 0.8
+    (cl,) = iter_jsonl(tmp_path / "rep" / CLUSTERS_FILE)
+    assert cl["kept"] == ids[0] and cl["size"] == 3 and cl["linked_pairs"] == []
+    assert DedupSettings(keep="first_seen").cluster_mode() == "star"
 
 
 def test_no_two_kept_records_are_near_duplicates_in_an_oversized_bucket(tmp_path):
@@ -107,7 +130,7 @@ def test_no_two_kept_records_are_near_duplicates_in_an_oversized_bucket(tmp_path
             text = substitute(text, pos, rng.choice("甲乙丙丁戊己庚辛"))
         texts.append(text)
     write_records(tmp_path / "in", [dedup_record("p.json", i, t) for i, t in enumerate(texts)])
-    settings = DedupSettings(max_bucket=4, bucket_neighbours=1)
+    settings = DedupSettings(max_bucket=4, bucket_neighbours=1, clusters="star")
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1)
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
     assert stats.second_look_pairs >= stats.second_look_joins > 0

@@ -315,9 +315,11 @@ def test_an_earlier_batch_record_is_never_removed(tmp_path):
     assert later[0]["id"] in _decisions([tmp_path / "out"])[0]  # what the incremental rule documents as differing
 
 
-def test_the_second_look_never_removes_an_earlier_batch_record(tmp_path):
+@pytest.mark.parametrize("clusters", ["star", "components"])
+def test_the_second_look_never_removes_an_earlier_batch_record(tmp_path, clusters):
     """Batch 1 (first_seen, one neighbour per oversized bucket) keeps near copies of one poem never compared; batch
-    2's copies join them into one component, whose second look (richest_meta) must leave every indexed record."""
+    2's copies join them into one component, whose second look (richest_meta), or its whole removal (components),
+    must leave every indexed record."""
     rng = random.Random(7)
     base = random_poem(rng, 90)
 
@@ -339,7 +341,7 @@ def test_the_second_look_never_removes_an_earlier_batch_record(tmp_path):
         [tmp_path / "index" / "g1-b0001"],
         report,
         tmp_path / "index" / "g1-b0002",
-        DedupSettings(**sparse),
+        DedupSettings(clusters=clusters, **sparse),
         workers=1,
     )
     write_deduped(later, report, out, workers=1)

@@ -2,19 +2,22 @@
 
 Only the documents that are in some exact group of two or more or in some verified pair take part (their fields
 are read by index from the per-chunk document tables), never the whole corpus, and a task holds only some whole
-components of them (a part, cut by cluster_parts.py). Union-find over the groups gives the components; within
-them, in keep-rule order, a group joins the most preferred kept record it has a verified pair with, else it is
-kept itself (so every removed record is within the threshold of the record it names; chains are cut, not merged).
-Then a second look (_look_again): where a component keeps several records, they are compared exactly with each other
-and join at the threshold. LSH buckets above max_bucket pair each member with a few neighbours only, so without it a
-page copied a thousand times kept hundreds of its copies.
+components of them (a part, cut by cluster_parts.py). Union-find over the groups gives the components.
+- clusters="components" (the default, _whole_components): each component keeps its most preferred record and every
+  other group of it joins that one, chains included (A ~ B ~ C with A and C below the threshold removes B and C),
+  its similarity to the record it names measured exactly.
+- clusters="star": in keep-rule order, a group joins the most preferred kept record it has a verified pair with,
+  else it is kept itself (so every removed record is within the threshold of the record it names; chains are cut,
+  not merged). Then a second look (_look_again): where a component keeps several records, they are compared exactly
+  with each other and join at the threshold. LSH buckets above max_bucket pair each member with a few neighbours
+  only, so without it a page copied a thousand times kept hundreds of its copies.
 Writes the part's decisions per chunk and its lines of clusters.jsonl.
 
-keep="first_seen" is that walk in input order, with one difference from "first": a record with the key of an earlier
-record is an exact duplicate of that record (the first with the key) even when that one was itself removed as a
-near duplicate; "first" names the kept record of the cluster for every member. So first_seen removes a record iff
-an earlier record has its key, or it verifies against an earlier kept record (its candidates come from the LSH
-buckets), which is what dedup_batch computes batch after batch (stage.py).
+keep="first_seen" is the star walk in input order (whatever `clusters` says), with one difference from "first": a
+record with the key of an earlier record is an exact duplicate of that record (the first with the key) even when
+that one was itself removed as a near duplicate; "first" names the kept record of the cluster for every member. So
+first_seen removes a record iff an earlier record has its key, or it verifies against an earlier kept record (its
+candidates come from the LSH buckets), which is what dedup_batch computes batch after batch (stage.py).
 
 With an index (dedup_batch), the documents below `base_docs` are the earlier batches' records: they come first in
 every keep rule's order, so they are never removed and a record of the batch duplicating one of them names it.
@@ -80,6 +83,7 @@ class Clusters:
     components_with_several_kept: int
     second_look_pairs: int  # exact comparisons of the second look (_look_again)
     second_look_joins: int  # of them at the threshold: records removed that the first walk kept or named elsewhere
+    chained_removals: int  # near removals below the threshold to the record they name (clusters="components")
     group_best: np.ndarray  # the most preferred record of each document's exact group (local index)
     keep: str  # the keep rule
     rank: np.ndarray  # each document's rank under the keep rule (0 = most preferred)
@@ -126,6 +130,16 @@ def keep_reason(criteria: list[tuple[np.ndarray, str]], kept: int, runner_up: in
     return next((reason for key, reason in criteria if key[kept] != key[runner_up]), "earlier in input")
 
 
+def best_of_groups(group: np.ndarray, n_groups: int, rank: np.ndarray) -> np.ndarray:
+    """The most preferred document of each exact group."""
+    best = np.full(n_groups, -1, dtype=np.int64)
+    by_rank = np.argsort(rank, kind="stable")
+    g_sorted = group[by_rank]
+    _, first_pos = np.unique(g_sorted, return_index=True)
+    best[g_sorted[first_pos]] = by_rank[first_pos]
+    return best
+
+
 def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarray, edge_sims: np.ndarray):
     """Greedy star clustering over the verified group pairs, in keep-rule order.
 
@@ -137,11 +151,7 @@ def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarra
     kept records share a verified edge; in a chain A~B~C where A and C are below the threshold, A and C
     both survive. Returns (center group per group, similarity to the center per group, best doc per group).
     """
-    best = np.full(n_groups, -1, dtype=np.int64)
-    by_rank = np.argsort(rank, kind="stable")
-    g_sorted = group[by_rank]
-    _, first_pos = np.unique(g_sorted, return_index=True)
-    best[g_sorted[first_pos]] = by_rank[first_pos]
+    best = best_of_groups(group, n_groups, rank)
     center = np.arange(n_groups, dtype=np.int64)
     sim = np.ones(n_groups, dtype=np.float64)
     if len(edges):
@@ -273,10 +283,14 @@ def build_clusters(task: ClusterTask) -> Clusters:
     component = component_of_group[group]
     component_size = np.bincount(component, minlength=n_groups)
     rank = _preference(docs, keep)
-    walk = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
-    if keep == "first_seen":  # a record verifies against earlier kept records among its candidates only (module doc)
-        (center, center_sim, best), compared = walk, 0
+    compared = 0
+    if task.settings.cluster_mode() == "components":
+        best = best_of_groups(group, n_groups, rank)
+        center, center_sim = _whole_components(corpus, task, docs.indexed, component_of_group, rank, verified, best)
+    elif keep == "first_seen":  # a record verifies against earlier kept records among its candidates only (module doc)
+        center, center_sim, best = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
     else:
+        walk = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
         center, center_sim, best, verified, compared = _look_again(
             corpus, task, docs.indexed, component_of_group, rank, verified, walk
         )
@@ -304,6 +318,7 @@ def build_clusters(task: ClusterTask) -> Clusters:
         components_with_several_kept=int((kept_per_component >= 2).sum()),
         second_look_pairs=compared,
         second_look_joins=len(verified.pairs) - len(task.pairs),
+        chained_removals=int((similarity < task.settings.threshold - 1e-12).sum()),
         group_best=best[group],
         keep=keep,
         rank=rank,
@@ -380,6 +395,40 @@ def _look_again(
         pairs = np.asarray([(g, h) for g, h, _ in added], dtype=np.int64)
         verified = verified.plus(best[pairs], np.asarray([s for _, _, s in added]), pairs)
     return center, center_sim, best, verified, total
+
+
+def _whole_components(
+    corpus: Corpus,
+    task: ClusterTask,
+    indexed: np.ndarray,
+    component: np.ndarray,
+    rank: np.ndarray,
+    verified: Verified,
+    best: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """clusters="components": every group joins the most preferred group of its component, but a group of an
+    earlier batch (`indexed`, per document), which stays kept. The similarity to the record named is its verified
+    pair's where the two have one, else measured exactly (below the threshold for a chain). Arguments as _look_again,
+    `best` each group's most preferred document; returns (center, similarity) per group."""
+    groups = np.arange(len(component))
+    by_rank = np.argsort(rank[best], kind="stable")
+    _, first = np.unique(component[by_rank], return_index=True)
+    head = np.empty(len(component), dtype=np.int64)
+    head[component[by_rank][first]] = by_rank[first]
+    center = np.where(indexed[best], groups, head[component])
+    center_sim = np.ones(len(component), dtype=np.float64)
+    measured = center == groups
+    a, b = verified.group_pairs.T
+    for x, y in ((a, b), (b, a)):
+        direct = center[x] == y
+        center_sim[x[direct]] = verified.sims[direct]
+        measured[x[direct]] = True
+    chained = np.flatnonzero(~measured)
+    if len(chained):
+        jaccard = ExactJaccard(corpus, task.doc[best[np.concatenate([chained, center[chained]])]], task.settings)
+        for g in chained.tolist():
+            center_sim[g] = jaccard(int(task.doc[best[g]]), int(task.doc[best[center[g]]]))
+    return center, center_sim
 
 
 def components_of(n_groups: int, group_pairs: np.ndarray) -> np.ndarray:

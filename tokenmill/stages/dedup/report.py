@@ -100,6 +100,7 @@ class ClusterCounts:
     components_with_several_kept: int
     second_look_pairs: int
     second_look_joins: int
+    chained_removals: int
     candidates: list[SampleCandidates]
 
     @classmethod
@@ -123,6 +124,7 @@ class ClusterCounts:
             components_with_several_kept=c.components_with_several_kept,
             second_look_pairs=c.second_look_pairs,
             second_look_joins=c.second_look_joins,
+            chained_removals=c.chained_removals,
             candidates=[_sample_candidates(c, k)],
         )
 
@@ -144,6 +146,7 @@ class ClusterCounts:
             components_with_several_kept=sum(p.components_with_several_kept for p in parts),
             second_look_pairs=sum(p.second_look_pairs for p in parts),
             second_look_joins=sum(p.second_look_joins for p in parts),
+            chained_removals=sum(p.chained_removals for p in parts),
             candidates=[cand for p in parts for cand in p.candidates],
         )
 
@@ -397,6 +400,7 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
         + (", traditional->simplified" if s.fold_chinese else "")
         + "; SHA-256",
         "keep": s.keep,
+        "clusters": s.cluster_mode(),
         "keep_order": KEEP_ORDER[s.keep],
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.model_dump().items()},
     }
@@ -424,6 +428,7 @@ def _counts(run: RunSummary, c: ClusterCounts, sources: list[dict]) -> dict:
         "components_with_several_kept": c.components_with_several_kept,
         "second_look_pairs": c.second_look_pairs,
         "second_look_joins": c.second_look_joins,
+        "chained_removals": c.chained_removals,
         "cross_file_duplicates": int(sum(p["cross_file"] for p in sources)),
         "empty_keys": int(sum(sk.empty_keys for sk in run.sketches)),
     }
@@ -492,6 +497,7 @@ class DedupResult(StageResult):
     components_with_several_kept: int
     second_look_pairs: int  # kept records of one component compared exactly (clusters._look_again)
     second_look_joins: int  # of them at the threshold
+    chained_removals: int  # near removals below the threshold to the record they name (clusters='components')
     cross_file_duplicates: int
     empty_keys: int
     bands: int

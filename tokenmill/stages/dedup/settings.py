@@ -105,6 +105,15 @@ class DedupSettings(StageSettings):
         "same key, else if it is within the threshold of an earlier kept record; what batches added one by one "
         "keep)",
     )
+    clusters: Literal["components", "star"] = Field(
+        "components",
+        description="What a near duplicate is removed against: 'components' (every record joined to the kept one "
+        "through verified pairs is removed, as datatrove and NeMo Curator do: one record kept per group of verified "
+        "pairs, so in a chain A ~ B ~ C with A and C below the threshold only A is kept; a removed record can be below "
+        "the threshold to the record it names, its similarity measured and counted as chained_removals), 'star' (a "
+        "record is removed only as a near duplicate of a kept record it reaches the threshold with: the chain keeps A "
+        "and C). keep 'first_seen' decides record by record in input order, as 'star' does",
+    )
     max_bucket: int = Field(
         64,
         ge=2,
@@ -151,6 +160,10 @@ class DedupSettings(StageSettings):
                 f"num_perm = {self.num_perm}"
             )
         return self
+
+    def cluster_mode(self) -> str:
+        """`clusters` as applied: keep 'first_seen' walks record by record, as 'star' does."""
+        return "star" if self.keep == "first_seen" else self.clusters
 
     def band_shape(self) -> tuple[int, int]:
         if self.bands > 0:
