@@ -131,7 +131,8 @@ def keep_reason(criteria: list[tuple[np.ndarray, str]], kept: int, runner_up: in
 
 
 def best_of_groups(group: np.ndarray, n_groups: int, rank: np.ndarray) -> np.ndarray:
-    """The most preferred document of each exact group."""
+    """The most preferred (lowest `rank`) member of each group: of each exact group's documents, or of each
+    component's groups."""
     best = np.full(n_groups, -1, dtype=np.int64)
     by_rank = np.argsort(rank, kind="stable")
     g_sorted = group[by_rank]
@@ -287,13 +288,12 @@ def build_clusters(task: ClusterTask) -> Clusters:
     if task.settings.cluster_mode() == "components":
         best = best_of_groups(group, n_groups, rank)
         center, center_sim = _whole_components(corpus, task, docs.indexed, component_of_group, rank, verified, best)
-    elif keep == "first_seen":  # a record verifies against earlier kept records among its candidates only (module doc)
-        center, center_sim, best = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
     else:
-        walk = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
-        center, center_sim, best, verified, compared = _look_again(
-            corpus, task, docs.indexed, component_of_group, rank, verified, walk
-        )
+        center, center_sim, best = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
+        if keep != "first_seen":  # first_seen: a record verifies against earlier kept records among its candidates
+            center, center_sim, best, verified, compared = _look_again(
+                corpus, task, docs.indexed, component_of_group, rank, verified, (center, center_sim, best)
+            )
     star = center[group]  # cluster = center group
     kept_doc, removed, level, similarity = _removals(group, star, best, center_sim, keep)
     star_size = np.bincount(star, minlength=n_groups)
@@ -411,10 +411,7 @@ def _whole_components(
     pair's where the two have one, else measured exactly (below the threshold for a chain). Arguments as _look_again,
     `best` each group's most preferred document; returns (center, similarity) per group."""
     groups = np.arange(len(component))
-    by_rank = np.argsort(rank[best], kind="stable")
-    _, first = np.unique(component[by_rank], return_index=True)
-    head = np.empty(len(component), dtype=np.int64)
-    head[component[by_rank][first]] = by_rank[first]
+    head = best_of_groups(component, len(component), rank[best])  # per component (root): its most preferred group
     center = np.where(indexed[best], groups, head[component])
     center_sim = np.ones(len(component), dtype=np.float64)
     measured = center == groups
