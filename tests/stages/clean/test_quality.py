@@ -2,6 +2,8 @@
 unchanged under 'auto', the settings' bounds."""
 
 import json
+import random
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ from pydantic import ValidationError
 from tokenmill.stages.clean import CleanSettings, clean_corpus
 from tokenmill.stages.clean.quality import QualitySettings, choose_profile, web_verdict
 from tokenmill.stages.clean.quality import rules as R
-from tokenmill.stages.clean.quality.text import TOKEN_RE, Doc, detect_script_language
+from tokenmill.stages.clean.quality.text import TOKEN_RE, TOKEN_RULES, Doc, detect_script_language
 
 S = QualitySettings()
 PROSE = "The quick brown fox jumps over the lazy dog and that is all with him."  # 15 words, 2 stop words+
@@ -83,6 +85,53 @@ def test_gopher_line_and_paragraph_repetition():
     paragraphs = "\n\n".join([f"paragraph {i} with some words" for i in range(3)] + ["paragraph 0 with some words"])
     bad = check(R.gopher_paragraph_repetition, paragraphs, gopher_max_dup_para_frac=0.2)
     assert bad.rule == "gopher_dup_paragraphs" and "paragraph 0" in bad.detail
+
+
+def test_the_letter_run_shortcut_cuts_as_the_rules_alone():
+    """TOKEN_RE tries a shortcut before the rules; on text built from the rules' hard cases (contractions, can|not,
+    initials, numbers, quotes, hyphens, every kind of space) the tokens must be the rules' own."""
+    rules = re.compile(TOKEN_RULES)
+    pieces = list("aAnNtT.,:;-–~/'’\"()[]«»“”$%&#*_é中1 \n\t\u00a0") + [
+        "can", "not", "Cannot", "gonna", "wan", "na", "gim", "me", "n't", "'s", "U.S.", "...", "3.5", "e-mail",
+    ]  # fmt: skip
+    rng = random.Random(7)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 24)))
+        assert TOKEN_RE.findall(text) == rules.findall(text), text
+
+
+def _scanned_repeats(words: list[str], n: int, budget: float) -> tuple[int, int | None]:
+    """datatrove's find_all_duplicate, plainly: left to right, jump n words past a repeated n-gram; the
+    characters counted when they first pass `budget` (or in all), and the first repeat's position."""
+    seen, chars, i, first = set(), 0, 0, None
+    while i <= len(words) - n:
+        gram = "".join(words[i : i + n])
+        if gram in seen:
+            chars, first, i = chars + len(gram), i if first is None else first, i + n
+            if chars > budget:
+                break
+        else:
+            seen.add(gram)
+            i += 1
+    return chars, first
+
+
+def test_dup_ngrams_measure_what_a_plain_scan_measures():
+    rng = random.Random(3)
+    limit = 0.15
+    for _ in range(300):
+        vocab = [f"w{i}" for i in range(rng.randint(3, 40))]
+        text = " ".join(rng.choice(vocab) for _ in range(rng.randint(10, 300)))
+        bad = check(R.gopher_dup_ngrams, text, **{f"gopher_max_dup_{n}gram_char_frac": limit for n in range(5, 11)})
+        doc = Doc(text, "en")
+        for n in range(5, 11):
+            chars, first = _scanned_repeats(doc.words, n, limit * len(text))
+            if chars > limit * len(text):
+                assert bad is not None and bad.value == pytest.approx(chars / len(text)), text
+                assert f"{n}-grams" in bad.detail and " ".join(doc.words[first : first + n]) in bad.detail
+                break
+        else:
+            assert bad is None, text
 
 
 def test_gopher_top_and_dup_ngrams():

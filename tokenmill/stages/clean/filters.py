@@ -14,9 +14,10 @@ except ImportError:  # another Python implementation: the pure-Python helper has
 
 from tokenmill.stages.clean.settings import CleanSettings
 
+# every branch starts with a character, so the regex engine skips to the candidates at C speed
 PLACEHOLDER_RE = re.compile(
     r"[\ufffd\u25a1\u25a0\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff"
-    r"\U000f0000-\U0010ffff]|\?{2,}|(?<=\w)\?(?=\w)|囗{2,}"
+    r"\U000f0000-\U0010ffff]|\?\?+|\?(?<=\w\?)(?=\w)|囗囗+"
 )
 PRIVATE_OR_BOX_RE = re.compile(r"[\u25a2\u25af\u25fb\u25fc\u2b1c\u2b1b\ue000-\uf8ff\U000f0000-\U0010ffff]")
 CJK_CHARS_PER_WORD = 1.6  # n-gram checks start at min_tokens words, i.e. about 80 CJK characters for 50 words

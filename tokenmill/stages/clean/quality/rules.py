@@ -106,29 +106,17 @@ def gopher_line_repetition(doc: Doc, s: QualitySettings) -> Reject | None:
     return _quoting(bad, _quote(first))
 
 
-def _grow_ngram_ids(words: np.ndarray, gram_ids: np.ndarray, width: int, n: int) -> np.ndarray:
-    """Each n-gram of `words` (word ids < len(words)) as one exact small int (equal n-grams, equal ints), from
-    the ids of its (width)-grams, one word at a time."""
-    while width < n:
-        pairs = gram_ids[:-1] * (len(words) + 1) + words[width:]
-        gram_ids, width = np.unique(pairs, return_inverse=True)[1], width + 1
-    return gram_ids
-
-
 def gopher_top_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     """The most frequent word n-gram (n = 2..4): its occurrences x its length (words joined by spaces) over the
     text's characters. Ties go to the n-gram seen first."""
     words, total = doc.words, len(doc.text)
-    ids = doc.word_ids
-    gram_ids, width = ids, 1
     for n, limit in s.top_ngram_limits().items():
-        if len(ids) < n:
-            continue
-        gram_ids, width = _grow_ngram_ids(ids, gram_ids, width, n), n
-        counts = np.bincount(gram_ids)
-        k = int(counts.max())
-        firsts = np.unique(gram_ids, return_index=True)[1]  # first position of each id
-        start = int(firsts[counts == k].min())  # the first seen of the most frequent
+        if len(words) < n:
+            break
+        gram_ids = doc.ngram_ids(n)
+        per_gram = np.bincount(gram_ids)[gram_ids]  # occurrences of the n-gram at each position
+        k = int(per_gram.max())
+        start = int(np.argmax(per_gram == k))  # the first seen of the most frequent
         text = " ".join(words[start : start + n])
         bad = _above("gopher_top_ngram", k * len(text) / total, limit, f"top {n}-gram character share")
         if bad:
@@ -140,38 +128,44 @@ def gopher_dup_ngrams(doc: Doc, s: QualitySettings) -> Reject | None:
     """Characters (words joined without spaces) in word n-grams (n = 5..10) repeating an earlier one, scanning
     left to right and jumping past each repeat, over the text's characters. Any repeated n-gram holds a
     repeated 5-gram, so a text without one is done after one set of 5-grams."""
-    words = doc.word_ids
-    if len(words) < 10:
+    if len(doc.words) < 10:
         return None
-    gram_ids, width = words, 1
-    ends = None
-    total = len(doc.text)
+    total, ends = len(doc.text), None
     for n, limit in s.dup_ngram_limits().items():
-        gram_ids, width = _grow_ngram_ids(words, gram_ids, width, n), n
-        distinct = int(gram_ids.max()) + 1
-        if distinct == len(gram_ids):
+        gram_ids = doc.ngram_ids(n)
+        counts = np.bincount(gram_ids)
+        if len(counts) == len(gram_ids):
             return None  # no n-gram repeats, so no longer one does either
-        if ends is None:
-            ends = np.cumsum([0] + [len(w) for w in doc.words]).tolist()  # characters of words [i, j)
-        grams = gram_ids.tolist()
-        budget = limit * total  # characters past which the text is rejected
-        seen = bytearray(distinct)
-        chars, i, last = 0, 0, len(grams) - 1
-        first = None
-        while i <= last:
-            gram = grams[i]
-            if seen[gram]:
-                chars += ends[i + n] - ends[i]
-                first = i if first is None else first
-                if chars > budget:
-                    example = " ".join(doc.words[first : first + n])
-                    bad = _above("gopher_dup_ngram", chars / total, limit, f"characters in repeated {n}-grams")
-                    return _quoting(bad, _quote(example))
-                i += n
-            else:
-                seen[gram] = 1
-                i += 1
+        if ends is None:  # characters of words [i, j): ends[j] - ends[i]
+            ends = np.concatenate(([0], np.cumsum(doc.distinct_lengths[doc.word_ids])))
+        starts = _repeat_starts(gram_ids, counts, n)
+        if not len(starts):
+            continue
+        chars = np.cumsum(ends[starts + n] - ends[starts])
+        over = np.flatnonzero(chars > limit * total)
+        if len(over):
+            first = int(starts[0])
+            value = int(chars[over[0]]) / total  # as the scan stops: when the repeats pass the limit
+            bad = _above("gopher_dup_ngram", value, limit, f"characters in repeated {n}-grams")
+            return _quoting(bad, _quote(" ".join(doc.words[first : first + n])))
     return None
+
+
+def _repeat_starts(gram_ids: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
+    """Where the left-to-right scan meets an n-gram seen before, jumping n words past each. Only n-grams that
+    occur twice or more can repeat; the scan's steps over the others change nothing, so only those are visited."""
+    positions = np.flatnonzero(counts[gram_ids] > 1)
+    seen = bytearray(len(counts))
+    starts, resume = [], 0
+    for i, gram in zip(positions.tolist(), gram_ids[positions].tolist()):
+        if i < resume:
+            continue  # inside the repeat just counted
+        if seen[gram]:
+            starts.append(i)
+            resume = i + n
+        else:
+            seen[gram] = 1
+    return np.array(starts, dtype=np.int64)
 
 
 # ---- Gopher quality -----------------------------------------------------------------------------------------------
