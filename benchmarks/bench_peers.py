@@ -5,6 +5,7 @@ ground truth.
 
 usage: python benchmarks/bench_peers.py [--docs N] [--source DIR] [--workers 2]
                                         [--dt-ngrams 2] [--dt-buckets 20] [--dt-hashes 5] [--dt-words] [--dt-extract]
+                                        [--dt-filters]
                                         [--tm-bands B --tm-rows R] [--tm-clusters star] [--skip-truth]
 The input is a chinese-poetry corpus of about --docs poems (benchmarks/poetry_corpus.py builds it: the Tang and Song
 files, then renamed Tang copies; below the ~79k poems of those files, a spread of whole files), or --source.
@@ -20,7 +21,11 @@ files, then renamed Tang copies; below the ~79k poems of those files, a spread o
   2 chars 14x8 99.0% / 77.4%; 16x4 99.96% / 62.2%; 20x5 100% / 65.6%; 32x4 100% / 60.2%; 3 chars 20x4 99.9% / 66.4%).
 A web source (WARC files): with --dt-words datatrove shingles English words (its spaCy tokenizer; the character
 shingles are for poems), and with --dt-extract it also reads the WARC files and extracts their text (WarcReader +
-Trafilatura, output unused), the work of tokenmill's raw_records there, so "the same work" stays the same.
+Trafilatura, output unused), the work of tokenmill's raw_records there, so "the same work" stays the same. With
+--dt-filters the extracted text also goes through FineWeb's four quality filters (datatrove's Gopher repetition,
+Gopher quality, C4 and FineWeb filters, as benchmarks/bench_quality.py builds them; output unused), and a second
+same-work line adds tokenmill's whole cleaned_jsonl (which does more: repairs, language identification,
+boilerplate, PII, decontamination).
 Both sides' CPU seconds are user + sys of the process and every descendant it waited for; memory is sampled every
 0.1 s (bench_graph.run_measured). GB per core-hour divides the source corpus's bytes by both sides' CPU hours.
 Ground truth: every pair of cleaned records with the same exact key, or with exact Jaccard >= tokenmill's threshold
@@ -48,6 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_graph import BATCH, REPO, Measured, run_measured, stage_table  # noqa: E402
+from bench_quality import datatrove_filters  # noqa: E402
 from bench_scale import run_update, step_intervals  # noqa: E402
 from poetry_corpus import SONG, TANG, build  # noqa: E402
 
@@ -144,7 +150,10 @@ def run_datatrove(cfg: dict) -> None:
         from datatrove.pipeline.readers import WarcReader
 
         warc = WarcReader(cfg["extract"], glob_pattern="**/*.warc.gz", recursive=True)
-        execute([warc, Trafilatura(), JsonlWriter(str(work / "extracted"), compression=None)], "extract", tasks)
+        filters = list(datatrove_filters().values()) if cfg["filters"] else []
+        execute(
+            [warc, Trafilatura(), *filters, JsonlWriter(str(work / "extracted"), compression=None)], "extract", tasks
+        )
     # words: datatrove's own English word tokenizer (spaCy), for web text; else characters, for poems
     signature = MinhashDedupSignature(str(work / "sigs"), config, language="en" if cfg["words"] else CharTokenizer())
     # datatrove 0.10 hashes shingles as str, which xxhash 4 (in this venv for datasets) refuses; xxhash 3, which
@@ -440,6 +449,11 @@ def main() -> None:
         help="web sources: datatrove also reads the WARC files and extracts their text (WarcReader + Trafilatura), "
         "the work of tokenmill's raw_records there",
     )
+    ap.add_argument(
+        "--dt-filters",
+        action="store_true",
+        help="with --dt-extract: the extracted text also goes through FineWeb's four quality filters (datatrove's)",
+    )
     ap.add_argument("--tm-bands", type=int, default=0, help="tokenmill LSH bands (0: its default, with rows)")
     ap.add_argument("--tm-rows", type=int, default=0, help="tokenmill LSH rows per band (0: its default)")
     ap.add_argument(
@@ -448,6 +462,8 @@ def main() -> None:
     ap.add_argument("--skip-truth", action="store_true", help="no ground truth (speed and memory only)")
     ap.add_argument("--_datatrove", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.dt_filters and not args.dt_extract:
+        ap.error("--dt-filters filters the text --dt-extract extracts: give both")
     if args._datatrove:
         run_datatrove(json.loads(args._datatrove.read_text()))
         return
@@ -480,6 +496,7 @@ def main() -> None:
         "hashes": args.dt_hashes,
         "words": args.dt_words,
         "extract": str(source) if args.dt_extract else "",
+        "filters": args.dt_filters,
     }
     (work / "dt.json").write_text(json.dumps(cfg))
     dt = run_measured(
@@ -528,6 +545,13 @@ def main() -> None:
             f"on the work datatrove does ({', '.join(SAME_WORK_STEPS)}: no clean, BPE training, funnel or start-up): "
             f"tokenmill {same:.1f} CPU-s, {input_bytes / 1e9 / (same / 3600):.2f} GB/core-h, "
             f"{dt.cpu_seconds / same:.2f}x datatrove"
+        )
+    if same and args.dt_filters:
+        with_clean = same + step_cpu.get("cleaned_jsonl", 0.0)
+        print(
+            f"with FineWeb's quality filters on datatrove's side and all of cleaned_jsonl on tokenmill's: tokenmill "
+            f"{with_clean:.1f} CPU-s, {input_bytes / 1e9 / (with_clean / 3600):.2f} GB/core-h, "
+            f"{dt.cpu_seconds / with_clean:.2f}x datatrove"
         )
     print("tokenmill per stage:")
     print("\n".join(stage_profile(data, tm.started, step_cpu)))
