@@ -1,7 +1,8 @@
 """The Ray engine on a real local cluster started by these tests (ray.cluster_utils.Cluster: a head node and, from
 the second test on, a second node of one CPU each, on free ports): the whole graph writes the same files as the
 local engine, launched through the webserver's launchpad too; a worker killed mid-task is retried; a lost node fails
-the run naming the step and a rerun succeeds; a node that cannot see the data root is named.
+the run naming the step and a rerun succeeds; a node that cannot see the data root is named; a failed step leaves
+only a window of tasks to finish.
 
 pytest itself never joins the cluster: each test's Ray driver (the run) is a process of its own (`driven`), so a
 driver that dies with a removed node, or crashes in Ray's exit hooks, fails that test instead of ending pytest."""
@@ -11,6 +12,7 @@ import os
 import re
 import signal
 import socket
+import sys
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -316,6 +318,42 @@ def test_node_without_the_data_root_is_named(cluster, tmp_path):
     missing = str(tmp_path / "not-mounted")
     message = driven(map_without_the_data_root, cluster.address, missing)
     assert re.search(rf"node .* cannot see the data root {re.escape(missing)}", message), message
+
+
+def marked_task(task: tuple[str, int]) -> int:
+    """The first task fails at once; every other one leaves a mark in the folder after a moment's work."""
+    folder, i = task
+    if i == 0:
+        raise ValueError("the first task fails")
+    time.sleep(0.3)
+    Path(folder, str(i)).touch()
+    return i
+
+
+def map_failing_first(address: str, folder: str, tasks: int) -> tuple[str, int, int]:
+    """In the driver: a step whose first task fails; its error, the tasks that ran anyway and the cluster's slots."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import this test module
+    RayEngine.connect(address)
+    try:
+        engine = RayEngine(RayOptions(address), folder)
+        with activated(engine):
+            list(map_ordered(marked_task, [(folder, i) for i in range(tasks)]))
+    except ValueError as e:
+        time.sleep(5)  # what was queued or running when the step failed has finished by now
+        return str(e), len(os.listdir(folder)), engine.workers()
+    finally:
+        RayEngine.disconnect()
+    return "no error", 0, 0
+
+
+def test_a_failed_step_leaves_at_most_a_window_of_tasks_to_finish(cluster, tmp_path):
+    """Nothing is cancelled (a cancel crossing a finishing task's reply aborts Ray 2.60's driver): the step keeps
+    twice the cluster's slots in flight, so that is all a failure leaves to finish, not the whole task list."""
+    error, ran, slots = driven(map_failing_first, cluster.address, str(tmp_path), 40)
+    assert error.rstrip().endswith("ValueError: the first task fails"), error
+    assert 0 < ran <= 2 * slots, (ran, slots)
 
 
 def square(x: int) -> int:

@@ -13,6 +13,7 @@ step logs tasks done / total with rate and ETA.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -118,8 +119,13 @@ class RayEngine:
 
     def map(self, fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
         """Every task goes to the cluster, whatever `workers` says (a stage passes 1 where a local pool would not
-        pay off; here workers are warm and the run process only schedules): Ray runs as many at once as the declared
-        CPUs and memory allow. Results are taken in task order; unfinished tasks are cancelled if the step fails."""
+        pay off; here workers are warm and the run process only schedules). At most twice as many tasks as the
+        cluster has task slots are queued or running at once, topped up as any of them finishes, and results are
+        taken in task order.
+
+        A failed or abandoned step cancels nothing: Ray 2.60 aborts the driver when a cancel crosses the reply of
+        a task finishing at that moment ("Tried to complete task that was not pending", task_manager.cc). The
+        window bounds what is left to finish on its own (or to end with the run's driver) instead."""
         ray, opt = self.ray, self.options
         step = _step_name(self.label, fn)
         remote = ray.remote(run_task).options(
@@ -133,21 +139,22 @@ class RayEngine:
             retry_exceptions=False,
         )
         tracker = _Step(self.usage, step, len(tasks), self.log)
-        refs = [remote.remote(fn, task, self.data_root) for task in tasks]
-        taken = 0
-        try:
-            for i, ref in enumerate(refs):
-                taken = i + 1
-                result, node = self._result(ref, step, i, len(tasks))
-                tracker.task_done(node)
-                yield result
-        finally:
-            # Only tasks still running or queued: Ray 2.60 aborts the driver when a cancel meets the reply of a task
-            # that has just finished ("Tried to complete task that was not pending", task_manager.cc).
-            left = refs[taken:]
-            _, running = ray.wait(left, num_returns=len(left), timeout=0) if left else ([], [])
-            for ref in running:
-                ray.cancel(ref, force=True)
+        window = 2 * self.workers()
+        submitted: collections.deque = collections.deque()  # refs whose results are not taken yet, in task order
+        unfinished: set = set()  # refs Ray has not finished: queued or running
+        for i in range(len(tasks)):
+            while True:
+                while len(unfinished) < window and i + len(submitted) < len(tasks):
+                    ref = remote.remote(fn, tasks[i + len(submitted)], self.data_root)
+                    submitted.append(ref)
+                    unfinished.add(ref)
+                if submitted[0] not in unfinished:
+                    break
+                ready, _ = ray.wait(list(unfinished), num_returns=1)
+                unfinished.difference_update(ready)
+            result, node = self._result(submitted.popleft(), step, i, len(tasks))
+            tracker.task_done(node)
+            yield result
 
     def _result(self, ref, step: str, i: int, n: int):
         from ray.exceptions import RayError, RayTaskError
