@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -140,18 +141,22 @@ class RayEngine:
         )
         tracker = _Step(self.usage, step, len(tasks), self.log)
         window = 2 * self.workers()
+        not_sent = iter(tasks)
         submitted: collections.deque = collections.deque()  # refs whose results are not taken yet, in task order
         unfinished: set = set()  # refs Ray has not finished: queued or running
+
+        def top_up() -> None:
+            for task in itertools.islice(not_sent, max(0, window - len(unfinished))):
+                ref = remote.remote(fn, task, self.data_root)
+                submitted.append(ref)
+                unfinished.add(ref)
+
         for i in range(len(tasks)):
-            while True:
-                while len(unfinished) < window and i + len(submitted) < len(tasks):
-                    ref = remote.remote(fn, tasks[i + len(submitted)], self.data_root)
-                    submitted.append(ref)
-                    unfinished.add(ref)
-                if submitted[0] not in unfinished:
-                    break
+            top_up()
+            while submitted[0] in unfinished:
                 ready, _ = ray.wait(list(unfinished), num_returns=1)
                 unfinished.difference_update(ready)
+                top_up()
             result, node = self._result(submitted.popleft(), step, i, len(tasks))
             tracker.task_done(node)
             yield result
