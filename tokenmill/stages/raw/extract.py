@@ -27,7 +27,7 @@ VERSION = "1"
 
 # dropped with everything inside, before the walk: never text a reader sees
 JUNK_TAGS = (
-    "script", "style", "noscript", "template", "svg", "math", "head", "iframe", "object", "embed", "canvas",
+    "script", "style", "template", "svg", "math", "head", "iframe", "object", "embed", "canvas",
     "video", "audio", "button", "select", "option", "textarea", "input", "dialog",
 )  # fmt: skip
 BLOCK_TAGS = frozenset(
@@ -42,12 +42,13 @@ _BOILERPLATE = re.compile(
     r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|breadcrumbs?|footer|sidebar|cookies?|consent|gdpr|newsletter|"
     r"subscribe|subscription|share|sharing|social|related|recommended|popup|modal|advert|ads|adsbygoogle|"
     r"sponsored|promo|toolbar|pagination|pager|skip-link|sr-only|screen-reader-text|visually-hidden|"
-    r"login|signup|masthead|site-header|site-footer|copyright|disclaimer)(?:$|[\s_-])",
+    r"login|signup|masthead|site-header|site-footer|copyright|disclaimer|reviews?|ratings?)(?:$|[\s_-])",
     re.IGNORECASE,
 )
 _HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
 LINK_HEAVY = 0.5  # a block with more than this share of its characters in links is navigation-like
 CONTAINER_SHARE = 0.6  # of the page's prose, held by the chosen container
+MENU_RUN = 3  # consecutive link-heavy blocks that make a menu
 HINT_MAX_SHARE = 0.3  # a hinted element holding more of the page's prose than this is content after all
 
 
@@ -80,7 +81,7 @@ class _Walk:
         self._pieces: list[str] = []
         self._link_chars = 0
         self._frames: list[tuple] = []  # open block elements: (element, tag, first block, hinted)
-        self._links = 0  # open <a> elements
+        self._links: list[int] = []  # per open <a>, how many block elements were open when it started
         self._pre = 0  # open <pre> elements
         self._row = -1
         self._rows = 0
@@ -88,7 +89,8 @@ class _Walk:
     def add(self, text: str | None) -> None:
         if text:
             self._pieces.append(text)
-            if self._links:
+            # text of a link that wraps blocks of its own (a card on a listing: title, blurb) is content
+            if self._links and self._links[-1] == len(self._frames):
                 self._link_chars += len(text)
 
     def flush(self) -> None:
@@ -131,7 +133,7 @@ class _Walk:
                 self._row = self._rows
             self._frames.append((el, tag, len(self.blocks), hinted))
         if tag == "a":
-            self._links += 1
+            self._links.append(len(self._frames))
         elif tag == "pre":
             if not self._pre:
                 self.flush()
@@ -143,8 +145,8 @@ class _Walk:
         tag = el.tag
         if tag == "pre":
             self._pre -= 1
-        elif tag == "a":
-            self._links -= 1
+        elif tag == "a" and self._links:
+            self._links.pop()
         if self._frames and self._frames[-1][0] is el:
             self.flush()
             _, _, first, hinted = self._frames.pop()
@@ -196,11 +198,26 @@ def _main_blocks(walk: _Walk) -> list[Block]:
         if cumulative[e] - cumulative[f] >= need:
             first, end = f, e
             break
-    return [
-        b
-        for b, d in zip(blocks[first:end], dropped[first:end])
-        if not d and (b.kind in ("pre", "cell") or not b.link_heavy)
-    ]
+    kept = [b for b, d in zip(blocks[first:end], dropped[first:end]) if not d]
+    return [b for b, menu in zip(kept, _in_menus(kept)) if not menu]
+
+
+def _in_menus(blocks: list[Block]) -> list[bool]:
+    """Whether each block sits in a run of MENU_RUN or more consecutive link-heavy blocks (a menu, a tag cloud);
+    a lone link between prose (a listing's item title) is kept."""
+    flags = [False] * len(blocks)
+    i = 0
+    while i < len(blocks):
+        if blocks[i].link_heavy and blocks[i].kind not in ("pre", "cell"):
+            j = i
+            while j < len(blocks) and blocks[j].link_heavy and blocks[j].kind not in ("pre", "cell"):
+                j += 1
+            if j - i >= MENU_RUN:
+                flags[i:j] = [True] * (j - i)
+            i = j
+        else:
+            i += 1
+    return flags
 
 
 def _lines(blocks: list[Block]) -> list[str]:
