@@ -35,7 +35,10 @@ BLOCK_TAGS = frozenset(
     "figure footer form h1 h2 h3 h4 h5 h6 header hgroup hr html legend li main menu nav ol p pre section summary "
     "table tbody td tfoot th thead tr ul".split()
 )
-HEADINGS = frozenset("h1 h2 h3 h4 h5 h6".split())
+KINDS = frozenset("h1 h2 h3 h4 h5 h6 p li".split())  # block kinds told apart in the output
+HINT_TAGS = frozenset(("nav", "footer", "aside"))  # furniture by their tag alone
+UNHINTED_TAGS = frozenset(("html", "body"))  # their classes describe the whole page, not a part of it
+HINT_CACHE_SIZE = 1 << 16
 CELLS = frozenset(("td", "th"))
 # a class, id or role naming page furniture rather than content
 _BOILERPLATE = re.compile(
@@ -45,7 +48,6 @@ _BOILERPLATE = re.compile(
     r"login|signup|masthead|site-header|site-footer|copyright|disclaimer|reviews?|ratings?)(?:$|[\s_-])",
     re.IGNORECASE,
 )
-_HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
 LINK_HEAVY = 0.5  # a block with more than this share of its characters in links is navigation-like
 CONTAINER_SHARE = 0.6  # of the page's prose, held by the chosen container
 MENU_RUN = 3  # consecutive link-heavy blocks that make a menu
@@ -80,101 +82,108 @@ class _Walk:
         self.hinted: list[tuple[int, int]] = []  # the same for elements with a boilerplate hint
         self._pieces: list[str] = []
         self._link_chars = 0
-        self._frames: list[tuple] = []  # open block elements: (element, tag, first block, hinted)
+        self._open: list[str] = []  # tags of the open block elements
         self._links: list[int] = []  # per open <a>, how many block elements were open when it started
         self._pre = 0  # open <pre> elements
         self._row = -1
         self._rows = 0
 
-    def add(self, text: str | None) -> None:
-        if text:
-            self._pieces.append(text)
-            # text of a link that wraps blocks of its own (a card on a listing: title, blurb) is content
-            if self._links and self._links[-1] == len(self._frames):
-                self._link_chars += len(text)
+    def add(self, text: str) -> None:
+        if not self._pre and text.isspace():  # the indentation between tags: one space, and only inside text
+            if self._pieces:
+                self._pieces.append(" ")
+            return
+        self._pieces.append(text)
+        # text of a link that wraps blocks of its own (a card on a listing: title, blurb) is content
+        if self._links and self._links[-1] == len(self._open):
+            self._link_chars += len(text)
 
     def flush(self) -> None:
-        if not self._pieces:
-            return
         raw = "".join(self._pieces)
         self._pieces.clear()
         link_chars, self._link_chars = self._link_chars, 0
         text = raw.strip("\n") if self._pre else " ".join(raw.split())
-        if not text.strip():
+        if not text or text.isspace():
             return
-        tag = self._frames[-1][1] if self._frames else "text"
+        tag = self._open[-1] if self._open else "text"
         if self._pre:
             kind = "pre"
         elif tag in CELLS:
             kind = "cell"
-        elif tag in HEADINGS or tag in ("p", "li"):
+        elif tag in KINDS:
             kind = tag
         else:
             kind = "text"
         self.blocks.append(Block(text, min(link_chars, len(text)), kind, self._row if kind == "cell" else -1))
 
-    def start(self, el) -> bool:
-        """Enter an element; False when its subtree is hidden and must not be read."""
+    def visit(self, el) -> None:
+        """Read an element and its subtree (lxml caps nesting at 256 levels, so recursion is bounded)."""
         tag = el.tag
-        attrs = el.attrib
-        hinted = False
-        if attrs:
-            if "hidden" in attrs or attrs.get("aria-hidden") == "true":
-                return False
-            style = attrs.get("style")
-            if style and _HIDDEN_STYLE.search(style):
-                return False
-            hint = " ".join(v for v in (attrs.get("class"), attrs.get("id"), attrs.get("role")) if v)
-            hinted = bool(hint) and tag not in ("html", "body") and _BOILERPLATE.search(hint) is not None
-        if (hinted or tag in BLOCK_TAGS) and not self._pre:
-            self.flush()
+        if tag.__class__ is not str:  # an entity or processing instruction left by the parser
+            if el.tail:
+                self.add(el.tail)
+            return
+        # hidden elements are read: tabs and accordions hide a product's description, a page's FAQ
+        hinted = tag in HINT_TAGS
+        if not hinted and tag not in UNHINTED_TAGS and el.attrib:
+            key = (el.get("class"), el.get("id"))
+            hinted = _HINTS.get(key)
+            if hinted is None:
+                hinted = _hinted(key)
+        opens = (hinted or tag in BLOCK_TAGS) and not self._pre
+        if opens:
+            if self._pieces:
+                self.flush()
+            first = len(self.blocks)
+            self._open.append(tag)
             if tag == "tr":
                 self._rows += 1
                 self._row = self._rows
-            self._frames.append((el, tag, len(self.blocks), hinted))
         if tag == "a":
-            self._links.append(len(self._frames))
+            self._links.append(len(self._open))
         elif tag == "pre":
-            if not self._pre:
+            if self._pieces and not self._pre:
                 self.flush()
             self._pre += 1
-        self.add(el.text)
-        return True
-
-    def end(self, el) -> None:
-        tag = el.tag
-        if tag == "pre":
-            self._pre -= 1
-        elif tag == "a" and self._links:
+        if el.text:
+            self.add(el.text)
+        for child in el:
+            self.visit(child)
+        if tag == "a":
             self._links.pop()
-        if self._frames and self._frames[-1][0] is el:
-            self.flush()
-            _, _, first, hinted = self._frames.pop()
+        elif tag == "pre":
+            self._pre -= 1
+            if not self._pre and self._pieces:
+                self.flush()
+        if opens:
+            if self._pieces:
+                self.flush()
+            self._open.pop()
             self.elements.append((first, len(self.blocks)))
             if hinted:
                 self.hinted.append((first, len(self.blocks)))
             if tag == "tr":
                 self._row = -1
-        self.add(el.tail)
+        if el.tail:
+            self.add(el.tail)
+
+
+_HINTS: dict[tuple, bool] = {}  # (class, id) -> hinted: class names repeat across a page and across a site
+
+
+def _hinted(key: tuple[str | None, str | None]) -> bool:
+    """Whether a class or id names furniture, remembered (the walk looks the pair up first)."""
+    if len(_HINTS) > HINT_CACHE_SIZE:
+        _HINTS.clear()
+    hinted = _HINTS[key] = any(v and _BOILERPLATE.search(v) for v in key)
+    return hinted
 
 
 def _walk(root) -> _Walk:
     walk = _Walk()
-    events = etree.iterwalk(root, events=("start", "end"))
-    skipped = None
-    for event, el in events:
-        if not isinstance(el.tag, str):
-            continue
-        if event == "start":
-            if not walk.start(el):
-                events.skip_subtree()  # its end event still comes, next: only its tail is read then
-                skipped = el
-        elif el is skipped:
-            skipped = None
-            walk.add(el.tail)
-        else:
-            walk.end(el)
-    walk.flush()
+    walk.visit(root)
+    if walk._pieces:
+        walk.flush()
     return walk
 
 
@@ -234,7 +243,8 @@ def _lines(blocks: list[Block]) -> list[str]:
 
 def main_text(html: str) -> str:
     """The main content of a decoded HTML page, one block per line ('' when it has none)."""
-    root = etree.fromstring(html, etree.HTMLParser(remove_comments=True, remove_pis=True, no_network=True))
+    parser = etree.HTMLParser(remove_comments=True, remove_pis=True, no_network=True, collect_ids=False)
+    root = etree.fromstring(html, parser)
     if root is None:
         return ""
     etree.strip_elements(root, *JUNK_TAGS, with_tail=False)
