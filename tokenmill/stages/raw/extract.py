@@ -50,7 +50,8 @@ _BOILERPLATE = re.compile(
 )
 LINK_HEAVY = 0.5  # a block with more than this share of its characters in links is navigation-like
 CONTAINER_SHARE = 0.6  # of the page's prose, held by the chosen container
-MENU_RUN = 3  # consecutive link-heavy blocks that make a menu
+MENU_RUN = 3  # consecutive all-link blocks that make a menu
+MENU_LINK_SHARE = 0.9
 HINT_MAX_SHARE = 0.3  # a hinted element holding more of the page's prose than this is content after all
 
 
@@ -208,24 +209,36 @@ def _main_blocks(walk: _Walk) -> list[Block]:
             first, end = f, e
             break
     kept = [b for b, d in zip(blocks[first:end], dropped[first:end]) if not d]
-    return [b for b, menu in zip(kept, _in_menus(kept)) if not menu]
+    return _first_copies([b for b, menu in zip(kept, _in_menus(kept)) if not menu])
+
+
+def _first_copies(blocks: list[Block]) -> list[Block]:
+    """Each text once: pages repeat a block for another screen size, and a button label after every post;
+    table cells and code repeat legitimately and stay."""
+    seen: set[str] = set()
+    out = []
+    for b in blocks:
+        if b.kind not in ("cell", "pre"):
+            if b.text in seen:
+                continue
+            seen.add(b.text)
+        out.append(b)
+    return out
 
 
 def _in_menus(blocks: list[Block]) -> list[bool]:
-    """Whether each block sits in a run of MENU_RUN or more consecutive link-heavy blocks (a menu, a tag cloud);
-    a lone link between prose (a listing's item title) is kept."""
+    """Whether each block sits in a run of MENU_RUN or more consecutive blocks that are all link (a menu, a tag
+    cloud); a lone link between prose (a listing's item title) and a reference list ("Title by Author") stay."""
+    menu = [b.link_chars >= MENU_LINK_SHARE * len(b.text) and b.kind not in ("pre", "cell") for b in blocks]
     flags = [False] * len(blocks)
     i = 0
     while i < len(blocks):
-        if blocks[i].link_heavy and blocks[i].kind not in ("pre", "cell"):
-            j = i
-            while j < len(blocks) and blocks[j].link_heavy and blocks[j].kind not in ("pre", "cell"):
-                j += 1
-            if j - i >= MENU_RUN:
-                flags[i:j] = [True] * (j - i)
-            i = j
-        else:
-            i += 1
+        j = i
+        while j < len(blocks) and menu[j]:
+            j += 1
+        if j - i >= MENU_RUN:
+            flags[i:j] = [True] * (j - i)
+        i = j + 1
     return flags
 
 
