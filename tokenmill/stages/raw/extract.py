@@ -18,7 +18,7 @@ graph's CPU; here a page costs one parse plus one Python step per element. Cost 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from lxml import etree
 
@@ -36,8 +36,11 @@ BLOCK_TAGS = frozenset(
     "table tbody td tfoot th thead tr ul".split()
 )
 KINDS = frozenset("h1 h2 h3 h4 h5 h6 p li".split())  # block kinds told apart in the output
-HINT_TAGS = frozenset(("nav", "footer", "aside"))  # furniture by their tag alone
-UNHINTED_TAGS = frozenset(("html", "body"))  # their classes describe the whole page, not a part of it
+INLINE, BLOCK, FURNITURE, PAGE = "inline", "block", "furniture", "page"
+ROLES = {tag: BLOCK for tag in BLOCK_TAGS} | {
+    **dict.fromkeys(("nav", "footer", "aside"), FURNITURE),  # furniture by their tag alone
+    **dict.fromkeys(("html", "body"), PAGE),  # blocks whose classes describe the whole page, not a part of it
+}
 HINT_CACHE_SIZE = 1 << 16
 CELLS = frozenset(("td", "th"))
 # a class, id or role naming page furniture rather than content
@@ -55,8 +58,7 @@ MENU_LINK_SHARE = 0.9
 HINT_MAX_SHARE = 0.3  # a hinted element holding more of the page's prose than this is content after all
 
 
-@dataclass(frozen=True)
-class Block:
+class Block(NamedTuple):
     text: str
     link_chars: int
     kind: str
@@ -81,95 +83,91 @@ class _Walk:
         self.blocks: list[Block] = []
         self.elements: list[tuple[int, int]] = []  # (first block, end block) per block element, innermost first
         self.hinted: list[tuple[int, int]] = []  # the same for elements with a boilerplate hint
-        self._pieces: list[str] = []
-        self._link_chars = 0
-        self._open: list[str] = []  # tags of the open block elements
-        self._links: list[int] = []  # per open <a>, how many block elements were open when it started
-        self._pre = 0  # open <pre> elements
-        self._row = -1
-        self._rows = 0
+        self.pieces: list[str] = []  # text since the last block boundary
+        self.link_chars = 0  # of it, inside links
+        self.open: list[str] = ["text"]  # tags of the open block elements
+        self.links: list[int] = []  # per open <a>, how many block elements were open when it started
+        self.pre = 0  # open <pre> elements
+        self.row = -1
+        self.rows = 0
 
     def add(self, text: str) -> None:
-        if not self._pre and text.isspace():  # the indentation between tags: one space, and only inside text
-            if self._pieces:
-                self._pieces.append(" ")
+        if not self.pre and text.isspace():  # the indentation between tags: one space, and only inside text
+            if self.pieces:
+                self.pieces.append(" ")
             return
-        self._pieces.append(text)
+        self.pieces.append(text)
         # text of a link that wraps blocks of its own (a card on a listing: title, blurb) is content
-        if self._links and self._links[-1] == len(self._open):
-            self._link_chars += len(text)
+        if self.links and self.links[-1] == len(self.open):
+            self.link_chars += len(text)
 
     def flush(self) -> None:
-        raw = "".join(self._pieces)
-        self._pieces.clear()
-        link_chars, self._link_chars = self._link_chars, 0
-        text = raw.strip("\n") if self._pre else " ".join(raw.split())
+        raw = "".join(self.pieces)
+        self.pieces.clear()
+        link_chars, self.link_chars = self.link_chars, 0
+        text = raw.strip("\n") if self.pre else " ".join(raw.split())
         if not text or text.isspace():
             return
-        tag = self._open[-1] if self._open else "text"
-        if self._pre:
-            kind = "pre"
-        elif tag in CELLS:
-            kind = "cell"
-        elif tag in KINDS:
-            kind = tag
-        else:
-            kind = "text"
-        self.blocks.append(Block(text, min(link_chars, len(text)), kind, self._row if kind == "cell" else -1))
+        tag = self.open[-1]
+        kind = "pre" if self.pre else "cell" if tag in CELLS else tag if tag in KINDS else "text"
+        self.blocks.append(Block(text, min(link_chars, len(text)), kind, self.row if kind == "cell" else -1))
 
     def visit(self, el) -> None:
         """Read an element and its subtree (lxml caps nesting at 256 levels, so recursion is bounded)."""
         tag = el.tag
-        if tag.__class__ is not str:  # an entity or processing instruction left by the parser
+        role = ROLES.get(tag, INLINE) if tag.__class__ is str else None
+        if role is None:  # an entity or processing instruction left by the parser
             if el.tail:
                 self.add(el.tail)
             return
         # hidden elements are read: tabs and accordions hide a product's description, a page's FAQ
-        hinted = tag in HINT_TAGS
-        if not hinted and tag not in UNHINTED_TAGS and el.attrib:
+        hinted = role is FURNITURE
+        if not hinted and role is not PAGE:
             key = (el.get("class"), el.get("id"))
-            hinted = _HINTS.get(key)
-            if hinted is None:
-                hinted = _hinted(key)
-        opens = (hinted or tag in BLOCK_TAGS) and not self._pre
+            if key != NO_HINT:
+                hinted = _HINTS.get(key)
+                if hinted is None:
+                    hinted = _hinted(key)
+        opens = (hinted or role is not INLINE) and not self.pre
         if opens:
-            if self._pieces:
+            if self.pieces:
                 self.flush()
             first = len(self.blocks)
-            self._open.append(tag)
+            self.open.append(tag)
             if tag == "tr":
-                self._rows += 1
-                self._row = self._rows
+                self.rows += 1
+                self.row = self.rows
         if tag == "a":
-            self._links.append(len(self._open))
+            self.links.append(len(self.open))
         elif tag == "pre":
-            if self._pieces and not self._pre:
+            if self.pieces and not self.pre:
                 self.flush()
-            self._pre += 1
+            self.pre += 1
         if el.text:
             self.add(el.text)
         for child in el:
             self.visit(child)
         if tag == "a":
-            self._links.pop()
+            self.links.pop()
         elif tag == "pre":
-            self._pre -= 1
-            if not self._pre and self._pieces:
+            self.pre -= 1
+            if not self.pre and self.pieces:
                 self.flush()
         if opens:
-            if self._pieces:
+            if self.pieces:
                 self.flush()
-            self._open.pop()
+            self.open.pop()
             self.elements.append((first, len(self.blocks)))
             if hinted:
                 self.hinted.append((first, len(self.blocks)))
             if tag == "tr":
-                self._row = -1
+                self.row = -1
         if el.tail:
             self.add(el.tail)
 
 
 _HINTS: dict[tuple, bool] = {}  # (class, id) -> hinted: class names repeat across a page and across a site
+NO_HINT = (None, None)
 
 
 def _hinted(key: tuple[str | None, str | None]) -> bool:
@@ -183,7 +181,7 @@ def _hinted(key: tuple[str | None, str | None]) -> bool:
 def _walk(root) -> _Walk:
     walk = _Walk()
     walk.visit(root)
-    if walk._pieces:
+    if walk.pieces:
         walk.flush()
     return walk
 
