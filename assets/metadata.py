@@ -326,6 +326,9 @@ def raw_records_metadata(result: RawResult, path: Path) -> dict:
         # WARC records that are not documents (request, metadata, non-HTML response, ...): outside docs_in
         "skipped_records": result.skipped_records,
         "skipped_records_by_reason": dg.MetadataValue.json(result.skipped_records_by_reason),
+        # web inputs: which extractor read the pages, and what their main text is mostly made of
+        "html_extractor": result.settings["extractor"],
+        "html_pages_by_shape": dg.MetadataValue.json(result.pages_by_shape),
         "files_read": result.files_read,
         "skipped_files": len(result.skipped_files),
         "files": dagster_table(_raw_files_table(result.files)),

@@ -320,14 +320,14 @@ def test_pathological_pages_are_bounded_in_time():
     settings = RawSettings()
     t0 = time.perf_counter()
     with pytest.raises(Rejected) as e:  # over html_max_bytes: refused before any parsing
-        page_text(nested, None, settings.html_max_bytes, settings.html_max_tags)
+        page_text(nested, None, settings)
     assert e.value.reason == "record_too_large" and time.perf_counter() - t0 < 1
     t0 = time.perf_counter()
     with pytest.raises(Rejected) as e:  # caps raised: the tag cap refuses it after one count
-        page_text(nested, None, 8 << 20, settings.html_max_tags)
+        page_text(nested, None, settings.model_copy(update={"html_max_bytes": 8 << 20}))
     assert e.value.reason == "record_too_large" and "html_max_tags" in e.value.detail
     assert time.perf_counter() - t0 < 2
     t0 = time.perf_counter()
-    with pytest.raises(Rejected):  # no caps: lxml bounds the nesting depth, trafilatura finds no main text
-        page_text(nested, None, 8 << 20, 10_000_000)
+    with pytest.raises(Rejected):  # no caps: lxml bounds the nesting depth at 256, the text below it is lost
+        page_text(nested, None, settings.model_copy(update={"html_max_bytes": 8 << 20, "html_max_tags": 10_000_000}))
     assert time.perf_counter() - t0 < 30

@@ -18,7 +18,8 @@ Steps, one module each:
                one reader per format (read_parquet: row groups in bounded batches of rows)
   read_warc, read_html
                web inputs: WARC/WET records (FastWARC; resync after a corrupt record), HTML files
-  html_text    HTML payload -> main text and title (charset, trafilatura, size and tag caps)
+  html_text    HTML payload -> main text and title (charset, the chosen extractor, size and tag caps)
+  extract      tokenmill's own main-text extractor (lxml: blocks, furniture hints, the prose container)
   records      one input object -> text, meta and the sft/dpo/grpo fields (presets for common layouts)
   ingest       each task writes its own shards into a private folder; the parent renames them into one global
                sequence in task order, so the output is byte-identical for any worker count
@@ -29,6 +30,6 @@ from tokenmill.stages.raw.settings import RawSettings
 
 # code_version of raw_records (Dagster shows what an older one built as stale): the date of the last change to the
 # output's bytes (web readers, Parquet, zstd, refused files); bump it with such a change, not with a refactor.
-VERSION = "2026-12-04"
+VERSION = "2026-12-07"
 
 __all__ = ["REASONS", "VERSION", "RawResult", "RawSettings", "ingest"]

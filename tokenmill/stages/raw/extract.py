@@ -254,8 +254,11 @@ def _lines(blocks: list[Block]) -> list[str]:
 
 def main_text(html: str) -> str:
     """The main content of a decoded HTML page, one block per line ('' when it has none)."""
-    parser = etree.HTMLParser(remove_comments=True, remove_pis=True, no_network=True, collect_ids=False)
-    root = etree.fromstring(html, parser)
+    options = {"remove_comments": True, "remove_pis": True, "no_network": True, "collect_ids": False}
+    try:
+        root = etree.fromstring(html, etree.HTMLParser(**options))
+    except ValueError:  # an <?xml encoding=...?> declaration, which lxml refuses in a str: parse its bytes
+        root = etree.fromstring(html.encode("utf-8", "surrogatepass"), etree.HTMLParser(encoding="utf-8", **options))
     if root is None:
         return ""
     etree.strip_elements(root, *JUNK_TAGS, with_tail=False)

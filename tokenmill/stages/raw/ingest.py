@@ -93,6 +93,8 @@ class FileReport:
     rejected_by_reason: dict = field(default_factory=dict)
     skipped_by_reason: dict = field(default_factory=dict)
     """WARC records that are not documents (request, metadata, non-HTML response, ...): not in docs_in."""
+    pages_by_shape: dict = field(default_factory=dict)
+    """HTML pages written, by the shape of their main text (prose, list, table, short)."""
 
 
 @dataclass
@@ -134,6 +136,7 @@ class _FileIngest:
         self.report = FileReport(src.rel, bytes=src.size)
         self.reasons: Counter = Counter()
         self.skipped: Counter = Counter()
+        self.shapes: Counter = Counter()
 
     def reject(self, bad: Bad) -> None:
         entry = {
@@ -202,6 +205,8 @@ class _FileIngest:
             self.reject(Bad(item.key, item.at, "malformed_json", TOO_DEEP, ""))
             return
         self.report.records += 1
+        if m.shape is not None:
+            self.shapes[m.shape] += 1
 
     def run(self) -> FileReport:
         if self.src.refused is not None:
@@ -210,6 +215,7 @@ class _FileIngest:
             self._read()
         self.report.rejected_by_reason = dict(sorted(self.reasons.items()))
         self.report.skipped_by_reason = dict(sorted(self.skipped.items()))
+        self.report.pages_by_shape = dict(sorted(self.shapes.items()))
         return self.report
 
     def _read(self) -> None:
@@ -279,6 +285,7 @@ class RawResult(StageResult):
     # WARC records that are not documents: outside docs_in, so docs_in = docs_out + rejected still holds
     skipped_records: int
     skipped_records_by_reason: dict[str, int]
+    pages_by_shape: dict[str, int]  # HTML pages written, by the shape of their main text (html_text.page_shape)
     rejected_samples: dict[str, list[dict]]
     files_read: int
     files: list[dict]  # a FileReport per file
@@ -307,9 +314,11 @@ def _result(
 ) -> RawResult:
     by_reason: Counter[str] = Counter()
     not_documents: Counter[str] = Counter()
+    shapes: Counter[str] = Counter()
     for f in reports:
         by_reason.update(f.rejected_by_reason)
         not_documents.update(f.skipped_by_reason)
+        shapes.update(f.pages_by_shape)
     docs_out = sum(f.records for f in reports)
     n_rejected = sum(by_reason.values())
     return RawResult(
@@ -320,6 +329,7 @@ def _result(
         rejected_by_reason=dict(sorted(by_reason.items())),
         skipped_records=sum(not_documents.values()),
         skipped_records_by_reason=dict(sorted(not_documents.items())),
+        pages_by_shape=dict(sorted(shapes.items())),
         rejected_samples=samples,
         files_read=len(reports),
         files=[asdict(f) for f in reports],

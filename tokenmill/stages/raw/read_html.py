@@ -1,5 +1,5 @@
 """Reader of .html/.htm (and .gz): one page per file, its main text extracted like a WARC response's (html_text);
-the record is source {"path", "index": 0} with the page title in meta.title."""
+the record is source {"path", "index": 0} with the page title and the extractor in meta."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ def read_html(path: str, compression: str | None, settings: RawSettings) -> Iter
     with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         payload = f.read(settings.html_max_bytes + 1)  # one byte more tells a page over the cap
     try:
-        page = page_text(payload, None, settings.html_max_bytes, settings.html_max_tags)
+        page = page_text(payload, None, settings)
     except Rejected as e:
         yield Bad("index", 0, e.reason, e.detail, snip(payload[:200]))
         return
-    yield Found("index", 0, Mapped(page.text, {"title": page.title} if page.title else {}))
+    yield Found("index", 0, Mapped(page.text, page.meta, shape=page.shape))

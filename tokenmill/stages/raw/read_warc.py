@@ -209,10 +209,8 @@ def _record(rec, settings: RawSettings) -> Mapped | str:
     payload = decode_http_payload(
         payload, http.get("Transfer-Encoding"), http.get("Content-Encoding"), settings.html_max_bytes + 1
     )
-    page = page_text(payload, rec.http_charset, settings.html_max_bytes, settings.html_max_tags)
-    if page.title:
-        meta["title"] = page.title
-    return Mapped(page.text, meta)
+    page = page_text(payload, rec.http_charset, settings)
+    return Mapped(page.text, meta | page.meta, shape=page.shape)
 
 
 def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad | Skipped]:

@@ -21,6 +21,8 @@ class Mapped:
     meta: dict = field(default_factory=dict)
     special: dict = field(default_factory=dict)
     """sft/dpo/grpo top-level fields, written after id/text/meta/source."""
+    shape: str | None = None
+    """An HTML page's shape (html_text.page_shape), counted in raw_records' metadata; not written."""
 
 
 def _lines(value, what: str) -> str:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from tokenmill.settings import StageSettings
+
+Extractor = Literal["tokenmill", "trafilatura", "resiliparse"]
+EXTRACTOR_EXTRA = {"trafilatura": "trafilatura", "resiliparse": "resiliparse"}  # extractor -> module it imports
 
 
 class RawSettings(StageSettings):
@@ -77,6 +81,12 @@ class RawSettings(StageSettings):
         "source or these settings are wrong, not the records; refused files, never opened, are not in it); the "
         "rejected ones stay in raw_records/_quarantine/<batch>",
     )
+    extractor: Extractor = Field(
+        "tokenmill",
+        description="HTML main-text extractor: 'tokenmill' (ours, the default), 'trafilatura' (its fast mode) or "
+        "'resiliparse'; the other two need the `extractors` extra (pip install -e '.[extractors]'). Each record's "
+        "meta names the extractor and its version",
+    )
     html_max_bytes: int = Field(
         4 << 20,
         ge=1,
@@ -88,9 +98,10 @@ class RawSettings(StageSettings):
         50_000,
         ge=1,
         le=10_000_000,
-        description="Most tags ('<' characters) in a page extracted; extraction time grows with them (~0.5 ms "
-        "each), so a bigger page is rejected ('record_too_large') before extraction: a bound on time per "
-        "page that gives the same output on any machine. 50,000: 2.5x a 1 MB Wikipedia article",
+        description="Most tags ('<' characters) in a page extracted; extraction time grows with them (~5 us each "
+        "for tokenmill's extractor, ~0.5 ms for trafilatura's), so a bigger page is rejected ('record_too_large') "
+        "before extraction: a bound on time per page that gives the same output on any machine. 50,000: 2.5x a "
+        "1 MB Wikipedia article",
     )
     follow_outside_symlinks: bool = Field(
         False, description="Read symlinks that point outside the source folder (otherwise rejected as 'outside_source')"
@@ -100,6 +111,11 @@ class RawSettings(StageSettings):
     def _check_combinations(self) -> RawSettings:
         if self.csv_delimiter in ('"', "\r", "\n"):
             raise ValueError(f"csv_delimiter {self.csv_delimiter!r} is the CSV quote or a line break")
+        module = EXTRACTOR_EXTRA.get(self.extractor)
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise ValueError(
+                f"extractor {self.extractor!r} needs the {module} package: pip install -e '.[extractors]'"
+            )
         if self.max_record_bytes > self.max_file_bytes:
             raise ValueError(
                 f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes ({self.max_file_bytes})"
