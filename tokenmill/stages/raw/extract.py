@@ -37,6 +37,8 @@ BLOCK_TAGS = frozenset(
 )
 KINDS = frozenset("h1 h2 h3 h4 h5 h6 p li".split())  # block kinds told apart in the output
 INLINE, BLOCK, FURNITURE, PAGE = "inline", "block", "furniture", "page"
+# the commonest inline elements, whose class and id are not looked at: formatting and links, not page parts
+PLAIN_INLINE = frozenset("a img picture source strong b em i u small sup sub abbr time br wbr".split())
 ROLES = {tag: BLOCK for tag in BLOCK_TAGS} | {
     **dict.fromkeys(("nav", "footer", "aside"), FURNITURE),  # furniture by their tag alone
     **dict.fromkeys(("html", "body"), PAGE),  # blocks whose classes describe the whole page, not a part of it
@@ -122,7 +124,7 @@ class _Walk:
             return
         # hidden elements are read: tabs and accordions hide a product's description, a page's FAQ
         hinted = role is FURNITURE
-        if not hinted and role is not PAGE:
+        if role is BLOCK or (role is INLINE and tag not in PLAIN_INLINE):
             key = (el.get("class"), el.get("id"))
             if key != NO_HINT:
                 hinted = _HINTS.get(key)
