@@ -120,20 +120,22 @@ def bench_wcxb(folder: Path, candidates: dict) -> None:
     print(f"WCXB {WCXB_SPLIT} split: {len(pages)} pages ({', '.join(f'{t} {n}' for t, n in counts.items())});")
     print("word F1 of its evaluate.py, macro over pages; pages per CPU second (one core, decoding included)")
     print(f"{'candidate':28} {'all':>6} " + " ".join(f"{t[:8]:>8}" for t in PAGE_TYPES) + "  pages/s  speed")
-    rates = {}
+    rows = []
     for name, extract in candidates.items():
-        texts, rates[name] = _timed(extract, {key: p[0] for key, p in pages.items()})
+        texts, rate = _timed(extract, {key: p[0] for key, p in pages.items()})
         f1: dict[str, list[float]] = defaultdict(list)
         for key, (_, reference, page_type) in pages.items():
             score = evaluate.word_f1(texts[key], reference)[2]
             f1[page_type].append(score)
             f1["all"].append(score)
-        mean = {t: sum(v) / len(v) for t, v in f1.items()}
-        ratio = f"{rates[name] / rates[BASELINE]:5.1f}x" if BASELINE in rates else "     "
+        rows.append((name, {t: sum(v) / len(v) for t, v in f1.items()}, rate))
+    baseline = dict((name, rate) for name, _, rate in rows).get(BASELINE)
+    for name, mean, rate in rows:
+        ratio = f"{rate / baseline:5.1f}x" if baseline else ""
         cells = " ".join(f"{mean.get(t, 0):8.3f}" for t in PAGE_TYPES)
-        print(f"{name:28} {mean['all']:6.3f} {cells} {rates[name]:8.1f} {ratio}")
-    if BASELINE in rates:
-        print(f"speed: pages per CPU second against {BASELINE}'s (measured in this run)")
+        print(f"{name:28} {mean['all']:6.3f} {cells} {rate:8.1f} {ratio}")
+    if baseline:
+        print(f"speed: pages per CPU second against {BASELINE}'s, measured in this run")
 
 
 def bench_articles(folder: Path, candidates: dict) -> None:

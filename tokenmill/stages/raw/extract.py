@@ -35,7 +35,8 @@ BLOCK_TAGS = frozenset(
     "figure footer form h1 h2 h3 h4 h5 h6 header hgroup hr html legend li main menu nav ol p pre section summary "
     "table tbody td tfoot th thead tr ul".split()
 )
-KINDS = frozenset("h1 h2 h3 h4 h5 h6 p li".split())  # block kinds told apart in the output
+HEADINGS = frozenset("h1 h2 h3 h4 h5 h6".split())
+KINDS = HEADINGS | {"p", "li"}  # block kinds told apart in the output
 INLINE, BLOCK, FURNITURE, PAGE = "inline", "block", "furniture", "page"
 # the commonest inline elements, whose class and id are not looked at: formatting and links, not page parts
 PLAIN_INLINE = frozenset("a img picture source strong b em i u small sup sub abbr time br wbr".split())
@@ -55,6 +56,7 @@ _BOILERPLATE = re.compile(
 )
 LINK_HEAVY = 0.5  # a block with more than this share of its characters in links is navigation-like
 CONTAINER_SHARE = 0.6  # of the page's prose, held by the chosen container
+MIN_CONTAINER_BLOCKS = 2  # a container holds blocks: one long paragraph is not the page
 MENU_RUN = 3  # consecutive all-link blocks that make a menu
 MENU_LINK_SHARE = 0.9
 HINT_MAX_SHARE = 0.3  # a hinted element holding more of the page's prose than this is content after all
@@ -127,9 +129,8 @@ class _Walk:
         if role is BLOCK or (role is INLINE and tag not in PLAIN_INLINE):
             key = (el.get("class"), el.get("id"))
             if key != NO_HINT:
-                hinted = _HINTS.get(key)
-                if hinted is None:
-                    hinted = _hinted(key)
+                cached = _HINTS.get(key)
+                hinted = _hinted(key) if cached is None else cached
         opens = (hinted or role is not INLINE) and not self.pre
         if opens:
             if self.pieces:
@@ -152,9 +153,9 @@ class _Walk:
         if tag == "a":
             self.links.pop()
         elif tag == "pre":
-            self.pre -= 1
-            if not self.pre and self.pieces:
+            if self.pre == 1 and self.pieces:  # flushed while still in <pre>: verbatim, kind 'pre'
                 self.flush()
+            self.pre -= 1
         if opens:
             if self.pieces:
                 self.flush()
@@ -205,9 +206,11 @@ def _main_blocks(walk: _Walk) -> list[Block]:
     first, end = 0, len(blocks)
     need = CONTAINER_SHARE * cumulative[-1]
     for f, e in walk.elements:  # closed innermost first: the first one holding enough is the deepest
-        if cumulative[e] - cumulative[f] >= need:
+        if e - f >= MIN_CONTAINER_BLOCKS and cumulative[e] - cumulative[f] >= need:
             first, end = f, e
             break
+    if first and blocks[first - 1].kind in HEADINGS and not dropped[first - 1]:
+        first -= 1  # the heading right above the container is its title
     kept = [b for b, d in zip(blocks[first:end], dropped[first:end]) if not d]
     return _first_copies([b for b, menu in zip(kept, _in_menus(kept)) if not menu])
 

@@ -113,9 +113,7 @@ class RawSettings(StageSettings):
             raise ValueError(f"csv_delimiter {self.csv_delimiter!r} is the CSV quote or a line break")
         module = EXTRACTOR_EXTRA.get(self.extractor)
         if module is not None and importlib.util.find_spec(module) is None:
-            raise ValueError(
-                f"extractor {self.extractor!r} needs the {module} package: pip install -e '.[extractors]'"
-            )
+            raise ValueError(f"extractor {self.extractor!r} needs the {module} package: pip install -e '.[extractors]'")
         if self.max_record_bytes > self.max_file_bytes:
             raise ValueError(
                 f"max_record_bytes ({self.max_record_bytes}) must not exceed max_file_bytes ({self.max_file_bytes})"
