@@ -17,6 +17,7 @@ graph's CPU; here a page costs one parse plus one Python step per element. Cost 
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ JUNK_TAGS = (
     "video", "audio", "button", "select", "option", "textarea", "input", "dialog",
 )  # fmt: skip
 BLOCK_TAGS = frozenset(
-    "address article aside blockquote body br caption center dd details dialog dir div dl dt fieldset figcaption "
+    "address article aside blockquote body br caption center dd details dir div dl dt fieldset figcaption "
     "figure footer form h1 h2 h3 h4 h5 h6 header hgroup hr html legend li main menu nav ol p pre section summary "
     "table tbody td tfoot th thead tr ul".split()
 )
@@ -195,10 +196,10 @@ def _main_blocks(walk: _Walk) -> list[Block]:
     prose is left, its navigation-like blocks left out."""
     blocks = walk.blocks
     prose = [b.prose for b in blocks]
-    total = sum(prose)
+    before = list(itertools.accumulate(prose, initial=0))  # prose of blocks[:i], so a range's sum is one subtraction
     dropped = bytearray(len(blocks))
     for first, end in walk.hinted:
-        if sum(prose[first:end]) <= HINT_MAX_SHARE * total:
+        if before[end] - before[first] <= HINT_MAX_SHARE * before[-1]:
             dropped[first:end] = b"\x01" * (end - first)
     cumulative = [0]
     for p, d in zip(prose, dropped):
