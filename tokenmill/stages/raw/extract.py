@@ -51,16 +51,25 @@ CELLS = frozenset(("td", "th"))
 _BOILERPLATE = re.compile(
     r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|breadcrumbs?|footer|sidebar|cookies?|consent|gdpr|newsletter|"
     r"subscribe|subscription|share|sharing|social|related|recommended|popup|modal|advert|ads|adsbygoogle|"
-    r"sponsored|promo|toolbar|pagination|pager|skip-link|sr-only|screen-reader-text|visually-hidden|"
+    r"sponsored|promo|nocontent|toolbar|pagination|pager|skip-link|sr-only|screen-reader-text|visually-hidden|"
     r"login|signup|masthead|site-header|site-footer|copyright|disclaimer|reviews?|ratings?)(?:$|[\s_-])",
     re.IGNORECASE,
 )
+# a comment section: furniture under an article, but a forum thread is nothing else
+_COMMENTS = re.compile(r"(?:^|[\s_-])comments?(?:$|[\s_-])", re.IGNORECASE)
+# an element named as the article's body: the container when it holds enough of the page's prose
+_CONTENT = re.compile(r"(?:article|entry|post|story)[-_]?(?:body|content|text)", re.IGNORECASE)
+CONTENT_MIN_SHARE = 0.25  # of the page's prose, held by the named elements together (a post's body is one of many)
+NAMED_MIN_SHARE = 0.03  # held by each of them (a teaser's "entry-content" in a sidebar is not)
+COMMENTS_MAX_SHARE = 0.7  # comments holding more of the page's prose than this are the page (a thread)
 LINK_HEAVY = 0.5  # a block with more than this share of its characters in links is navigation-like
+CARD_WEIGHT = 0.25
 CONTAINER_SHARE = 0.6  # of the page's prose, held by the chosen container
 MIN_CONTAINER_BLOCKS = 2  # a container holds blocks: one long paragraph is not the page
 MENU_RUN = 3  # consecutive all-link blocks that make a menu
 MENU_LINK_SHARE = 0.9
 HINT_MAX_SHARE = 0.3  # a hinted element holding more of the page's prose than this is content after all
+TAG_MAX_SHARE = 0.9  # the same for <nav>, <footer> and <aside>, whose names are surer than a class's
 
 
 class Block(NamedTuple):
@@ -70,6 +79,8 @@ class Block(NamedTuple):
     """'p', 'h1'..'h6', 'li', 'cell', 'pre' or 'text' (any other block element)."""
     row: int
     """The table row a cell belongs to (-1 outside tables): consecutive cells of one row share a line."""
+    in_card: bool
+    """Inside a link that wraps blocks (a card on a listing: title, blurb)."""
 
     @property
     def link_heavy(self) -> bool:
@@ -87,7 +98,10 @@ class _Walk:
     def __init__(self) -> None:
         self.blocks: list[Block] = []
         self.elements: list[tuple[int, int]] = []  # (first block, end block) per block element, innermost first
-        self.hinted: list[tuple[int, int]] = []  # the same for elements with a boilerplate hint
+        self.furniture: list[tuple[int, int]] = []  # the same for <nav>, <footer> and <aside>
+        self.hinted: list[tuple[int, int]] = []  # and for elements with a boilerplate class or id
+        self.comments: list[tuple[int, int]] = []  # and for elements naming a comment section
+        self.content: list[tuple[int, int]] = []  # and for elements naming the article body
         self.pieces: list[str] = []  # text since the last block boundary
         self.link_chars = 0  # of it, inside links
         self.open: list[str] = ["text"]  # tags of the open block elements
@@ -115,7 +129,8 @@ class _Walk:
             return
         tag = self.open[-1]
         kind = "pre" if self.pre else "cell" if tag in CELLS else tag if tag in KINDS else "text"
-        self.blocks.append(Block(text, min(link_chars, len(text)), kind, self.row if kind == "cell" else -1))
+        in_card = bool(self.links) and self.links[-1] < len(self.open)
+        self.blocks.append(Block(text, min(link_chars, len(text)), kind, self.row if kind == "cell" else -1, in_card))
 
     def visit(self, el) -> None:
         """Read an element and its subtree (lxml caps nesting at 256 levels, so recursion is bounded)."""
@@ -126,13 +141,13 @@ class _Walk:
                 self.add(el.tail)
             return
         # hidden elements are read: tabs and accordions hide a product's description, a page's FAQ
-        hinted = role is FURNITURE
+        hint = FURNITURE_HINT if role is FURNITURE else NO_HINT
         if role is BLOCK or (role is INLINE and tag not in PLAIN_INLINE):
-            key = (el.get("class"), el.get("id"))
-            if key != NO_HINT:
+            key = (el.get("class"), el.get("id"), el.get("itemprop"))
+            if key != NO_ATTRIBUTES:
                 cached = _HINTS.get(key)
-                hinted = _hinted(key) if cached is None else cached
-        opens = (hinted or role is not INLINE) and not self.pre
+                hint = _hint(key) if cached is None else cached
+        opens = (hint or role is not INLINE) and not self.pre
         if opens:
             if self.pieces:
                 self.flush()
@@ -162,24 +177,41 @@ class _Walk:
                 self.flush()
             self.open.pop()
             self.elements.append((first, len(self.blocks)))
-            if hinted:
+            if role is FURNITURE:
+                self.furniture.append((first, len(self.blocks)))
+            elif hint is FURNITURE_HINT:
                 self.hinted.append((first, len(self.blocks)))
+            elif hint is COMMENTS_HINT:
+                self.comments.append((first, len(self.blocks)))
+            elif hint is CONTENT_HINT:
+                self.content.append((first, len(self.blocks)))
             if tag == "tr":
                 self.row = -1
         if el.tail:
             self.add(el.tail)
 
 
-_HINTS: dict[tuple, bool] = {}  # (class, id) -> hinted: class names repeat across a page and across a site
-NO_HINT = (None, None)
+NO_HINT, FURNITURE_HINT, COMMENTS_HINT, CONTENT_HINT = "", "furniture", "comments", "content"
+_HINTS: dict[tuple, str] = {}  # (class, id) -> hint: class names repeat across a page and across a site
+NO_ATTRIBUTES = (None, None, None)
 
 
-def _hinted(key: tuple[str | None, str | None]) -> bool:
-    """Whether a class or id names furniture, remembered (the walk looks the pair up first)."""
+def _hint(key: tuple[str | None, ...]) -> str:
+    """What a class or id names (furniture, a comment section or neither), remembered: the walk looks the pair up
+    first."""
     if len(_HINTS) > HINT_CACHE_SIZE:
         _HINTS.clear()
-    hinted = _HINTS[key] = any(v and _BOILERPLATE.search(v) for v in key)
-    return hinted
+    names = [v for v in key[:2] if v]  # class and id; itemprop (a schema.org name) only says where the body is
+    if any(_BOILERPLATE.search(v) for v in names):
+        hint = FURNITURE_HINT
+    elif any(_COMMENTS.search(v) for v in names):
+        hint = COMMENTS_HINT
+    elif any(_CONTENT.search(v) for v in key if v):
+        hint = CONTENT_HINT
+    else:
+        hint = NO_HINT
+    _HINTS[key] = hint
+    return hint
 
 
 def _walk(root) -> _Walk:
@@ -191,29 +223,57 @@ def _walk(root) -> _Walk:
 
 
 def _main_blocks(walk: _Walk) -> list[Block]:
-    """The blocks of the main content: hinted furniture left out unless it holds much of the page's prose (a
-    hint on a wrapper of everything is a false one), then the deepest element holding CONTAINER_SHARE of what
-    prose is left, its navigation-like blocks left out."""
+    """The blocks of the main content: furniture left out (_left_out), then the container's blocks (_container),
+    menus and repeated texts left out."""
     blocks = walk.blocks
     prose = [b.prose for b in blocks]
-    before = list(itertools.accumulate(prose, initial=0))  # prose of blocks[:i], so a range's sum is one subtraction
-    dropped = bytearray(len(blocks))
-    for first, end in walk.hinted:
-        if before[end] - before[first] <= HINT_MAX_SHARE * before[-1]:
-            dropped[first:end] = b"\x01" * (end - first)
-    cumulative = [0]
-    for p, d in zip(prose, dropped):
-        cumulative.append(cumulative[-1] + (0 if d else p))
-    first, end = 0, len(blocks)
-    need = CONTAINER_SHARE * cumulative[-1]
-    for f, e in walk.elements:  # closed innermost first: the first one holding enough is the deepest
-        if e - f >= MIN_CONTAINER_BLOCKS and cumulative[e] - cumulative[f] >= need:
-            first, end = f, e
-            break
+    dropped = _left_out(walk, prose)
+    weighed = [0 if d else CARD_WEIGHT * p if b.in_card else p for b, p, d in zip(blocks, prose, dropped)]
+    first, end = _container(walk, list(itertools.accumulate(weighed, initial=0)))
     if first and blocks[first - 1].kind in HEADINGS and not dropped[first - 1]:
         first -= 1  # the heading right above the container is its title
     kept = [b for b, d in zip(blocks[first:end], dropped[first:end]) if not d]
     return _first_copies([b for b, menu in zip(kept, _in_menus(kept)) if not menu])
+
+
+def _container(walk: _Walk, before: list[float]) -> tuple[int, int]:
+    """The range of blocks holding the main content, given the prose left of blocks[:i]: the span of the elements
+    named as the article's body when they hold CONTENT_MIN_SHARE of it, else the deepest element holding
+    CONTAINER_SHARE of it, else the whole page. A card's prose weighs CARD_WEIGHT: teasers under an article
+    must not outweigh it."""
+    total = before[-1]
+    named = [(f, e) for f, e in walk.content if before[e] - before[f] >= NAMED_MIN_SHARE * total]
+    if named:
+        first, end = min(f for f, _ in named), max(e for _, e in named)
+        if before[end] - before[first] >= CONTENT_MIN_SHARE * total:
+            return first, end
+    for first, end in walk.elements:  # closed innermost first: the first one holding enough is the deepest
+        if end - first >= MIN_CONTAINER_BLOCKS and before[end] - before[first] >= CONTAINER_SHARE * total:
+            return first, end
+    return 0, len(walk.blocks)
+
+
+def _left_out(walk: _Walk, prose: list[int]) -> bytearray:
+    """Per block, whether it is furniture: under <nav>, <footer> or <aside> (unless that holds TAG_MAX_SHARE of the
+    page's prose), then under a boilerplate class or id (HINT_MAX_SHARE of what prose is left), then in the
+    comments (COMMENTS_MAX_SHARE of what is left: more, and the comments are the page)."""
+    dropped = bytearray(len(prose))
+
+    def left_before() -> list[int]:  # prose not yet dropped of blocks[:i]: a range's sum is one subtraction
+        return list(itertools.accumulate((0 if d else p for p, d in zip(prose, dropped)), initial=0))
+
+    for ranges, max_share in ((walk.furniture, TAG_MAX_SHARE), (walk.hinted, HINT_MAX_SHARE)):
+        before = left_before()
+        for first, end in ranges:
+            if before[end] - before[first] <= max_share * before[-1]:
+                dropped[first:end] = b"\x01" * (end - first)
+    comments = bytearray(len(prose))
+    for first, end in walk.comments:
+        comments[first:end] = b"\x01" * (end - first)
+    left = left_before()[-1]
+    if sum(p for p, c, d in zip(prose, comments, dropped) if c and not d) <= COMMENTS_MAX_SHARE * left:
+        dropped = bytearray(d | c for d, c in zip(dropped, comments))
+    return dropped
 
 
 def _first_copies(blocks: list[Block]) -> list[Block]:
