@@ -69,6 +69,34 @@ def test_forum_thread_keeps_every_post():
     assert "Popular threads" not in text and "Winter storage tips" not in text and "About us" not in text
 
 
+def test_a_blog_post_drops_its_comments_and_a_thread_of_comments_stays():
+    comments = "".join(
+        f"""<li class="comment"><div class="comment-author">reader{i} said:</div>
+        <div class="comment-content"><p>Comment {i}: {LOREM} {LOREM}</p></div></li>"""
+        for i in range(8)
+    )
+    post = f"""<article class="post"><h1>Quarterly open thread</h1><div class="entry-content"><p>{LOREM} Ask us
+    anything in the comments below.</p></div></article>
+    <div id="comments"><ol class="comment-list">{comments}</ol></div>"""
+    text = text_of(NAV + post + FOOTER)
+    assert "Ask us anything in the comments below." in text  # the post, though the comments hold 90% of the prose
+    assert "Comment 0:" not in text and "reader3 said:" not in text
+    thread = f"""<div class="comments"><ol>{comments}</ol></div>"""  # nothing but comments: they are the page
+    text = text_of(NAV + thread + FOOTER)
+    assert all(f"Comment {i}: {LOREM}" in text for i in range(8))
+
+
+def test_a_named_article_body_wins_over_longer_teasers():
+    teasers = "".join(f"""<li><a href="/s/{i}"><h3>Other story {i}</h3><p>{LOREM}</p></a></li>""" for i in range(12))
+    body = f"""{NAV}<div class="page"><h1>Harbour wall repaired</h1><figure><img src="w.jpg"><figcaption>The wall
+    in May. Photo: J. Doe</figcaption></figure><div itemprop="articleBody"><p>{LOREM} First.</p><p>{LOREM} Second.</p>
+    </div><section><h2>More stories</h2><ul>{teasers}</ul></section></div>{FOOTER}"""
+    text = text_of(body)
+    assert f"{LOREM} First." in text and f"{LOREM} Second." in text
+    assert "Other story" not in text and "More stories" not in text
+    assert "Photo: J. Doe" not in text  # captions describe a picture the text does not have
+
+
 def test_product_keeps_name_description_and_specs_table():
     body = f"""{NAV}<nav class="breadcrumb"><a href="/">Home</a> / <a href="/kitchen">Kitchen</a></nav>
     <div class="product"><h1>Steel kettle 1.7 l</h1><p class="price">$49.00</p>

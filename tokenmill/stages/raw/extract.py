@@ -1,14 +1,18 @@
 """tokenmill's own main-text extractor: one lxml parse, junk elements dropped in C, one walk that cuts the page
-into text blocks, and the main content chosen as the smallest element holding most of the page's prose.
+into text blocks, and the main content chosen as the element named as the article's body, or else the smallest
+element holding most of the page's prose.
 
     blocks      the text between block-level boundaries (a paragraph, a list item, a heading, a table row,
-                a <pre>), with its link characters and whether a boilerplate hint (class/id/role such as
-                nav, footer, cookie, share, related) sits above it
-    prose       a block's characters outside links, when it is not link-heavy and not under a hint
-    container   the deepest element whose blocks hold CONTAINER_SHARE of the page's prose: the article body
-                on an article, the thread (every post) on a forum, the grid of items on a listing
-    output      the container's blocks, hinted and link-heavy navigation left out; one block per line,
-                list items as "- item", table rows as tab-separated cells, <pre> verbatim
+                a <pre>), with its link characters and whether it sits in a card (a link wrapping blocks)
+    prose       a block's characters outside links, when it is not link-heavy; a card's weighs a quarter
+    furniture   blocks under <nav>/<footer>/<aside>, under a boilerplate class or id (nav, cookie, share,
+                related, byline, caption...), or in a comment section, each unless it holds so much of the
+                prose that it is the page (a false hint, a forum thread)
+    container   the span of the elements named as the body (itemprop articleBody, entry-content, post-body...)
+                when they hold enough of the prose outside comments; else the deepest element holding
+                CONTAINER_SHARE of the prose: the article body, the thread (every post), the grid of items
+    output      the container's blocks less furniture, menus and repeated texts, with the heading right above
+                it; one block per line, list items as "- item", table rows as tab-separated cells, <pre> verbatim
 
 Why not trafilatura: its XPath pruning and link-density passes cost ~30 ms a page and were half of the web
 graph's CPU; here a page costs one parse plus one Python step per element. Cost is linear in bytes and elements
@@ -23,13 +27,13 @@ from typing import NamedTuple
 
 from lxml import etree
 
-VERSION = "1"
+VERSION = "2"
 """Bumped whenever the same page can come out differently: it is written into every record's meta."""
 
 # dropped with everything inside, before the walk: never text a reader sees
 JUNK_TAGS = (
     "script", "style", "template", "svg", "math", "head", "iframe", "object", "embed", "canvas",
-    "video", "audio", "button", "select", "option", "textarea", "input", "dialog",
+    "video", "audio", "figcaption", "button", "select", "option", "textarea", "input", "dialog",
 )  # fmt: skip
 BLOCK_TAGS = frozenset(
     "address article aside blockquote body br caption center dd details dir div dl dt fieldset figcaption "
@@ -51,7 +55,7 @@ CELLS = frozenset(("td", "th"))
 _BOILERPLATE = re.compile(
     r"(?:^|[\s_-])(?:nav|navbar|navigation|menu|breadcrumbs?|footer|sidebar|cookies?|consent|gdpr|newsletter|"
     r"subscribe|subscription|share|sharing|social|related|recommended|popup|modal|advert|ads|adsbygoogle|"
-    r"sponsored|promo|nocontent|toolbar|pagination|pager|skip-link|sr-only|screen-reader-text|visually-hidden|"
+    r"sponsored|promo|nocontent|byline|caption|credits?|latest|trending|popular|most-read|mostread|outbrain|taboola|recirculation|toolbar|pagination|pager|skip-link|sr-only|screen-reader-text|visually-hidden|"
     r"login|signup|masthead|site-header|site-footer|copyright|disclaimer|reviews?|ratings?)(?:$|[\s_-])",
     re.IGNORECASE,
 )
@@ -227,33 +231,46 @@ def _main_blocks(walk: _Walk) -> list[Block]:
     menus and repeated texts left out."""
     blocks = walk.blocks
     prose = [b.prose for b in blocks]
-    dropped = _left_out(walk, prose)
+    comments = _covered(len(blocks), walk.comments)
+    dropped = _left_out(walk, prose, comments)
     weighed = [0 if d else CARD_WEIGHT * p if b.in_card else p for b, p, d in zip(blocks, prose, dropped)]
-    first, end = _container(walk, list(itertools.accumulate(weighed, initial=0)))
+    outside_comments = [0 if c else w for w, c in zip(weighed, comments)]
+    first, end = _container(
+        walk, list(itertools.accumulate(weighed, initial=0)), list(itertools.accumulate(outside_comments, initial=0))
+    )
     if first and blocks[first - 1].kind in HEADINGS and not dropped[first - 1]:
         first -= 1  # the heading right above the container is its title
     kept = [b for b, d in zip(blocks[first:end], dropped[first:end]) if not d]
     return _first_copies([b for b, menu in zip(kept, _in_menus(kept)) if not menu])
 
 
-def _container(walk: _Walk, before: list[float]) -> tuple[int, int]:
-    """The range of blocks holding the main content, given the prose left of blocks[:i]: the span of the elements
-    named as the article's body when they hold CONTENT_MIN_SHARE of it, else the deepest element holding
-    CONTAINER_SHARE of it, else the whole page. A card's prose weighs CARD_WEIGHT: teasers under an article
-    must not outweigh it."""
-    total = before[-1]
-    named = [(f, e) for f, e in walk.content if before[e] - before[f] >= NAMED_MIN_SHARE * total]
+def _container(walk: _Walk, before: list[float], outside_comments: list[float]) -> tuple[int, int]:
+    """The range of blocks holding the main content, given the prose left of blocks[:i] (and of it, what lies
+    outside comment sections): the span of the elements named as the article's body when they hold
+    CONTENT_MIN_SHARE of the prose outside comments (a blog post above a longer discussion is still the page's
+    body), else the deepest element holding CONTAINER_SHARE of all prose, else the whole page. A card's prose
+    weighs CARD_WEIGHT: teasers under an article must not outweigh it."""
+    total = outside_comments[-1]
+    named = [(f, e) for f, e in walk.content if outside_comments[e] - outside_comments[f] >= NAMED_MIN_SHARE * total]
     if named:
         first, end = min(f for f, _ in named), max(e for _, e in named)
-        if before[end] - before[first] >= CONTENT_MIN_SHARE * total:
+        if outside_comments[end] - outside_comments[first] >= CONTENT_MIN_SHARE * total:
             return first, end
     for first, end in walk.elements:  # closed innermost first: the first one holding enough is the deepest
-        if end - first >= MIN_CONTAINER_BLOCKS and before[end] - before[first] >= CONTAINER_SHARE * total:
+        if end - first >= MIN_CONTAINER_BLOCKS and before[end] - before[first] >= CONTAINER_SHARE * before[-1]:
             return first, end
     return 0, len(walk.blocks)
 
 
-def _left_out(walk: _Walk, prose: list[int]) -> bytearray:
+def _covered(size: int, ranges: list[tuple[int, int]]) -> bytearray:
+    """Per block, whether one of the ranges covers it."""
+    covered = bytearray(size)
+    for first, end in ranges:
+        covered[first:end] = b"\x01" * (end - first)
+    return covered
+
+
+def _left_out(walk: _Walk, prose: list[int], comments: bytearray) -> bytearray:
     """Per block, whether it is furniture: under <nav>, <footer> or <aside> (unless that holds TAG_MAX_SHARE of the
     page's prose), then under a boilerplate class or id (HINT_MAX_SHARE of what prose is left), then in the
     comments (COMMENTS_MAX_SHARE of what is left: more, and the comments are the page)."""
@@ -267,9 +284,6 @@ def _left_out(walk: _Walk, prose: list[int]) -> bytearray:
         for first, end in ranges:
             if before[end] - before[first] <= max_share * before[-1]:
                 dropped[first:end] = b"\x01" * (end - first)
-    comments = bytearray(len(prose))
-    for first, end in walk.comments:
-        comments[first:end] = b"\x01" * (end - first)
     left = left_before()[-1]
     if sum(p for p, c, d in zip(prose, comments, dropped) if c and not d) <= COMMENTS_MAX_SHARE * left:
         dropped = bytearray(d | c for d, c in zip(dropped, comments))
