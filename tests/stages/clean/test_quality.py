@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from tokenmill.stages.clean import CleanSettings, clean_corpus
 from tokenmill.stages.clean.quality import QualitySettings, choose_profile, web_verdict
 from tokenmill.stages.clean.quality import rules as R
-from tokenmill.stages.clean.quality.text import TOKEN_RE, TOKEN_RULES, Doc, detect_script_language
+from tokenmill.stages.clean.quality.text import TOKEN_RE, TOKEN_RULES, Doc, detect_script_language, tokenize
 
 S = QualitySettings()
 PROSE = "The quick brown fox jumps over the lazy dog and that is all with him."  # 15 words, 2 stop words+
@@ -87,17 +87,30 @@ def test_gopher_line_and_paragraph_repetition():
     assert bad.rule == "gopher_dup_paragraphs" and "paragraph 0" in bad.detail
 
 
-def test_the_letter_run_shortcut_cuts_as_the_rules_alone():
-    """TOKEN_RE tries a shortcut before the rules; on text built from the rules' hard cases (contractions, can|not,
-    initials, numbers, quotes, hyphens, every kind of space) the tokens must be the rules' own."""
-    rules = re.compile(TOKEN_RULES)
+def _hard_texts(n: int) -> list[str]:
+    """Texts built from the tokenizer rules' hard cases (contractions, can|not, initials, numbers, quotes, hyphens,
+    every kind of space)."""
     pieces = list("aAnNtT.,:;-–~/'’\"()[]«»“”$%&#*_é中1 \n\t\u00a0") + [
         "can", "not", "Cannot", "gonna", "wan", "na", "gim", "me", "n't", "'s", "U.S.", "...", "3.5", "e-mail",
     ]  # fmt: skip
     rng = random.Random(7)
-    for _ in range(20_000):
-        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 24)))
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 24))) for _ in range(n)]
+
+
+def test_the_letter_run_shortcut_cuts_as_the_rules_alone():
+    """TOKEN_RE tries a shortcut before the rules; on the hard cases the tokens must be the rules' own."""
+    rules = re.compile(TOKEN_RULES)
+    for text in _hard_texts(20_000):
         assert TOKEN_RE.findall(text) == rules.findall(text), text
+
+
+def test_tokenize_is_token_re_with_a_word_in_every_piece():
+    """tokenize steps over whitespace runs and must cut as TOKEN_RE; fineweb_list_like counts on every
+    whitespace-separated piece holding a word."""
+    for text in _hard_texts(20_000):
+        words = tokenize(text)
+        assert words == TOKEN_RE.findall(text), text
+        assert len(words) >= len(text.split()), text
 
 
 def _scanned_repeats(words: list[str], n: int, budget: float) -> tuple[int, int | None]:
@@ -132,6 +145,21 @@ def test_dup_ngrams_measure_what_a_plain_scan_measures():
                 break
         else:
             assert bad is None, text
+
+
+def test_ngram_ids_are_equal_exactly_for_equal_ngrams():
+    """Each width's ids are dense (0 .. distinct - 1), equal for equal n-grams and only for them, also past the
+    width from which no n-gram repeats (ids there are positions)."""
+    rng = random.Random(3)
+    for _ in range(300):
+        text = " ".join(rng.choice("a b c d e".split()) for _ in range(rng.randint(1, 40)))
+        doc = Doc(text, "en")
+        for n in range(1, 12):
+            grams = [tuple(doc.words[i : i + n]) for i in range(len(doc.words) - n + 1)]
+            ids = doc.ngram_ids(n).tolist()
+            index = {g: i for i, g in enumerate(dict.fromkeys(grams))}
+            assert len(ids) == len(grams) and sorted(set(ids)) == list(range(len(index)))
+            assert len({(g, i) for g, i in zip(grams, ids)}) == len(index), (text, n)
 
 
 def test_gopher_top_and_dup_ngrams():

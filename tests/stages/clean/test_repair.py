@@ -26,6 +26,19 @@ def test_mojibake_is_repaired_and_cjk_punctuation_untouched(tmp_path):
     assert stats.mojibake_repaired == 1
 
 
+def test_ftfy_is_skipped_only_where_it_changes_nothing():
+    """A text of clean lines with "©", "é" or "’" skips ftfy; a mojibake line, an entity or a terminal escape
+    among them does not (ftfy fixes line by line: the clean lines around it change nothing)."""
+    import ftfy
+
+    clean_lines = ["© 2024 Example Press. All rights reserved.", "Zoë’s résumé — “quoted”.", "plain ASCII", ""]
+    for extra in ["", mojibake("Zoë’s résumé"), "Ã mojibake at a line start", "fish &amp; chips", "\x1b[31mred"]:
+        text = "\n".join(clean_lines + [extra] + clean_lines)
+        fixed = ftfy.fix_text(text, R._ftfy_config())
+        assert R.ftfy_leaves_unchanged(text) == (not extra), extra
+        assert R.repair_mojibake(text) == (fixed, int(fixed != text)), extra
+
+
 def test_unicode_normalization_forms(tmp_path):
     decomposed = "Cafe\u0301 ｆｕｌｌｗｉｄｔｈ ﬁne"
     ids, recs, _, _ = clean(tmp_path, [decomposed + " " + PROSE], name="nfc")

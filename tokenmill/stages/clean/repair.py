@@ -13,6 +13,8 @@ SURROGATE_RE = re.compile(r"[\ud800-\udfff]")
 # Latin-1 range or an HTML entity: what UTF-8 mojibake (UTF-8 bytes decoded as cp1252/latin-1) always contains.
 MOJIBAKE_HINT_RE = re.compile(r"[\u0080-\u00ff]|&#?\w+;")
 LATIN1_RE = re.compile(r"[\u0080-\u00ff]")  # U+0080..U+00FF: the raw material of mojibake
+# what ftfy's other fixes (entities, C1 controls, surrogates, terminal escapes) act on, whatever the encoding
+FTFY_FIX_RE = re.compile(r"&#?\w+;|[\x1b\x80-\x9f\ud800-\udfff]")
 # control characters (tab and newline kept, CR handled by whitespace), zero-width space/no-break space (BOM),
 # word joiner, direction marks and embeddings. ZWJ/ZWNJ (U+200C/D) are kept: emoji sequences, Persian and
 # Indic scripts need them.
@@ -80,10 +82,26 @@ def repair_surrogates(text: str) -> tuple[str, int]:
         return fixed, n
 
 
+def ftfy_leaves_unchanged(text: str) -> bool:
+    """True when ftfy.fix_text returns `text` as it is, by ftfy's own early exits: it fixes each line (its
+    segment, "\\n" included) alone, and returns one with nothing for its other fixes as it is when the line is
+    ASCII or not `badness.is_bad`. Most web text holds a "©" or "’" and no mojibake: one regex search per
+    non-ASCII line instead of ftfy's passes over every line."""
+    if FTFY_FIX_RE.search(text) is not None or len(text) > _ftfy_config().max_decode_length:
+        return False
+    from ftfy.badness import is_bad
+
+    *lines, last = text.split("\n")
+    segments = [line + "\n" for line in lines if not line.isascii()]
+    if not last.isascii():
+        segments.append(last)
+    return not any(map(is_bad, segments))
+
+
 def repair_mojibake(text: str) -> tuple[str, int]:
     """Repairs UTF-8 decoded with the wrong codec ("Ã©tÃ©" -> "été") and HTML entities, via ftfy. Returns 1
     when the text changed."""
-    if MOJIBAKE_HINT_RE.search(text) is None:
+    if MOJIBAKE_HINT_RE.search(text) is None or ftfy_leaves_unchanged(text):
         return text, 0
     import ftfy
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tokenmill.stages.clean.quality.settings import QualitySettings
-from tokenmill.stages.clean.quality.text import LETTER_RE, LINE_BREAKS_RE, PARAGRAPH_BREAK_RE, TOKEN_RE, Doc
+from tokenmill.stages.clean.quality.text import LETTER_RE, LINE_BREAKS_RE, PARAGRAPH_BREAK_RE, Doc, tokenize
 
 EVIDENCE_CHARS = 60  # characters of a repeated line or n-gram quoted in a rejection's detail
 
@@ -233,7 +233,7 @@ def gopher_stop_words(doc: Doc, s: QualitySettings) -> Reject | None:
     stop = doc.rules.stop_words
     if not s.gopher_min_stop_words or not stop:
         return None
-    found = len(stop.intersection(w.lower() for w in doc.distinct_words))
+    found = len(stop.intersection(map(str.lower, doc.distinct_words)))
     return _below("gopher_stop_words", found, s.gopher_min_stop_words, f"stop words ({doc.language})")
 
 
@@ -269,8 +269,12 @@ def fineweb_dup_line_chars(doc: Doc, s: QualitySettings) -> Reject | None:
 
 
 def fineweb_list_like(doc: Doc, s: QualitySettings) -> Reject | None:
-    ratio = doc.text.count("\n") / max(1, len(doc.words))
-    return _above("fineweb_list_like", ratio, s.fineweb_max_newline_word_ratio, "line breaks per word")
+    newlines, limit = doc.text.count("\n"), s.fineweb_max_newline_word_ratio
+    # every whitespace-separated piece holds a word or more: a text within the limit per piece is within it per
+    # word, and is not tokenized (C4's text, which the FineWeb rules see, would be tokenized for this rule alone)
+    if newlines / max(1, len(doc.text.split())) <= limit:
+        return None
+    return _above("fineweb_list_like", newlines / max(1, len(doc.words)), limit, "line breaks per word")
 
 
 # ---- C4 (Raffel et al. 2020): line removal, then document rules ----------------------------------------------------
@@ -304,7 +308,7 @@ def count_sentences(line: str, enough: int) -> int:
         line = UNSPACED_PERIOD_RE.sub(". ", line)
     if "!" in line or "?" in line:
         line = INNER_MARK_RE.sub("", line)
-    for token in TOKEN_RE.findall(line):
+    for token in tokenize(line):
         if token == "." and previous + "." in ABBREVIATIONS:
             continue  # "Dr" "." is spaCy's one word "Dr."
         previous, period = token, False
@@ -345,7 +349,7 @@ def c4_filter(doc: Doc, s: QualitySettings) -> C4Result:
         line = raw.strip()
         words = line.split()
         why = None
-        if s.c4_max_word_length and any(len(w) > s.c4_max_word_length for w in words):
+        if s.c4_max_word_length and max(map(len, words), default=0) > s.c4_max_word_length:
             why = "too_long_word"
         else:
             if s.c4_remove_citations and "[" in line:

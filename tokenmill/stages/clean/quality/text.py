@@ -47,6 +47,9 @@ TOKEN_RULES = (
 # would not cut, ending where a word ends
 _LETTER_RUN = rf"(?!{_SPLIT_WORD})[^\W\d_]+(?=[\s{_SPLIT}]|[:,](?!\d)|$)"
 TOKEN_RE = re.compile(f"{_LETTER_RUN}|{TOKEN_RULES}")
+# TOKEN_RE with each run of whitespace matched too, as an empty word: a search steps over the run at once instead of
+# failing every rule at each of its characters (a third faster). No word starts with whitespace, so the words agree.
+_WORD_OR_SPACE_RE = re.compile(rf"\s+|({TOKEN_RE.pattern})")
 LETTER_OR_DIGIT_RE = re.compile(r"[^\W_]")
 LETTER_RE = re.compile(r"[^\W\d_]")
 PARAGRAPH_BREAK_RE = re.compile(r"\n{2,}")
@@ -63,6 +66,25 @@ ISO_639_3_TO_1 = {
     "nld": "nl", "dut": "nl", "rus": "ru", "pol": "pl", "zho": "zh", "chi": "zh", "cmn": "zh", "yue": "zh",
     "jpn": "ja", "tha": "th", "kor": "ko",
 }  # fmt: skip
+
+
+def tokenize(text: str) -> list[str]:
+    """The words of `text`: TOKEN_RE.findall(text), faster."""
+    return list(filter(None, _WORD_OR_SPACE_RE.findall(text)))
+
+
+def widened_ids(gram_ids: np.ndarray, next_words: np.ndarray, n_words: int) -> np.ndarray:
+    """Dense ids (0, 1, ...; equal n-grams, equal ids) of the n-grams one word wider than `gram_ids`' (dense too):
+    each n-gram's id paired with the word after it, ranked as np.unique's inverse ranks them, without its wrappers.
+    Once no two n-grams are equal, no two wider ones are, and their positions serve as ids, with no sort."""
+    if int(gram_ids.max(initial=0)) + 1 >= len(gram_ids):
+        return np.arange(max(0, len(gram_ids) - 1))
+    pairs = gram_ids[:-1] * (n_words + 1) + next_words
+    order = pairs.argsort()
+    ranked = pairs[order]
+    ids = np.empty(len(pairs), np.int64)
+    ids[order] = np.cumsum(np.concatenate(([0], ranked[1:] != ranked[:-1])))
+    return ids
 
 
 def language_code(meta: dict) -> str | None:
@@ -118,7 +140,7 @@ class Doc:
     def words(self) -> list[str]:
         if self.rules.tokens == "chars":
             return list("".join(self.text.split()))
-        return TOKEN_RE.findall(self.text)
+        return tokenize(self.text)
 
     @cached_property
     def distinct_words(self) -> list[str]:
@@ -145,8 +167,7 @@ class Doc:
         width = max(w for w in known if w <= n)
         words, gram_ids = self.word_ids, known[width]
         while width < n:
-            pairs = gram_ids[:-1] * (len(words) + 1) + words[width:]
-            gram_ids, width = np.unique(pairs, return_inverse=True)[1], width + 1
+            gram_ids, width = widened_ids(gram_ids, words[width:], len(words)), width + 1
             known[width] = gram_ids
         return gram_ids
 
