@@ -196,24 +196,26 @@ class _Walk:
 
 
 NO_HINT, FURNITURE_HINT, COMMENTS_HINT, CONTENT_HINT = "", "furniture", "comments", "content"
-_HINTS: dict[tuple, str] = {}  # (class, id) -> hint: class names repeat across a page and across a site
+_HINTS: dict[tuple, str] = {}  # (class, id, itemprop) -> hint: class names repeat across a page and a site
 NO_ATTRIBUTES = (None, None, None)
+# one search tells most names apart from hints (few are); the hint's kind is then looked up in order
+_ANY_HINT = re.compile("|".join(p.pattern for p in (_BOILERPLATE, _COMMENTS, _CONTENT)), re.IGNORECASE)
 
 
 def _hint(key: tuple[str | None, ...]) -> str:
-    """What a class or id names (furniture, a comment section or neither), remembered: the walk looks the pair up
-    first."""
+    """What a class, id or itemprop names (furniture, a comment section, the article's body or nothing),
+    remembered: the walk looks the triple up first."""
     if len(_HINTS) > HINT_CACHE_SIZE:
         _HINTS.clear()
-    names = [v for v in key[:2] if v]  # class and id; itemprop (a schema.org name) only says where the body is
-    if any(_BOILERPLATE.search(v) for v in names):
-        hint = FURNITURE_HINT
-    elif any(_COMMENTS.search(v) for v in names):
-        hint = COMMENTS_HINT
-    elif any(_CONTENT.search(v) for v in key if v):
-        hint = CONTENT_HINT
-    else:
-        hint = NO_HINT
+    hint = NO_HINT
+    if any(v and _ANY_HINT.search(v) for v in key):
+        names = [v for v in key[:2] if v]  # class and id; itemprop (a schema.org name) only says where the body is
+        if any(_BOILERPLATE.search(v) for v in names):
+            hint = FURNITURE_HINT
+        elif any(_COMMENTS.search(v) for v in names):
+            hint = COMMENTS_HINT
+        elif any(_CONTENT.search(v) for v in key if v):
+            hint = CONTENT_HINT
     _HINTS[key] = hint
     return hint
 
