@@ -4,24 +4,26 @@ The run process finds the components (union-find over the exact groups joined by
 per involved document, no document fields) and cuts them into parts of about `docs_per_part` documents, whole
 components each, so every cluster and keep decision is made inside one task (clusters.py). A part's task writes to
 the staging folder (CLUSTER_PART_DIR) its lines of clusters.jsonl, its decisions per chunk and its clustering (for
-the report's sample clusters), and returns its counts (report.ClusterCounts). The outputs step then merges the
-lines into clusters.jsonl, numbered in the order of their kept records; gathers each chunk's decisions (and, with
-an index, copies the chunk's rows into the segment); and shows the sample clusters the report chose, each from the
-part that holds it. Nothing depends on where the parts are cut: the output is the same over any `docs_per_part`.
+the report's sample clusters; plain arrays, never a pickle: save_clustering), and returns its counts
+(report.ClusterCounts). The outputs step then merges the lines into clusters.jsonl, numbered in the order of their
+kept records; gathers each chunk's decisions (and, with an index, copies the chunk's rows into the segment); and
+shows the sample clusters the report chose, each from the part that holds it. Nothing depends on where the parts are
+cut: the output is the same over any `docs_per_part`.
 """
 
 from __future__ import annotations
 
 import heapq
-import pickle
+import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import JsonlWriter
+from tokenmill.common.io import JsonlWriter, atomic_file
 from tokenmill.stages.dedup.clusters import (
+    Clusters,
     ClusterTask,
     build_clusters,
     components_of,
@@ -30,7 +32,15 @@ from tokenmill.stages.dedup.clusters import (
 )
 from tokenmill.stages.dedup.index import SegmentChunk, SegmentTask, write_segment_chunk
 from tokenmill.stages.dedup.keys import EXACT_DTYPE
-from tokenmill.stages.dedup.layout import CLUSTER_PART_DIR, CLUSTERS_FILE, DECISION_DIR, VERIFIED_DTYPE, Chunk, folder
+from tokenmill.stages.dedup.layout import (
+    CLUSTER_PART_DIR,
+    CLUSTERS_FILE,
+    DECISION_DIR,
+    VERIFIED_DTYPE,
+    Chunk,
+    DocumentTable,
+    folder,
+)
 from tokenmill.stages.dedup.report import ClusterCounts, sample_clusters
 from tokenmill.stages.dedup.settings import DedupSettings
 
@@ -103,7 +113,57 @@ def _decisions(staged: Path, part: int) -> Path:
 
 
 def _clustering(staged: Path, part: int) -> Path:
-    return staged / f"c{part:05d}.pickle"
+    return staged / f"c{part:05d}.clusters.npz"
+
+
+# a part's clustering as plain numpy arrays (never a pickle: the staging folder lies in the data root, and a pickle
+# anyone can write there runs code in every task that loads it). Each field of Clusters is an array of the file, its
+# document table's fields under DOCS_PREFIX; the few others (counts, the keep rule, the source paths) are arrays too.
+DOCS_PREFIX = "docs."
+
+
+def _as_arrays(obj, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for name, hint in typing.get_type_hints(type(obj)).items():
+        value = getattr(obj, name)
+        if hint is DocumentTable:
+            out.update(_as_arrays(value, DOCS_PREFIX))
+            continue
+        array = np.asarray(value, dtype=str) if hint == list[str] else np.asarray(value)
+        if array.dtype.hasobject:  # np.savez(allow_pickle=False) would refuse it too: say which field
+            raise TypeError(f"{type(obj).__name__}.{name}: an object array, which only a pickle could hold")
+        out[prefix + name] = array
+    return out
+
+
+def _from_arrays(cls, arrays, prefix: str = ""):
+    values: dict = {}
+    for name, hint in typing.get_type_hints(cls).items():
+        if hint is DocumentTable:
+            values[name] = _from_arrays(DocumentTable, arrays, DOCS_PREFIX)
+            continue
+        array = arrays[prefix + name]
+        if hint is np.ndarray:
+            values[name] = array
+        elif hint in (int, str):
+            values[name] = hint(array[()])
+        elif hint == list[str]:
+            values[name] = [str(x) for x in array.tolist()]
+        else:
+            raise TypeError(f"{cls.__name__}.{name}: no array form for {hint}")
+    return cls(**values)
+
+
+def save_clustering(path: Path, c: Clusters) -> None:
+    """The part's clustering as one .npz of plain arrays, renamed into place whole."""
+    with atomic_file(path, "wb") as f:
+        np.savez(f, allow_pickle=False, **_as_arrays(c))
+
+
+def load_clustering(path: Path) -> Clusters:
+    """save_clustering's file back (allow_pickle=False: an object array is refused, never unpickled)."""
+    with np.load(path, allow_pickle=False) as arrays:
+        return _from_arrays(Clusters, arrays)
 
 
 def cluster_part(task: ClusterTask) -> ClusterCounts:
@@ -112,8 +172,7 @@ def cluster_part(task: ClusterTask) -> ClusterCounts:
     c = build_clusters(task)
     np.save(_kept(staged, task.part), write_cluster_lines(_lines(staged, task.part), c))
     write_part_decisions(_decisions(staged, task.part), task.chunks, c)
-    with open(_clustering(staged, task.part), "wb") as f:
-        pickle.dump(c, f, protocol=pickle.HIGHEST_PROTOCOL)
+    save_clustering(_clustering(staged, task.part), c)
     return ClusterCounts.of(c, task.settings.sample_clusters)
 
 
@@ -184,6 +243,5 @@ class SampleTask:
 
 def show_samples(task: SampleTask) -> dict[int, dict]:
     """{key: sample} of the chosen clusters the part holds."""
-    with open(_clustering(Path(task.out_dir) / CLUSTER_PART_DIR, task.part), "rb") as f:
-        c = pickle.load(f)
+    c = load_clustering(_clustering(Path(task.out_dir) / CLUSTER_PART_DIR, task.part))
     return sample_clusters(list(task.chunks), c, list(task.keys))
