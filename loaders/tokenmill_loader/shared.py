@@ -14,6 +14,7 @@ of the in-process path.
 
 from __future__ import annotations
 
+import sys
 import uuid
 import weakref
 
@@ -40,6 +41,11 @@ class RingBatch:
     """What a worker sends for a batch in a slot: the slot, and per key either (byte offset, shape, dtype) in
     the slot or the value itself."""
 
+    # what __del__ uses, held by the class: at interpreter exit Python sets the modules' globals to None (`_RINGS`,
+    # `sys`) before the last batches in flight (torch's iterator keeps those that arrived out of order) are freed
+    _rings = _RINGS
+    _finalizing = staticmethod(sys.is_finalizing)
+
     def __init__(self, token: str, slot: int, entries: dict):
         self.token, self.slot, self.entries = token, slot, entries
         self.pending = False  # True once received and not yet opened: dropping it frees the slot
@@ -49,8 +55,9 @@ class RingBatch:
         self.pending = True
 
     def __del__(self):
-        if self.pending:
-            ring = _RINGS.get(self.token)
+        # at exit no worker will take the slot again: nothing to free (and weakref's globals may be gone too)
+        if self.pending and not self._finalizing():
+            ring = self._rings.get(self.token)
             if ring is not None:
                 ring.release(self.slot)
 
