@@ -28,6 +28,7 @@ AGREEMENT_BATCH = 1 << 16  # pairs compared at once (two (batch, num_perm) byte 
 # their count, so a task of short keys visits each chunk's key files once or a few times, not once per few thousand
 # pairs (the pairs' second documents are spread over every chunk: chunk visits grew with the corpus squared)
 KEY_BATCH_UNITS = 1 << 22
+SECOND_SETS_BYTES = 64 << 20  # of the second documents' shingle sets kept for their next pair
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,28 @@ class ExactJaccard:
         return mh.jaccard(self._held[2], self._kept[b, code])
 
 
+class _ShingleSets:
+    """The second documents' shingle sets, kept while they fit SECOND_SETS_BYTES: a page copied many times is the
+    second side of many pairs (each of its copies' first), and cutting its shingles again each time was most of
+    the verification on the web."""
+
+    def __init__(self, keys: dict[int, str]):
+        self._keys = keys
+        self._sets: dict[tuple[int, int], np.ndarray] = {}
+        self._bytes = 0
+
+    def get(self, doc: int, code: int) -> np.ndarray:
+        found = self._sets.get((doc, code))
+        if found is None:
+            found = mh.coded_shingle_set(self._keys[doc], code)
+            if self._bytes + found.nbytes > SECOND_SETS_BYTES:
+                self._sets.clear()
+                self._bytes = 0
+            self._sets[doc, code] = found
+            self._bytes += found.nbytes
+        return found
+
+
 @releases_memory
 def verify_range(task: VerifyTask) -> VerifyResult:
     s = task.settings
@@ -155,10 +178,11 @@ def verify_range(task: VerifyTask) -> VerifyResult:
         block = pairs[lo:hi]
         docs = np.unique(block)
         keys = dict(zip(docs.tolist(), corpus.keys(docs)))
+        seconds = _ShingleSets(keys)
         for i, ((a, b), n) in enumerate(zip(block.tolist(), sizes[lo:hi].tolist()), lo):
             if held is None or held[:2] != (a, n):
                 held = (a, n, mh.coded_shingle_set(keys[a], n))
-            sims[i] = mh.jaccard(held[2], mh.coded_shingle_set(keys[b], n))
+            sims[i] = mh.jaccard(held[2], seconds.get(b, n))
     ok = sims >= s.threshold - 1e-12
     rows = np.empty(int(ok.sum()), dtype=VERIFIED_DTYPE)
     rows["a"], rows["b"], rows["sim"] = pairs[ok, 0], pairs[ok, 1], sims[ok]
