@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from tokenmill.batches import FUNNEL_FILE, pending_batches, read_registry
+from tokenmill.common import disk
 from tokenmill.common.cache import cache_folder
 from tokenmill.common.io import REJECTED_FILE, read_json
 from tokenmill.common.lock import DataRootLock
@@ -25,17 +26,35 @@ from tokenmill_loader.format import DATASET_FILE
 
 
 def summary(data_root: Path) -> str:
-    """Records per stage, tokens, batches and where the shards are (funnel_telemetry/funnel.json, dataset.json);
-    a data root where no batch has been published yet (every batch so far retired) says so."""
+    """Records per stage with its bytes on disk and per input byte, tokens, batches, the data root's bytes (each
+    file once: tokenmill.common.disk) and where the shards are (funnel_telemetry/funnel.json, dataset.json); a data
+    root where no batch has been published yet (every batch so far retired) says so."""
     if not (data_root / FUNNEL_FILE).exists():
         return "  nothing published yet: no batch has come through the graph"
     funnel = read_json(data_root / FUNNEL_FILE)
+    sizes, source = disk.stage_bytes(data_root), disk.input_bytes(data_root)
+
+    def on_disk(n: int) -> str:
+        return f"{disk.human(n):>9}  {disk.per_input(n, source):.2f} B/input B"
+
     lines = [
-        f"  {s['stage']:<15} {s['docs_out']:>10,} records  (dropped {s['dropped_total']:,})" for s in funnel["stages"]
+        f"  {s['stage']:<15} {s['docs_out']:>10,} records  {'(dropped {:,})'.format(s['dropped_total']):<16}"
+        + (on_disk(sizes[s["stage"]]) if s["stage"] in sizes else "")
+        for s in funnel["stages"]
     ]
     tokens = funnel["tokens"]
     lines.append(f"  tokens          {tokens['total']:>10,}  ({100 * tokens['supervised_share']:.1f}% supervised)")
     lines.append(f"  batches         {len(funnel['batches']):>10,}  (generation {funnel['generation']})")
+    others = ", ".join(
+        f"{k} {disk.human(sizes[k])} ({disk.per_input(sizes[k], source):.2f})"
+        for k in disk.STAGES
+        if k in sizes and k not in {s["stage"] for s in funnel["stages"]}
+    )
+    total = disk.tree_bytes(data_root)
+    lines.append(
+        f"  disk            {disk.human(total):>10}  {disk.per_input(total, source):.2f} B/input B for "
+        f"{disk.human(source)} of input" + (f" (also {others})" if others else "")
+    )
     manifest = data_root / "tokenized_bins" / "train" / DATASET_FILE
     version = read_json(manifest).get("version") if manifest.exists() else None
     lines.append(

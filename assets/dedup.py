@@ -5,7 +5,7 @@ import dagster as dg
 
 from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
 from assets.checks import DEDUPED_NO_EXACT_DUPLICATES, deduped_no_exact_duplicates, publish_only_if_passed
-from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jsonl_metadata
+from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jsonl_metadata, disk_metadata
 from resources import Compute, DataRoot
 from tokenmill.batches import read_registry
 from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, staged_output
@@ -78,7 +78,11 @@ def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, d
     )
     yield dg.MaterializeResult(
         asset_key="dedup_index",
-        metadata={"path": dg.MetadataValue.path(str(index_dir)), "earlier_segments": len(earlier)},
+        metadata={
+            "path": dg.MetadataValue.path(str(index_dir)),
+            "earlier_segments": len(earlier),
+            **disk_metadata(index_dir),
+        },
     )
 
 

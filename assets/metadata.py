@@ -20,6 +20,7 @@ from pathlib import Path
 import dagster as dg
 
 from tokenmill.batches import REGISTRY_FILE, read_registry
+from tokenmill.common import disk
 from tokenmill.common.io import iter_jsonl, record_shards
 from tokenmill.common.results import StageResult
 from tokenmill.explain import word_diff
@@ -148,6 +149,42 @@ def source_metadata(path: Path) -> dict:
     return {}
 
 
+def disk_metadata(folder: Path) -> dict:
+    """What the stage keeps on disk: `bytes_written` (the files of its output, each counted once: a batch's folder
+    `<data root>/<stage>/<batch>`, or a whole-corpus stage's folder), `input_bytes` (the source bytes they come
+    from: that batch's, or every batch's) and `bytes_per_input_byte`; {} outside a data root."""
+    folder = Path(folder)
+    root = next((r for r in folder.parents if (r / REGISTRY_FILE).exists()), None)
+    if root is None or not folder.exists():
+        return {}
+    batch = folder.name if folder.parent.parent == root else None
+    source = disk.batch_input_bytes(root, batch) if batch else disk.input_bytes(root)
+    written = disk.tree_bytes(folder)
+    return {
+        "bytes_written": dg.MetadataValue.int(written),
+        "input_bytes": dg.MetadataValue.int(source or 0),
+        "bytes_per_input_byte": dg.MetadataValue.float(disk.per_input(written, source or 0)),
+    }
+
+
+def data_root_disk_metadata(root: Path) -> dict:
+    """The data root's bytes on disk (each file once) per stage and in total, and per input byte; {} when `root`
+    is not a data root."""
+    root = Path(root)
+    if not (root / REGISTRY_FILE).exists():
+        return {}
+    source, stages = disk.input_bytes(root), disk.stage_bytes(root)
+    total = disk.tree_bytes(root)
+    rows = [(k, n, disk.per_input(n, source)) for k, n in stages.items()] + [
+        ("data root", total, disk.per_input(total, source))
+    ]
+    return {
+        "disk_per_stage": dagster_table(table(rows, ["stage", "bytes", "bytes per input byte"])),
+        "data_root_bytes": dg.MetadataValue.int(total),
+        "data_root_bytes_per_input_byte": dg.MetadataValue.float(disk.per_input(total, source)),
+    }
+
+
 def stage_counts(result: StageResult, path: Path) -> dict:
     """The keys every stage shows: docs_in, docs_out, dropped_<reason>, seconds, path, and the source it came from."""
     return {
@@ -227,6 +264,8 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         "tokens": t["total"],
         "supervised_share": round(t["supervised_share"], 4),
         "conserved": funnel["conserved"],
+        **disk_metadata(folder),
+        **data_root_disk_metadata(Path(folder).parent),
         "path": dg.MetadataValue.path(str(folder / "funnel.json")),
         "chart_path": dg.MetadataValue.path(str(chart_file)),
     }
@@ -321,6 +360,7 @@ def raw_records_metadata(result: RawResult, path: Path) -> dict:
     """raw_records: the counts, rejections by reason, a per-file table and a preview of the first records."""
     return {
         **stage_counts(result, path),
+        **disk_metadata(path),
         "rejected_by_reason": dg.MetadataValue.json(result.rejected_by_reason),
         "rejected_samples": drop_samples_table(result.rejected_samples, "snippet"),
         # WARC records that are not documents (request, metadata, non-HTML response, ...): outside docs_in
@@ -370,6 +410,7 @@ def cleaned_jsonl_metadata(result: CleanResult, path: Path) -> dict:
     )
     return {
         **stage_counts(result, path),
+        **disk_metadata(path),
         "mojibake_repaired": result.mojibake_repaired,
         "docs_meta_extracted": result.docs_meta_extracted,
         "boilerplate_lines_stripped": bp["lines_stripped"],
@@ -490,6 +531,7 @@ def dedup_report_metadata(
     )
     return {
         **stage_counts(result, folder / report_file),
+        **disk_metadata(folder),
         **(result.incremental or {}),
         **{
             k: c[k]
@@ -578,6 +620,7 @@ def deduped_jsonl_metadata(result: DedupApplyResult, folder: Path, removed_file:
     """deduped_jsonl: the counts, removed records next to the one kept, and where every removed record is listed."""
     return {
         **stage_counts(result, folder),
+        **disk_metadata(folder),
         "removed_samples": dagster_table(removed_samples_page(removed_samples_table(result.removed_samples))),
         "removed_path": dg.MetadataValue.path(str(folder / removed_file)),
     }
@@ -604,6 +647,7 @@ def tokenizer_metadata(result: TokenizerResult, folder: Path) -> dict:
     )
     return {
         **stage_counts(result, folder / "tokenizer.json"),
+        **disk_metadata(folder),
         "mode": result.mode,
         "vocab_size": result.vocab_size,
         "sample_records": result.sample_records,
@@ -661,6 +705,7 @@ def tokenized_bins_metadata(result: TokenizeResult, folder: Path) -> dict:
         "tokens_per_doc_p99": tpd["p99"],
         "tokens_per_doc": markdown_table(hist),
         "bytes_on_disk": dagster_table(sizes),
+        **disk_metadata(folder),
         "sample": dg.MetadataValue.md(sample),
     }
 

@@ -15,15 +15,17 @@ from support import run_config, write_batch_file
 from assets.batches import register_batches
 from definitions import build_defs
 from resources import CorpusSource, DataRoot
-from runs import run_batches
+from runs import run_batches, summary
 from tokenmill.batches import read_registry, register_new_files
+from tokenmill.common.disk import STAGES, tree_bytes
 from tokenmill.common.io import iter_jsonl, read_json, record_shards
 from tokenmill.errors import SourceChangedError
 from tokenmill.stages.raw.discover import source_state
 from tokenmill_loader import open_store
-from tokenmill_loader.format import read_record_ids
+from tokenmill_loader.format import TOKENIZER_FILE, read_record_ids
 
 REPO = Path(__file__).resolve().parents[1]
+DISK_KEYS = ("bytes_written", "input_bytes", "bytes_per_input_byte")
 
 
 def update(instance, source: Path, data: Path, config: dict, rebuild: bool = False) -> list[str]:
@@ -69,6 +71,11 @@ def batches_and_one_build(tmp_path_factory):
         write_batch_file(source / "c.jsonl", 60, seed=3, copies_of=first[6:10] + second[:6])
         assert update(instance, source, data, run_config()) == ["g1-b000003"]
         versions.append(open_store(data / "tokenized_bins" / "train").version)
+        disk_figures = {}  # each stage's latest materialization's disk figures (the last batch's, for a batch's)
+        for key in STAGES:
+            latest = instance.fetch_materializations(dg.AssetKey(key), limit=1).records[0].asset_materialization
+            disk_figures[key] = {k: v.value for k, v in latest.metadata.items() if k in DISK_KEYS}
+        (root / "disk_metadata.json").write_text(json.dumps(disk_figures))
         update(instance, source, whole, run_config(str(data / "tokenizer" / "tokenizer.json")))
     return source, data, whole, versions
 
@@ -110,6 +117,39 @@ def test_records_are_conserved_per_batch_and_in_total(batches_and_one_build, sha
         [sys.executable, str(shared_dir / "tools" / "check_contracts.py"), str(data)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout
+
+
+def test_what_nobody_reads_after_a_stage_is_not_kept(batches_and_one_build):
+    """Issue 45: the dedup report keeps no signatures (each index segment holds what later batches need of them),
+    the tokenizer copies next to the shards are one file, and the loader still opens every split."""
+    _, data, _, versions = batches_and_one_build
+    for key in read_registry(data).keys:
+        report, segment = data / "dedup_report" / key, data / "dedup_index" / key
+        assert sorted(p.name for p in report.iterdir() if p.is_dir()) == ["decisions"], key
+        assert {"signatures", "lsh", "keys", "docs"} <= {p.name for p in segment.iterdir() if p.is_dir()}, key
+    splits = [data / "tokenized_bins" / split for split in ("train", "val")]
+    copies = [p for d in splits for p in [d / TOKENIZER_FILE, *d.glob("tokenizer-*.json")]]
+    assert len(copies) == 4 and len({(p.stat().st_dev, p.stat().st_ino) for p in copies}) == 1
+    assert all((data / "tokenizer" / TOKENIZER_FILE).read_bytes() == p.read_bytes() for p in copies)
+    assert tree_bytes(data / "tokenized_bins") < sum(f.stat().st_size for f in (data / "tokenized_bins").rglob("*.*"))
+    for split in ("train", "val"):
+        assert open_store(data / "tokenized_bins" / split).version == versions[-1]
+
+
+def test_every_stage_says_its_bytes_per_input_byte(batches_and_one_build):
+    """Each stage's metadata and `tokenmill update`'s summary: bytes on disk, and per byte of the input."""
+    _, data, _, _ = batches_and_one_build
+    figures = json.loads((data.parent / "disk_metadata.json").read_text())
+    last = read_json(data / "raw_records" / "g1-b000003" / "_stats.json")["bytes_read"]
+    for key in STAGES:
+        f = figures[key]
+        assert set(f) == set(DISK_KEYS) and f["bytes_written"] > 0, key
+        assert f["bytes_per_input_byte"] == round(f["bytes_written"] / f["input_bytes"], 3), key
+        per_batch = key not in ("tokenizer", "tokenized_bins", "funnel_telemetry")
+        assert (f["input_bytes"] == last) == per_batch, key  # a batch's own input, or every batch's
+    lines = summary(data).splitlines()
+    assert sum("B/input B" in line for line in lines) == 5  # the four record stages and the data root
+    assert re.search(r"disk .* B/input B for .* of input \(also dedup_report .*dedup_index", lines[-2])
 
 
 def test_a_changed_or_removed_file_is_named_and_waits_while_new_files_go_on(tmp_path):

@@ -104,8 +104,13 @@ def batch_folders(stage_dir: str | os.PathLike) -> list[Path]:
 
 def gather_batch_files(stage_dir: str | os.PathLike, name: str) -> None:
     """`stage_dir/name`: every batch folder's `name` (rejected or removed records) in batch order, so the stage
-    folder lists what it dropped in one place, as an unpartitioned stage does."""
-    concat_files([p / name for p in batch_folders(stage_dir) if (p / name).exists()], Path(stage_dir) / name, False)
+    folder lists what it dropped in one place, as an unpartitioned stage does: one batch's file is hard-linked, not
+    copied (link_atomic; the batch folder's files are never written in place)."""
+    parts = [p / name for p in batch_folders(stage_dir) if (p / name).exists()]
+    if len(parts) == 1:
+        link_atomic(parts[0], Path(stage_dir) / name)
+    else:
+        concat_files(parts, Path(stage_dir) / name, False)
 
 
 def shard_name(index: int) -> str:
@@ -133,6 +138,24 @@ def atomic_file(path: str | os.PathLike, mode: str = "w") -> Iterator:
         with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as f:
             yield f
         os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def link_atomic(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """`dst` becomes `src`'s bytes as a hard link to it (one copy on disk; `src` must never be written in place),
+    renamed into place like atomic_file; a plain copy where the file system refuses the link (another device, no
+    links)."""
+    src, dst = Path(src), Path(dst)
+    if dst.exists() and os.path.samefile(src, dst):
+        return  # already one file (renaming a link over itself would leave the temporary name)
+    tmp = temporary_path(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
     finally:
         tmp.unlink(missing_ok=True)
 

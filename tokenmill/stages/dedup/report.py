@@ -27,7 +27,6 @@ from tokenmill.stages.dedup.layout import (
     DECISION_DIR,
     LEVEL_NAMES,
     REPORT_FILE,
-    SIGNATURE_DIR,
     Chunk,
     DocumentTable,
     chunk_lines,
@@ -457,20 +456,9 @@ def _input(chunks: list[Chunk]) -> dict:
     }
 
 
-def _files(s: DedupSettings, clusters_written: int) -> dict:
-    return {
-        "clusters": CLUSTERS_FILE,
-        "decisions": DECISION_DIR,
-        "signatures": SIGNATURE_DIR,
-        "clusters_written": clusters_written,
-        "signature_layout": "signatures/<chunk>.npy: uint32 (items, num_perm) MinHash signatures; row i "
-        "is document item_doc[i] (0-based record of the chunk) sketched with "
-        "shingles of code item_n[i] (both in <chunk>.items.npz; the code is the size, plus 128 for words); "
-        "<chunk>.bands.npy: uint64 "
-        f"(bands, items) band hashes. datasketch.MinHash(num_perm, seed, hashfunc={_hashfunc(s)}"
-        ", hashvalues=row, scheme='affine32') rebuilds a row as a datasketch "
-        "MinHash.",
-    }
+def _files(clusters_written: int) -> dict:
+    """The report's files (the step files, signatures/ among them, are removed at the end: stage.STEP_DIRS)."""
+    return {"clusters": CLUSTERS_FILE, "decisions": DECISION_DIR, "clusters_written": clusters_written}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -523,7 +511,7 @@ def write_report(
         "cluster_sizes": histogram(c.sizes),
         "samples": shown,
         "input": _input(run.chunks),
-        "files": _files(run.settings, clusters_written),
+        "files": _files(clusters_written),
         "partitions": run.partitions,
     }
     incremental: dict = {}

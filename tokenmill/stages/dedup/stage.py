@@ -1,8 +1,9 @@
 """Orchestration of the dedup stage: the steps in order, each a map over small task dataclasses naming files.
 
 `build_dedup_report(in_dir, out_dir, settings)` runs steps 1-7 and leaves in `out_dir`: report.json, clusters.jsonl,
-decisions/ (the removed records per chunk), signatures/ (per chunk MinHash signatures, band hashes and items) and
-_stats.json; the other step files are removed at the end. `write_deduped` (apply.py) is step 8.
+decisions/ (the removed records per chunk) and _stats.json; the step files (signatures/ included: the index segment
+keeps what later batches need of them, folded, and nothing reads them after the stage) are removed at the end.
+`write_deduped` (apply.py) is step 8.
 
 `dedup_batch(cleaned_dir, index_dirs, report_out, index_out, settings)` deduplicates one batch against the index
 segments of the earlier batches (index.py) and within itself: the same steps over the index's chunks followed by
@@ -77,6 +78,7 @@ from tokenmill.stages.dedup.layout import (
     EXACT_DIR,
     KEYS_DIR,
     LSH_DIR,
+    SIGNATURE_DIR,
     VERIFIED_DIR,
     Chunk,
     folder,
@@ -87,6 +89,9 @@ from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
 from tokenmill.stages.dedup.verify import VerifyResult, VerifyTask, verify_range
 
+# what only the steps read, removed when the report is written: the per-chunk signatures, band hashes and items
+# (2.2 bytes per input byte on the demo) went into the index segment (index.py, folded to 16 bits) before that
+STEP_DIRS = (DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR, CLUSTER_PART_DIR)
 POOL_MIN_ITEMS = 1 << 22  # band items below which the bucket step runs in this process
 
 T = TypeVar("T")
@@ -410,8 +415,9 @@ def _summary(
 def _report(
     run: DedupRun, summary: RunSummary, clusters: ClusterCounts, shown: list[dict], clusters_written: int
 ) -> DedupResult:
-    """Step 7: report.json and the result; the step files only the steps read are removed. Returns the result."""
+    """Step 7: report.json and the result; the step files only the steps read are removed (STEP_DIRS). Returns the
+    result."""
     result = write_report(run.out_dir, summary, clusters, shown, clusters_written)
-    for name in (DOCS_DIR, KEYS_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR, CLUSTER_PART_DIR):
+    for name in STEP_DIRS:
         shutil.rmtree(run.out_dir / name, ignore_errors=True)
     return result

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import atomic_file
+from tokenmill.common.io import atomic_file, link_atomic
 from tokenmill.errors import CapacityError, ConfigError
 from tokenmill.stages.tokenize.encode import SplitChunk, check_ids, read_splits
 from tokenmill.stages.tokenize.versions import next_shard_index
@@ -335,11 +335,18 @@ class PackPlan:
 
 
 def write_tokenizer_copy(split_dir: Path, tokenizer_bytes: bytes, sha256: str) -> None:
-    """The immutable, content-named copy of the tokenizer a version is encoded with."""
+    """The immutable, content-named copy of the tokenizer a version is encoded with: a hard link to the other
+    split's copy where that holds these bytes (one file on disk for both splits), else written."""
     path = Path(split_dir) / versioned_tokenizer_file(sha256)
-    if not path.exists():
-        with atomic_file(path, "wb") as f:
-            f.write(tokenizer_bytes)
+    if path.exists():
+        return
+    for other in SPLITS:
+        twin = path.parent.parent / other / path.name
+        if twin != path and twin.is_file() and twin.read_bytes() == tokenizer_bytes:
+            link_atomic(twin, path)
+            return
+    with atomic_file(path, "wb") as f:
+        f.write(tokenizer_bytes)
 
 
 def version_manifests(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenmill.common.failpoints import failpoint
-from tokenmill.common.io import TEMPORARY_GLOB, atomic_file, atomic_write_json, read_json
+from tokenmill.common.io import TEMPORARY_GLOB, atomic_file, atomic_write_json, link_atomic, read_json
 from tokenmill.errors import CorruptOutputError
 from tokenmill_loader.format import (
     DATASET_FILE,
@@ -86,14 +86,14 @@ def _manifest_version(path: Path) -> int | None:
 
 
 def _point_split(split_dir: Path, version: int, extras_from: Path) -> None:
-    """The split's latest files: tokenizer.json and the tokenizer's extra files (from `extras_from`), then
-    dataset.json, last."""
+    """The split's latest files: tokenizer.json (a hard link to the version's tokenizer-<sha>.json) and the
+    tokenizer's extra files (from `extras_from`), then dataset.json, last."""
     manifest = split_dir / version_file(version)
     tokenizer = read_json(manifest)["tokenizer"]["file"]
     for name in TOKENIZER_EXTRA_FILES:
         if (Path(extras_from) / name).is_file():
             _copy_atomic(Path(extras_from) / name, split_dir / name)
-    _copy_atomic(split_dir / tokenizer, split_dir / TOKENIZER_FILE)
+    link_atomic(split_dir / tokenizer, split_dir / TOKENIZER_FILE)  # the version's copy, not a second one
     _copy_atomic(manifest, split_dir / DATASET_FILE)
 
 
