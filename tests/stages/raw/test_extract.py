@@ -97,6 +97,12 @@ def test_a_named_article_body_wins_over_longer_teasers():
     assert "Photo: J. Doe" not in text  # captions describe a picture the text does not have
 
 
+def test_a_page_held_in_an_aside_is_read():
+    # <nav>, <footer> and <aside> are passed over unread, unless they may hold the page: then it is read again
+    body = f"""{NAV}<aside class="main"><h1>Notes</h1><p>{LOREM}</p><p>{LOREM} Again.</p></aside>"""
+    assert f"{LOREM} Again." in text_of(body)
+
+
 def test_product_keeps_name_description_and_specs_table():
     body = f"""{NAV}<nav class="breadcrumb"><a href="/">Home</a> / <a href="/kitchen">Kitchen</a></nav>
     <div class="product"><h1>Steel kettle 1.7 l</h1><p class="price">$49.00</p>

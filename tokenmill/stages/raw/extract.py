@@ -99,7 +99,10 @@ class _Walk:
     """One pass over the parsed tree: blocks in document order, and the range of blocks under each block-level
     element and under each element carrying a boilerplate hint."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_furniture: bool) -> None:
+        self.read_furniture = read_furniture
+        self.furniture_chars = 0  # characters of the largest <nav>, <footer> or <aside> passed over unread
+        self.passed_over: set[int] = set()  # where they were: the number of blocks before each
         self.blocks: list[Block] = []
         self.elements: list[tuple[int, int]] = []  # (first block, end block) per block element, innermost first
         self.furniture: list[tuple[int, int]] = []  # the same for <nav>, <footer> and <aside>
@@ -141,6 +144,16 @@ class _Walk:
         tag = el.tag
         role = ROLES.get(tag, INLINE) if tag.__class__ is str else None
         if role is None:  # an entity or processing instruction left by the parser
+            if el.tail:
+                self.add(el.tail)
+            return
+        if role is FURNITURE and not self.read_furniture and not self.pre:
+            # its blocks would be left out (_left_out): its characters are counted in C, not read block by block
+            if self.pieces:
+                self.flush()
+            if chars := sum(len(t) for t in el.itertext() if not t.isspace()):
+                self.furniture_chars = max(self.furniture_chars, chars)
+                self.passed_over.add(len(self.blocks))
             if el.tail:
                 self.add(el.tail)
             return
@@ -220,11 +233,17 @@ def _hint(key: tuple[str | None, ...]) -> str:
     return hint
 
 
-def _walk(root) -> _Walk:
-    walk = _Walk()
+def _walk(root, read_furniture: bool = False) -> _Walk:
+    """The page's blocks. <nav>, <footer> and <aside> are passed over (most of a page's elements, and their blocks
+    would be left out) unless one of them may hold TAG_MAX_SHARE of the prose: its characters bound its prose, and
+    the page is then walked again, reading them."""
+    walk = _Walk(read_furniture)
     walk.visit(root)
     if walk.pieces:
         walk.flush()
+    chars = walk.furniture_chars
+    if chars and chars > TAG_MAX_SHARE * (sum(b.prose for b in walk.blocks) + chars):
+        return _walk(root, read_furniture=True)
     return walk
 
 
@@ -240,7 +259,7 @@ def _main_blocks(walk: _Walk) -> list[Block]:
     first, end = _container(
         walk, list(itertools.accumulate(weighed, initial=0)), list(itertools.accumulate(outside_comments, initial=0))
     )
-    if first and blocks[first - 1].kind in HEADINGS and not dropped[first - 1]:
+    if first and blocks[first - 1].kind in HEADINGS and not dropped[first - 1] and first not in walk.passed_over:
         first -= 1  # the heading right above the container is its title
     kept = [b for b, d in zip(blocks[first:end], dropped[first:end]) if not d]
     return _first_copies([b for b, menu in zip(kept, _in_menus(kept)) if not menu])
