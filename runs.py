@@ -136,9 +136,15 @@ def still_pending(data_root, instance, key: str) -> bool:
 def run_batches(job, instance, keys: list[str], run_config: dict | None = None, raise_on_error: bool = False):
     """Runs `job` (tokenmill_all) for each batch in order in this process; yields (batch key, result) and stops
     after the first failure (a later batch is deduplicated against this one)."""
+    from resources.instance import run_process_tags
+
     for key in keys:
         result = job.execute_in_process(
-            run_config=run_config or {}, instance=instance, partition_key=key, raise_on_error=raise_on_error
+            run_config=run_config or {},
+            instance=instance,
+            partition_key=key,
+            raise_on_error=raise_on_error,
+            tags=run_process_tags(),  # a later update or run monitoring fails the run once this process is gone
         )
         yield key, result
         if not result.success:
@@ -169,7 +175,19 @@ def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...
             file=sys.stderr,
         )
         return 2
-    instance = dg.DagsterInstance.get() if home else dg.DagsterInstance.ephemeral()
+    from resources.instance import fail_runs_of_gone_processes, open_instance, unusable_instance
+
+    def say(message: str) -> None:
+        print(f"tokenmill update: {message}", file=sys.stderr)
+
+    try:
+        instance = open_instance(home, say) if home else dg.DagsterInstance.ephemeral()
+        # runs of an earlier update killed before the data root's lock named them (that lock's holder is failed by
+        # the next run taking it)
+        fail_runs_of_gone_processes(instance, f"tokenmill update (pid {os.getpid()})", say)
+    except TokenmillError as e:
+        say(str(e))
+        return 2
     try:
         from assets.batches import register_batches, retire
         from definitions import defs
@@ -194,6 +212,11 @@ def _update(config_path: str | None, rebuild: bool, drop_batches: tuple[str, ...
         return 2
     except dg.DagsterInvalidConfigError as e:  # a setting Dagster's schema refuses (an unknown choice or field)
         print(f"tokenmill update: {config_path}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except Exception as e:  # an instance whose schema is behind: one line naming `dagster instance migrate`
+        if (line := unusable_instance(e, home)) is None:
+            raise
+        say(line)
         return 2
     if not pending:
         print(f"tokenmill update: {source} -> {data_root}: up to date, no new files to read\n{summary(data_root)}")

@@ -17,6 +17,7 @@ from pydantic import Field, PrivateAttr
 
 from tokenmill.batches import DATA_ROOT_TAG, SOURCE_TAG, WHOLE_GRAPH_JOB, read_registry
 from tokenmill.common.compute import LocalEngine, RayEngine, RayOptions, Usage, activated
+from tokenmill.common.failpoints import failpoint
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import local_workers, workers_kept
@@ -153,6 +154,7 @@ class DataRoot(dg.ConfigurableResource):
         except ConfigError as e:
             raise RunConfigRefused(str(e), user_exception=e, original_exc_info=sys.exc_info()) from e
         self.check_run_tags(run)
+        failpoint("data_root:lock")  # the run STARTED, its data root not yet locked (tests/test_dead_runs.py)
         self._lock = self.acquire(run.run_id, log.warning)
         # a run that died holding the lock stays STARTED in Dagster (and keeps its data root's queue closed)
         fail_run_of_dead_holder(instance, self._lock.dead_holder, str(self.path("")), run.run_id, log.warning)

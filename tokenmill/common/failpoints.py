@@ -4,7 +4,8 @@
 process group (the run and its workers at once, as ``kill -9 -<pgid>`` would). Unset, a point costs one dict
 lookup. Points: ``<stage>:staged``, ``<stage>:versioned``, ``<stage>:pointed`` around each stage's publish
 (common/io.py) and ``tasks:<function>`` in the run process once a stage's worker tasks are running
-(common/parallel.py).
+(common/parallel.py), ``data_root:lock`` in a run's set-up once it is STARTED, before it locks its data root
+(resources/__init__.py).
 """
 
 from __future__ import annotations

@@ -43,6 +43,11 @@ def _process_start(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
+def this_process() -> dict:
+    """This process as a lock file (and a run's tags, resources/instance.py) name it: pid, host, process_start."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "process_start": _process_start(os.getpid())}
+
+
 def holder_gone(holder: dict) -> bool:
     """Whether the process a lock file names has ended: only decidable on its own host with /proc (Linux); a holder
     on another host, or written before process_start was recorded, counts as alive."""
@@ -85,15 +90,7 @@ class DataRootLock:
         os.ftruncate(fd, 0)
         os.pwrite(
             fd,
-            json.dumps(
-                {
-                    "run_id": run_id,
-                    "pid": os.getpid(),
-                    "host": socket.gethostname(),
-                    "since": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "process_start": _process_start(os.getpid()),
-                }
-            ).encode(),
+            json.dumps({"run_id": run_id, **this_process(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode(),
             0,
         )
         self._fd = fd
