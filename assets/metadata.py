@@ -181,7 +181,7 @@ def data_root_disk_metadata(root: Path) -> dict:
     return {
         "disk_per_stage": dagster_table(table(rows, ["stage", "bytes", "bytes per input byte"])),
         "data_root_bytes": dg.MetadataValue.int(total),
-        "data_root_bytes_per_input_byte": dg.MetadataValue.float(disk.per_input(total, source)),
+        "data_root_per_input": dg.MetadataValue.float(disk.per_input(total, source)),
     }
 
 
