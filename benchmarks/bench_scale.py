@@ -45,21 +45,13 @@ import numpy as np
 from proctree import Periodic, descendants, status_mib
 from scale_corpus import DOCS_PER_FILE, corpus
 
+from tokenmill.common.disk import STAGES  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
 GIB = 1024.0  # MiB
 RUN_LIMIT_MIB, PROCESS_LIMIT_MIB, CPU_RATIO_LIMIT = 1 * GIB, 2 * GIB, 1.15
-# the graph's assets in order; per-batch ones keep `<stage>/<batch>/_timings.json`
-STAGES = (
-    "raw_records",
-    "cleaned_jsonl",
-    "dedup_report",
-    "dedup_index",
-    "deduped_jsonl",
-    "tokenizer",
-    "tokenized_bins",
-    "funnel_telemetry",
-)
+# the per-batch assets, each keeping `<stage>/<batch>/_timings.json`
 PER_BATCH = {"raw_records", "cleaned_jsonl", "dedup_report", "dedup_index", "deduped_jsonl"}
 EVENTS = """
 import json, dagster as dg

@@ -238,3 +238,34 @@ def planted_dedup_corpus(seed: int = 0) -> tuple[list[dict], dict]:
 def kept_ids(folder: Path) -> set:
     """The ids of the records in the record shards of `folder` (a deduped_jsonl output)."""
     return {r["id"] for f in record_shards(folder) for r in iter_jsonl(f)}
+
+
+def two_batch_graph(root: Path) -> tuple[Path, list[str]]:
+    """The whole graph, run in two source batches under `root` (a fresh folder), and a.jsonl's first 40 texts.
+    a.jsonl: 40 records, an exact copy of its record 1 (line 41), a near copy of record 2 (42), a line that is not
+    JSON (43), a too-short text (44); then b.jsonl: 40 records, exact and near copies of a.jsonl's 3 and 4."""
+    import dagster as dg
+
+    from assets.batches import register_batches
+    from definitions import build_defs
+    from resources import CorpusSource, DataRoot
+    from runs import run_batches
+
+    source, data = root / "src", root / "data"
+    source.mkdir()
+
+    def update(instance) -> None:
+        defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
+        pending, _ = register_batches(instance, data, source, False)
+        for key, result in run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending, run_config()):
+            assert result.success, key
+
+    first = write_batch_file(source / "a.jsonl", 40, seed=1)
+    write_batch_file(source / "a.jsonl", 40, seed=1, copies_of=first[:2])
+    with open(source / "a.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"text": "cut\n' + json.dumps({"text": "short"}) + "\n")
+    with dg.instance_for_test() as instance:
+        update(instance)
+        write_batch_file(source / "b.jsonl", 40, seed=2, copies_of=first[2:4])
+        update(instance)
+    return data, first

@@ -4,45 +4,22 @@ duplicates within a batch and of the earlier batch, a kept record, an unknown id
 import json
 from pathlib import Path
 
-import dagster as dg
 import pytest
-from support import run_config, write_batch_file
+from support import two_batch_graph
 
-from assets.batches import register_batches
 from assets.metadata import removed_samples_table
 from cli import main
-from definitions import build_defs
-from resources import CorpusSource, DataRoot
-from runs import run_batches
 from tokenmill.common.io import record_id
 from tokenmill.explain import explain, render, word_diff
 
 FIRST, SECOND = "g1-b000001", "g1-b000002"
 
 
-def update(instance, source: Path, data: Path) -> None:
-    defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
-    pending, _ = register_batches(instance, data, source, False)
-    for key, result in run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending, run_config()):
-        assert result.success, key
-
-
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
     """a.jsonl: 40 records, an exact copy of its record 1 (line 41), a near copy of record 2 (42), a line that is
     not JSON (43), a too-short text (44); then b.jsonl: 40 records, exact and near copies of a.jsonl's 3 and 4."""
-    root = tmp_path_factory.mktemp("explain")
-    source, data = root / "src", root / "data"
-    source.mkdir()
-    first = write_batch_file(source / "a.jsonl", 40, seed=1)
-    write_batch_file(source / "a.jsonl", 40, seed=1, copies_of=first[:2])
-    with open(source / "a.jsonl", "a", encoding="utf-8") as f:
-        f.write('{"text": "cut\n' + json.dumps({"text": "short"}) + "\n")
-    with dg.instance_for_test() as instance:
-        update(instance, source, data)
-        write_batch_file(source / "b.jsonl", 40, seed=2, copies_of=first[2:4])
-        update(instance, source, data)
-    return data, first
+    return two_batch_graph(tmp_path_factory.mktemp("explain"))
 
 
 def cli(data: Path, key: str, capsys) -> tuple[int, str, str]:

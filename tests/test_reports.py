@@ -6,14 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dagster as dg
 import pytest
-from support import run_config, write_batch_file
+from support import two_batch_graph
 
-from assets.batches import register_batches
-from definitions import build_defs
-from resources import CorpusSource, DataRoot
-from runs import run_batches
 from tokenmill import reports
 from tokenmill.common.io import REMOVED_FILE, STATS_FILE, batch_folders, iter_jsonl
 from tokenmill.stages.telemetry import RECORD_STAGES, dropped_counts
@@ -21,29 +16,11 @@ from tokenmill.stages.telemetry import RECORD_STAGES, dropped_counts
 REPO = Path(__file__).resolve().parents[1]
 
 
-def update(instance, source: Path, data: Path) -> None:
-    defs = build_defs(CorpusSource(path=str(source)), DataRoot(root=str(data)))
-    pending, _ = register_batches(instance, data, source, False)
-    for key, result in run_batches(defs.resolve_job_def("tokenmill_all"), instance, pending, run_config()):
-        assert result.success, key
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     """a.jsonl: 40 records, exact and near copies of its records 1 and 2, a line that is not JSON, a too-short text;
     then b.jsonl: 40 records, exact and near copies of a.jsonl's 3 and 4 (as tests/test_explain.py's graph)."""
-    root = tmp_path_factory.mktemp("reports")
-    source, data = root / "src", root / "data"
-    source.mkdir()
-    first = write_batch_file(source / "a.jsonl", 40, seed=1)
-    write_batch_file(source / "a.jsonl", 40, seed=1, copies_of=first[:2])
-    with open(source / "a.jsonl", "a", encoding="utf-8") as f:
-        f.write('{"text": "cut\n' + json.dumps({"text": "short"}) + "\n")
-    with dg.instance_for_test() as instance:
-        update(instance, source, data)
-        write_batch_file(source / "b.jsonl", 40, seed=2, copies_of=first[2:4])
-        update(instance, source, data)
-    return data
+    return two_batch_graph(tmp_path_factory.mktemp("reports"))[0]
 
 
 @pytest.mark.slow  # the module fixture runs the whole graph (~10 s)
