@@ -16,7 +16,7 @@ element holding most of the page's prose.
 
 Why not trafilatura: its XPath pruning and link-density passes cost ~30 ms a page and were half of the web
 graph's CPU; here a page costs one parse plus one Python step per element. Cost is linear in bytes and elements
-(lxml caps nesting depth and the walk is iterative), and html_text refuses pages above its size and tag caps.
+(the walk recurses, and lxml caps nesting at 256 levels), and html_text refuses pages above its size and tag caps.
 """
 
 from __future__ import annotations
