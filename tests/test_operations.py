@@ -60,7 +60,8 @@ def update(env: dict, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_item2_production_block_is_safe_and_run_config_cannot_move_the_data_root(demo_source, tmp_path):
-    block = re.search(r"## Production deployment\n(.*?)\n## ", (REPO / "README.md").read_text(), re.S).group(1)
+    page = (REPO / "docs" / "production.md").read_text()  # README.md's "Production deployment" moved there
+    block = re.search(r"## Production deployment\n(.*?)(?:\n## |\Z)", page, re.S).group(1)
     assert "-h 127.0.0.1" in block and "0.0.0.0" not in block and "no authentication" in block
     assert "DAGSTER_HOME=$PWD" not in block and "export DAGSTER_HOME=/var/lib/tokenmill/dagster" in block
 

@@ -298,14 +298,14 @@ query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor {
 
 
 def readme_commands(word: str) -> list[str]:
-    """The README's shell lines that contain `word`, inside code blocks."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    """The shell lines of docs/ui.md (the README's "Open the UI" moved there) that contain `word`, in code blocks."""
+    readme = (REPO / "docs" / "ui.md").read_text(encoding="utf-8")
     blocks = readme.split("```")[1::2]
     return [line.strip() for block in blocks for line in block.splitlines() if word in line]
 
 
 def test_readme_sensor_commands_switch_the_sensor_dagster_dev_shows(tmp_path):
-    """The README's `dagster sensor start/stop` lines, run as written (DAGSTER_HOME the test's), switch the sensor
+    """docs/ui.md's `dagster sensor start/stop` lines, run as written (DAGSTER_HOME the test's), switch the sensor
     a real `dagster dev` shows; `-m definitions` would address another location and change nothing there."""
     commands = readme_commands("dagster sensor ")
     assert [c.split()[3] for c in commands] == ["start", "stop"]
@@ -333,5 +333,5 @@ def test_readme_sensor_commands_switch_the_sensor_dagster_dev_shows(tmp_path):
         assert shown() == "STOPPED"
         assert "Started" in run(commands[0]) and shown() == "RUNNING"
         other = commands[1].replace("-w workspace.yaml", "-m definitions")
-        assert "Stopped" in run(other) and shown() == "RUNNING"  # what the README warns about
+        assert "Stopped" in run(other) and shown() == "RUNNING"  # what docs/ui.md warns about
         assert "Stopped" in run(commands[1]) and shown() == "STOPPED"
