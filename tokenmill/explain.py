@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tokenmill.common.io import REJECTED_FILE, REMOVED_FILE, batch_folders, read_json, record_id, record_shards
+from tokenmill.common.quarantine import covers
 
 DEDUP_REPORT_FILE = "report.json"  # dedup_report's layout names (tokenmill.stages.dedup.layout), without its imports
 DEDUP_CLUSTERS_FILE = "clusters.jsonl"
@@ -108,25 +109,48 @@ def _batches(data_root: Path, stage: str) -> list[Path]:
 
 
 def _raw_drop(data_root: Path, ids: list[str]) -> dict | None:
-    folders = _batches(data_root, "raw_records")
-    quarantine = data_root / "raw_records" / "_quarantine"
-    folders += sorted(p for p in quarantine.iterdir() if p.is_dir()) if quarantine.is_dir() else []
-    for folder in folders:
+    for folder in _raw_folders(data_root):
         for entry in _entries(folder / REJECTED_FILE):
             loc = {"line": entry["line"]} if "line" in entry else {"index": entry.get("index")}
-            if record_id(entry.get("path", ""), **loc) in ids:
-                return {
-                    "id": record_id(entry.get("path", ""), **loc),
-                    "fate": "dropped",
-                    "stage": "raw_records",
-                    "batch": folder.name,
-                    "quarantined": folder.parent.name == "_quarantine",
-                    "reason": entry.get("reason"),
-                    "detail": entry.get("detail"),
-                    "source": {k: entry[k] for k in ("path", "line", "index", "offset") if k in entry},
-                    "text": entry.get("snippet"),
-                }
+            if "count" not in entry and record_id(entry.get("path", ""), **loc) in ids:
+                return _raw_fate(folder, entry, record_id(entry.get("path", ""), **loc))
     return None
+
+
+def _raw_run_drop(data_root: Path, key: str) -> dict | None:
+    """For `PATH:N` past its file's quarantine budget: the raw_records run entry covering line (or index) N."""
+    path, _, n = key.rpartition(":")
+    if not (path and n.isdigit()):
+        return None
+    for folder in _raw_folders(data_root):
+        for entry in _entries(folder / REJECTED_FILE):
+            for loc in ("line", "index"):
+                if "count" in entry and entry.get("path") == path and covers(entry, loc, int(n)):
+                    fate = _raw_fate(folder, entry, record_id(path, **{loc: int(n)}))
+                    fate["source"][loc] = int(n)
+                    fate["run"] = {k: entry.get(k) for k in (loc, f"last_{loc}", "count", "scattered") if k in entry}
+                    return fate
+    return None
+
+
+def _raw_folders(data_root: Path) -> list[Path]:
+    quarantine = data_root / "raw_records" / "_quarantine"
+    held = sorted(p for p in quarantine.iterdir() if p.is_dir()) if quarantine.is_dir() else []
+    return _batches(data_root, "raw_records") + held
+
+
+def _raw_fate(folder: Path, entry: dict, rid: str) -> dict:
+    return {
+        "id": rid,
+        "fate": "dropped",
+        "stage": "raw_records",
+        "batch": folder.name,
+        "quarantined": folder.parent.name == "_quarantine",
+        "reason": entry.get("reason"),
+        "detail": entry.get("detail"),
+        "source": {k: entry[k] for k in ("path", "line", "index", "offset") if k in entry},
+        "text": entry.get("snippet"),
+    }
 
 
 def _entries(path: Path) -> Iterator[dict]:
@@ -289,7 +313,7 @@ def explain(data_root: Path, key: str) -> dict | None:
         for find in (_clean_drop, _dedup_drop, _kept):
             if fate := find(data_root, rid):
                 return fate
-    return None
+    return _raw_run_drop(data_root, key)  # last: a scattered run's span also holds records kept or dropped otherwise
 
 
 def _indent(text: str | None) -> str:
@@ -311,6 +335,13 @@ def render(fate: dict) -> str:
     batch = f" batch {fate['batch']}" if fate.get("batch") else ""
     lines.append(f"  dropped by  {fate['stage']}{batch}" + (" (quarantined)" if fate.get("quarantined") else ""))
     lines.append(f"  reason      {fate.get('reason')}")
+    if run := fate.get("run"):
+        key = "line" if "line" in run else "index"
+        mixed = ", mixed with other records" if run.get("scattered") else ""
+        lines.append(
+            f"  run         one of {run['count']:,} rejected for it in {key}s {run[key]}-{run[f'last_{key}']}{mixed} "
+            "(past the file's quarantine budget: each counted, the run's first detail and snippet kept)"
+        )
     if fate.get("detail"):
         lines.append(f"  detail      {fate['detail']}")
     for name, value in (fate.get("evidence") or {}).items():

@@ -44,6 +44,7 @@ DROP_COLUMNS = [
     "batch",
     "id",
     "reason",
+    "records",
     "detail",
     "source_path",
     "source_line",
@@ -72,7 +73,7 @@ CLUSTER_COLUMNS = [
 ]
 # fields of a drop entry that have their own column; the rest is its evidence (a dict)
 _DROP_FIELDS = {"id", "source", "path", "line", "index", "reason", "detail", "text", "snippet", "text_chars"}
-_DROP_FIELDS |= {"duplicate_of"}
+_DROP_FIELDS |= {"duplicate_of", "count"}
 
 
 def _folders(stage_dir: Path) -> list[tuple[str | None, Path]]:
@@ -134,8 +135,8 @@ def funnel(data_root: str | os.PathLike) -> pd.DataFrame:
 def _drop_row(stage: str, batch: str | None, entry: dict) -> dict:
     source: dict = entry["source"] if isinstance(entry.get("source"), dict) else entry  # raw_records: flat
     path, line, index = source.get("path"), source.get("line"), source.get("index")
-    rid = entry.get("id")
-    if rid is None and path is not None:  # raw_records' entries name the source; the id is computed from it
+    rid, records = entry.get("id"), entry.get("count", 1)
+    if rid is None and path is not None and records == 1:  # raw_records' entries name the source: the id is theirs
         rid = record_id(path, line=line) if line is not None else record_id(path, index=index)
     text = entry.get("text", entry.get("snippet"))
     return {
@@ -143,6 +144,7 @@ def _drop_row(stage: str, batch: str | None, entry: dict) -> dict:
         "batch": batch,
         "id": rid,
         "reason": entry.get("reason"),
+        "records": records,
         "detail": entry.get("detail"),
         "source_path": path,
         "source_line": line,
@@ -170,7 +172,9 @@ def iter_drops(data_root: str | os.PathLike, stage: str | None = None) -> Iterat
 
 def drops(data_root: str | os.PathLike, stage: str | None = None, limit: int | None = None) -> pd.DataFrame:
     """Every dropped record, one row each: stage (raw_records, cleaned_jsonl or deduped_jsonl; `stage` keeps one),
-    batch, id (computed from the source for raw_records' entries), reason, detail, source path and line (or index),
+    batch, id (computed from the source for raw_records' entries), reason, records (1; for a run of raw_records'
+    rejections past a file's quarantine budget, the run's count: its row has no id, its evidence the run's
+    last_line and whether it is scattered), detail, source path and line (or index),
     duplicate_of (deduped_jsonl), the text as the entry holds it (raw_records' snippet; cleaned_jsonl's may be cut),
     text_chars and evidence (a dict of the entry's other fields: the rule's figures, dedup level and similarity).
     At most `limit` rows."""
@@ -182,7 +186,7 @@ def drops(data_root: str | os.PathLike, stage: str | None = None, limit: int | N
     frame = pd.DataFrame(rows, columns=DROP_COLUMNS)
     for col in ("batch", "id", "reason", "detail", "source_path", "duplicate_of", "text"):
         frame[col] = frame[col].astype("string")
-    for col in ("source_line", "source_index", "text_chars"):
+    for col in ("records", "source_line", "source_index", "text_chars"):
         frame[col] = frame[col].astype("Int64")
     frame["stage"] = _stage_category(frame["stage"].tolist())
     return frame

@@ -18,12 +18,12 @@ from tokenmill.common.io import (
     REJECTED_FILE,
     JsonlWriter,
     concat_files,
-    dumps,
     record_id,
     shard_name,
 )
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
+from tokenmill.common.quarantine import FileQuarantine
 from tokenmill.common.results import StageResult, run_fact, write_result
 from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import SourceError
@@ -132,7 +132,8 @@ class _FileIngest:
     """One source file of a task: its values become records in the sink, its bad input rejected entries."""
 
     def __init__(self, src: SourceFile, sink: _ShardSink, rejected, samples: ReasonSamples, settings: RawSettings):
-        self.src, self.sink, self.rejected, self.samples, self.settings = src, sink, rejected, samples, settings
+        self.src, self.sink, self.samples, self.settings = src, sink, samples, settings
+        self.quarantine = FileQuarantine(rejected, src.rel, src.size)
         self.report = FileReport(src.rel, bytes=src.size)
         self.reasons: Counter = Counter()
         self.skipped: Counter = Counter()
@@ -148,7 +149,7 @@ class _FileIngest:
         }
         if bad.offset is not None:
             entry["offset"] = bad.offset
-        self.rejected.write(dumps(entry) + "\n")
+        self.quarantine.reject(entry, bad.key, bad.at)
         self.samples.add(bad.reason, entry)
         self.reasons[bad.reason] += 1
         self.report.rejected += 1
@@ -204,6 +205,7 @@ class _FileIngest:
         except RecursionError:  # the readers refuse deep nesting; should any slip through, it is malformed input
             self.reject(Bad(item.key, item.at, "malformed_json", TOO_DEEP, ""))
             return
+        self.quarantine.kept()
         self.report.records += 1
         if m.shape is not None:
             self.shapes[m.shape] += 1
@@ -213,6 +215,7 @@ class _FileIngest:
             self.reject(Bad("line", None, self.src.refused, self.src.detail, ""))
         else:
             self._read()
+        self.quarantine.close()
         self.report.rejected_by_reason = dict(sorted(self.reasons.items()))
         self.report.skipped_by_reason = dict(sorted(self.skipped.items()))
         self.report.pages_by_shape = dict(sorted(self.shapes.items()))

@@ -31,7 +31,7 @@ def parse_json_line(line: str, raw: bytes):
 
 def read_jsonl(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
     with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
-        for n, raw in enumerate(f.lines(), 1):
+        for n, raw in f.content_lines():
             if isinstance(raw, Oversized):
                 yield Bad(
                     "line",
@@ -42,7 +42,7 @@ def read_jsonl(path: str, compression: str | None, settings: RawSettings) -> Ite
                 )
                 continue
             raw = strip_bom(raw, n).rstrip(b"\r\n")
-            if not raw.strip():
+            if not raw.strip():  # a first line of nothing but the BOM
                 continue
             try:
                 line = raw.decode("utf-8")

@@ -57,10 +57,23 @@ def _read_blocks(path: str, compression: str | None, settings: RawSettings) -> I
     # a block over the limit is dropped as it grows (`oversized` keeps its first line for the snippet) and
     # skipped up to its end
     block: list[str] = []
-    start, size = 0, 0
+    start, size, previous = 0, 0, 0
     oversized: str | None = None
+
+    def end_of_block() -> Iterator[Found | Bad]:
+        nonlocal block, oversized
+        if oversized is not None:
+            yield Bad("line", start, "record_too_large", _too_large(settings, "block"), oversized)
+            oversized = None
+        elif block:
+            yield Found("line", start, "\n".join(block))
+            block = []
+
     with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
-        for n, raw in enumerate(f.lines(), 1):
+        for n, raw in f.content_lines():  # blank lines are not yielded: a gap in the numbers is one
+            if n > previous + 1:
+                yield from end_of_block()
+            previous = n
             if isinstance(raw, Oversized):
                 line = raw.decode("utf-8", errors="replace")
             else:
@@ -68,24 +81,17 @@ def _read_blocks(path: str, compression: str | None, settings: RawSettings) -> I
                 if n == 1 and line.startswith("\ufeff"):
                     line = line[1:]
                 line = line.rstrip("\r\n")
-            if line.strip():
-                if not block and oversized is None:
-                    start, size = n, 0
-                size += len(raw)
-                if oversized is None and (isinstance(raw, Oversized) or size > settings.max_record_bytes):
-                    oversized, block = snip(block[0] if block else line), []
-                if oversized is None:
-                    block.append(line)
-            elif oversized is not None:
-                yield Bad("line", start, "record_too_large", _too_large(settings, "block"), oversized)
-                oversized = None
-            elif block:
-                yield Found("line", start, "\n".join(block))
-                block = []
-    if oversized is not None:
-        yield Bad("line", start, "record_too_large", _too_large(settings, "block"), oversized)
-    elif block:
-        yield Found("line", start, "\n".join(block))
+            if not line.strip():  # blank but for Unicode spaces (or a lone BOM)
+                yield from end_of_block()
+                continue
+            if not block and oversized is None:
+                start, size = n, 0
+            size += len(raw)
+            if oversized is None and (isinstance(raw, Oversized) or size > settings.max_record_bytes):
+                oversized, block = snip(block[0] if block else line), []
+            if oversized is None:
+                block.append(line)
+    yield from end_of_block()
 
 
 def read_txt(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:

@@ -15,6 +15,7 @@ import codecs
 import contextlib
 import gzip
 import os
+import re
 import stat
 import zlib
 from collections.abc import Iterator
@@ -27,6 +28,9 @@ from tokenmill.common.io import zstd
 
 SNIPPET_CHARS = 200
 SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of an oversized line
+# bytes read at a time by content_lines: small enough that a corrupt stream loses little of what came before it
+LINE_BLOCK = 1 << 16
+_CONTENT = re.compile(rb"[^ \t\n\r\x0b\x0c]")  # a byte that is not ASCII whitespace: the line is not blank
 # deeper JSON is malformed for us: every later stage parses and writes records recursively (Python's limit is
 # 1000 frames, and a Dagster run already sits a few hundred deep), while real records nest a handful of levels
 MAX_JSON_DEPTH = 100
@@ -98,6 +102,7 @@ class SourceStream:
         self._raw = raw
         """The compressed file under `f` (None when `f` is plain): its position locates a decoding error."""
         self.bytes_read = 0
+        self._failed: Exception | None = None  # bad compressed data met by content_lines, raised after the lines before
 
     def _corrupt(self, e: Exception) -> CorruptInput:
         return CorruptInput(
@@ -132,6 +137,81 @@ class SourceStream:
             yield from self._lines()
         except DECODE_ERRORS as e:
             raise self._corrupt(e) from e
+
+    def content_lines(self) -> Iterator[tuple[int, bytes | Oversized]]:
+        """(line number, line with its break) of each line holding a byte that is not ASCII whitespace; a line over
+        `max_record_bytes` (break excluded) comes as Oversized. Blank lines cost what reading them costs: a run of
+        them is counted at C speed, never a Python step per line (a file of nothing but newlines is read, not
+        parsed)."""
+        try:
+            yield from self._content_lines()
+        except DECODE_ERRORS as e:
+            raise self._corrupt(e) from e
+
+    def _block(self, size: int = LINE_BLOCK) -> tuple[bytes, bool]:
+        """The next block of the file (at least LINE_BLOCK bytes but at its end), and whether the file ends with it
+        (its end, or `max_file_bytes`). Past the limit or bad compressed data, the next call raises: the lines
+        before stay read."""
+        if self._failed is not None:
+            raise self._failed
+        self._count(b"")  # raises FileTooLarge once the limit was passed
+        want = min(max(size, LINE_BLOCK), self.max_file_bytes - self.bytes_read + 1)
+        parts, got = [], 0
+        try:
+            while got < want and (part := self._f.read1(want - got)):
+                parts.append(part)
+                got += len(part)
+        except DECODE_ERRORS as e:
+            if not parts:
+                raise
+            self._failed = e
+        data = b"".join(parts)
+        self.bytes_read += len(data)
+        if self.bytes_read > self.max_file_bytes:
+            return data[: len(data) - (self.bytes_read - self.max_file_bytes)], True
+        return data, not data
+
+    def _content_lines(self) -> Iterator[tuple[int, bytes | Oversized]]:
+        limit = self.max_record_bytes
+        snippet = min(SNIPPET_CHARS, limit + 1)  # as much of an oversized line as `lines` shows
+        n, buf, pos, last = 1, b"", 0, False  # n: the number of the line starting at buf[pos]
+        while True:
+            found = _CONTENT.search(buf, pos)
+            if found is None:  # the rest of the block is blank lines (and maybe the start of one more)
+                n += buf.count(b"\n", pos)
+                tail = buf.rfind(b"\n", pos) + 1 or pos
+                if last:
+                    self._count(b"")  # FileTooLarge when the file limit ended it
+                    return
+                block, last = self._block()
+                buf, pos = buf[tail:] + block, 0
+                continue
+            start = buf.rfind(b"\n", pos, found.start()) + 1 or pos
+            n += buf.count(b"\n", pos, start)
+            end = buf.find(b"\n", found.start())
+            if end < 0 and not last and len(buf) - start <= limit:  # the line goes on in the next block
+                block, last = self._block(len(buf) - start)  # reads as long as the line so far: linear, not square
+                buf, pos = buf[start:] + block, 0
+                continue
+            if end < 0 and not last:  # longer than the limit: skipped to its end, never held whole
+                head = Oversized(buf[start : start + snippet])
+                while True:
+                    skip, last = self._block(SKIP_CHUNK)
+                    if (i := skip.find(b"\n")) >= 0 or last:
+                        break
+                if i < 0:
+                    self._count(b"")  # the file limit cut the line: FileTooLarge, not a line too large
+                buf, pos = skip[i + 1 :] if i >= 0 else b"", 0
+                yield n, head
+                n += 1
+                continue
+            stop = len(buf) if end < 0 else end + 1
+            line = buf[start:stop]
+            if stop - start - (end >= 0) > limit:
+                yield n, Oversized(line[:snippet])
+            elif end >= 0 or not (last and self.bytes_read > self.max_file_bytes):  # not cut by the file limit
+                yield n, line
+            n, pos = n + 1, stop
 
     def _lines(self) -> Iterator[bytes | Oversized]:
         limit = self.max_record_bytes
