@@ -54,6 +54,7 @@ REASONS = (
     "outside_source",
     "corrupt_warc_record",
     "bad_warc_header",
+    "warc_length_mismatch",
     "extraction_empty",
     "extraction_failed",
 )
