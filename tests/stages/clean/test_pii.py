@@ -52,7 +52,7 @@ NEAR_MISSES = [
     "section 10.2.3.4 and § 3.1.4.15",
     "1.2.3.4 and 3.1.4.1",  # single-digit parts: section or version numbers
     "1.12.123.45.6",  # five parts
-    "01.02.03.04",  # leading zeros
+    "01.02.03.04",  # values below 10, zero-padded
     "dated 2023.01.02 and 2023-01-02",  # dates
     "server 192.168.1.1, 10.0.0.5, 127.0.0.1",  # private and loopback (pii_ip_scope public)
     "doc 203.0.113.5 and 2001:db8::1",  # documentation ranges
@@ -63,6 +63,55 @@ NEAR_MISSES = [
     "ISBN 978-3-16-148410-0 and 1990-2000",
     "<EMAIL> <IP_ADDRESS> <PHONE>",  # masking is idempotent
 ]
+
+
+EVERY = PiiMasker(phone=False, public_ips_only=False, email="<EMAIL>", ip="<IP>", phone_placeholder="<PHONE>")
+
+VERSIONS_AND_ADDRESSES = [  # (text, masked with pii_ip_scope all)
+    ("We released 2.10.14.3", "We released 2.10.14.3"),
+    ("libfoo 12.4.0.1", "libfoo 12.4.0.1"),
+    ("numpy==1.26.4.2", "numpy==1.26.4.2"),
+    (
+        "pip install 'foo>=2.10.14.3', bar~=12.4.0.1, baz!=1.26.4.2",
+        "pip install 'foo>=2.10.14.3', bar~=12.4.0.1, baz!=1.26.4.2",
+    ),
+    ("foo-3.14.15.92.tar.gz", "foo-3.14.15.92.tar.gz"),
+    ("Upgraded to 4.12.0.1 last week", "Upgraded to 4.12.0.1 last week"),
+    ("build 4.12.0.1-rc2 and 4.12.0.10-beta1", "build 4.12.0.1-rc2 and 4.12.0.10-beta1"),
+    ("tagged 1.2.3.40+build.7, 5.3.10.1.RELEASE", "tagged 1.2.3.40+build.7, 5.3.10.1.RELEASE"),
+    (
+        "## [2.10.14.3] - 2024-01-02\n* 12.4.0.1 (2023-12-01): fix",
+        "## [2.10.14.3] - 2024-01-02\n* 12.4.0.1 (2023-12-01): fix",
+    ),
+    ("the 2.10.14.3 release notes", "the 2.10.14.3 release notes"),
+    ("v1.2.3.4, V 10.20.30.40, 2.10.14.3.5", "v1.2.3.4, V 10.20.30.40, 2.10.14.3.5"),
+    ("Chrome 120.0.6099.109, Mozilla/5.0 Chrome/120.0.0.0", "Chrome 120.0.6099.109, Mozilla/5.0 Chrome/120.0.0.0"),
+    ("upgrade from 1.2.3.4 to 1.2.3.5", "upgrade from 1.2.3.4 to 1.2.3.5"),  # values below 10, no address context
+    ("256.1.1.1 and 192.168.0001.1", "256.1.1.1 and 192.168.0001.1"),  # a part over 255, a part of 4 digits
+    ("045.033.032.156", "<IP>"),  # zero-padded
+    ("from 192.168.001.010", "from <IP>"),
+    ("connect to 10.0.0.1:8080", "connect to <IP>:8080"),
+    ("IP 8.8.8.8.", "IP <IP>."),
+    ("http://1.2.3.4/x and 1.2.3.4:8080", "http://<IP>/x and <IP>:8080"),
+    ("Your IP is 8.8.8.8; from 8.8.8.8 port 22", "Your IP is <IP>; from <IP> port 22"),
+    ('{"client_ip": "1.2.3.4"}', '{"client_ip": "<IP>"}'),
+    ("ssh root@93.184.216.34 or root@1.2.3.4", "ssh root@<IP> or root@<IP>"),  # `@` is no version join
+    ("host=93.184.216.34 port=5432", "host=<IP> port=5432"),  # nor is a single `=`
+    (
+        '93.184.216.34 - - [10/Oct/2023:13:55:36 +0000] "GET / HTTP/1.1" 200',
+        '<IP> - - [10/Oct/2023:13:55:36 +0000] "GET / HTTP/1.1" 200',
+    ),
+    ("range 93.184.216.1-93.184.216.9", "range <IP>-<IP>"),  # a `-` join needs a name
+]
+
+
+@pytest.mark.parametrize("text,masked", VERSIONS_AND_ADDRESSES)
+def test_versions_stay_and_addresses_are_masked_in_any_form(text, masked):
+    assert EVERY.mask(text) == masked
+
+
+def test_zero_padded_parts_are_read_as_decimal_for_the_scope():
+    assert ALL.mask("045.033.032.156 192.168.001.010 010.000.000.001") == "<IP_ADDRESS> 192.168.001.010 010.000.000.001"
 
 
 @pytest.mark.parametrize("text,masked,kind", MASKED)

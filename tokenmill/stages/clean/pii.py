@@ -1,18 +1,27 @@
 """Rule 5b of cleaning, PII masking: e-mail addresses, IPv4/IPv6 addresses (and, when asked, phone numbers) replaced
 by placeholders before anything of the text is written (records, rejected samples, examples, later stages).
 
-What is masked, and the near misses a rule can tell apart (tests/test_pii.py has a case for each):
+What is masked, and the near misses a rule can tell apart (tests/stages/clean/test_pii.py has a case for each):
 
 - e-mail: `local@domain.tld`, the TLD 2-24 letters. Not masked: `user@localhost` (no dot), `@decorators` and
   `@mentions` (no local part), `lodash@4.17.21` (numeric TLD), `a@b.T` (one-letter TLD), `icon@2x.png` (a one-label
   domain ending in a file extension: retina images, `name@file.py`). An attribute in code such as `x@self.weight`
   is masked: it cannot be told from an address.
-- IPv4: four decimal parts 0-255 without leading zeros, not inside a longer dotted number (`1.2.3.4.5`, `v1.2.3.4`).
-  Not masked: a version or section number by context (`version`/`ver`/`v`/`release`/`build`/`rev`/`firmware`/
-  `update`/`patch`/`kernel`/`section`/`chapter`/`§` just before it, or a `Product/` prefix as in
-  `Chrome/120.0.0.0`), a quad whose parts are all single digits (`1.2.3.4`, `3.1.4.1`: section and version numbers;
-  the public resolvers 1.1.1.1 and 8.8.8.8 identify no one), and with `pii_ip_scope: public` (the default) every
-  address that is not globally routable: private, loopback, link-local, documentation, multicast, reserved ranges.
+- IPv4: four decimal parts 0-255, each zero-padded to at most 3 digits (`192.168.001.010` is 192.168.1.10), not
+  inside a longer dotted number (`1.2.3.4.5`, `v1.2.3.4`). Not masked: a version or section number by context. Before
+  it: a version word (`version`/`ver`/`v`/`release(d)`/`build`/`rev`/`firmware`/`update(d)`/`upgrade(d)`/`bump`/
+  `patch`/`kernel`/`section`/`chapter`, then optionally `is`/`was`/`to`/`as`: `We released 2.10.14.3`, `upgraded to
+  4.12.0.1`), `§`, a `lib...` name and a space (`libfoo 12.4.0.1`), a name joined by `/` or `-` (`Chrome/120.0.0.0`,
+  `foo-3.14.15.92`), a pin (`numpy==1.26.4.2`, `>=`, `~=`, `!=`), a changelog heading (`## [2.10.14.3]`). After it:
+  a pre-release or build part (`4.12.0.1-rc2`, `1.2.3.40+build.7`, `.RELEASE`), `release`/`version`/`build`, a
+  changelog date (`12.4.0.1 (2023-12-01)`). `@` is no version join (`root@93.184.216.34` is an ssh login), nor is
+  a single `=` (`host=93.184.216.34`). A quad whose values are all below 10 (`1.2.3.4`, `3.1.4.1`, `01.02.03.04`:
+  section and version numbers) is masked only where it is plainly an address: a URL's host (`http://1.2.3.4/x`), a
+  login (`root@1.2.3.4`), `IP`/`address`/`host`/`server`/`ping`/`nameserver`/`DNS`/`gateway`/`inet`/`proxy` (or a key
+  ending so: `client_ip`) before it (`IP 8.8.8.8`, `IP is 8.8.8.8`), or a port after it (`1.2.3.4:8080`, `port 22`).
+  A product name and a space (`Chrome 120.0.0.0`) cannot be told from `host 93.184.216.34`: it is masked. With
+  `pii_ip_scope: public` (the default) every address that is not globally routable stays: private, loopback,
+  link-local, documentation, multicast, reserved ranges.
 - IPv6: what `ipaddress` parses (`::` compression, an embedded IPv4 tail), with at least one digit; MAC addresses
   (6 groups) and times (`12:30:45`) do not parse. The same scope rule.
 - phone (off by default, `pii_phone`): `+<country> ...` with 8-15 digits, and North American `(555) 123-4567`,
@@ -50,18 +59,43 @@ FILE_EXTENSIONS = frozenset(
     "ogg flac exe dll so dylib bin dat woff woff2 ttf otf eot".split()
 )
 
-_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_OCTET = r"(?:25[0-5]|2[0-4]\d|[01]\d\d|\d\d?)"  # 0-255, zero-padded to at most 3 digits
 IPV4_RE = re.compile(rf"(?<![\w.]){_OCTET}(?:\.{_OCTET}){{3}}(?!\w|\.\d)")
 IPV6_RE = re.compile(
     r"(?<![\w:.])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?(?![\w:]|\.\w)"
 )
-# the words after which a dotted quad is a version or section number; a `Product/` prefix is a user-agent version
+VERSION_WORDS = (
+    "versions?", "ver", "v", "releas(?:e[sd]?|ing)", "build", "rev", "revision", "firmware", "updat(?:e[sd]?|ing)",
+    "upgrad(?:e[sd]?|ing)", "bump(?:ed|s)?", "patch", "kernel", "sections?", "sec", "chapter", "ch",
+)  # fmt: skip
+_VERSION_WORD_STARTS = "".join(sorted({word[0] for word in VERSION_WORDS}))
+# what just before a dotted quad makes it a version or section number (the module docstring lists the forms); the
+# words' first letters are tested first: a class test per word start, where the IGNORECASE alternation costs twice
 VERSION_CONTEXT_RE = re.compile(
-    r"(?:\b(?:versions?|ver|v|releases?|build|rev|revision|firmware|update|patch|kernel|sections?|sec|chapter|ch)"
-    r"\.?\s*[:#]?\s*|§\s*|[A-Za-z][\w.-]*/)$",
+    rf"(?:\b(?=[{_VERSION_WORD_STARTS}])(?:{'|'.join(VERSION_WORDS)})"
+    r"(?:\s+(?:is|was|to|as))?\.?\s*[:#]?\s*"
+    r"|§\s*"
+    r"|\blib[a-z\d][\w+.-]*\s+"  # libfoo 12.4.0.1
+    r"|\b[A-Za-z][\w.+-]*[/-]"  # Chrome/120.0.0.0, foo-3.14.15.92
+    r"|[=!~<>]==?\s*"  # numpy==1.26.4.2; a single `=` is a setting (host=93.184.216.34)
+    r"|(?<![^\n])#{1,6}\s*\[?"  # a changelog heading: ## [2.10.14.3]
+    r")$",
     re.IGNORECASE,
 )
-VERSION_CONTEXT_CHARS = 24  # characters before a dotted quad that VERSION_CONTEXT_RE looks at
+VERSION_CONTEXT_CHARS = 24  # characters before a dotted quad that VERSION_CONTEXT_RE and IP_CONTEXT_RE look at
+# what just after a dotted quad makes it a version: a pre-release or build part, a version word, a changelog date
+VERSION_SUFFIX_RE = re.compile(
+    r"[-.~](?:(?:alpha|beta|rc|pre|preview|dev|post|snapshot|nightly|final|release|stable|ga)\d*|[abmr]\d+)\b"
+    r"|\+[0-9A-Za-z]|\s+(?:release|version|build)s?\b|\s+\(\d{4}-\d\d-\d\d",
+    re.IGNORECASE,
+)
+# what makes a quad of values below 10 an address all the same: a URL's host, a login, an address word or key before
+IP_CONTEXT_RE = re.compile(
+    r"(?:://|@|(?:\b|_)(?:ip|ipv4|address(?:es)?|addr|host(?:name)?|server|ping|nameserver|dns|gateway|inet|proxy)"
+    r"(?:\s+(?:is|was))?[\"']?\s*[:=]?\s*[\"']?)$",
+    re.IGNORECASE,
+)
+PORT_RE = re.compile(r"(?::|\s+port\s+)\d{2,5}(?!\d)")  # ... or a port after
 PHONE_RE = re.compile(
     r"(?<![\w+.-])(?:\+\d{1,3}[ .-]?(?:\(\d{1,4}\)[ .-]?)?\d{1,4}(?:[ .-]\d{2,8}){1,4}"
     r"|\(\d{3}\)[ ]?\d{3}[.-]\d{4}|\d{3}([.-])\d{3}\1\d{4})(?![\w-]|\.\d)"
@@ -86,12 +120,14 @@ def _in_scope(address: ipaddress.IPv4Address | ipaddress.IPv6Address, public_onl
 
 def _ipv4_checker(public_only: bool) -> Callable[[re.Match], bool]:
     def is_ip(m: re.Match) -> bool:
-        text = m.string
-        if all(len(part) == 1 for part in m.group().split(".")):
+        text, start, end = m.string, m.start(), m.end()
+        window = max(0, start - VERSION_CONTEXT_CHARS)
+        octets = [int(part) for part in m.group().split(".")]
+        if max(octets) < 10 and not (IP_CONTEXT_RE.search(text, window, start) or PORT_RE.match(text, end)):
             return False
-        if VERSION_CONTEXT_RE.search(text, max(0, m.start() - VERSION_CONTEXT_CHARS), m.start()):
+        if VERSION_SUFFIX_RE.match(text, end) or VERSION_CONTEXT_RE.search(text, window, start):
             return False
-        return _in_scope(ipaddress.IPv4Address(m.group()), public_only)
+        return _in_scope(ipaddress.IPv4Address(bytes(octets)), public_only)
 
     return is_ip
 
