@@ -6,6 +6,7 @@ from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
 from assets.checks import CLEANED_RECORDS_VALID, cleaned_records_valid, publish_only_if_passed
 from assets.metadata import cleaned_jsonl_metadata, compute_metadata
 from resources import Compute, DataRoot
+from tokenmill.common.disk import records_bytes
 from tokenmill.common.io import REJECTED_FILE, gather_batch_files, staged_output
 from tokenmill.stages import clean
 from tokenmill.stages.clean import CleanSettings, clean_corpus
@@ -32,8 +33,9 @@ def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_r
     stage folder's `_rejected.jsonl` gathers every batch's)."""
     key = registered_batch(context, data_root).key
     folder = batch_output(data_root, "cleaned_jsonl", key)
-    with compute.activated(context, data_root) as usage, staged_output(folder) as out:
-        result = clean_corpus(data_root.path("raw_records") / key, out, config, log=context.log)
+    raw = data_root.path("raw_records") / key
+    with compute.activated(context, data_root) as usage, staged_output(folder, records_bytes(raw)) as out:
+        result = clean_corpus(raw, out, config, log=context.log)
         check = cleaned_records_valid(out)
         yield from publish_only_if_passed(check)
     gather_batch_files(data_root.path("cleaned_jsonl"), REJECTED_FILE)

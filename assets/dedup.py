@@ -8,6 +8,7 @@ from assets.checks import DEDUPED_NO_EXACT_DUPLICATES, deduped_no_exact_duplicat
 from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jsonl_metadata, disk_metadata
 from resources import Compute, DataRoot
 from tokenmill.batches import read_registry
+from tokenmill.common.disk import records_bytes
 from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, staged_output
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages import dedup
@@ -104,8 +105,9 @@ def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot, comput
     key = registered_batch(context, data_root).key
     folder = batch_output(data_root, "deduped_jsonl", key)
     report_dir = data_root.path("dedup_report") / key
-    with compute.activated(context, data_root) as usage, staged_output(folder) as out:
-        applied = write_deduped(data_root.path("cleaned_jsonl") / key, report_dir, out, log=context.log)
+    cleaned = data_root.path("cleaned_jsonl") / key
+    with compute.activated(context, data_root) as usage, staged_output(folder, records_bytes(cleaned)) as out:
+        applied = write_deduped(cleaned, report_dir, out, log=context.log)
         check = deduped_no_exact_duplicates(out, report_dir)
         yield from publish_only_if_passed(check)
     gather_batch_files(data_root.path("deduped_jsonl"), REMOVED_FILE)

@@ -49,6 +49,11 @@ class DataRootBusyError(TokenmillError):
     """Another run holds the data root's lock; the message names the holder run."""
 
 
+class DiskFullError(TokenmillError):
+    """The data root's file system has no room for what a stage writes (the file or folder, the bytes needed when
+    known and the bytes free named); the stage's previous output stays published."""
+
+
 class CapacityError(TokenmillError):
     """A value does not fit the on-disk format (token ids beyond the dtype, offsets beyond int64, ...)."""
 

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from tokenmill.common.io import STATS_FILE, batch_folders, read_json
+from tokenmill.common.io import STATS_FILE, batch_folders, read_json, record_shards
 
 # the stages of `tokenmill update`, in graph order
 STAGES = (
@@ -47,6 +47,11 @@ def tree_bytes(path: str | os.PathLike, seen: set[tuple[int, int]] | None = None
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_size
     return total
+
+
+def records_bytes(folder: str | os.PathLike) -> int:
+    """Bytes of a stage folder's record shards: what a stage that writes a copy of them needs at most."""
+    return sum(p.stat().st_size for p in record_shards(folder))
 
 
 def batch_input_bytes(data_root: str | os.PathLike, batch: str) -> int | None:

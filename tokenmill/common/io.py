@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from tokenmill.common.failpoints import failpoint
+from tokenmill.common.space import as_disk_full, require_room
 from tokenmill.errors import CorruptOutputError
 
 if sys.version_info >= (3, 14):  # the stdlib's; backports.zstd is installed for older Pythons only
@@ -283,22 +284,28 @@ def _versions(final_dir: Path, mark: str) -> list[Path]:
 
 
 @contextlib.contextmanager
-def staged_output(final_dir: str | os.PathLike) -> Iterator[Path]:
+def staged_output(final_dir: str | os.PathLike, expected_bytes: int | None = None) -> Iterator[Path]:
     """Yields an empty staging folder next to `final_dir`; on success publishes it as the stage's output.
 
     Publishing is two atomic renames, each safe to interrupt: the staging folder becomes a complete version,
     then the `final_dir` symlink is renamed over to point at it; the previous version is removed last. A failed
-    or interrupted stage leaves the previous output in place, and `recover_stage` cleans up after a kill.
+    or interrupted stage leaves the previous output in place, and `recover_stage` cleans up after a kill. With
+    `expected_bytes` (what the stage estimates it writes), a disk without that much room is refused before any
+    write; a write that still finds the disk full fails as one DiskFullError line.
     """
     final_dir = Path(final_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
+    if expected_bytes is not None:
+        require_room(final_dir, expected_bytes)
     token = _token()
     staging = final_dir.with_name(f".{final_dir.name}{STAGING_MARK}{token}")
     staging.mkdir()
     try:
         yield staging
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
+        if (full := as_disk_full(e, final_dir, staging)) is not None and full is not e:
+            raise full from e
         raise
     failpoint(f"{final_dir.name}:staged", f"{final_dir.parent.name}:staged")
     version = final_dir.with_name(f".{final_dir.name}{VERSION_MARK}{token}")
