@@ -200,7 +200,13 @@ def test_a_page_without_text_is_extraction_empty():
 
 def test_records_meta_names_the_extractor():
     page = page_text(html(f"<article><p>{LOREM}</p></article>", title="Funding").encode(), None, RawSettings())
-    assert page.meta == {"title": "Funding", "extractor": "tokenmill", "extractor_version": extract.VERSION}
+    assert page.meta == {
+        "title": "Funding",
+        "extractor": "tokenmill",
+        "extractor_version": extract.VERSION,
+        "charset": "utf-8",
+        "charset_source": "default",
+    }
     assert page.shape == "short"
 
 
