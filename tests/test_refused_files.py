@@ -274,3 +274,35 @@ def test_a_broken_symlink_is_reported_and_read_by_a_later_batch_once_its_target_
     assert set(read_registry(data).batch(second).files) == {"link.jsonl"}
     assert ingest_batch(source, tmp_path / "b2", data, second).docs_out == 4
     assert register(data, source) is None
+
+
+def test_a_file_whose_name_is_not_utf8_is_refused_and_counted_under_the_name_it_is_shown_with(tmp_path):
+    source, data = tmp_path / "src", tmp_path / "data"
+    source.mkdir()
+    write_batch_file(source / "good.jsonl", 5, seed=1)
+    write_batch_file(Path(os.fsdecode(bytes(source) + b"/caf\xe9.jsonl")), 4, seed=2)
+    key = register(data, source)
+    assert read_registry(data).batch(key).refused["caf\\xe9.jsonl"][0] == "bad_file_name"
+    stats = ingest_batch(source, tmp_path / "out", data, key)
+    assert stats.docs_out == 5 and stats.rejected_by_reason == {"bad_file_name": 1} and stats.skipped_files == []
+    (entry,) = rejected(tmp_path / "out")
+    assert entry["path"] == "caf\\xe9.jsonl" and "rename the file" in entry["detail"]
+
+
+def test_a_folder_symlink_out_of_the_source_is_reported_not_silently_left_unwalked(tmp_path):
+    source, data, outside = tmp_path / "src", tmp_path / "data", tmp_path / "outside"
+    source.mkdir()
+    outside.mkdir()
+    write_batch_file(source / "good.jsonl", 5, seed=1)
+    write_batch_file(outside / "elsewhere.jsonl", 4, seed=2)
+    os.symlink(outside, source / "linked")
+    os.symlink(source / "sub", source / "inside")  # a link to a folder of the source is walked where it lies
+    (source / "sub").mkdir()
+    write_batch_file(source / "sub" / "b.jsonl", 3, seed=3)
+    key = register(data, source)
+    assert {f: why[0] for f, why in read_registry(data).batch(key).refused.items()} == {"linked": "outside_source"}
+    for settings in ({}, {"settings": _follow()}):  # following file symlinks does not walk linked folders
+        stats = ingest_batch(source, tmp_path / f"out{len(settings)}", data, key, **settings)
+        assert stats.docs_out == 8 and stats.rejected_by_reason == {"outside_source": 1}
+        (entry,) = rejected(tmp_path / f"out{len(settings)}")
+        assert entry["path"] == "linked" and f"the folder {outside}" in entry["detail"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,9 +35,10 @@ class Listing:
     files: list[SourceFile]
     """Files to read, sorted by relative path."""
     skipped: list[str]
-    """Files not read: unknown extension, or a name that is not UTF-8 (shown with ascii())."""
+    """Files not read: unknown extension (a name that is not UTF-8 shown as `shown_name` gives it)."""
 
 
+NOT_UTF8_NAME = "the file name is not UTF-8 (its bad bytes shown as \\xNN): rename the file to read its records"
 COMPRESSIONS = {".gz": "gz", ".zst": "zst"}  # a compressed file is read by the reader of the extension before
 
 
@@ -50,26 +52,60 @@ def reader_kind(name: str) -> tuple[str | None, str | None]:
     return READERS.get(ext), compression
 
 
-def _walk(source: Path, exclude: Path | None) -> list[tuple[str, str]]:
-    """(relpath, path) of every file under `source`, sorted; hidden files and folders and `exclude` left out."""
+def _walk(source: Path, exclude: Path | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(relpath, path) of every file under `source`, sorted; hidden files and folders and `exclude` left out. Then
+    the symlinks to folders outside the source, which are not walked (one inside is walked where it lies)."""
     if source.is_file():
-        return [(source.name, str(source))]
-    items = []
+        return [(source.name, str(source))], []
+    items, linked = [], []
+    root = os.path.realpath(source)
     for dirpath, dirnames, filenames in os.walk(source):
         dirnames[:] = [
             d for d in dirnames if not d.startswith(".") and (exclude is None or Path(dirpath, d).resolve() != exclude)
         ]
+        for d in dirnames:
+            full = os.path.join(dirpath, d)
+            if os.path.islink(full) and os.path.commonpath([root, os.path.realpath(full)]) != root:
+                linked.append((Path(os.path.relpath(full, source)).as_posix(), full))
         for fn in filenames:
             if not fn.startswith("."):
                 full = os.path.join(dirpath, fn)
                 items.append((Path(os.path.relpath(full, source)).as_posix(), full))
-    return sorted(items)
+    return sorted(items), sorted(linked)
+
+
+def shown_name(rel: str) -> str:
+    """A path as records and the quarantine name it: a name that is not UTF-8 (os.walk gives its bad bytes as
+    surrogates) with those bytes written \\xNN."""
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+_SHOWN_BYTE = re.compile(r"\\x[89a-f][0-9a-f]")  # a byte of a name that is not UTF-8, as shown_name writes it
+
+
+def _not_utf8_name(full: str) -> bool:
+    """Whether `full`, missing as spelled, is the shown_name of a path that is not UTF-8 (the registry keeps files by
+    the names they are shown with)."""
+    return _SHOWN_BYTE.search(full) is not None and not os.path.lexists(full)
 
 
 def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool) -> SourceFile:
     """The file as a task will read it, or refused with a reason: checked with stat before anything opens it
     (opening a FIFO blocks forever). A symlink to nothing is refused as unreadable_file, naming its target; any
     other path that cannot be stat-ed (gone since it was listed) is left to the reader, which rejects it so too."""
+    if _not_utf8_name(full):
+        return SourceFile(rel, full, 0, "bad_file_name", NOT_UTF8_NAME)
+    if root is not None and os.path.islink(full) and os.path.isdir(full):
+        target = os.path.realpath(full)
+        if os.path.commonpath([root, target]) != root:
+            return SourceFile(
+                rel,
+                full,
+                0,
+                "outside_source",
+                f"a symlink to the folder {target}, outside the source: linked folders are not walked (link or copy "
+                "its files into the source)",
+            )
     if root is not None and os.path.islink(full) and not follow_outside_symlinks:
         target = os.path.realpath(full)
         if os.path.commonpath([root, target]) != root:
@@ -98,17 +134,19 @@ def list_source(source: Path, exclude: Path | None = None, follow_outside_symlin
     data root when it lies inside the source: never ingest our own outputs."""
     root = os.path.realpath(source) if source.is_dir() else None
     files, skipped = [], []
-    for rel, full in _walk(source, exclude):
-        try:
-            rel.encode("utf-8")
-        except UnicodeEncodeError:  # a file name that is not UTF-8 cannot become a record path
-            skipped.append(ascii(rel))
-            continue
-        if reader_kind(rel)[0]:
+    found, linked_folders = _walk(source, exclude)
+    for rel, full in found:
+        if (shown := shown_name(rel)) != rel:  # not UTF-8: refused by the name it is shown with
+            if reader_kind(shown)[0]:
+                files.append(SourceFile(shown, full, 0, "bad_file_name", NOT_UTF8_NAME))
+            else:
+                skipped.append(shown)
+        elif reader_kind(rel)[0]:
             files.append(examine(rel, full, root, follow_outside_symlinks))
         else:
             skipped.append(rel)
-    return Listing(files, skipped)
+    files += [examine(rel, full, root, follow_outside_symlinks) for rel, full in linked_folders]
+    return Listing(sorted(files, key=lambda f: f.rel), skipped)
 
 
 def source_state(source: Path, exclude: Path | None = None) -> dict[str, list[int]]:

@@ -52,6 +52,7 @@ REASONS = (
     "file_too_large",
     "not_a_regular_file",
     "outside_source",
+    "bad_file_name",
     "corrupt_warc_record",
     "bad_warc_header",
     "warc_length_mismatch",
