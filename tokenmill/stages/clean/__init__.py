@@ -46,6 +46,6 @@ from tokenmill.stages.clean.settings import CleanSettings
 
 # code_version of cleaned_jsonl (Dagster shows what an older one built as stale): the date of the last
 # change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
-VERSION = "2026-12-03"
+VERSION = "2026-12-07"  # IPv4 masking keeps version strings, masks zero-padded addresses
 
 __all__ = ["REASONS", "VERSION", "CleanResult", "CleanSettings", "clean_corpus"]

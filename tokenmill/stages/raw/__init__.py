@@ -30,6 +30,6 @@ from tokenmill.stages.raw.settings import RawSettings
 
 # code_version of raw_records (Dagster shows what an older one built as stale): the date of the last change to the
 # output's bytes (web readers, Parquet, zstd, refused files); bump it with such a change, not with a refactor.
-VERSION = "2026-12-07"
+VERSION = "2026-12-07.2"  # charset meta, bounded quarantine, bad_file_name, warc_length_mismatch
 
 __all__ = ["REASONS", "VERSION", "RawResult", "RawSettings", "ingest"]
