@@ -46,7 +46,7 @@ from tokenmill.common.io import (
 )
 from tokenmill.errors import CorruptOutputError, SourceChangedError, UnknownBatchError
 from tokenmill.stages.raw.discover import examine
-from tokenmill_loader.format import DATASET_FILE
+from tokenmill_loader.format import manifest_path
 
 REGISTRY_FILE = "_batches.json"
 REGISTRY_LOCK = ".batches.lock"
@@ -396,7 +396,7 @@ def start_generation(data_root: Path, source: Path, state: dict[str, list[int]],
 
 def published_batches(data_root: Path) -> list[str]:
     """The batches in the dataset readers open (tokenized_bins' latest train manifest)."""
-    manifest = Path(data_root) / "tokenized_bins" / "train" / DATASET_FILE
+    manifest = manifest_path(Path(data_root) / "tokenized_bins" / "train")  # the version current.json names
     return list(read_json(manifest).get("batches", [])) if manifest.exists() else []
 
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tokenmill.common.io import REJECTED_FILE, REMOVED_FILE, batch_folders, read_json, record_id, record_shards
 from tokenmill.common.quarantine import covers
+from tokenmill_loader.format import SPLITS, manifest_path
 
 DEDUP_REPORT_FILE = "report.json"  # dedup_report's layout names (tokenmill.stages.dedup.layout), without its imports
 DEDUP_CLUSTERS_FILE = "clusters.jsonl"
@@ -261,11 +262,11 @@ def _tokenized(data_root: Path, rid: str) -> dict | None:
         if entry is not None:
             return {"fate": "dropped", "stage": "tokenized_bins", **entry}
     needle = f'"{rid}"'.encode("ascii")
-    for split in ("train", "val"):
-        manifest_path = bins / split / "dataset.json"
-        if not manifest_path.is_file():
+    for split in SPLITS:
+        latest = manifest_path(bins / split)  # the version current.json names for both splits
+        if not latest.is_file():
             continue
-        manifest = read_json(manifest_path)
+        manifest = read_json(latest)
         for shard in manifest["shards"]:
             ids_path = bins / split / shard["name"] / "record_ids.json"
             if ids_path.is_file() and needle in ids_path.read_bytes():

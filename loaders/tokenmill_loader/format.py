@@ -3,10 +3,11 @@
 Both sides import this module: tokenmill's `tokenized_bins` stage writes with these names and builders, and
 `Store` reads through `validate_dataset` / `read_shard` / `read_manifest`; the asset check `token_shards_consistent`
 calls `validate_dataset`. A split may hold several versions, each an immutable manifest (`version_file`,
-`read_manifest(folder, version)`); dataset.json is the latest. It needs the standard library and numpy only (no
-torch, no Dagster), so a writer or a validator can use it without the training stack. A change here is a format
-change: bump FORMAT_VERSION (a new optional field that older readers ignore, like a shard's max_token_id or a
-manifest's version, generation, batches and encoding, is not).
+`read_manifest(folder, version)`); the latest is the one tokenized_bins/current.json names for both splits
+(`current_version`; without the pointer, dataset.json). It needs the standard library and numpy only (no torch, no
+Dagster), so a writer or a validator can use it without the training stack. A change here is a format change: bump
+FORMAT_VERSION (a new optional field or file that older readers ignore, like a shard's max_token_id, a manifest's
+version, generation, batches and encoding, or current.json, is not).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ TOKENIZER_EXTRA_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 SHARD_META_FILE = "meta.json"
 RECORD_IDS_FILE = "record_ids.json"
 SPLITS = ("train", "val")
+# tokenized_bins/current.json, {"version": K}: the version every split publishes, replaced atomically, so train and
+# val switch together (a folder written before it has none: each split's dataset.json is its latest)
+CURRENT_FILE = "current.json"
 
 # special tokens, ids 0.. in this order for a tokenizer trained by tokenmill; dataset.json lists the ids used
 SPECIAL_TOKENS = (
@@ -515,12 +519,33 @@ def _check_shard_data(shard: Shard, vocab: int | None, dpath: Path) -> int:
     return top_id
 
 
+def current_version(folder) -> int | None:
+    """The version the split folder's tokenized_bins publishes (its parent's current.json); None when there is no
+    such pointer (a lone split folder, or one written before the pointer: its dataset.json is the latest)."""
+    folder = Path(folder)
+    pointer = folder.parent / CURRENT_FILE
+    if folder.name not in SPLITS or not pointer.is_file():
+        return None
+    info, _ = load_json(pointer, "the published version of every split")
+    if not isinstance(info, dict):
+        raise DatasetError(f"{pointer}: expected a JSON object")
+    return _int(info.get("version"), pointer, "version", low=1)
+
+
 def manifest_path(folder: Path, version: int | None = None) -> Path:
-    """dataset.json (the latest version), or the manifest of `version`, refused with the versions available when
-    it is not there (never published, or removed by retention)."""
+    """The latest version's manifest (the one current.json names, else dataset.json), or the manifest of `version`,
+    refused with the versions available when it is not there (never published, or removed by retention)."""
     folder = Path(folder)
     if version is None:
-        return folder / DATASET_FILE
+        current = current_version(folder)
+        if current is None:
+            return folder / DATASET_FILE
+        if not (folder / version_file(current)).is_file():
+            raise DatasetError(
+                f"{folder / version_file(current)}: missing, while {folder.parent / CURRENT_FILE} publishes "
+                f"version {current}"
+            )
+        return folder / version_file(current)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise DatasetError(
             f"{folder}: version must be an integer >= 1 (versions are numbered 1, 2, ...), not {version!r}"

@@ -7,9 +7,10 @@ nanoGPT-style `.bin` file (given its dtype) or token-id JSONL (a file or a folde
 
 Files are memory-mapped lazily, on first access, in each process. A Store reads the real path it resolved at
 open (the data root publishes stage folders as symlinks swapped per run: a reader keeps the version it opened),
-and remembers a fingerprint of what it opened (the SHA-256 of dataset.json, which lists every file's hash). A
-versioned split (dataset.json carries `version`) is read through the immutable manifest of the version opened
-(dataset.v<K>.json): a new version published meanwhile never reaches this Store or its workers.
+and remembers a fingerprint of what it opened (the SHA-256 of its manifest, which lists every file's hash). A
+versioned split is read through the immutable manifest of the version opened (dataset.v<K>.json; the latest is the
+one tokenized_bins/current.json names, so train and val open the same one, else the split's dataset.json): a new
+version published meanwhile never reaches this Store or its workers.
 Pickling keeps only the real path, version, options and fingerprint: a DataLoader worker re-opens that version and
 refuses a dataset that differs from its parent's; a forked worker checks the fingerprint before it maps its first
 file.
@@ -50,6 +51,7 @@ from .format import (
     Shard,
     auto_token_dtype,
     check_records,
+    current_version,
     data_file,
     infer_training_type,
     manifest_path,
@@ -212,7 +214,7 @@ class Store:
     def _open(self):
         p = Path(self.real_path)
         self.info: dict = {}
-        if p.is_dir() and ((p / DATASET_FILE).exists() or self.version is not None):
+        if p.is_dir() and (self.version is not None or current_version(p) or (p / DATASET_FILE).exists()):
             self.kind = "dataset"
             parts = self._load_dataset(p)
         elif p.is_dir() and (p / SHARD_META_FILE).exists():
@@ -277,7 +279,7 @@ class Store:
         self.vocab_size: int | None = self.info.get("vocab_size")
 
     def _load_dataset(self, root: Path) -> list[_Part]:
-        # dataset.json is read once, by the first open; every later open (a worker) reads that version's manifest
+        # the latest version is resolved once, by the first open; every later open (a worker) reads its manifest
         dataset = validate_dataset(root, checksums=self.verify, scan=self.verify, version=self.version)
         self.info = dataset.manifest
         self.version = dataset.manifest.get("version")
@@ -581,9 +583,10 @@ def _jsonl_row(rec: dict) -> dict:
 def open_store(path: str | os.PathLike, dtype=None, verify: bool = False, version: int | None = None) -> Store:
     """Open a dataset folder, a shard folder, a headerless `.bin` (with `dtype`) or token-id JSONL.
 
-    A dataset folder opens its latest version (dataset.json, read once: `Store.version` is the version it holds,
-    None for a folder written before versions existed); `version=K` pins version K (dataset.v<K>.json), a
-    DatasetError listing the available versions when K was never published or has been removed by retention.
+    A dataset folder opens its latest version (resolved once, through tokenized_bins/current.json where there is
+    one, else dataset.json: `Store.version` is the version it holds, None for a folder written before versions
+    existed); `version=K` pins version K (dataset.v<K>.json), a DatasetError listing the available versions when K
+    was never published or has been removed by retention.
     Raises DatasetError (naming the file) when a file does not match its metadata; `verify=True` also
     checks the SHA-256 of every file listed in dataset.json and that every token id < vocab_size.
     """

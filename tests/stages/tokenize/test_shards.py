@@ -39,7 +39,7 @@ from tokenmill.stages.tokenize.shards import REJECTED_JSON, PackPlan, ShardWrite
 from tokenmill.stages.tokenize.tokenizer import load_tokenizer, pin_tokenizer
 from tokenmill.stages.tokenize.verify import find_records
 from tokenmill_loader import RecordDataset, TokenDataset, open_store
-from tokenmill_loader.format import SPECIAL_TOKENS, TRAINING_TYPES
+from tokenmill_loader.format import SPECIAL_TOKENS, TRAINING_TYPES, version_file
 
 SP = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
 
@@ -695,7 +695,8 @@ def test_check_re_encodes_and_catches_another_tokenizer(tmp_path, tok_dir):
         m = read_json(mixed / split / "dataset.json")
         shutil.copy(tok_dir / "tokenizer.json", mixed / split / m["tokenizer"]["file"])
         m["tokenizer"]["sha256"] = manifest["tokenizer"]["sha256"]
-        (mixed / split / "dataset.json").write_text(json.dumps(m), encoding="utf-8")
+        for name in ("dataset.json", version_file(m["version"])):  # the copy, and the manifest current.json names
+            (mixed / split / name).write_text(json.dumps(m), encoding="utf-8")
     bad = validate_token_shards(mixed, root / "deduped_jsonl", root / "tokenizer")
     assert bad["problems"] and all("differs from its record encoded with tokenizer.json" in p for p in bad["problems"])
     # and the upstream tokenizer changed after the shards were built: stale

@@ -213,19 +213,23 @@ def test_a_failed_check_or_a_kill_before_publishing_leaves_the_previous_version(
         )
         assert killed.returncode == -9, killed.stderr
         if point.endswith("version_written"):  # shards and manifests written, nothing published
-            assert (bins / "train" / version_file(2)).exists()
+            assert (bins / "train" / version_file(2)).exists() and read_json(bins / "current.json")["version"] == 1
             assert open_store(bins / "train").version == 1 and open_store(bins / "val", verify=True).version == 1
             logs = []
             stats = build(root, bins, batches[:2], log=_Log(logs))
             assert any("removed unpublished train/dataset.v000002.json" in m for m in logs)
             assert any("removed unreferenced train/shard-" in m for m in logs)
             assert stats.version == 2
-        else:  # train points at version 3, val still at 2: the next run re-points val
-            assert open_store(bins / "train").version == 3 and open_store(bins / "val").version == 2
+        else:  # killed between the splits' dataset.json copies: current.json already publishes 3 for both
+            assert read_json(bins / "current.json") == {"version": 3}
+            assert [read_json(bins / s / "dataset.json")["version"] for s in ("train", "val")] == [3, 2]
+            train, val = open_store(bins / "train"), open_store(bins / "val", verify=True)
+            assert (train.version, val.version) == (3, 3) and val.info["batches"][-1] == "g1-b0003"
             logs = []
             stats = build(root, bins, batches[:3], log=_Log(logs))
-            assert "recovered tokenized_bins: re-pointed val/dataset.json to version 3" in logs
+            assert "recovered tokenized_bins: re-pointed val/dataset.json and tokenizer.json to version 3" in logs
             assert stats.version == 3 and not stats.new_version
+            assert read_json(bins / "val" / "dataset.json") == read_json(bins / "val" / version_file(3))
             assert open_store(bins / "val", verify=True).version == 3
         for split in ("train", "val"):
             named = {
@@ -248,6 +252,29 @@ if "split_published" in __import__("os").environ["TOKENMILL_FAILPOINT"]:
 tokenize_batches(batches, root / "tokenizer", bins,
                  ShardSettings(training_type="conditional", shard_tokens=600, val_fraction=0.2), workers=1)
 """
+
+
+def test_a_data_root_written_before_the_version_pointer_opens_and_gets_one(tmp_path, world):
+    """Before current.json, each split's dataset.json was its latest (and a run killed between the splits left val
+    a version behind): such a root still opens, and the next run points val at train's version, then writes the
+    pointer."""
+    root, batches = world
+    bins = tmp_path / "bins"
+    build(root, bins, batches[:1])
+    build(root, bins, batches[:2])
+    (bins / "current.json").unlink()
+    (bins / "val" / "dataset.json").write_bytes((bins / "val" / version_file(1)).read_bytes())
+    assert open_store(bins / "train").version == 2 and open_store(bins / "val", verify=True).version == 1
+    assert open_store(bins / "val", version=2).version == 2
+    logs = []
+    stats = build(root, bins, batches[:2], log=_Log(logs))
+    assert not stats.new_version and stats.version == 2
+    assert logs[:2] == [
+        "recovered tokenized_bins: re-pointed val/dataset.json and tokenizer.json to version 2",
+        "recovered tokenized_bins: wrote current.json: version 2, the version both splits are read at",
+    ]
+    assert read_json(bins / "current.json") == {"version": 2}
+    assert [open_store(bins / s, verify=True).version for s in ("train", "val")] == [2, 2]
 
 
 class _Log:

@@ -8,7 +8,7 @@ Steps, one module each:
   encode     one task per newline-aligned byte range: parse, route train/val, render, encode a batch at once
   shards     shards planned from the tasks' record token counts, one pack task per shard -> shard folders;
              the version manifests of each split
-  versions   what is published, publishing a version (dataset.json last), recovery after a kill, retention
+  versions   what is published, publishing a version (current.json switches both splits), recovery, retention
   summary    counts per input batch and the stage's _stats.json
   verify     re-encoding a sample of the shards' records with the dataset's tokenizer (the asset check)
   stage      train_tokenizer and tokenize_batches: the steps in order

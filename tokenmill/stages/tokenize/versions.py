@@ -1,10 +1,12 @@
 """Versions of tokenized_bins: what is published, publishing a new version, recovery and retention.
 
 Each split folder (`<bins>/<split>/`) is a stable directory. Shard folders and version manifests
-(`dataset.v<K>.json`) are immutable once written; `dataset.json` is a copy of the latest version's manifest and is
-replaced last, atomically, so it is the commit point: a version is published once a split's dataset.json holds it.
-A kill at any point leaves the previous version readable; `recover` then removes what no published version names
-(unpublished manifests, shards, tokenizer copies, temporary files) and re-points a split left behind the other.
+(`dataset.v<K>.json`) are immutable once written. `<bins>/current.json` names the published version of both splits
+and is the commit point: replaced atomically, it switches train and val together. Each split's `dataset.json`, a
+copy of that version's manifest for readers that do not know the pointer, is refreshed after it. A kill at any
+point leaves both splits readable at one version (the previous one before the switch, the new one after); `recover`
+then removes what no published version names (unpublished manifests, shards, tokenizer copies, temporary files),
+brings each dataset.json to the pointer's version, and writes the pointer of a data root written before it.
 A superseded version is removed by `apply_retention` only after it has been superseded for `retention_hours`
 (its successor's manifest mtime, set when that successor was published) and when it is not one of the newest
 `keep_versions`; the latest version is never removed. Only one run writes a data root at a time (its lock).
@@ -12,6 +14,7 @@ A superseded version is removed by `apply_retention` only after it has been supe
 
 from __future__ import annotations
 
+import filecmp
 import os
 import shutil
 import time
@@ -23,12 +26,14 @@ from tokenmill.common.failpoints import failpoint
 from tokenmill.common.io import TEMPORARY_GLOB, atomic_file, atomic_write_json, link_atomic, read_json
 from tokenmill.errors import CorruptOutputError
 from tokenmill_loader.format import (
+    CURRENT_FILE,
     DATASET_FILE,
     SHARD_DIR,
     SPLITS,
     TOKENIZER_EXTRA_FILES,
     TOKENIZER_FILE,
     list_versions,
+    manifest_path,
     version_file,
 )
 
@@ -85,16 +90,31 @@ def _manifest_version(path: Path) -> int | None:
     return read_json(path).get("version") if path.exists() else None
 
 
-def _point_split(split_dir: Path, version: int, extras_from: Path) -> None:
-    """The split's latest files: tokenizer.json (a hard link to the version's tokenizer-<sha>.json) and the
-    tokenizer's extra files (from `extras_from`), then dataset.json, last."""
-    manifest = split_dir / version_file(version)
-    tokenizer = read_json(manifest)["tokenizer"]["file"]
+def _current(bins_dir: Path) -> int | None:
+    """The version current.json publishes (None: no pointer yet)."""
+    return _manifest_version(bins_dir / CURRENT_FILE)
+
+
+def _link_tokenizer(split_dir: Path, version: int, extras_from: Path | None) -> None:
+    """The split's tokenizer.json (a hard link to the version's tokenizer-<sha>.json) and the tokenizer's extra
+    files (from `extras_from`; None: already in place)."""
     for name in TOKENIZER_EXTRA_FILES:
-        if (Path(extras_from) / name).is_file():
+        if extras_from is not None and (Path(extras_from) / name).is_file():
             _copy_atomic(Path(extras_from) / name, split_dir / name)
+    tokenizer = read_json(split_dir / version_file(version))["tokenizer"]["file"]
     link_atomic(split_dir / tokenizer, split_dir / TOKENIZER_FILE)  # the version's copy, not a second one
-    _copy_atomic(manifest, split_dir / DATASET_FILE)
+
+
+def _has_tokenizer_of(split_dir: Path, version: int) -> bool:
+    """Whether the split's tokenizer.json is the version's copy (a run killed before the switch may have linked the
+    next version's)."""
+    latest = split_dir / TOKENIZER_FILE
+    copy = split_dir / read_json(split_dir / version_file(version))["tokenizer"]["file"]
+    return latest.is_file() and (os.path.samefile(latest, copy) or filecmp.cmp(latest, copy, shallow=False))
+
+
+def _copy_manifest(split_dir: Path, version: int) -> None:
+    _copy_atomic(split_dir / version_file(version), split_dir / DATASET_FILE)
 
 
 def recover(bins_dir: Path, log=None) -> Published | None:
@@ -105,18 +125,24 @@ def recover(bins_dir: Path, log=None) -> Published | None:
     for d in (bins_dir, bins_dir / BATCHES_DIR, *split_dirs.values()):
         for p in sorted(d.glob(f"{TMP_PREFIX}*")) + sorted(d.glob(TEMPORARY_GLOB)) if d.is_dir() else []:
             _remove(p, actions, "unfinished")
-    pointed = {s: _manifest_version(d / DATASET_FILE) for s, d in split_dirs.items()}
-    latest = max((v for v in pointed.values() if v is not None), default=None)
+    pointer = _current(bins_dir)
+    copied = {s: _manifest_version(d / DATASET_FILE) for s, d in split_dirs.items()}
+    # without a pointer (a data root written before it), the splits' dataset.json: the newest one is published
+    latest = pointer or max((v for v in copied.values() if v is not None), default=None)
     if latest is not None:
         for s, d in split_dirs.items():
-            if pointed[s] != latest:
-                if not (d / version_file(latest)).exists():
-                    raise CorruptOutputError(
-                        f"{d / version_file(latest)}: missing, while another split publishes version {latest}"
-                    )
-                published_split = next(split_dirs[o] for o in SPLITS if pointed[o] == latest)
-                _point_split(d, latest, extras_from=published_split)
-                actions.append(f"re-pointed {s}/{DATASET_FILE} to version {latest}")
+            if not (d / version_file(latest)).exists():
+                raise CorruptOutputError(f"{d / version_file(latest)}: missing, while version {latest} is published")
+            if copied[s] == latest and _has_tokenizer_of(d, latest):
+                continue
+            # the extras are written before the switch; a data root without a pointer has them in the split ahead
+            ahead = next((split_dirs[o] for o in SPLITS if copied[o] == latest), None)
+            _link_tokenizer(d, latest, extras_from=ahead if pointer is None else None)
+            _copy_manifest(d, latest)
+            actions.append(f"re-pointed {s}/{DATASET_FILE} and {TOKENIZER_FILE} to version {latest}")
+        if pointer is None:
+            _switch(bins_dir, latest)
+            actions.append(f"wrote {CURRENT_FILE}: version {latest}, the version both splits are read at")
     for d in split_dirs.values():
         for v in list_versions(d):
             if latest is None or v > latest:
@@ -164,7 +190,8 @@ def added_batches(bins_dir: Path, version: int) -> list[str]:
     """The batches `version` adds to the published dataset (every batch of a new generation)."""
     train = Path(bins_dir) / SPLITS[0]
     new = read_json(train / version_file(version))
-    latest = read_json(train / DATASET_FILE) if (train / DATASET_FILE).exists() else {}
+    latest_file = manifest_path(train)
+    latest = read_json(latest_file) if latest_file.exists() else {}
     if latest.get("generation") != new.get("generation"):
         return list(new["batches"])
     published = set(latest.get("batches", []))
@@ -177,6 +204,10 @@ def next_shard_index(split_dir: Path) -> int:
     return max((int(m.group(1)) for m in map(SHARD_DIR.fullmatch, names) if m), default=-1) + 1
 
 
+def _switch(bins_dir: Path, version: int) -> None:
+    atomic_write_json(bins_dir / CURRENT_FILE, {"version": version})
+
+
 def publish(
     bins_dir: Path,
     manifests: dict[str, dict],
@@ -184,8 +215,8 @@ def publish(
     check: Callable[[int], None] | None = None,
 ) -> None:
     """Writes each split's version manifest (its shards and tokenizer copy already in place), runs `check` on the
-    complete version, then points every split at it. A check that raises publishes nothing (`recover` then removes
-    the version's files)."""
+    complete version, then switches current.json to it (both splits at once) and refreshes each split's
+    dataset.json. A check that raises publishes nothing (`recover` then removes the version's files)."""
     bins_dir = Path(bins_dir)
     version = manifests[SPLITS[0]]["version"]
     for s, m in manifests.items():
@@ -193,12 +224,15 @@ def publish(
     failpoint(f"{STAGE}:version_written")
     if check is not None:
         check(version)
-    for s in SPLITS:
-        _point_split(bins_dir / s, version, extras_from=tokenizer_dir)
-        failpoint(f"{STAGE}:split_published")
     now = time.time()
-    for s in SPLITS:  # retention counts from here: when the previous version stopped being the latest
+    for s in SPLITS:
+        _link_tokenizer(bins_dir / s, version, extras_from=tokenizer_dir)
+        # retention counts from here: when the previous version stops being the latest
         os.utime(bins_dir / s / version_file(version), (now, now))
+    _switch(bins_dir, version)
+    for s in SPLITS:
+        _copy_manifest(bins_dir / s, version)
+        failpoint(f"{STAGE}:split_published")
 
 
 def apply_retention(bins_dir: Path, hours: float, keep_versions: int, now: float | None = None, log=None) -> list[int]:
