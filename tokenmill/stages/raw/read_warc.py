@@ -7,6 +7,18 @@ Each record is located by its ordinal in the file (`index`, 0-based, over every 
 FastWARC parses (benchmarks/bench_extract.py: 2.6-4x warcio's records/s; neither resyncs after a corrupt record).
 Resync is ours: after a corrupt gzip member or a bad header the record is rejected at its offset and reading
 resumes at the next record start (the next gzip member that decompresses to "WARC/", or the next "WARC/1." line).
+A record whose Content-Length disagrees with its bytes (FastWARC trusts the length: too long, it swallows the records
+after it; too short, it keeps a cut page and reads the rest as a bad next header) is rejected as
+`warc_length_mismatch` and reading resumes where the record really ends: its gzip member's end, or in an uncompressed
+file the first "WARC/1." line right after a CRLF CRLF (a page quoting a header mid-line is not one). A record is
+given out once the next header is found where its length says: FastWARC found it, and one slice of the mapped file
+agrees (the header's CRLF CRLF `length` + 4 bytes before it, or the gzip member before it sized for the record, from
+its ISIZE), which catches a length that FastWARC's CR/LF slack lets land near a later record. Only when that fails,
+FastWARC fails right after the record or the file ends inside it are the record's bytes read again to tell why.
+A length too long by exactly the records it swallows is not caught: it reads as an honest record holding them.
+A gzip of the whole file (its first member holds more than one record) is read as its decompressed stream, offsets
+being offsets in that stream; its lengths are checked only when FastWARC fails, after it is decompressed into a
+temporary file to resync in.
 
 A response's payload is stored as the server sent it: its Transfer-Encoding (chunked) and Content-Encoding (gzip,
 deflate, br) are undone here (decode_http_payload), not by FastWARC's auto_decode, whose errors end the iteration
@@ -15,11 +27,16 @@ deflate, br) are undone here (decode_http_payload), not by FastWARC's auto_decod
 
 from __future__ import annotations
 
+import contextlib
 import io
+import mmap
+import os
+import tempfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
-from fastwarc.stream_io import BrotliReader, ChunkedReader
+from fastwarc.stream_io import BrotliReader, ChunkedReader, GzipReader
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from tokenmill.stages.raw.html_text import page_text
@@ -29,6 +46,12 @@ from tokenmill.stages.raw.stream import Bad, Found, Rejected, Skipped, open_regu
 
 GZIP_MAGIC = b"\x1f\x8b\x08"
 PLAIN_START = b"WARC/1."
+TRAILER = b"\r\n\r\n"  # after each record's block
+LINE_START = b"\n" + PLAIN_START  # resync after junk: any "WARC/1." line
+# resync after a lying length: only a header right after the previous record's trailer counts
+RECORD_START = TRAILER + PLAIN_START
+NO_LENGTH = "no Content-Length that is a number (FastWARC reads an empty block)"
+MAX_HEADER = 32 << 10  # FastWARC's max_header_len
 SCAN_CHUNK = 1 << 20
 SNIPPET_BYTES = 200
 HTML_TYPES = ("text/html", "application/xhtml+xml")
@@ -42,9 +65,18 @@ SKIPPED_TYPES = {
 }
 
 
-def _member_end(raw, start: int) -> int | None:
+class Misframed(NamedTuple):
+    """A record whose Content-Length its bytes contradict (or that has none), and where the next record starts
+    (None: nowhere)."""
+
+    reason: str
+    detail: str
+    resume: int | None
+
+
+def _member_end(raw, start: int, seen: Callable[[bytes], None] | None = None) -> int | None:
     """Where the gzip member starting at `start` ends, None when it is corrupt or cut short. Its output is
-    produced SCAN_CHUNK bytes at a time and dropped: a bomb member is walked, never held."""
+    produced SCAN_CHUNK bytes at a time, passed to `seen` and dropped: a bomb member is walked, never held."""
     raw.seek(start)
     d, fed, pending = zlib.decompressobj(31), 0, b""
     try:
@@ -54,23 +86,108 @@ def _member_end(raw, start: int) -> int | None:
                 if not pending:
                     return None
                 fed += len(pending)
-            d.decompress(pending, SCAN_CHUNK)
+            out = d.decompress(pending, SCAN_CHUNK)
+            if seen is not None:
+                seen(out)
             pending = d.unconsumed_tail
     except zlib.error:
         return None
     return start + fed - len(d.unused_data)  # at the end of the member, unused_data is all the input left
 
 
+def _framing(head: bytes) -> tuple[int, int | None] | None:
+    """(header bytes with their CRLF CRLF, Content-Length: None when missing or not a number) of the record that
+    `head` starts; None when its header does not end there."""
+    cut = head.find(TRAILER)
+    if cut <= 0:
+        return None
+    for line in head[:cut].split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and value.strip().isdigit():
+            return cut + len(TRAILER), int(value)
+    return cut + len(TRAILER), None
+
+
 def _plain_end(raw, start: int) -> int | None:
     """Where the uncompressed record starting at `start` ends (header, Content-Length bytes, CRLF CRLF)."""
     raw.seek(start)
-    head = raw.read(SCAN_CHUNK)
-    cut = head.find(b"\r\n\r\n")
-    for line in head[:cut].split(b"\r\n") if cut > 0 else ():
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length" and value.strip().isdigit():
-            return start + cut + 4 + int(value) + 4
-    return None
+    frame = _framing(raw.read(SCAN_CHUNK))
+    if frame is None or frame[1] is None:
+        return None
+    return start + frame[0] + frame[1] + len(TRAILER)
+
+
+def _member_misframed(raw, start: int) -> Misframed | None:
+    """How the record in the gzip member at `start` disagrees with its length (its block and trailer must end with
+    the member), None when it does not or cannot be told (a corrupt member, a header cut by the member's end)."""
+    frame, size, junk = None, 0, False
+
+    def seen(out: bytes) -> None:
+        nonlocal frame, size, junk
+        if not size:  # the header is in the first output (up to SCAN_CHUNK bytes; FastWARC's cap is 32 KiB)
+            frame = _framing(out)
+        if frame is not None and frame[1] is not None:  # any bytes but CR and LF past the declared block
+            junk = junk or bool(out[max(frame[0] + frame[1] - size, 0) :].strip(b"\r\n"))
+        size += len(out)
+
+    end = _member_end(raw, start, seen)
+    if end is None or frame is None:
+        return None
+    if frame[1] is None:
+        return Misframed("bad_warc_header", NO_LENGTH, _next_start(raw, end, True))
+    if size >= frame[0] + frame[1] and not junk:
+        return None
+    detail = f"Content-Length {frame[1]}, but its gzip member holds {size - frame[0]} bytes after the header"
+    return Misframed("warc_length_mismatch", detail, _next_start(raw, end, True))
+
+
+def _plain_misframed(raw, start: int, cut_short: bool) -> Misframed | None:
+    """How the uncompressed record at `start` disagrees with its length, None when it does not or cannot be told:
+    its trailer (or, as FastWARC allows, the next header after fewer CR/LF bytes) must follow the declared block, and
+    no header may start inside the block. A block cut short by the end of the file is a lie when the file ends with
+    a trailer, else the file was cut inside the record."""
+    raw.seek(start)
+    frame = _framing(raw.read(SCAN_CHUNK))
+    if frame is None:
+        return None
+    block = start + frame[0]
+    resume = _next_start(raw, block + 1, False, RECORD_START)
+    if frame[1] is None:
+        return Misframed("bad_warc_header", NO_LENGTH, resume)
+    end, size = block + frame[1], raw.seek(0, os.SEEK_END)
+    raw.seek(end)
+    after = raw.read(len(TRAILER) + len(PLAIN_START))
+    lands = end == size or after.startswith(TRAILER) or after.lstrip(b"\r\n").startswith(PLAIN_START)
+    if lands and (resume is None or resume >= end):
+        return None
+    if resume is None:
+        raw.seek(size - len(TRAILER))
+        if cut_short and raw.read() != TRAILER:
+            return None
+        there = size - len(TRAILER) - block
+    else:
+        there = resume - len(TRAILER) - block
+    detail = f"Content-Length {frame[1]}, but the block ends after {there} bytes"
+    return Misframed("warc_length_mismatch", detail, resume)
+
+
+def _lands(view: mmap.mmap, gz: bool, length: int, at: int) -> bool:
+    """Whether the record before the one at `at`, of declared block `length`, ends right there: the header's CRLF
+    CRLF `length` + 4 bytes before `at` (uncompressed), or a gzip member ending at `at` (its ISIZE) that holds the
+    block and a header. A length that FastWARC's CR/LF slack lets land near a later record fails both."""
+    if gz:
+        return 0 < int.from_bytes(view[at - 4 : at], "little") - length <= MAX_HEADER + len(TRAILER)
+    header_end = at - length - 2 * len(TRAILER)
+    return header_end >= 0 and view[header_end : header_end + len(TRAILER)] == TRAILER
+
+
+def _mapped(f, stack: contextlib.ExitStack) -> mmap.mmap | None:
+    """The file mapped for reading: a slice per record to check lengths, where a read call costs ten times that.
+    None when it cannot be (empty, or a file system without mmap): lengths are then not checked."""
+    try:
+        return stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    except (OSError, ValueError):
+        return None
 
 
 def _is_member_start(raw, at: int) -> bool:
@@ -81,10 +198,12 @@ def _is_member_start(raw, at: int) -> bool:
         return False
 
 
-def _next_start(raw, after: int, gz: bool) -> int | None:
-    """The first record start at or after `after`: a gzip member opening with "WARC/", or a "WARC/1." line."""
-    marker = GZIP_MAGIC if gz else b"\n" + PLAIN_START
-    pos = max(after - (0 if gz else 1), 0)
+def _next_start(raw, after: int, gz: bool, marker: bytes = LINE_START) -> int | None:
+    """The first record start at or after `after`: a gzip member opening with "WARC/", or the "WARC/1." that ends
+    `marker` (any such line, or only one right after a record's trailer)."""
+    marker = GZIP_MAGIC if gz else marker
+    lead = 0 if gz else len(marker) - len(PLAIN_START)
+    pos = max(after - lead, 0)
     while True:
         raw.seek(pos)
         chunk = raw.read(SCAN_CHUNK + len(marker))
@@ -92,7 +211,7 @@ def _next_start(raw, after: int, gz: bool) -> int | None:
             return None
         i = chunk.find(marker)
         while i != -1:
-            at = pos + i + (0 if gz else 1)
+            at = pos + i + lead
             if not gz or _is_member_start(raw, at):
                 return at
             i = chunk.find(marker, i + 1)
@@ -180,6 +299,8 @@ def _record(rec, settings: RawSettings) -> Mapped | str:
     if kind not in (WarcRecordType.response, WarcRecordType.conversion):
         return "other_record"
     if kind == WarcRecordType.response:
+        if rec.is_http:  # parsed here, not by ArchiveIterator: read_warc needs the length it declares first
+            rec.parse_http()
         if rec.http_headers is None or rec.http_headers.status_code is None:
             raise Rejected("bad_warc_header", "the response's HTTP header cannot be parsed")
         if not 200 <= rec.http_headers.status_code < 300:
@@ -213,51 +334,136 @@ def _record(rec, settings: RawSettings) -> Mapped | str:
     return Mapped(page.text, meta | page.meta, shape=page.shape)
 
 
+class _Inflated:
+    """A gzip of the whole file as its decompressed stream, read forward only: FastWARC reads it as an uncompressed
+    WARC, so record offsets are offsets in that stream (read natively, every record gets the same compressed one)."""
+
+    def __init__(self, raw):
+        raw.seek(0)
+        self._gz = GzipReader(raw)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._gz.read(n)
+
+    def tell(self) -> int:
+        return self._gz.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if (offset, whence) != (self._gz.tell(), 0):
+            raise io.UnsupportedOperation("a whole-file gzip is read forward only")
+        return offset
+
+    def close(self) -> None:
+        self._gz.close()
+
+
+def _holds_several_records(raw) -> bool:
+    """Whether the gzip member opening the file holds a second record header (a gzip of the whole file), looked
+    for in its first SCAN_CHUNK bytes of output; a first record longer than that reads as one member per record."""
+    raw.seek(0)
+    try:
+        return RECORD_START in zlib.decompressobj(31).decompress(raw.read(SCAN_CHUNK), SCAN_CHUNK)
+    except zlib.error:
+        return False
+
+
+def _spill(raw, stack: contextlib.ExitStack, limit: int):
+    """A whole-file gzip decompressed into a temporary file to resync in (what decodes of it), None when it holds
+    more than `limit` bytes."""
+    out, src, n = stack.enter_context(tempfile.TemporaryFile()), _Inflated(raw), 0
+    with contextlib.suppress(OSError):  # corrupt from there on: what came before
+        while n <= limit and (chunk := src.read(SCAN_CHUNK)):
+            n += out.write(chunk)
+    out.flush()
+    return out if n <= limit else None
+
+
+def _too_large(index: int, settings: RawSettings, of: str, offset: int | None) -> Bad:
+    detail = f"more than max_file_bytes ({settings.max_file_bytes}) {of}; the rest of the file was not read"
+    return Bad("index", index, "file_too_large", detail, "", offset)
+
+
 def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad | Skipped]:
     index, payload_bytes = 0, 0
     pos: int | None = 0  # where the next pass starts reading; None: nothing left to read
-    with open_regular(path) as raw:
+    with open_regular(path) as raw, contextlib.ExitStack() as stack:
         gz = raw.read(2) == GZIP_MAGIC[:2]  # by content, not by `compression`: a .warc may be gzipped
+        whole = gz and _holds_several_records(raw)  # a gzip of the whole file: read as its decompressed stream
+        stream = _Inflated(raw) if whole else raw
+        gz = gz and not whole
+        view = None if whole else _mapped(raw, stack)  # None: lengths are not checked (until a whole gzip is spilled)
         while pos is not None:
-            raw.seek(pos)
-            last, reading, last_rejected = None, False, False
+            stream.seek(pos)
+            # the last record read, given out once the next header is found where its length says
+            held: Found | Bad | Skipped | None = None
+            last, length, suspect, reading, cut_short, error = None, None, None, False, False, None
             try:
-                for rec in ArchiveIterator(raw, parse_http=True):
-                    last, reading, last_rejected = rec.stream_pos, True, False
-                    payload_bytes += rec.content_length
+                for rec in ArchiveIterator(stream, parse_http=False):
+                    at = rec.stream_pos
+                    if held is not None:
+                        if view is not None and length is not None and not _lands(view, gz, length, at):
+                            suspect = at  # FastWARC found this header, but not where the length says
+                            break
+                        yield held
+                        held = None
+                    last, length, reading = at, rec.content_length, True  # the length as declared (HTTP not parsed)
+                    payload_bytes += length
                     if payload_bytes > settings.max_file_bytes:
-                        yield Bad(
-                            "index",
-                            index,
-                            "file_too_large",
-                            f"more than max_file_bytes ({settings.max_file_bytes}) of record payloads; the rest "
-                            "of the file was not read",
-                            "",
-                            last,
-                        )
+                        yield _too_large(index, settings, "of record payloads", last)
                         return
                     try:
                         got = _record(rec, settings)
                     except Rejected as e:
-                        last_rejected = True
-                        yield Bad("index", index, e.reason, e.detail, "", last)
+                        held = Bad("index", index, e.reason, e.detail, "", last)
                     else:
-                        if isinstance(got, str):
-                            yield Skipped("index", index, got)
-                        else:
-                            yield Found("index", index, got, {"offset": last})
+                        held = (
+                            Skipped("index", index, got)
+                            if isinstance(got, str)
+                            else Found("index", index, got, {"offset": last})
+                        )
+                    block = rec.reader
+                    block.consume()  # the rest of the block, as FastWARC would before the next record
+                    cut_short = block.tell() < rec.content_length  # the file ends inside the block
                     index, reading = index + 1, False
-                return
             except (OSError, ValueError) as e:  # a corrupt gzip member, a truncated record, a bad WARC header
-                if not reading and last_rejected and last is not None and _record_end(raw, last, gz) is None:
-                    pos = _next_start(raw, last + 1, gz)  # the rejected record's own bytes, misread as the next
-                    continue
-                reason = "bad_warc_header" if "header" in str(e).lower() else "corrupt_warc_record"
-                bad_at = _failed_at(raw, pos, last, reading, gz)
-                if bad_at is None:
+                error = e
+            # at the end the last record is checked too (a length past its end can land on the end of the file),
+            # but not in a whole-file gzip: that would take decompressing all of it again
+            if error is None and suspect is None and not cut_short and (held is None or isinstance(stream, _Inflated)):
+                if held is not None:
+                    yield held
+                return
+            if isinstance(stream, _Inflated):
+                spilled = _spill(raw, stack, settings.max_file_bytes)
+                if spilled is None:
+                    if held is not None:
+                        yield held
+                    yield _too_large(index, settings, "of decompressed bytes", None)
                     return
-                raw.seek(bad_at)
-                snippet = "" if gz else snip(raw.read(SNIPPET_BYTES))
-                yield Bad("index", index, reason, f"{type(e).__name__}: {e}", snippet, bad_at)
-                index += 1
-                pos = _next_start(raw, bad_at + 1, gz)
+                stream, view = spilled, _mapped(spilled, stack)
+            if held is not None and last is not None:
+                bad = _member_misframed(stream, last) if gz else _plain_misframed(stream, last, cut_short)
+                if bad is not None:
+                    stream.seek(last)
+                    snippet = "" if gz else snip(stream.read(SNIPPET_BYTES))
+                    yield Bad("index", held.at, bad.reason, bad.detail, snippet, last)
+                    pos = bad.resume
+                    continue
+                yield held
+            if suspect is not None:  # the length was right after all (FastWARC's CR/LF slack): read on from there
+                pos = suspect
+                continue
+            if error is None:
+                return
+            if not reading and isinstance(held, Bad) and last is not None and _record_end(stream, last, gz) is None:
+                pos = _next_start(stream, last + 1, gz)  # the rejected record's own bytes, misread as the next
+                continue
+            reason = "bad_warc_header" if "header" in str(error).lower() else "corrupt_warc_record"
+            bad_at = _failed_at(stream, pos, last, reading, gz)
+            if bad_at is None:
+                return
+            stream.seek(bad_at)
+            snippet = "" if gz else snip(stream.read(SNIPPET_BYTES))
+            yield Bad("index", index, reason, f"{type(error).__name__}: {error}", snippet, bad_at)
+            index += 1
+            pos = _next_start(stream, bad_at + 1, gz)
