@@ -34,7 +34,7 @@ from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.dedup.layout import DECISION_DIR, LEVEL_NAMES, REPORT_FILE, Chunk, chunk_lines, parse
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ApplyTask:
     chunk: Chunk
     decisions: Path  # decisions/<stem>.npz (absent: nothing removed from the chunk)
@@ -42,7 +42,7 @@ class ApplyTask:
     texts: tuple[int, int] = (0, 0)  # removed records of each level (exact, near) whose entry keeps its text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ApplyResult:
     kept: int
     removed: int
@@ -80,7 +80,14 @@ def apply_chunk(task: ApplyTask) -> ApplyResult:
             f"{chunk.path}: the dedup report removes {len(removed)} records of chunk "
             f"{chunk.chunk}, {dropped} were found: rematerialize dedup_report"
         )
-    return ApplyResult(len(kept), dropped, (levels[0], levels[1]), str(kept_path), str(removed_path), line_ids(kept))
+    return ApplyResult(
+        kept=len(kept),
+        removed=dropped,
+        levels=(levels[0], levels[1]),
+        kept_path=str(kept_path),
+        removed_path=str(removed_path),
+        kept_ids=line_ids(kept),
+    )
 
 
 def _read_decisions(path: Path) -> dict[int, tuple[str, str, int, float]]:
@@ -139,7 +146,10 @@ def write_deduped(
     tmp_dir = out_dir / ".chunks"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     decisions = [report_dir / DECISION_DIR / f"{c.stem}.npz" for c in chunks]
-    tasks = [ApplyTask(c, d, tmp_dir, texts) for c, d, texts in zip(chunks, decisions, text_quotas(decisions))]
+    tasks = [
+        ApplyTask(chunk=c, decisions=d, tmp_dir=tmp_dir, texts=texts)
+        for c, d, texts in zip(chunks, decisions, text_quotas(decisions))
+    ]
     progress = Progress("dedup: writing survivors", unit="records", log=log)
     results = []
     ids_crc32: int | None = 0  # CRC-32 of the kept ids (uint64, in output order); None: a line without its id
@@ -184,7 +194,15 @@ def _report_chunks(in_dir: Path, report: dict) -> tuple[dict[str, Path], list[Ch
             f"({sorted(expected)}, or sizes changed): rematerialize dedup_report"
         )
     chunks = [
-        Chunk(0, c["name"], str(shards[c["name"]]), c["start"], c["end"], c["chunk"], records=c["records"])
+        Chunk(
+            shard=0,
+            name=c["name"],
+            path=str(shards[c["name"]]),
+            start=c["start"],
+            end=c["end"],
+            chunk=c["chunk"],
+            records=c["records"],
+        )
         for c in report["input"]["chunks"]
     ]
     return shards, chunks

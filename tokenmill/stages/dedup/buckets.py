@@ -40,7 +40,7 @@ BIN_DOCS = 128  # documents per histogram bin of first documents (verification r
 # pairs with the defaults) whatever the corpus size, where a fixed count of bins grew them with it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LshInputTask:
     out_dir: Path
     stem: str
@@ -103,7 +103,7 @@ def _sort_bands(lsh_dir: Path, stem: str, bands: np.ndarray) -> np.ndarray:
     return by_band
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BucketTask:
     out_dir: Path
     lsh_files: tuple[Path, ...]  # per chunk: its LSH files without the suffix (Chunk.step_file(out_dir, LSH_DIR, ""))
@@ -120,7 +120,7 @@ class BucketTask:
     probe_from: int = 0  # documents below are indexed (earlier batches): only looked up, never paired together
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BucketResult:
     files: tuple[str, ...]
     band_collisions: int
@@ -248,4 +248,10 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
             flush()
     if held:
         flush()
-    return BucketResult(tuple(files), collisions, stats["oversized_buckets"], stats["pairs_not_emitted"], hist)
+    return BucketResult(
+        files=tuple(files),
+        band_collisions=collisions,
+        oversized_buckets=stats["oversized_buckets"],
+        pairs_not_emitted=stats["pairs_not_emitted"],
+        first_doc_histogram=hist,
+    )

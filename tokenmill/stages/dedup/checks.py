@@ -16,7 +16,7 @@ from tokenmill.stages.dedup.keys import dedup_keys, key_digest
 from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, Chunk
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KeyDigestTask:
     shard: Path
     strip_symbols: bool
@@ -72,7 +72,7 @@ def segment_kept(segment: Path, settings: dict) -> tuple[int, int, bool] | None:
         return None
     records, ids_crc32, prefixes = 0, 0, DistinctValues()
     for c in manifest["chunks"]:
-        chunk = Chunk(-1, c["name"], "", 0, 0, c["chunk"])
+        chunk = Chunk.of_segment(c)
 
         def load(step: str, suffix: str, chunk: Chunk = chunk) -> np.ndarray:
             return np.load(chunk.step_file(segment, step, suffix))
@@ -98,7 +98,10 @@ def audit_exact_keys(stage_dir: Path, settings: dict) -> dict:
     problems: list[str] = []
     records = 0
     shards = record_shards(stage_dir)
-    tasks = [KeyDigestTask(shard, settings["strip_symbols"], settings["fold_chinese"]) for shard in shards]
+    tasks = [
+        KeyDigestTask(shard=shard, strip_symbols=settings["strip_symbols"], fold_chinese=settings["fold_chinese"])
+        for shard in shards
+    ]
     for shard, digests in zip(shards, map_ordered(shard_key_digests, tasks)):
         records += len(digests)
         for record_id, digest in digests:

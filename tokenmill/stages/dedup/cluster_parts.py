@@ -195,7 +195,7 @@ def merge_clusters(out_dir: Path, parts: int) -> int:
         return w.count
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChunkTask:
     chunk: Chunk  # a chunk of the batch
     out_dir: Path
@@ -229,11 +229,18 @@ def finish_chunk(task: ChunkTask) -> SegmentChunk | None:
     ordinal = arrays.get("ordinal", np.empty(0, dtype=np.int64))
     dropped = arrays.get("dropped", np.empty(0, dtype=bool))
     return write_segment_chunk(
-        SegmentTask(task.chunk, task.out_dir, task.segment, ordinal[dropped], ordinal[~dropped], task.rows)
+        SegmentTask(
+            chunk=task.chunk,
+            out_dir=task.out_dir,
+            segment=task.segment,
+            dropped=ordinal[dropped],
+            near=ordinal[~dropped],
+            rows=task.rows,
+        )
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SampleTask:
     out_dir: Path
     chunks: tuple[Chunk, ...]

@@ -46,7 +46,7 @@ from tokenmill.stages.dedup.verify import ExactJaccard
 SECOND_LOOK_CENTERS = 32
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClusterTask:
     """The documents of some whole components (a part, see cluster_parts.py): everything a cluster or keep
     decision among them depends on."""
@@ -62,7 +62,7 @@ class ClusterTask:
     settings: DedupSettings  # keep (the rule), sample_clusters (their candidates are chosen per part), threshold
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Clusters:
     """The clustering of the involved documents, indexed locally (0..n-1 in input order); `doc` maps a local index
     to the global one. `group` is the exact group (numbered by first member), `star` the cluster's center group."""
@@ -141,7 +141,20 @@ def best_of_groups(group: np.ndarray, n_groups: int, rank: np.ndarray) -> np.nda
     return best
 
 
-def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarray, edge_sims: np.ndarray):
+@dataclass(frozen=True, kw_only=True)
+class _Part:
+    """What the walks over a part's exact groups read (_assign, _look_again, _whole_components)."""
+
+    task: ClusterTask
+    corpus: Corpus  # the part's documents' fields and keys (ExactJaccard)
+    indexed: np.ndarray  # per document: an earlier batch's record (dedup_batch), which stays kept
+    rank: np.ndarray  # per document: its rank under the keep rule (0 = most preferred)
+    group: np.ndarray  # per document: its exact group (0..groups-1, by first member)
+    component_of_group: np.ndarray  # per group: its component (union-find root: a group)
+    verified: Verified  # the part's verified pairs (the second look returns them with those it adds)
+
+
+def _assign(part: _Part):
     """Greedy star clustering over the verified group pairs, in keep-rule order.
 
     Every exact group is represented by its most preferred record. Groups are visited from the most
@@ -152,7 +165,9 @@ def _assign(group: np.ndarray, n_groups: int, rank: np.ndarray, edges: np.ndarra
     kept records share a verified edge; in a chain A~B~C where A and C are below the threshold, A and C
     both survive. Returns (center group per group, similarity to the center per group, best doc per group).
     """
-    best = best_of_groups(group, n_groups, rank)
+    n_groups, rank = len(part.component_of_group), part.rank
+    edges, edge_sims = part.verified.group_pairs, part.verified.sims
+    best = best_of_groups(part.group, n_groups, rank)
     center = np.arange(n_groups, dtype=np.int64)
     sim = np.ones(n_groups, dtype=np.float64)
     if len(edges):
@@ -279,21 +294,28 @@ def build_clusters(task: ClusterTask) -> Clusters:
     reps, group = np.unique(task.rep, return_inverse=True)
     group = group.ravel().astype(np.int64)
     n_groups = len(reps)
-    verified = Verified(task.pairs, task.sims.astype(np.float64), group[task.pairs])
+    verified = Verified(pairs=task.pairs, sims=task.sims.astype(np.float64), group_pairs=group[task.pairs])
     component_of_group = components_of(n_groups, verified.group_pairs)
     component = component_of_group[group]
     component_size = np.bincount(component, minlength=n_groups)
     rank = _preference(docs, keep)
+    part = _Part(
+        task=task,
+        corpus=corpus,
+        indexed=docs.indexed,
+        rank=rank,
+        group=group,
+        component_of_group=component_of_group,
+        verified=verified,
+    )
     compared = 0
     if task.settings.cluster_mode() == "components":
         best = best_of_groups(group, n_groups, rank)
-        center, center_sim = _whole_components(corpus, task, docs.indexed, component_of_group, rank, verified, best)
+        center, center_sim = _whole_components(part, best)
     else:
-        center, center_sim, best = _assign(group, n_groups, rank, verified.group_pairs, verified.sims)
+        center, center_sim, best = _assign(part)
         if keep != "first_seen":  # first_seen: a record verifies against earlier kept records among its candidates
-            center, center_sim, best, verified, compared = _look_again(
-                corpus, task, docs.indexed, component_of_group, rank, verified, (center, center_sim, best)
-            )
+            center, center_sim, best, verified, compared = _look_again(part, (center, center_sim, best))
     star = center[group]  # cluster = center group
     kept_doc, removed, level, similarity = _removals(group, star, best, center_sim, keep)
     star_size = np.bincount(star, minlength=n_groups)
@@ -329,7 +351,7 @@ def build_clusters(task: ClusterTask) -> Clusters:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verified:
     pairs: np.ndarray  # (pairs, 2) documents of the part (local indices)
     sims: np.ndarray
@@ -337,39 +359,32 @@ class Verified:
 
     def plus(self, pairs: np.ndarray, sims: np.ndarray, group_pairs: np.ndarray) -> Verified:
         return Verified(
-            np.concatenate([self.pairs, pairs]),
-            np.concatenate([self.sims, sims]),
-            np.concatenate([self.group_pairs, group_pairs]),
+            pairs=np.concatenate([self.pairs, pairs]),
+            sims=np.concatenate([self.sims, sims]),
+            group_pairs=np.concatenate([self.group_pairs, group_pairs]),
         )
 
 
-def _look_again(
-    corpus: Corpus,
-    task: ClusterTask,
-    indexed: np.ndarray,
-    component: np.ndarray,
-    rank: np.ndarray,
-    verified: Verified,
-    walk: tuple[np.ndarray, np.ndarray, np.ndarray],
-):
+def _look_again(part: _Part, walk: tuple[np.ndarray, np.ndarray, np.ndarray]):
     """The walk redone over the components where _assign kept several groups, now also comparing exactly: a group
     with no verified pair to a center is compared (best record to best record) with its component's centers in keep
     order, up to SECOND_LOOK_CENTERS of them, and joins the first at the threshold. So no two kept records of a
     component within those bounds are near duplicates, and a chain (A ~ B ~ C, A and C below the threshold) still
-    keeps both ends. A group of an earlier batch (`indexed`, per document) is never compared: it stays kept.
-    `component`: each group's; `walk`: _assign's (center, similarity, best). Returns the walk's arrays, the
-    verified pairs with those the comparisons added, and the number of comparisons."""
+    keeps both ends. A group of an earlier batch (`part.indexed`) is never compared: it stays kept. `walk`:
+    _assign's (center, similarity, best). Returns the walk's arrays, the verified pairs with those the comparisons
+    added, and the number of comparisons."""
+    task, indexed, component, verified = part.task, part.indexed, part.component_of_group, part.verified
     center, center_sim, best = walk  # redone in place: the first walk's arrays are not used again
     is_center = center == np.arange(len(center))
     multi = np.flatnonzero(np.bincount(component[is_center], minlength=len(center)) >= 2)
     if not len(multi):
         return center, center_sim, best, verified, 0
     groups = np.flatnonzero(np.isin(component, multi))
-    groups = groups[np.argsort(rank[best[groups]], kind="stable")]
+    groups = groups[np.argsort(part.rank[best[groups]], kind="stable")]
     inside = np.isin(component[verified.group_pairs[:, 0]], multi)  # the pairs of the components walked again
     known = {(a, b): s for (a, b), s in zip(verified.group_pairs[inside].tolist(), verified.sims[inside].tolist())}
     known.update({(b, a): s for (a, b), s in list(known.items())})
-    jaccard = ExactJaccard(corpus, task.doc[best[groups]], task.settings)
+    jaccard = ExactJaccard(part.corpus, task.doc[best[groups]], task.settings)
     centers: dict[int, list[int]] = {}
     added: list[tuple[int, int, float]] = []
     total = 0
@@ -397,22 +412,15 @@ def _look_again(
     return center, center_sim, best, verified, total
 
 
-def _whole_components(
-    corpus: Corpus,
-    task: ClusterTask,
-    indexed: np.ndarray,
-    component: np.ndarray,
-    rank: np.ndarray,
-    verified: Verified,
-    best: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray]:
+def _whole_components(part: _Part, best: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """clusters="components": every group joins the most preferred group of its component, but a group of an
-    earlier batch (`indexed`, per document), which stays kept. The similarity to the record named is its verified
-    pair's where the two have one, else measured exactly (below the threshold for a chain). Arguments as _look_again,
-    `best` each group's most preferred document; returns (center, similarity) per group."""
+    earlier batch (`part.indexed`), which stays kept. The similarity to the record named is its verified pair's
+    where the two have one, else measured exactly (below the threshold for a chain). `best`: each group's most
+    preferred document; returns (center, similarity) per group."""
+    task, component, verified = part.task, part.component_of_group, part.verified
     groups = np.arange(len(component))
-    head = best_of_groups(component, len(component), rank[best])  # per component (root): its most preferred group
-    center = np.where(indexed[best], groups, head[component])
+    head = best_of_groups(component, len(component), part.rank[best])  # per component (root): its most preferred group
+    center = np.where(part.indexed[best], groups, head[component])
     center_sim = np.ones(len(component), dtype=np.float64)
     measured = center == groups
     a, b = verified.group_pairs.T
@@ -422,7 +430,7 @@ def _whole_components(
         measured[x[direct]] = True
     chained = np.flatnonzero(~measured)
     if len(chained):
-        jaccard = ExactJaccard(corpus, task.doc[best[np.concatenate([chained, center[chained]])]], task.settings)
+        jaccard = ExactJaccard(part.corpus, task.doc[best[np.concatenate([chained, center[chained]])]], task.settings)
         for g in chained.tolist():
             center_sim[g] = jaccard(int(task.doc[best[g]]), int(task.doc[best[center[g]]]))
     return center, center_sim

@@ -103,13 +103,13 @@ def read_index(index_dirs: list[Path], sketch: dict) -> tuple[list[Chunk], list[
                 "settings of the index or rebuild it from the first batch"
             )
         for c in manifest["chunks"]:
-            chunks.append(Chunk(-1, c["name"], "", 0, 0, c["chunk"], first, c["records"], str(seg)))
+            chunks.append(Chunk.of_segment(c, root=str(seg), first=first))
             first += c["records"]
         manifests.append(manifest)
     return chunks, manifests
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SegmentTask:
     chunk: Chunk  # a chunk of the batch
     out_dir: Path  # the stage folder holding its step files
@@ -119,7 +119,7 @@ class SegmentTask:
     rows: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SegmentChunk:
     name: str
     chunk: int
@@ -170,7 +170,7 @@ def write_segment_chunk(task: SegmentTask) -> SegmentChunk:
     np.savez(dst(SIGNATURE_DIR, ".items.npz"), item_doc=item_doc, item_n=item_n[sketched])
     bands = np.load(src(SIGNATURE_DIR, ".bands.npy"))[:, sketched]
     n_items = write_index_lsh(folder(seg, LSH_DIR), c.stem, bands)
-    return SegmentChunk(c.name, c.chunk, int(indexed.sum()), int(kept.sum()), n_items)
+    return SegmentChunk(name=c.name, chunk=c.chunk, records=int(indexed.sum()), kept=int(kept.sum()), items=n_items)
 
 
 def staging_folder(index_out: Path) -> Path:

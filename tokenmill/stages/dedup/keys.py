@@ -289,7 +289,7 @@ def write_keys(keys_dir: Path, stem: str, keys: list[str]) -> None:
     np.save(keys_dir / f"{stem}.digest_ordinal.npy", order.astype(np.int64))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExactTask:
     key_files: tuple[Path, ...]  # per chunk: its key files without the suffix (Chunk.step_file(out_dir, KEYS_DIR, ""))
     firsts: tuple[int, ...]
@@ -298,7 +298,7 @@ class ExactTask:
     out: Path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExactResult:
     groups: int  # exact groups of two or more documents
     members: int  # documents in them
@@ -329,4 +329,4 @@ def exact_groups(task: ExactTask) -> ExactResult:
     rows = np.empty(int(member.sum()), dtype=EXACT_DTYPE)
     rows["doc"], rows["rep"] = doc[member], doc[starts][run[member]]
     np.save(task.out, np.sort(rows, order="doc"))
-    return ExactResult(int((sizes >= 2).sum()), len(rows))
+    return ExactResult(groups=int((sizes >= 2).sum()), members=len(rows))

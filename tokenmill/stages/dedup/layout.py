@@ -39,7 +39,7 @@ LOC_KIND = ("line", "index", None)
 VERIFIED_DTYPE = np.dtype([("a", "<i8"), ("b", "<i8"), ("sim", "<f8")])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Chunk:
     """A line-aligned byte range of one input shard; `first` is the global index of its first record."""
 
@@ -52,6 +52,21 @@ class Chunk:
     first: int = 0
     records: int = 0
     root: str = ""  # an index segment holding this chunk's step files (an earlier batch's); "": the stage folder
+
+    @classmethod
+    def of_segment(cls, entry: dict, root: str = "", first: int = 0) -> Chunk:
+        """A chunk of an index segment from its segment.json entry: no source bytes, its step files in `root`."""
+        return cls(
+            shard=-1,
+            name=entry["name"],
+            path="",
+            start=0,
+            end=0,
+            chunk=entry["chunk"],
+            first=first,
+            records=entry["records"],
+            root=root,
+        )
 
     @property
     def stem(self) -> str:
@@ -77,7 +92,10 @@ def plan_chunks(in_dir: Path, chunk_bytes: int) -> list[Chunk]:
                     break
                 bounds.append(pos)
         bounds.append(size)
-        chunks.extend(Chunk(s, path.name, str(path), bounds[c], bounds[c + 1], c) for c in range(len(bounds) - 1))
+        chunks.extend(
+            Chunk(shard=s, name=path.name, path=str(path), start=bounds[c], end=bounds[c + 1], chunk=c)
+            for c in range(len(bounds) - 1)
+        )
     return chunks
 
 
@@ -249,7 +267,7 @@ class NpyRows:
 TABLE_FIELDS = ("meta_count", "text_len", "key_len", "loc", "loc_kind", "garbage", "bad_case", "repeats")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DocumentTable:
     """The document-table fields of some documents (Corpus.rows), an array each, in the order asked for."""
 

@@ -69,7 +69,7 @@ def _texts(chunks: list[Chunk], docs: DocumentTable, wanted: list[int]) -> dict:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SampleCandidates:
     """What choose_samples needs of one part to choose the sample clusters as over the whole input; a cluster is
     named by its key (the first member of its center group, a global index: keys order clusters as the stage
@@ -83,7 +83,7 @@ class SampleCandidates:
     exact_keys: np.ndarray  # its clusters with an exact removal (ascending)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClusterCounts:
     """What the report needs of the clusters of one part, or of all (`total`): no per-document data but the sample
     candidates' few arrays."""
@@ -285,7 +285,7 @@ def histogram(sizes: np.ndarray) -> list[dict]:
     return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunSummary:
     """Counts the steps returned (no per-document data), for the report."""
 

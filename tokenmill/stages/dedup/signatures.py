@@ -30,7 +30,7 @@ from tokenmill.stages.dedup.settings import DedupSettings
 SHINGLE_BATCH = 1 << 20  # shingles hashed at once in a worker (~40 MB of temporaries)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SketchTask:
     chunk: Chunk
     out_dir: Path
@@ -40,7 +40,7 @@ class SketchTask:
     shingle_batch: int | None = None  # None: SHINGLE_BATCH
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChunkSketch:
     """What the parent keeps of a chunk: counts only."""
 
@@ -188,10 +188,10 @@ def sketch_chunk(task: SketchTask) -> ChunkSketch:
     np.savez(sig_dir / f"{stem}.items.npz", item_doc=item_doc, item_n=item_n)
     per_path = Counter(table["path"].tolist())
     return ChunkSketch(
-        stem,
-        len(keys),
-        int(len(item_doc)),
-        dict(Counter(item_n.tolist())),
-        {paths[p]: n for p, n in per_path.items()},
-        int((units == 0).sum()),
+        stem=stem,
+        records=len(keys),
+        items=int(len(item_doc)),
+        shingle_sizes=dict(Counter(item_n.tolist())),
+        records_per_path={paths[p]: n for p, n in per_path.items()},
+        empty_keys=int((units == 0).sum()),
     )

@@ -97,7 +97,7 @@ POOL_MIN_ITEMS = 1 << 22  # band items below which the bucket step runs in this 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Partitions:
     """Size of one task of each partitioned step (the decisions do not depend on them, only memory per task)."""
 
@@ -108,7 +108,7 @@ class Partitions:
     cluster_docs: int = 1 << 18  # involved documents per clustering part (whole components; ~500 bytes each)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DedupRun:
     """What every step of one run reads (settings, folders, the index read, workers, log) and the seconds each step
     took (for the report)."""
@@ -232,7 +232,9 @@ def _signatures(run: DedupRun) -> tuple[list[Chunk], list]:
     """Step 1, per chunk of the input: keys, digests, signatures and band hashes. Returns the index's chunks and
     the input's, numbered after them, with the input's ChunkSketch per chunk."""
     planned = plan_chunks(run.in_dir, run.settings.chunk_bytes)
-    tasks = [SketchTask(c, run.out_dir, run.settings, run.bands, run.rows) for c in planned]
+    tasks = [
+        SketchTask(chunk=c, out_dir=run.out_dir, settings=run.settings, bands=run.bands, rows=run.rows) for c in planned
+    ]
     sketches = run.step("signatures", sketch_chunk, tasks)
     counts = np.cumsum([sk.records for sk in sketches], dtype=np.int64)
     firsts = (run.indexed_docs + np.concatenate(([0], counts))).tolist()
@@ -246,7 +248,9 @@ def _exact_groups(run: DedupRun, chunks: list[Chunk]) -> tuple[tuple[Path, ...],
     files = tuple(folder(run.out_dir, EXACT_DIR) / f"p{k:04d}.npy" for k in range(len(ranges)))
     key_files = tuple(c.step_file(run.out_dir, KEYS_DIR, "") for c in chunks)
     firsts = tuple(c.first for c in chunks)
-    tasks = [ExactTask(key_files, firsts, lo, hi, path) for (lo, hi), path in zip(ranges, files)]
+    tasks = [
+        ExactTask(key_files=key_files, firsts=firsts, lo=lo, hi=hi, out=path) for (lo, hi), path in zip(ranges, files)
+    ]
     return files, run.step("exact", exact_groups, tasks)
 
 
@@ -257,7 +261,16 @@ def _buckets(
     pairs of their buckets, per band and hash range. Returns the bucket results and the candidate pairs per
     BIN_DOCS documents of their first document."""
     lsh_tasks = [
-        LshInputTask(run.out_dir, c.stem, c.first, c.records, exact_files, run.rows) for c in chunks if not c.root
+        LshInputTask(
+            out_dir=run.out_dir,
+            stem=c.stem,
+            first=c.first,
+            records=c.records,
+            exact_files=exact_files,
+            rows=run.rows,
+        )
+        for c in chunks
+        if not c.root
     ]
     batch_items = run.step("buckets", lsh_inputs, lsh_tasks)
     items = segment_items(run.manifests) + sum(batch_items)
@@ -315,7 +328,15 @@ def _verify(
     candidate_files = tuple(f for r in buckets for f in r.files)
     files = tuple(folder(run.out_dir, VERIFIED_DIR) / f"v{k:04d}.npy" for k in range(len(ranges)))
     tasks = [
-        VerifyTask(run.out_dir, tuple(chunks), candidate_files, lo, hi, run.settings, path)
+        VerifyTask(
+            out_dir=run.out_dir,
+            chunks=tuple(chunks),
+            candidate_files=candidate_files,
+            lo=lo,
+            hi=hi,
+            settings=run.settings,
+            out=path,
+        )
         for (lo, hi), path in zip(ranges, files)
     ]
     return files, run.step("verification", verify_range, tasks)
@@ -347,8 +368,16 @@ def _write_outputs(run: DedupRun, chunks: list[Chunk], clusters: ClusterCounts) 
     keys = tuple(choose_samples(clusters, run.settings.sample_clusters))
     folder(run.out_dir, DECISION_DIR)
     try:
-        finish = [ChunkTask(ch, run.out_dir, parts, staged, run.rows) for ch in chunks if not ch.root]
-        show = [SampleTask(run.out_dir, tuple(chunks), p, keys) for p in range(parts)] if keys else []
+        finish = [
+            ChunkTask(chunk=ch, out_dir=run.out_dir, parts=parts, segment=staged, rows=run.rows)
+            for ch in chunks
+            if not ch.root
+        ]
+        show = (
+            [SampleTask(out_dir=run.out_dir, chunks=tuple(chunks), part=p, keys=keys) for p in range(parts)]
+            if keys
+            else []
+        )
         writes = [
             partial(merge_clusters, run.out_dir, parts),
             *(partial(show_samples, t) for t in show),

@@ -31,7 +31,7 @@ KEY_BATCH_UNITS = 1 << 22
 SECOND_SETS_BYTES = 64 << 20  # of the second documents' shingle sets kept for their next pair
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VerifyTask:
     out_dir: Path
     chunks: tuple[Chunk, ...]
@@ -42,7 +42,7 @@ class VerifyTask:
     out: Path
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class VerifyResult:
     candidates: int
     signature_rejected: int
@@ -187,4 +187,4 @@ def verify_range(task: VerifyTask) -> VerifyResult:
     rows = np.empty(int(ok.sum()), dtype=VERIFIED_DTYPE)
     rows["a"], rows["b"], rows["sim"] = pairs[ok, 0], pairs[ok, 1], sims[ok]
     np.save(task.out, rows)
-    return VerifyResult(len(passed), int((~passed).sum()), len(rows))
+    return VerifyResult(candidates=len(passed), signature_rejected=int((~passed).sum()), verified=len(rows))
