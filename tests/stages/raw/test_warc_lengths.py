@@ -77,6 +77,31 @@ def test_liar_is_rejected_and_every_other_record_kept(tmp_path, layout, delta, l
     assert all(f"Sentence 39 of page {i} tells" in item.value.text for i, item in zip(kept, items))  # whole pages
 
 
+@pytest.mark.parametrize("layout", ["plain", "members"])
+@pytest.mark.parametrize("slack", [1, 2, 3, 4])
+def test_a_length_that_lands_in_the_slack_before_a_later_record_is_caught(tmp_path, layout, slack):
+    """Too long by the next record and 1-4 bytes: the length ends in the CR/LF before the record after, which
+    FastWARC skips, so it parses on as if the length were true; the header is not where the length says."""
+    records = pages()
+    records[1] = lie(records[1], len(records[2]) + slack)
+    path = tmp_path / LAYOUTS[layout]
+    write(path, records, layout)
+    items = list(read_warc(str(path), None, RawSettings()))
+    assert [(i.at, getattr(i, "reason", None)) for i in items] == [
+        (i, "warc_length_mismatch" if i == 1 else None) for i in range(PAGES)
+    ]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("trailer", [b"", b"\r\n"])
+def test_a_short_or_missing_trailer_is_no_lie(tmp_path, layout, trailer):
+    """FastWARC reads records whose CRLF CRLF after the block is short or missing: so does the length check."""
+    path = tmp_path / LAYOUTS[layout]
+    write(path, [r.removesuffix(b"\r\n\r\n") + trailer for r in pages()], layout)
+    items = list(read_warc(str(path), None, RawSettings()))
+    assert all(isinstance(i, Found) for i in items) and len(items) == PAGES
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_a_page_quoting_warc_headers_is_read_whole(tmp_path, layout):
     path = tmp_path / LAYOUTS[layout]

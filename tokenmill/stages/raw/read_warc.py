@@ -157,7 +157,8 @@ def _plain_misframed(raw, start: int, cut_short: bool) -> Misframed | None:
     end, size = block + frame[1], raw.seek(0, os.SEEK_END)
     raw.seek(end)
     after = raw.read(len(TRAILER) + len(PLAIN_START))
-    lands = end == size or after.startswith(TRAILER) or after.lstrip(b"\r\n").startswith(PLAIN_START)
+    rest = after.lstrip(b"\r\n")  # FastWARC skips CR and LF before the next header or the end of the file
+    lands = after.startswith(TRAILER) or rest.startswith(PLAIN_START) or (not rest and end + len(after) == size)
     if lands and (resume is None or resume >= end):
         return None
     if resume is None:
