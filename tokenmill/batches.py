@@ -46,6 +46,7 @@ from tokenmill.common.io import (
 )
 from tokenmill.errors import CorruptOutputError, SourceChangedError, UnknownBatchError
 from tokenmill.stages.raw.discover import examine
+from tokenmill.stages.registry import per_batch_keys
 from tokenmill_loader.format import manifest_path
 
 REGISTRY_FILE = "_batches.json"
@@ -60,7 +61,7 @@ DATA_ROOT_TAG = "tokenmill/data_root"
 SOURCE_TAG = "tokenmill/source"
 PLANNED_BATCH_TAG = "tokenmill/planned_batch"
 REBUILD_HINT = "run `tokenmill update --rebuild` to rebuild every asset from the source as it is now"
-PER_BATCH_STAGES = ("raw_records", "cleaned_jsonl", "dedup_report", "dedup_index", "deduped_jsonl")
+PER_BATCH_STAGES = per_batch_keys()
 FUNNEL_FILE = Path("funnel_telemetry") / "funnel.json"  # lists the batches through the whole graph
 QUARANTINE_DIR = Path("raw_records") / "_quarantine"  # a failed or retired batch's rejected raw records
 HASH_BLOCK = 1 << 20

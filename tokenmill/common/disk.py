@@ -13,18 +13,9 @@ import stat
 from pathlib import Path
 
 from tokenmill.common.io import STATS_FILE, batch_folders, read_json, record_shards
+from tokenmill.stages.registry import stage_keys
 
-# the stages of `tokenmill update`, in graph order
-STAGES = (
-    "raw_records",
-    "cleaned_jsonl",
-    "dedup_report",
-    "dedup_index",
-    "deduped_jsonl",
-    "tokenizer",
-    "tokenized_bins",
-    "funnel_telemetry",
-)
+STAGES = stage_keys()  # the stages of `tokenmill update`, in graph order
 
 
 def tree_bytes(path: str | os.PathLike, seen: set[tuple[int, int]] | None = None) -> int:

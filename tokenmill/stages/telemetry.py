@@ -8,18 +8,14 @@ from pathlib import Path
 from tokenmill.batches import read_registry
 from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, batch_folders, read_json
 from tokenmill.errors import StaleUpstreamError
+from tokenmill.stages.registry import record_stages
 
 # code_version of funnel_telemetry (Dagster shows what an older one built as stale): the date of the last
 # change to the output's bytes; bump it with such a change, not with a refactor that keeps them byte-identical.
 VERSION = "2026-12-04"
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
-RECORD_STAGES = (
-    ("raw_records", "raw records"),
-    ("cleaned_jsonl", "after cleaning"),
-    ("deduped_jsonl", "after dedup"),
-    ("tokenized_bins", "tokenized"),
-)
+RECORD_STAGES = record_stages()
 
 
 def stage_stats(data_root: Path, key: str) -> dict:
