@@ -57,6 +57,7 @@ from bench_quality import datatrove_filters  # noqa: E402
 from bench_scale import run_update, step_intervals  # noqa: E402
 from poetry_corpus import SONG, TANG, build  # noqa: E402
 
+from tokenmill.common import disk  # noqa: E402
 from tokenmill.common.io import iter_jsonl, read_json  # noqa: E402
 from tokenmill.stages.dedup import DedupSettings  # noqa: E402
 from tokenmill.stages.dedup import minhash as mh  # noqa: E402
@@ -553,6 +554,14 @@ def main() -> None:
             f"{with_clean:.1f} CPU-s, {input_bytes / 1e9 / (with_clean / 3600):.2f} GB/core-h, "
             f"{dt.cpu_seconds / with_clean:.2f}x datatrove"
         )
+    tm_disk, dt_disk = disk.tree_bytes(data), disk.tree_bytes(work / "dt")
+    print(
+        f"disk per input byte: tokenmill's data root {disk.per_input(tm_disk, input_bytes):.2f} "
+        f"({disk.human(tm_disk)}); datatrove's folders {disk.per_input(dt_disk, input_bytes):.2f} "
+        f"({disk.human(dt_disk)}: it reads tokenmill's cleaned_jsonl, "
+        f"{disk.per_input(disk.tree_bytes(data / 'cleaned_jsonl'), input_bytes):.2f}, and writes neither raw records "
+        "nor an index kept for later batches)"
+    )
     print("tokenmill per stage:")
     print("\n".join(stage_profile(data, tm.started, step_cpu)))
     print("datatrove per step (task seconds, summed over its tasks):")
