@@ -20,9 +20,9 @@ import os
 import shutil
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -44,7 +44,7 @@ TASKS_PER_WORKER = 8  # enough tasks for the pool to balance uneven ranges
 TAIL_SHARE = 2  # planned ranges shrink to what is left / (TAIL_SHARE * workers): the workers finish together
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Encoder:
     """A tokenizer ready to encode text pieces (special tokens matched as text), with its lookup tables."""
 
@@ -90,7 +90,13 @@ def encoder(pin: TokenizerPin) -> Encoder:
         tok.encode_special_tokens = True
         vocab = tok.get_vocab_size(with_added_tokens=True)
         pieces = PieceEncoder.build(tok, data)
-        enc = Encoder(tok, vocab, special_token_ids(tok, pin.path), _punct_table(tok, vocab), pieces=pieces)
+        enc = Encoder(
+            tok=tok,
+            vocab_size=vocab,
+            special=special_token_ids(tok, pin.path),
+            is_punct=_punct_table(tok, vocab),
+            pieces=pieces,
+        )
         _ENCODERS.clear()
         _ENCODERS[pin.sha256] = enc
     return enc
@@ -101,7 +107,7 @@ def check_ids(ids: np.ndarray, vocab_size: int, where: str = "") -> None:
         raise CapacityError(f"{where}: token id {int(ids.max())} >= vocabulary size {vocab_size}")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ByteRange:
     """Lines of one part file: bytes [start, end), the first of them numbered first_line."""
 
@@ -111,7 +117,7 @@ class ByteRange:
     first_line: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EncodeTask:
     range: ByteRange
     tokenizer: TokenizerPin
@@ -144,17 +150,34 @@ def plan_ranges(in_dir: Path, task_bytes: int, workers: int) -> list[ByteRange]:
                 if start + len(chunk) < size:
                     chunk += f.readline()  # up to and including the next newline
                 end = start + len(chunk)
-                ranges.append(ByteRange(str(p), start, end, line))
+                ranges.append(ByteRange(path=str(p), start=start, end=end, first_line=line))
                 line += chunk.count(b"\n")
                 start, left = end, left - len(chunk)
     return ranges
 
 
+@dataclass(kw_only=True)
+class SplitCounts:
+    """The counts of a split's encoded records: one task's (SplitChunk) or one batch's (summary.SplitTotals)."""
+
+    supervised: int = 0  # tokens trained on (assemble: a loss mask's ones, else every token but grpo's prompts)
+    punct: int = 0  # tokens that decode to one punctuation character
+    text_chars: int = 0  # characters of the text pieces encoded
+    text_tokens: int = 0  # their tokens
+    dropout: int = 0  # conditional: records rendered without their title/author
+    no_metadata: int = 0  # conditional: records that have neither
+
+    def add_counts(self, other: SplitCounts) -> None:
+        for name in SPLIT_COUNTS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+SPLIT_COUNTS = tuple(f.name for f in fields(SplitCounts))  # in this order in save_splits' "counts" array
 SPLIT_ARRAYS = ("data", "item_lens", "rec_items")  # SplitChunk's per-key arrays
 
 
-@dataclass
-class SplitChunk:
+@dataclass(kw_only=True)
+class SplitChunk(SplitCounts):
     """Encoded records of one split from one task: per key the flat data, item lengths, items per record."""
 
     ids: list = field(default_factory=list)
@@ -162,14 +185,6 @@ class SplitChunk:
     item_lens: dict = field(default_factory=dict)  # key -> int64 per item
     rec_items: dict = field(default_factory=dict)  # key -> int64 per record
     rec_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # token-key tokens per record
-    supervised: int = 0
-    punct: int = 0
-    text_chars: int = 0
-    text_tokens: int = 0
-    dropout: int = 0
-    no_metadata: int = 0
-
-    COUNTS: ClassVar[tuple[str, ...]] = ("supervised", "punct", "text_chars", "text_tokens", "dropout", "no_metadata")
 
     @property
     def records(self) -> int:
@@ -262,8 +277,7 @@ def concat_chunks(chunks: list[SplitChunk]) -> SplitChunk:
     out = SplitChunk()
     for c in chunks:
         out.ids.extend(c.ids)
-        for a in SplitChunk.COUNTS:
-            setattr(out, a, getattr(out, a) + getattr(c, a))
+        out.add_counts(c)
     for attr in SPLIT_ARRAYS:
         keys = getattr(chunks[0], attr).keys()
         setattr(out, attr, {k: np.concatenate([getattr(c, attr)[k] for c in chunks]) for k in keys})
@@ -271,7 +285,7 @@ def concat_chunks(chunks: list[SplitChunk]) -> SplitChunk:
     return out
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TaskResult:
     docs_in: int
     reasons: dict[str, int]  # records the training type cannot render, by reason
@@ -298,7 +312,7 @@ def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
             "ids": np.frombuffer("".join(ch.ids).encode("utf-8", "surrogatepass"), dtype=np.uint8),
             "id_chars": np.fromiter(map(len, ch.ids), dtype=np.int64, count=len(ch.ids)),
             "rec_tokens": ch.rec_tokens,
-            "counts": np.array([getattr(ch, a) for a in SplitChunk.COUNTS], dtype=np.int64),
+            "counts": np.array([getattr(ch, a) for a in SPLIT_COUNTS], dtype=np.int64),
         }
         arrays |= {f"{attr}.{key}": values for attr in SPLIT_ARRAYS for key, values in getattr(ch, attr).items()}
         for name, values in arrays.items():
@@ -325,7 +339,7 @@ def read_splits(path: str, only: str | None = None, data: bool = True) -> dict[s
             text = named.pop("ids").tobytes().decode("utf-8", "surrogatepass")  # one decode, then slices
             ends = np.cumsum(named.pop("id_chars")).tolist()
             ch.ids = [text[a:b] for a, b in zip([0, *ends], ends)]
-        for a, count in zip(SplitChunk.COUNTS, named.pop("counts").tolist()):
+        for a, count in zip(SPLIT_COUNTS, named.pop("counts").tolist()):
             setattr(ch, a, count)
         for what, values in named.items():
             attr, key = what.split(".", 1)
@@ -356,7 +370,7 @@ def head_range(in_dir: Path, nbytes: int) -> ByteRange | None:
         return None
     with open(parts[0], "rb") as f:
         size = len(f.read(nbytes) + f.readline())
-    return ByteRange(str(parts[0]), 0, size, 1)
+    return ByteRange(path=str(parts[0]), start=0, end=size, first_line=1)
 
 
 def metadata_task(rng: ByteRange) -> tuple[int, int]:
@@ -447,7 +461,7 @@ def encode_task(task: EncodeTask) -> TaskResult:
     split_records = _SplitRecords(
         settings.training_type, enc, np.dtype(task.token_dtype), rng.path, settings.batch_records
     )
-    result = TaskResult(0, {}, [], {})
+    result = TaskResult(docs_in=0, reasons={}, rejected=[], splits={})
     samples = ReasonSamples()
     lines, parse = _lines(rng)
     reason: str | None  # why the record is rejected; None: rendered

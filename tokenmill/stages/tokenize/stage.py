@@ -226,7 +226,7 @@ def _save_batch_totals(bins_dir: Path, generation: int, key: str, batch: BatchTo
     atomic_write_text(path, json.dumps(batch.to_json(), ensure_ascii=False, separators=(",", ":")))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Encoded:
     """What `_encode_batches` wrote: the counts per batch, the new shard entries per split, the task count, and
     (split hash, id) of the train record with the smallest split hash (what an empty val is topped up with)."""
@@ -250,7 +250,7 @@ class Encoded:
         return TrainingTypeChoice.auto(sum(t.docs_in for t in self.totals.values()), self.with_metadata)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Run:
     """One tokenize_batches call: what it was given, then what its steps decided and wrote."""
 
@@ -313,12 +313,20 @@ def _encode_batches(run: _Run, val_ids: frozenset[str] = frozenset()) -> Encoded
     ranges = [r for _, batch_ranges in plans for r in batch_ranges]
     threads = run.workers <= 1 or len(ranges) <= 1  # in-process: let the encoder use every core
     tasks = [
-        EncodeTask(r, run.pin, settings, dtype.name, threads, str(folder / f"r{i:05d}"), val_ids)
+        EncodeTask(
+            range=r,
+            tokenizer=run.pin,
+            settings=settings,
+            token_dtype=dtype.name,
+            threads=threads,
+            out=str(folder / f"r{i:05d}"),
+            val_ids=val_ids,
+        )
         for i, r in enumerate(ranges)
     ]
     progress = Progress(STAGE, total=sum(r.end - r.start for r in ranges), unit="bytes", log=run.log)
     results = iter(map_ordered(encode_task, tasks, run.workers))
-    encoded = Encoded(len(tasks))
+    encoded = Encoded(tasks=len(tasks))
     packs = PackPlan(run.bins_dir, settings.training_type, enc.vocab_size, dtype, settings.shard_tokens)
     try:
         for key, batch_ranges in plans:
@@ -346,7 +354,7 @@ def _count_batch(
     """One batch's task results, in task order, into its counts (saved) and its shards' plan. Only the record
     counts are read, and the arrays of the tasks up to the batch's first train record (its sample)."""
     enc, _ = run.encoding()
-    batch = BatchTotals(run.resolved.training_type)
+    batch = BatchTotals(training_type=run.resolved.training_type)
     packs.start_batch(key)
     for rng in batch_ranges:
         result = next(results)
@@ -406,7 +414,18 @@ def _start(batches, tokenizer_dir, bins_dir, settings, workers, log) -> _Run:
     workers = default_workers() if workers is None else max(1, workers)
     choice = choose_training_type(settings, published, batches, workers)
     return _Run(
-        batches, keys, tokenizer_dir, bins_dir, settings, workers, log, started, published, pin, tokenizer_bytes, choice
+        batches=batches,
+        keys=keys,
+        tokenizer_dir=tokenizer_dir,
+        bins_dir=bins_dir,
+        settings=settings,
+        workers=workers,
+        log=log,
+        started=started,
+        published=published,
+        pin=pin,
+        tokenizer_bytes=tokenizer_bytes,
+        choice=choice,
     )
 
 

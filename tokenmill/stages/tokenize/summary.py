@@ -11,7 +11,7 @@ import numpy as np
 
 from tokenmill.common.results import StageResult, run_fact
 from tokenmill.common.samples import ReasonSamples
-from tokenmill.stages.tokenize.encode import Encoder, SplitChunk, TaskResult
+from tokenmill.stages.tokenize.encode import SPLIT_COUNTS, Encoder, SplitChunk, SplitCounts, TaskResult
 from tokenmill.stages.tokenize.render import VAL_MOVED_KEY, TrainingTypeChoice
 from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill_loader.format import SPLITS
@@ -19,25 +19,20 @@ from tokenmill_loader.format import SPLITS
 HIST_EDGES = [0, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
-@dataclass
-class SplitTotals:
+@dataclass(kw_only=True)
+class SplitTotals(SplitCounts):
+    """The counts of one split of a batch over its tasks' chunks, and the tokens of each record."""
+
     records: int = 0
-    supervised: int = 0
-    punct: int = 0
-    text_chars: int = 0
-    text_tokens: int = 0
-    dropout: int = 0
-    no_metadata: int = 0
     tokens_per_doc: list[np.ndarray] = field(default_factory=list)
 
     def add(self, ch: SplitChunk) -> None:
         self.records += ch.records
-        for a in SplitChunk.COUNTS:
-            setattr(self, a, getattr(self, a) + getattr(ch, a))
+        self.add_counts(ch)
         self.tokens_per_doc.append(ch.rec_tokens.astype(np.int32))
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FirstRecord:
     """The first train record, shown decoded (prompt + first response for grpo)."""
 
@@ -56,10 +51,10 @@ class FirstRecord:
             m = int(ch.item_lens["responses"][0])
             ids = np.concatenate([ids, ch.data["responses"][:m]])
             mask = np.concatenate([np.zeros(n, np.uint8), ch.data["masks"][:m]])
-        return cls(ch.ids[0], ids, mask)
+        return cls(id=ch.ids[0], ids=ids, mask=mask)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BatchTotals:
     """Counts of one input batch over its task results, in task order; saved with the shards (`to_json`) so a
     later run that appends batches reports the whole dataset without reading this batch again."""
@@ -119,7 +114,7 @@ class BatchTotals:
     def to_json(self) -> dict:
         """The counts, without the tokens of each record (`token_counts`: a binary file, as a JSON list they would
         cost the run process ~40 bytes per record)."""
-        splits = {s: {a: getattr(t, a) for a in ("records", *SplitChunk.COUNTS)} for s, t in self.splits.items()}
+        splits = {s: {a: getattr(t, a) for a in ("records", *SPLIT_COUNTS)} for s, t in self.splits.items()}
         return {
             "training_type": self.training_type,
             "docs_in": self.docs_in,
@@ -146,10 +141,10 @@ class BatchTotals:
             tpd = np.asarray(d["tokens_per_doc"] if "tokens_per_doc" in d else token_counts[s], dtype=np.int32)
             splits[s] = SplitTotals(**{k: v for k, v in d.items() if k != "tokens_per_doc"}, tokens_per_doc=[tpd])
         return cls(
-            data["training_type"],
-            data["docs_in"],
-            data["reasons"],
-            splits,
+            training_type=data["training_type"],
+            docs_in=data["docs_in"],
+            reasons=data["reasons"],
+            splits=splits,
             rejected=data["rejected"],
             sample=data["sample"],
             languages=data.get("languages", {}),  # absent from totals written before languages were counted
