@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class FinishTask:
     """The strippable candidate lines; None when boilerplate detection is off or found nothing."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FinishResult:
     docs_in: int
     docs_out: int
@@ -68,6 +68,65 @@ class FinishResult:
     """language -> [records, characters] of the records written (empty when identification is off)."""
     drops_by_language: dict
     """(language, reason) -> records rejected (drop_languages)."""
+
+
+@dataclass
+class _Tally:
+    """What finish_task counts of a shard as it writes it: FinishResult's figures but the stripper's (stripped
+    lines, examples) and the seconds."""
+
+    docs_in: int = 0
+    docs_out: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    chars_out: int = 0
+    lengths: list[int] = field(default_factory=list)  # each written record's characters (length_hist)
+    strip_hist: Counter[int] = field(default_factory=Counter)
+    samples: ReasonSamples = field(default_factory=ReasonSamples)
+    size: int = 0
+    crc32: int = 0
+    ids: list[np.ndarray] | None = field(default_factory=list)  # per batch written; None once a line has no id
+    languages: dict[str, list[int]] = field(default_factory=dict)
+    drops_by_language: Counter[tuple[str, str]] = field(default_factory=Counter)
+
+    def keep(self, b: StagedBatch, i: int, n_stripped: int) -> None:
+        """Record i of the batch, to be written with `n_stripped` boilerplate lines stripped from it."""
+        if (identified := b.languages[i]) is not None:
+            figures = self.languages.setdefault(identified[0], [0, 0])
+            figures[0] += 1
+            figures[1] += b.len_out[i]
+        self.chars_out += b.len_out[i]
+        self.lengths.append(b.len_out[i])
+        self.strip_hist[min(n_stripped, 5)] += 1
+
+    def written(self, kept: list[bytes], data: bytes) -> None:
+        """A batch's kept lines, written to the shard as `data`."""
+        self.size, self.crc32 = self.size + len(data), zlib.crc32(data, self.crc32)
+        self.docs_out += len(kept)
+        if self.ids is not None:
+            batch_ids = line_ids(kept)
+            if batch_ids is None:
+                self.ids = None
+            else:
+                self.ids.append(batch_ids)
+
+    def result(self, examples: Examples, stripped: dict, seconds: dict) -> FinishResult:
+        return FinishResult(
+            docs_in=self.docs_in,
+            docs_out=self.docs_out,
+            reasons=dict(self.reasons),
+            chars_out=self.chars_out,
+            hist_out=length_hist(self.lengths),
+            examples=examples.by_kind,
+            stripped=stripped,
+            strip_hist=dict(self.strip_hist),
+            seconds=seconds,
+            samples=self.samples.by_reason,
+            size=self.size,
+            crc32=self.crc32,
+            ids=None if self.ids is None else np.concatenate(self.ids or [np.zeros(0, np.uint64)]),
+            languages=self.languages,
+            drops_by_language=dict(self.drops_by_language),
+        )
 
 
 class _Stripper:
@@ -159,73 +218,37 @@ def finish_task(task: FinishTask) -> FinishResult:
     timer = Timer()
     stripper = _Stripper(task.boilerplate, task.settings)
     examples = Examples(task.settings.examples)
-    reasons: Counter[str] = Counter()
-    strip_hist: Counter[int] = Counter()
-    len_all: list[int] = []
-    languages: dict[str, list[int]] = {}
-    drops_by_language: Counter[tuple[str, str]] = Counter()
-    samples = ReasonSamples()
-    docs_in = docs_out = chars_out = size = crc = 0
-    ids: list[np.ndarray] | None = []
+    tally = _Tally()
     with JsonlWriter(task.out) as out, JsonlWriter(task.rejected) as rej, open(task.stage, "rb") as stage:
         out_b, rej_b = out.buffer, rej.buffer  # the staged lines are bytes already
         for b in StagedBatch.load_all(stage):
             timer.lap("stage_io")
-            docs_in += len(b.out_lines)
+            tally.docs_in += len(b.out_lines)
             n_stripped = stripper.strip(b, examples)
             timer.lap("strip_boilerplate")
             kept = []
             entries = {i: loads(r) for i, r in enumerate(b.rej_lines) if r is not None}
             for i, language in drop_languages(b, entries, task.settings.language_id).items():
-                drops_by_language[language, entries[i]["reason"]] += 1
+                tally.drops_by_language[language, entries[i]["reason"]] += 1
             for i, r in enumerate(b.rej_lines):
                 if r is not None:
                     entry = entries[i]
-                    reasons[entry["reason"]] += 1
-                    if samples.wants(entry["reason"]):  # the text as it stood when the rule rejected it
+                    tally.reasons[entry["reason"]] += 1
+                    if tally.samples.wants(entry["reason"]):  # the text as it stood when the rule rejected it
                         text = coerce_text(loads(b.out_lines[i]).get("text"))
                         text = mask_text(text, task.settings)  # a record rejected before masking holds its input
-                        samples.add(entry["reason"], (rej.count, with_text(entry, text)))
+                        tally.samples.add(entry["reason"], (rej.count, with_text(entry, text)))
                     rej_b.write(r)
                     rej_b.write(b"\n")
                     rej.count += 1
                     continue
                 kept.append(b.out_lines[i])
-                if (identified := b.languages[i]) is not None:
-                    figures = languages.setdefault(identified[0], [0, 0])
-                    figures[0] += 1
-                    figures[1] += b.len_out[i]
-                chars_out += b.len_out[i]
-                len_all.append(b.len_out[i])
-                strip_hist[min(n_stripped.get(i, 0), 5)] += 1
+                tally.keep(b, i, n_stripped.get(i, 0))
             if kept:
                 data = b"\n".join(kept) + b"\n"
                 out_b.write(data)
-                size, crc = size + len(data), zlib.crc32(data, crc)
                 out.count += len(kept)
-                docs_out += len(kept)
-                if ids is not None:
-                    batch_ids = line_ids(kept)
-                    if batch_ids is None:
-                        ids = None
-                    else:
-                        ids.append(batch_ids)
+                tally.written(kept, data)
             timer.lap("write_json")
     os.unlink(task.stage)
-    return FinishResult(
-        docs_in,
-        docs_out,
-        dict(reasons),
-        chars_out,
-        length_hist(len_all),
-        examples.by_kind,
-        stripper.stripped,
-        dict(strip_hist),
-        timer.sec,
-        samples.by_reason,
-        size,
-        crc,
-        None if ids is None else np.concatenate(ids or [np.zeros(0, np.uint64)]),
-        languages,
-        dict(drops_by_language),
-    )
+    return tally.result(examples, stripper.stripped, timer.sec)
