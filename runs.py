@@ -22,6 +22,7 @@ from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import local_workers, workers_kept
 from tokenmill.errors import ConfigError, TokenmillError, failure_reason
 from tokenmill.settings import validate_run_settings
+from tokenmill.stages.telemetry import read_funnel
 from tokenmill_loader.format import DATASET_FILE
 
 
@@ -31,24 +32,24 @@ def summary(data_root: Path) -> str:
     root where no batch has been published yet (every batch so far retired) says so."""
     if not (data_root / FUNNEL_FILE).exists():
         return "  nothing published yet: no batch has come through the graph"
-    funnel = read_json(data_root / FUNNEL_FILE)
+    funnel = read_funnel(data_root)
     sizes, source = disk.stage_bytes(data_root), disk.input_bytes(data_root)
 
     def on_disk(n: int) -> str:
         return f"{disk.human(n):>9}  {disk.per_input(n, source):.2f} B/input B"
 
     lines = [
-        f"  {s['stage']:<15} {s['docs_out']:>10,} records  {'(dropped {:,})'.format(s['dropped_total']):<16}"
-        + (on_disk(sizes[s["stage"]]) if s["stage"] in sizes else "")
-        for s in funnel["stages"]
+        f"  {s.stage:<15} {s.docs_out:>10,} records  {f'(dropped {s.dropped_total:,})':<16}"
+        + (on_disk(sizes[s.stage]) if s.stage in sizes else "")
+        for s in funnel.stages
     ]
-    tokens = funnel["tokens"]
-    lines.append(f"  tokens          {tokens['total']:>10,}  ({100 * tokens['supervised_share']:.1f}% supervised)")
-    lines.append(f"  batches         {len(funnel['batches']):>10,}  (generation {funnel['generation']})")
+    tokens = funnel.tokens
+    lines.append(f"  tokens          {tokens.total:>10,}  ({100 * tokens.supervised_share:.1f}% supervised)")
+    lines.append(f"  batches         {len(funnel.batches):>10,}  (generation {funnel.generation})")
     others = ", ".join(
         f"{k} {disk.human(sizes[k])} ({disk.per_input(sizes[k], source):.2f})"
         for k in disk.STAGES
-        if k in sizes and k not in {s["stage"] for s in funnel["stages"]}
+        if k in sizes and k not in {s.stage for s in funnel.stages}
     )
     total = disk.tree_bytes(data_root)
     lines.append(

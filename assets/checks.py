@@ -14,6 +14,7 @@ from tokenmill.common.results import read_result
 from tokenmill.errors import CheckFailedError
 from tokenmill.stages.dedup.checks import validate_exact_keys
 from tokenmill.stages.raw import RawResult, RawSettings
+from tokenmill.stages.telemetry import Funnel
 from tokenmill.stages.tokenize.checks import validate_token_shards
 from tokenmill.validate import MAX_PROBLEMS, validate_records
 
@@ -147,16 +148,11 @@ def token_shards_consistent(
     )
 
 
-def funnel_conserved(funnel: dict) -> dg.AssetCheckResult:
-    broken = [s["stage"] for s in funnel["stages"] if not (s["conserved"] and s["linked"])]
-    broken += [
-        f"{s['stage']} of batch {b['batch']}"
-        for b in funnel["batches"]
-        for s in b["stages"]
-        if not (s["conserved"] and s["linked"])
-    ]
+def funnel_conserved(funnel: Funnel) -> dg.AssetCheckResult:
+    broken = [s.stage for s in funnel.stages if not s.conserved_and_linked]
+    broken += [f"{s.stage} of batch {b.batch}" for b in funnel.batches for s in b.stages if not s.conserved_and_linked]
     return dg.AssetCheckResult(
         check_name=FUNNEL_CONSERVED.name,
         passed=not broken,
-        metadata={"stages_checked": len(funnel["stages"]), "broken_stages": ", ".join(broken) or "none"},
+        metadata={"stages_checked": len(funnel.stages), "broken_stages": ", ".join(broken) or "none"},
     )

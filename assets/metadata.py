@@ -14,7 +14,7 @@ import json
 import re
 import textwrap
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import dagster as dg
@@ -27,6 +27,7 @@ from tokenmill.explain import word_diff
 from tokenmill.stages.clean import CleanResult
 from tokenmill.stages.dedup import DedupApplyResult, DedupResult
 from tokenmill.stages.raw import RawResult
+from tokenmill.stages.telemetry import Funnel
 from tokenmill.stages.tokenize import TokenizeResult, TokenizerResult
 
 CELL_CHARS = 100  # characters of free text shown in one table cell
@@ -216,32 +217,31 @@ def svg_image(path: Path, alt: str) -> dg.MetadataValue:
     return dg.MetadataValue.md(f"![{alt}](data:image/svg+xml;base64,{data})")
 
 
-def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
+def funnel_metadata(funnel: Funnel, history: dict, folder: Path) -> dict:
     """The funnel inline in the UI: records per stage with bars, drops per reason (and per language) and tokens as
     tables, per batch, the chart, and the counts as numeric entries, which the asset page's Plots view draws across
     materializations."""
-    first = funnel["stages"][0]
-    raw = first["docs_in"]
-    counts = [("input records", first["docs_in"])] + [(s["label"], s["docs_out"]) for s in funnel["stages"]]
+    raw = funnel.stages[0].docs_in
+    counts = [("input records", raw)] + [(s.label, s.docs_out) for s in funnel.stages]
     chart = table(
         [(label, f"{n:,}", f"{100 * n / (raw or 1):.2f}%", text_bar(n, raw, FUNNEL_BAR)) for label, n in counts],
         ["stage", "records", "share of input", ""],
     )
     dropped = table(
-        [(s["label"], reason, n) for s in funnel["stages"] for reason, n in s["dropped"].items() if n],
+        [(s.label, reason, n) for s in funnel.stages for reason, n in s.dropped.items() if n],
         ["stage", "reason", "records"],
     )
-    t = funnel["tokens"]
+    t = funnel.tokens
     tokens = [
-        ("total", f"{t['total']:,}", "100.00%"),
-        ("supervised", f"{t['supervised']:,}", f"{100 * t['supervised_share']:.2f}%"),
-        ("masked (-100)", f"{t['masked']:,}", f"{100 * t['masked_share']:.2f}%"),
+        ("total", f"{t.total:,}", "100.00%"),
+        ("supervised", f"{t.supervised:,}", f"{100 * t.supervised_share:.2f}%"),
+        ("masked (-100)", f"{t.masked:,}", f"{100 * t.masked_share:.2f}%"),
     ]
-    if t.get("isolated_punctuation_share") is not None:
-        tokens.append(("isolated punctuation", "", f"{100 * t['isolated_punctuation_share']:.2f}%"))
+    if t.isolated_punctuation_share is not None:
+        tokens.append(("isolated punctuation", "", f"{100 * t.isolated_punctuation_share:.2f}%"))
     tokens += [
         (f"{name} split", f"{split.get('tokens', 0):,} tokens", f"{split.get('records', 0):,} records")
-        for name, split in funnel["split"].items()
+        for name, split in funnel.split.items()
         if split
     ]
     token_md = markdown_table(table(tokens, ["tokens", "count", "share"])).value
@@ -250,20 +250,20 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
         **source_metadata(folder),
         "funnel": markdown_table(chart),
         "dropped": dagster_table(dropped),
-        **dropped_by_language_table(funnel.get("dropped_by_language") or {}),
+        **dropped_by_language_table(funnel.dropped_by_language),
         "token_counts": dg.MetadataValue.md(f"{token_md}\n\n{conservation(funnel)}"),
         "batches": dagster_table(batches_table(funnel)),
         **languages_table(
-            funnel.get("languages") or [], ["records_cleaned", "records_tokenized", "tokens", "token_share"]
+            [asdict(r) for r in funnel.languages], ["records_cleaned", "records_tokenized", "tokens", "token_share"]
         ),
         **({"chart": svg_image(chart_file, "funnel.svg")} if chart_file.exists() else {}),
-        "pii_masked": dg.MetadataValue.json(funnel.get("pii_masked", {})),
+        "pii_masked": dg.MetadataValue.json(funnel.pii_masked),
         "history_row": dg.MetadataValue.json(history),
-        "input_records": first["docs_in"],
-        **{f"records_{s['stage']}": s["docs_out"] for s in funnel["stages"]},
-        "tokens": t["total"],
-        "supervised_share": round(t["supervised_share"], 4),
-        "conserved": funnel["conserved"],
+        "input_records": raw,
+        **{f"records_{s.stage}": s.docs_out for s in funnel.stages},
+        "tokens": t.total,
+        "supervised_share": round(t.supervised_share, 4),
+        "conserved": funnel.conserved,
         **disk_metadata(folder),
         **data_root_disk_metadata(Path(folder).parent),
         "path": dg.MetadataValue.path(str(folder / "funnel.json")),
@@ -271,13 +271,12 @@ def funnel_metadata(funnel: dict, history: dict, folder: Path) -> dict:
     }
 
 
-def conservation(funnel: dict) -> str:
+def conservation(funnel: Funnel) -> str:
     """One line under the token counts: every stage conserves records, or which do not (in total, per batch)."""
-    if funnel["conserved"]:
+    if funnel.conserved:
         return "Every stage conserves records (in = out + dropped)."
-    broken = [s["label"] for s in funnel["stages"] if not (s["conserved"] and s["linked"])] + [
-        f"batch {b['batch']}" for b in funnel["batches"] if not all(s["conserved"] and s["linked"] for s in b["stages"])
-    ]
+    broken = [s.label for s in funnel.stages if not s.conserved_and_linked]
+    broken += [f"batch {b.batch}" for b in funnel.batches if not b.conserved]
     return f"**Records are not conserved ({', '.join(broken)}): see funnel.json.**"
 
 
@@ -308,21 +307,21 @@ def languages_table(rows: list[dict], columns: list[str]) -> dict:
     return {"languages": dagster_table(Table([c.replace("_", " ") for c in t.columns], t.rows))}
 
 
-def batches_table(funnel: dict) -> Table:
+def batches_table(funnel: Funnel) -> Table:
     """One row per source batch, every batch: its input and the records after each stage, then tokens, with
     thousands separators like the other tables. Columns are named by the stage's first word (raw, cleaned, deduped,
     tokenized) so the table fits the page; a batch that does not conserve records is named under token_counts."""
-    stages = {s["stage"]: s["stage"].split("_")[0] for s in funnel["stages"]}
+    stages = {s.stage: s.stage.split("_")[0] for s in funnel.stages}
     labels = list(stages.values())
     rows = []
-    for batch in funnel["batches"]:
-        out = {stages[s["stage"]]: s["docs_out"] for s in batch["stages"]}
+    for batch in funnel.batches:
+        out = {stages[s.stage]: s.docs_out for s in batch.stages}
         counts = {
-            "input": batch["stages"][0]["docs_in"] if batch["stages"] else 0,
+            "input": batch.stages[0].docs_in if batch.stages else 0,
             **{label: out.get(label, 0) for label in labels},
-            "tokens": batch["tokens"],
+            "tokens": batch.tokens,
         }
-        rows.append({"batch": batch["batch"], **{k: f"{n:,}" for k, n in counts.items()}})
+        rows.append({"batch": batch.batch, **{k: f"{n:,}" for k, n in counts.items()}})
     return table(rows, ["batch", "input", *labels, "tokens"])
 
 

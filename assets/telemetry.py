@@ -15,7 +15,7 @@ from tokenmill.stages.telemetry import build_funnel, history_row
 HISTORY_RUNS = 10  # materializations shown in the "how counts moved" chart
 
 
-def previous_history_rows(context: dg.AssetExecutionContext, source: str) -> list[dict]:
+def previous_history_rows(context: dg.AssetExecutionContext, source: str | None) -> list[dict]:
     """Stage counts of the last materializations built from `source`, oldest first, from this asset's own
     metadata (an instance that has seen other corpora never draws them on one line)."""
     result = context.instance.fetch_materializations(context.asset_key, limit=HISTORY_RUNS - 1)
@@ -44,11 +44,11 @@ def funnel_telemetry(context: dg.AssetExecutionContext, data_root: DataRoot):
     """
     start = time.perf_counter()
     funnel = build_funnel(data_root.path(""))
-    history = {**history_row(funnel), "source": funnel["source"]}
+    history = {**history_row(funnel), "source": funnel.source}
     check = funnel_conserved(funnel)
     with staged_output(data_root.path("funnel_telemetry")) as out:
-        atomic_write_json(out / "funnel.json", funnel)
-        funnel_chart_svg(funnel, previous_history_rows(context, funnel["source"]), out / "funnel.svg")
+        atomic_write_json(out / "funnel.json", funnel.to_json())
+        funnel_chart_svg(funnel, previous_history_rows(context, funnel.source), out / "funnel.svg")
         yield from publish_only_if_passed(check)  # blocking: a funnel that loses records would mark its batch done
     metadata = funnel_metadata(funnel, history, data_root.path("funnel_telemetry"))
     yield dg.MaterializeResult(

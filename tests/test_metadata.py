@@ -23,7 +23,7 @@ from definitions import ASSETS
 from tokenmill.stages.clean import CleanResult
 from tokenmill.stages.dedup import DedupApplyResult
 from tokenmill.stages.funnel_chart import funnel_svg
-from tokenmill.stages.telemetry import history_row
+from tokenmill.stages.telemetry import BatchCounts, Funnel, LanguageCounts, StageCounts, TokenCounts, history_row
 from tokenmill.stages.tokenize import TokenizerResult
 
 UI_INLINE_MD_CHARS = 1000  # Dagster's MetadataEntry: `entry.mdStr.length < 1000` renders inline
@@ -35,28 +35,25 @@ def table_rows(value: dg.MetadataValue) -> list[dict]:
 
 
 def stage(key, label, docs_in, docs_out, dropped):
-    return {"stage": key, "label": label, "docs_in": docs_in, "docs_out": docs_out, "dropped": dropped}
+    return StageCounts(stage=key, label=label, docs_in=docs_in, docs_out=docs_out, dropped=dropped, linked=True)
 
 
-FUNNEL = {
-    "stages": [
+FUNNEL = Funnel(
+    source="demo",
+    generation=1,
+    stages=(
         stage("raw_records", "raw records", 2864, 2851, {f"reason_{i}": 1 for i in range(13)}),
         stage("cleaned_jsonl", "after cleaning", 2851, 2801, {"too_short": 12, "repetition": 38}),
         stage("deduped_jsonl", "after dedup", 2801, 2700, {"exact_duplicate": 55, "near_duplicate": 46}),
         stage("tokenized_bins", "tokenized", 2700, 2700, {}),
-    ],
-    "batches": [{"batch": "g1-b000001", "stages": [], "tokens": 0}],
-    "tokens": {
-        "total": 1000,
-        "supervised": 900,
-        "masked": 100,
-        "supervised_share": 0.9,
-        "masked_share": 0.1,
-        "isolated_punctuation_share": 0.01,
-    },
-    "split": {"train": {"tokens": 950, "records": 2600}, "val": {"tokens": 50, "records": 100}},
-    "conserved": True,
-}
+    ),
+    batches=(BatchCounts(batch="g1-b000001", stages=(), tokens=0),),
+    tokens=TokenCounts(total=1000, supervised=900, masked=100, isolated_punctuation_share=0.01),
+    split={"train": {"tokens": 950, "records": 2600}, "val": {"tokens": 50, "records": 100}},
+    records_with_metadata=None,
+    metadata_dropout=None,
+    bytes_on_disk={},
+)
 
 
 def test_funnel_shows_inline_with_input_and_output_counts_apart(tmp_path):
@@ -88,9 +85,12 @@ def test_history_chart_keeps_a_row_equal_to_the_next_visible():
 
 
 def test_funnel_chart_escapes_labels_and_draws_a_language_panel():
-    languages = [{"language": f"l{i}", "records_tokenized": 1, "tokens": 10 + i} for i in range(15)]
-    funnel = {**FUNNEL, "stages": [{**FUNNEL["stages"][0], "label": "raw <&> records"}, *FUNNEL["stages"][1:]]}
-    svg = funnel_svg({**funnel, "languages": languages}, [])
+    languages = tuple(
+        LanguageCounts(language=f"l{i}", records_cleaned=1, records_tokenized=1, tokens=10 + i, token_share=0.0)
+        for i in range(15)
+    )
+    stages = (dataclasses.replace(FUNNEL.stages[0], label="raw <&> records"), *FUNNEL.stages[1:])
+    svg = funnel_svg(dataclasses.replace(FUNNEL, stages=stages, languages=languages), [])
     root = ET.fromstring(svg)  # well-formed although a label holds markup characters
     texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
     assert "raw <&> records" in texts and "other (3)" in texts and root.get("width") == "1200"

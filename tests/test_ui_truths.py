@@ -6,6 +6,7 @@ tables fit a 1600 px window, and each `usage` snippet runs when pasted."""
 import ast
 import base64
 import builtins
+import dataclasses
 import html
 import json
 import os
@@ -26,7 +27,7 @@ from devtools.dagster_server import DagsterDev
 from resources import CorpusSource, DataRoot
 from runs import run_batches
 from tokenmill.exports import hf_parquet
-from tokenmill.stages.telemetry import build_funnel, history_row
+from tokenmill.stages.telemetry import Funnel, StageCounts, TokenCounts, build_funnel, history_row
 from tokenmill_loader import open_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,18 +112,23 @@ def test_funnel_chart_is_embedded_as_an_image_the_browser_opens(demo):
 def test_drops_per_rule_per_language_summed_over_batches(tmp_path):
     """Each batch's cleaned_jsonl stats `dropped_by_language` ({language: {reason: count}}) are summed and shown
     on funnel_telemetry as a Markdown table, most drops first; absent from the stats, no table."""
-    funnel = {
-        "stages": [
-            {"stage": "raw_records", "label": "raw records", "docs_in": 10, "docs_out": 10, "dropped": {}},
-        ],
-        "batches": [],
-        "tokens": {"total": 0, "supervised": 0, "masked": 0, "supervised_share": 0, "masked_share": 0},
-        "split": {},
-        "conserved": True,
-    }
+    funnel = Funnel(
+        source="demo",
+        generation=1,
+        stages=(
+            StageCounts(stage="raw_records", label="raw records", docs_in=10, docs_out=10, dropped={}, linked=True),
+        ),
+        batches=(),
+        tokens=TokenCounts(total=0, supervised=0, masked=0),
+        split={},
+        records_with_metadata=None,
+        metadata_dropout=None,
+        bytes_on_disk={},
+    )
     assert "dropped_by_language" not in funnel_metadata(funnel, {}, tmp_path)
-    funnel["dropped_by_language"] = {"en": {"too_short": 2, "language": 1}, "zh": {"repetition": 5}}
-    table = funnel_metadata(funnel, {}, tmp_path)["dropped_by_language"].value
+    by_language = {"en": {"too_short": 2, "language": 1}, "zh": {"repetition": 5}}
+    meta = funnel_metadata(dataclasses.replace(funnel, dropped_by_language=by_language), {}, tmp_path)
+    table = meta["dropped_by_language"].value
     assert table.splitlines()[2:] == ["| zh | 5 | repetition 5 |", "| en | 3 | too_short 2, language 1 |"]
 
 
@@ -137,7 +143,7 @@ def test_funnel_sums_dropped_by_language_over_the_batches(demo, tmp_path):
         original = json.loads((data / "cleaned_jsonl" / batch / "_stats.json").read_text())
         stats.write_text(json.dumps({**original, "dropped_by_language": by_language}))
     funnel = build_funnel(copy)
-    assert funnel["dropped_by_language"] == {"en": {"too_short": 3}, "zh": {"empty": 4}}
+    assert funnel.dropped_by_language == {"en": {"too_short": 3}, "zh": {"empty": 4}}
     table = funnel_metadata(funnel, history_row(funnel), copy / "funnel_telemetry")["dropped_by_language"].value
     assert "| zh | 4 | empty 4 |" in table
 

@@ -23,7 +23,7 @@ from tokenmill.batches import read_registry
 from tokenmill.common.io import REJECTED_FILE, REMOVED_FILE, STATS_FILE, batch_folders, iter_jsonl, record_id
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.explain import DEDUP_CLUSTERS_FILE
-from tokenmill.stages.telemetry import RECORD_STAGES, per_batch_funnel, stage_rows, stage_stats
+from tokenmill.stages.telemetry import RECORD_STAGES, StageCounts, per_batch_funnel, stage_rows, stage_stats
 
 DROP_FILES = {"raw_records": REJECTED_FILE, "cleaned_jsonl": REJECTED_FILE, "deduped_jsonl": REMOVED_FILE}
 STAGE_ORDER = [key for key, _ in RECORD_STAGES]
@@ -100,24 +100,27 @@ def funnel(data_root: str | os.PathLike) -> pd.DataFrame:
     except StaleUpstreamError:
         tokenized = {}
     keys = read_registry(data_root).live_keys
-    batches = per_batch_funnel(data_root, keys, tokenized) if keys else []
-    if not batches:  # a data root built as one folder per stage
+    # (batch, its stage rows); a data root built as one folder per stage has one, batch None
+    batches: list[tuple[str | None, tuple[StageCounts, ...]]] = [
+        (b.batch, b.stages) for b in (per_batch_funnel(data_root, keys, tokenized) if keys else ())
+    ]
+    if not batches:
         present = [(key, label) for key, label in RECORD_STAGES if (data_root / key / STATS_FILE).is_file()]
         stages = stage_rows([(key, label, stage_stats(data_root, key)) for key, label in present])
-        batches = [{"batch": None, "stages": stages}] if stages else []
+        batches = [(None, stages)] if stages else []
     rows = []
-    for b in batches:
-        for s in b["stages"]:
+    for batch, stages in batches:
+        for s in stages:
             common = {
-                "batch": b["batch"],
-                "stage": s["stage"],
-                "stage_label": s["label"],
-                "records_in": s["docs_in"],
-                "records_out": s["docs_out"],
-                "records_dropped": s["dropped_total"],
+                "batch": batch,
+                "stage": s.stage,
+                "stage_label": s.label,
+                "records_in": s.docs_in,
+                "records_out": s.docs_out,
+                "records_dropped": s.dropped_total,
             }
-            flags = {"conserved": s["conserved"], "linked": s["linked"]}
-            reasons = [(reason, n) for reason, n in s["dropped"].items() if n] or [(None, 0)]
+            flags = {"conserved": s.conserved, "linked": s.linked}
+            reasons: list[tuple[str | None, int]] = [(r, n) for r, n in s.dropped.items() if n] or [(None, 0)]
             for reason, n in reasons:
                 rows.append({**common, "reason": reason, "dropped": n, **flags})
     frame = pd.DataFrame(rows, columns=FUNNEL_COLUMNS)

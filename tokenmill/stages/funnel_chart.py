@@ -7,6 +7,8 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from tokenmill.stages.telemetry import Funnel, LanguageCounts
+
 WIDTH, HEIGHT = 400, 290  # one panel; the chart has two, or three with languages
 TOP, BOTTOM = 34, 30  # room for a panel's title above and its axis labels below
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
@@ -21,22 +23,22 @@ DASHES = ("", "6 3", "6 3 1.5 3", "1.5 3")
 LANGUAGES_DRAWN = 12  # bars of the per-language panel; the other languages are summed into one "other" bar
 
 
-def funnel_chart_svg(funnel: dict, history: list[dict], path: Path) -> Path:
+def funnel_chart_svg(funnel: Funnel, history: list[dict], path: Path) -> Path:
     """The chart of `funnel` (build_funnel) after the `history` rows (history_row, oldest first), written to path."""
     Path(path).write_text(funnel_svg(funnel, history), encoding="utf-8")
     return path
 
 
-def funnel_svg(funnel: dict, history: list[dict]) -> str:
-    labels = ["input"] + [s["label"] for s in funnel["stages"]]
-    counts = [funnel["stages"][0]["docs_in"]] + [s["docs_out"] for s in funnel["stages"]]
+def funnel_svg(funnel: Funnel, history: list[dict]) -> str:
+    labels = ["input"] + [s.label for s in funnel.stages]
+    counts = [funnel.stages[0].docs_in] + [s.docs_out for s in funnel.stages]
     runs = history + [dict(zip(labels, counts))]
     panels = [
         bar_panel("records per stage", labels, counts, [f" {c:,}" for c in counts], BAR_COLOUR),
         history_panel(f"last {len(runs)} materializations", labels, runs),
     ]
-    if funnel.get("languages"):
-        panels.append(language_panel(funnel["languages"]))
+    if funnel.languages:
+        panels.append(language_panel(funnel.languages))
     width = WIDTH * len(panels)
     body = "".join(f'<g transform="translate({WIDTH * i},0)">{panel}</g>' for i, panel in enumerate(panels))
     return (
@@ -107,23 +109,18 @@ def history_panel(title: str, labels: list[str], runs: list[dict]) -> str:
     return "".join(parts)
 
 
-def language_panel(rows: list[dict]) -> str:
+def language_panel(rows: tuple[LanguageCounts, ...]) -> str:
     """Tokens per language (the funnel's `languages`, most first), each bar labelled with records and tokens."""
-    shown, rest = rows[:LANGUAGES_DRAWN], rows[LANGUAGES_DRAWN:]
+    # (language, tokens, records tokenized) per bar
+    shown = [(r.language, r.tokens, r.records_tokenized) for r in rows[:LANGUAGES_DRAWN]]
+    rest = rows[LANGUAGES_DRAWN:]
     if rest:
-        shown = shown + [
-            {
-                "language": f"other ({len(rest)})",
-                "records_tokenized": sum(r["records_tokenized"] for r in rest),
-                "tokens": sum(r["tokens"] for r in rest),
-            }
-        ]
-    notes = [f" {r['tokens']:,} tok, {r['records_tokenized']:,} rec" for r in shown]
+        shown.append((f"other ({len(rest)})", sum(r.tokens for r in rest), sum(r.records_tokenized for r in rest)))
     return bar_panel(
         "tokens per language (meta.language)",
-        [r["language"] for r in shown],
-        [r["tokens"] for r in shown],
-        notes,
+        [language for language, _, _ in shown],
+        [tokens for _, tokens, _ in shown],
+        [f" {tokens:,} tok, {records:,} rec" for _, tokens, records in shown],
         LANGUAGE_COLOUR,
     )
 

@@ -1,11 +1,16 @@
-"""The whole-run funnel, built from the `_stats.json` each stage wrote (never by re-reading the data)."""
+"""The whole-run funnel, built from the `_stats.json` each stage wrote (never by re-reading the data), as typed
+counts: `Funnel` holds the run's `StageCounts` in total and per source batch (`BatchCounts`), and `to_json` /
+`Funnel.from_json` are the one way it is written to and read from `funnel_telemetry/funnel.json`."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from tokenmill.batches import read_registry
+from tokenmill.batches import FUNNEL_FILE, read_registry
 from tokenmill.common.io import STATS_FILE, TIMINGS_FILE, batch_folders, read_json
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.registry import record_stages
@@ -16,6 +21,153 @@ VERSION = "2026-12-04"
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
 RECORD_STAGES = record_stages()
+
+
+def _json_fields(kind: type, data: dict) -> dict[str, Any]:
+    """The constructor arguments of dataclass `kind` that `data` (its JSON) holds: a derived field is computed
+    again, an absent optional one keeps its default."""
+    return {f.name: data[f.name] for f in dataclasses.fields(kind) if f.init and f.name in data}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageCounts:
+    """One funnel row: a stage's records in, out and dropped per reason, in total or for one source batch."""
+
+    stage: str
+    """Asset key (RECORD_STAGES)."""
+    label: str
+    """What the chart and the UI call the records after this stage."""
+    docs_in: int
+    docs_out: int
+    dropped: dict[str, int]
+    """Records dropped per reason: each `dropped_<reason>` of the stage's stats, by reason (0s included)."""
+    linked: bool
+    """The stage saw every record the stage before kept (docs_in = its docs_out); True for the first stage."""
+    dropped_total: int = field(init=False)
+    conserved: bool = field(init=False)
+    """The stage accounted for every record it saw: docs_in = docs_out + dropped_total."""
+
+    def __post_init__(self) -> None:
+        # derived, so that no row states a total its reasons do not add up to
+        object.__setattr__(self, "dropped_total", sum(self.dropped.values()))
+        object.__setattr__(self, "conserved", self.docs_in == self.docs_out + self.dropped_total)
+
+    @property
+    def conserved_and_linked(self) -> bool:
+        return self.conserved and self.linked
+
+    @classmethod
+    def from_json(cls, data: dict) -> StageCounts:
+        return cls(**_json_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchCounts:
+    """The funnel of one source batch."""
+
+    batch: str
+    stages: tuple[StageCounts, ...]
+    """Its rows in pipeline order; a stage that has not run the batch has none."""
+    tokens: int
+    """Tokens tokenized_bins encoded from the batch."""
+
+    @property
+    def conserved(self) -> bool:
+        return all(s.conserved_and_linked for s in self.stages)
+
+    @classmethod
+    def from_json(cls, data: dict) -> BatchCounts:
+        return cls(**{**_json_fields(cls, data), "stages": tuple(StageCounts.from_json(s) for s in data["stages"])})
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenCounts:
+    """The tokens tokenized_bins wrote: supervised ones are trained on, masked ones (label -100) are not."""
+
+    total: int
+    supervised: int
+    masked: int
+    isolated_punctuation_share: float | None = None
+    """Share of the tokens that are a punctuation mark standing alone; None where not measured."""
+    supervised_share: float = field(init=False)
+    masked_share: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "supervised_share", self.supervised / self.total if self.total else 0.0)
+        object.__setattr__(self, "masked_share", self.masked / self.total if self.total else 0.0)
+
+    @classmethod
+    def from_json(cls, data: dict) -> TokenCounts:
+        return cls(**_json_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class LanguageCounts:
+    """One meta.language: the records cleaning kept, the records and tokens tokenized_bins encoded."""
+
+    language: str
+    records_cleaned: int
+    records_tokenized: int
+    tokens: int
+    token_share: float
+    """Its share of all tokens, rounded to 4 places."""
+
+    @classmethod
+    def from_json(cls, data: dict) -> LanguageCounts:
+        return cls(**_json_fields(cls, data))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Funnel:
+    """The whole run: stage rows in total and per source batch, drops per reason and per language, tokens, split
+    and bytes, with the source and the generation the data root was built from."""
+
+    source: str | None
+    generation: int
+    stages: tuple[StageCounts, ...]
+    """Each record stage's stats, summed over its batches, in pipeline order."""
+    batches: tuple[BatchCounts, ...]
+    """The live batches in order (a retired batch is in no stage)."""
+    tokens: TokenCounts
+    split: dict[str, dict]
+    """tokenized_bins' figures of the train and val splits as its stats hold them ({} where absent)."""
+    records_with_metadata: int | None
+    metadata_dropout: float | None
+    bytes_on_disk: dict[str, int]
+    """Each record stage's data files (see `folder_bytes`)."""
+    pii_masked: dict[str, int] = field(default_factory=dict)
+    """Values cleaning masked per PII kind (its stats' `pii_<kind>`)."""
+    languages: tuple[LanguageCounts, ...] = ()
+    """Most tokens first; () when language identification was off."""
+    dropped_by_language: dict[str, dict[str, int]] = field(default_factory=dict)
+    """{language: {reason: records}} cleaning dropped; {} when its stats do not break drops down by language."""
+    conserved: bool = field(init=False)
+    """Every row conserved and linked, in total and in each batch."""
+
+    def __post_init__(self) -> None:
+        conserved = all(s.conserved_and_linked for s in self.stages) and all(b.conserved for b in self.batches)
+        object.__setattr__(self, "conserved", conserved)
+
+    def to_json(self) -> dict:
+        """What funnel.json holds (written with sorted keys: the field order does not show in the file)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> Funnel:
+        return cls(
+            **{
+                **_json_fields(cls, data),
+                "stages": tuple(StageCounts.from_json(s) for s in data["stages"]),
+                "batches": tuple(BatchCounts.from_json(b) for b in data["batches"]),
+                "tokens": TokenCounts.from_json(data["tokens"]),
+                "languages": tuple(LanguageCounts.from_json(r) for r in data.get("languages", ())),
+            }
+        )
+
+
+def read_funnel(data_root: Path) -> Funnel:
+    """The funnel funnel_telemetry last published (`funnel_telemetry/funnel.json`)."""
+    return Funnel.from_json(read_json(Path(data_root) / FUNNEL_FILE))
 
 
 def stage_stats(data_root: Path, key: str) -> dict:
@@ -58,86 +210,76 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in Path(folder).resolve().rglob("*") if f.is_file() and f.name != TIMINGS_FILE)
 
 
-def stage_rows(per_stage: list[tuple[str, str, dict]]) -> list[dict]:
-    """One funnel row per (key, label, stats): counts, drops by reason, conservation and the link to the stage
-    before (a stage must account for every record it saw, and see every record the previous one kept)."""
-    rows, previous_out = [], None
+def stage_rows(per_stage: list[tuple[str, str, dict]]) -> tuple[StageCounts, ...]:
+    """One funnel row per (key, label, stats), each linked to the stage before (a stage must see every record the
+    previous one kept)."""
+    rows: list[StageCounts] = []
     for key, label, s in per_stage:
-        dropped = dropped_counts(s)
-        docs_in, docs_out = int(s["docs_in"]), int(s["docs_out"])
+        docs_in = int(s["docs_in"])
+        linked = not rows or docs_in == rows[-1].docs_out
         rows.append(
-            {
-                "stage": key,
-                "label": label,
-                "docs_in": docs_in,
-                "docs_out": docs_out,
-                "dropped": dropped,
-                "dropped_total": sum(dropped.values()),
-                "conserved": docs_in == docs_out + sum(dropped.values()),
-                "linked": previous_out is None or docs_in == previous_out,
-            }
+            StageCounts(
+                stage=key,
+                label=label,
+                docs_in=docs_in,
+                docs_out=int(s["docs_out"]),
+                dropped=dropped_counts(s),
+                linked=linked,
+            )
         )
-        previous_out = docs_out
-    return rows
+    return tuple(rows)
 
 
-def per_batch_funnel(data_root: Path, keys: list[str], tokenized: dict) -> list[dict]:
+def per_batch_funnel(data_root: Path, keys: list[str], tokenized: dict) -> tuple[BatchCounts, ...]:
     """The funnel of each source batch: its stage rows (tokenized_bins' from the per-batch counts it records)."""
     per_stage = {key: batch_stats(data_root, key) for key, _ in RECORD_STAGES}
     per_stage["tokenized_bins"] = tokenized.get("batches", {})
-    out = []
-    for batch in keys:
-        rows = [(key, label, per_stage[key][batch]) for key, label in RECORD_STAGES if batch in per_stage[key]]
-        out.append(
-            {
-                "batch": batch,
-                "stages": stage_rows(rows),
-                "tokens": int(per_stage["tokenized_bins"].get(batch, {}).get("tokens", 0)),
-            }
+    return tuple(
+        BatchCounts(
+            batch=batch,
+            stages=stage_rows(
+                [(key, label, per_stage[key][batch]) for key, label in RECORD_STAGES if batch in per_stage[key]]
+            ),
+            tokens=int(per_stage["tokenized_bins"].get(batch, {}).get("tokens", 0)),
         )
-    return out
+        for batch in keys
+    )
 
 
-def build_funnel(data_root: Path) -> dict:
+def build_funnel(data_root: Path) -> Funnel:
     """Stage counts, drops per reason, token figures and conservation (in = out + dropped) per stage, in total and
     per source batch, with the source the data root was built from."""
     data_root = Path(data_root)
     stages = stage_rows([(key, label, stage_stats(data_root, key)) for key, label in RECORD_STAGES])
     tok = stage_stats(data_root, "tokenized_bins")
     registry = read_registry(data_root)
-    batches = per_batch_funnel(data_root, registry.live_keys, tok)  # a retired batch is in no stage
     cleaned = stage_stats(data_root, "cleaned_jsonl")
     tokens = int(tok.get("tokens", 0))
     supervised = int(tok.get("supervised_tokens", tokens))
-    masked = int(tok.get("masked_tokens", tokens - supervised))
-    return {
-        "source": registry.source,
-        "generation": registry.generation,
-        "stages": stages,
-        "batches": batches,
-        "pii_masked": {k.removeprefix("pii_"): v for k, v in sorted(cleaned.items()) if k.startswith("pii_")},
-        "records_with_metadata": tok.get("records_with_metadata"),
-        "metadata_dropout": tok.get("metadata_dropout"),
-        "tokens": {
-            "total": tokens,
-            "supervised": supervised,
-            "masked": masked,
-            "supervised_share": supervised / tokens if tokens else 0.0,
-            "masked_share": masked / tokens if tokens else 0.0,
-            "isolated_punctuation_share": tok.get("isolated_punctuation_share"),
-        },
-        "split": {name: tok.get(name, {}) for name in ("train", "val")},
-        "languages": language_rows(data_root, tok),
-        "dropped_by_language": dropped_by_language(data_root),
-        "bytes_on_disk": {key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES if (data_root / key).exists()},
-        "conserved": all(s["conserved"] and s["linked"] for s in stages)
-        and all(s["conserved"] and s["linked"] for b in batches for s in b["stages"]),
-    }
+    return Funnel(
+        source=registry.source,
+        generation=registry.generation,
+        stages=stages,
+        batches=per_batch_funnel(data_root, registry.live_keys, tok),  # a retired batch is in no stage
+        pii_masked={k.removeprefix("pii_"): v for k, v in sorted(cleaned.items()) if k.startswith("pii_")},
+        records_with_metadata=tok.get("records_with_metadata"),
+        metadata_dropout=tok.get("metadata_dropout"),
+        tokens=TokenCounts(
+            total=tokens,
+            supervised=supervised,
+            masked=int(tok.get("masked_tokens", tokens - supervised)),
+            isolated_punctuation_share=tok.get("isolated_punctuation_share"),
+        ),
+        split={name: tok.get(name, {}) for name in ("train", "val")},
+        languages=language_rows(data_root, tok),
+        dropped_by_language=dropped_by_language(data_root),
+        bytes_on_disk={key: folder_bytes(data_root / key) for key, _ in RECORD_STAGES if (data_root / key).exists()},
+    )
 
 
-def language_rows(data_root: Path, tokenized: dict) -> list[dict]:
+def language_rows(data_root: Path, tokenized: dict) -> tuple[LanguageCounts, ...]:
     """Per meta.language, most tokens first: records cleaning kept (summed over cleaned_jsonl's batches), records
-    and tokens tokenized_bins encoded; [] when language identification was off ("und": no meta.language)."""
+    and tokens tokenized_bins encoded; () when language identification was off ("und": no meta.language)."""
     cleaned = batch_stats(data_root, "cleaned_jsonl").values() or [stage_stats(data_root, "cleaned_jsonl")]
     kept: dict[str, int] = {}
     for stats in cleaned:
@@ -145,19 +287,19 @@ def language_rows(data_root: Path, tokenized: dict) -> list[dict]:
             kept[language] = kept.get(language, 0) + figures["records"]
     encoded = tokenized.get("languages", {})
     if not kept and set(encoded) <= {"und"}:
-        return []
+        return ()
     total = sum(e["tokens"] for e in encoded.values()) or 1
     rows = [
-        {
-            "language": language,
-            "records_cleaned": kept.get(language, 0),
-            "records_tokenized": encoded.get(language, {}).get("records", 0),
-            "tokens": encoded.get(language, {}).get("tokens", 0),
-            "token_share": round(encoded.get(language, {}).get("tokens", 0) / total, 4),
-        }
+        LanguageCounts(
+            language=language,
+            records_cleaned=kept.get(language, 0),
+            records_tokenized=encoded.get(language, {}).get("records", 0),
+            tokens=encoded.get(language, {}).get("tokens", 0),
+            token_share=round(encoded.get(language, {}).get("tokens", 0) / total, 4),
+        )
         for language in set(kept) | set(encoded)
     ]
-    return sorted(rows, key=lambda r: (-r["tokens"], -r["records_cleaned"], r["language"]))
+    return tuple(sorted(rows, key=lambda r: (-r.tokens, -r.records_cleaned, r.language)))
 
 
 def dropped_by_language(data_root: Path) -> dict[str, dict[str, int]]:
@@ -173,8 +315,8 @@ def dropped_by_language(data_root: Path) -> dict[str, dict[str, int]]:
     return {language: dict(sorted(reasons.items())) for language, reasons in sorted(total.items())}
 
 
-def history_row(funnel: dict) -> dict:
+def history_row(funnel: Funnel) -> dict:
     """The per-stage counts of one funnel, keyed like the chart's labels (stored as run metadata)."""
-    row = {"input": funnel["stages"][0]["docs_in"]}
-    row.update({s["label"]: s["docs_out"] for s in funnel["stages"]})
+    row = {"input": funnel.stages[0].docs_in}
+    row.update({s.label: s.docs_out for s in funnel.stages})
     return row
