@@ -245,7 +245,12 @@ class Compute(dg.ConfigurableResource):
                 )
             RayEngine.connect(self.ray_address)  # once per run: yield_for_execution disconnects
             engine = RayEngine(
-                RayOptions(self.ray_address, self.task_cpus, self.task_memory_mb, self.max_retries),
+                RayOptions(
+                    address=self.ray_address,
+                    task_cpus=self.task_cpus,
+                    task_memory_mb=self.task_memory_mb,
+                    max_retries=self.max_retries,
+                ),
                 str(data_root.path("")),
                 label,
                 log,

@@ -305,7 +305,7 @@ def map_without_the_data_root(address: str, missing: str) -> str:
     """In the driver: a step's task sent with a data root no node has; the error it fails with."""
     RayEngine.connect(address)
     try:
-        with activated(RayEngine(RayOptions(address), missing)):
+        with activated(RayEngine(RayOptions(address=address), missing)):
             list(map_ordered(abs, [-1, -2, -3]))
     except ComputeError as e:
         return str(e)
@@ -337,7 +337,7 @@ def map_failing_first(address: str, folder: str, tasks: int) -> tuple[str, int, 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import this test module
     RayEngine.connect(address)
     try:
-        engine = RayEngine(RayOptions(address), folder)
+        engine = RayEngine(RayOptions(address=address), folder)
         with activated(engine):
             list(map_ordered(marked_task, [(folder, i) for i in range(tasks)]))
     except ValueError as e:

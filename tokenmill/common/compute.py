@@ -34,7 +34,7 @@ R = TypeVar("R")
 PROGRESS_SECONDS = 10.0  # at most one progress line per step this often (and one when the step ends)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Usage:
     """What one asset's steps used: filled in by the engine, read back for the asset's metadata."""
 
@@ -58,7 +58,7 @@ class LocalEngine:
     def __init__(self, workers: int = 0, label: str = "", log=None):
         self._workers = local_workers(workers)
         self.label, self.log = label, log
-        self.usage = Usage(self.name, nodes=1, cpus=self._workers)
+        self.usage = Usage(engine=self.name, nodes=1, cpus=self._workers)
 
     def workers(self) -> int:
         return self._workers
@@ -70,7 +70,7 @@ class LocalEngine:
             yield result
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RayOptions:
     """How each task is declared to Ray."""
 
@@ -91,7 +91,7 @@ class RayEngine:
         self.ray, self.options, self.data_root = ray, options, data_root
         self.label, self.log = label, log
         nodes = [n for n in ray.nodes() if n["Alive"]]
-        self.usage = Usage(self.name, nodes=len(nodes), cpus=sum(n["Resources"].get("CPU", 0) for n in nodes))
+        self.usage = Usage(engine=self.name, nodes=len(nodes), cpus=sum(n["Resources"].get("CPU", 0) for n in nodes))
 
     @staticmethod
     def connect(address: str) -> None:

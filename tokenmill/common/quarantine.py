@@ -24,7 +24,7 @@ BUDGET_PER_INPUT_BYTE = 1  # and per byte of the file as stored (compressed, for
 FULL_PER_REASON = 10  # entries written in full for each reason of a file, past the budget too
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Run:
     """Consecutive rejections of one reason, written as one entry when another record breaks the run."""
 
@@ -64,11 +64,11 @@ class FileQuarantine:
             return
         self.kept()
         if self.written < 2 * self.budget:
-            self.run = _Run(entry, at)
+            self.run = _Run(entry=entry, last=at)
         elif (tail := self.tails.get(reason)) is not None:
             tail.last, tail.count = at, tail.count + 1
         else:
-            self.tails[reason] = _Run(entry, at, scattered=True)
+            self.tails[reason] = _Run(entry=entry, last=at, scattered=True)
 
     def kept(self) -> None:
         """A record was kept (or the file ends): the open run, if any, is written."""
