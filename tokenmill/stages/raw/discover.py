@@ -16,7 +16,7 @@ READERS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt"
 READERS |= {".warc": "warc", ".wet": "warc", ".html": "html", ".htm": "html"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SourceFile:
     rel: str
     """Path relative to the source (POSIX), as records name it."""
@@ -94,39 +94,41 @@ def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool
     (opening a FIFO blocks forever). A symlink to nothing is refused as unreadable_file, naming its target; any
     other path that cannot be stat-ed (gone since it was listed) is left to the reader, which rejects it so too."""
     if _not_utf8_name(full):
-        return SourceFile(rel, full, 0, "bad_file_name", NOT_UTF8_NAME)
+        return SourceFile(rel=rel, path=full, size=0, refused="bad_file_name", detail=NOT_UTF8_NAME)
     if root is not None and os.path.islink(full) and os.path.isdir(full):
         target = os.path.realpath(full)
         if os.path.commonpath([root, target]) != root:
             return SourceFile(
-                rel,
-                full,
-                0,
-                "outside_source",
-                f"a symlink to the folder {target}, outside the source: linked folders are not walked (link or copy "
-                "its files into the source)",
+                rel=rel,
+                path=full,
+                size=0,
+                refused="outside_source",
+                detail=f"a symlink to the folder {target}, outside the source: linked folders are not walked (link or "
+                "copy its files into the source)",
             )
     if root is not None and os.path.islink(full) and not follow_outside_symlinks:
         target = os.path.realpath(full)
         if os.path.commonpath([root, target]) != root:
             return SourceFile(
-                rel,
-                full,
-                0,
-                "outside_source",
-                f"a symlink to {target}, outside the source (set follow_outside_symlinks to read it)",
+                rel=rel,
+                path=full,
+                size=0,
+                refused="outside_source",
+                detail=f"a symlink to {target}, outside the source (set follow_outside_symlinks to read it)",
             )
     try:
         st = os.stat(full)
     except OSError:
         if os.path.islink(full):
             missing = f"a symlink to {os.readlink(full)}, which does not exist"
-            return SourceFile(rel, full, 0, "unreadable_file", missing)
-        return SourceFile(rel, full, 0)
+            return SourceFile(rel=rel, path=full, size=0, refused="unreadable_file", detail=missing)
+        return SourceFile(rel=rel, path=full, size=0)
     kind = file_type(st.st_mode)
     if kind is not None:
-        return SourceFile(rel, full, 0, "not_a_regular_file", f"{kind}: only regular files are read")
-    return SourceFile(rel, full, st.st_size)
+        return SourceFile(
+            rel=rel, path=full, size=0, refused="not_a_regular_file", detail=f"{kind}: only regular files are read"
+        )
+    return SourceFile(rel=rel, path=full, size=st.st_size)
 
 
 def list_source(source: Path, exclude: Path | None = None, follow_outside_symlinks: bool = False) -> Listing:
@@ -138,7 +140,7 @@ def list_source(source: Path, exclude: Path | None = None, follow_outside_symlin
     for rel, full in found:
         if (shown := shown_name(rel)) != rel:  # not UTF-8: refused by the name it is shown with
             if reader_kind(shown)[0]:
-                files.append(SourceFile(shown, full, 0, "bad_file_name", NOT_UTF8_NAME))
+                files.append(SourceFile(rel=shown, path=full, size=0, refused="bad_file_name", detail=NOT_UTF8_NAME))
             else:
                 skipped.append(shown)
         elif reader_kind(rel)[0]:

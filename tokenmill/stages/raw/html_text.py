@@ -95,7 +95,7 @@ SHAPE_SHARE = 0.4  # of a page's text in table rows or list items that makes it 
 SHORT_PAGE_CHARS = 500
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PageText:
     text: str
     """Main text, one block per line."""
@@ -181,7 +181,7 @@ def declared_charset(payload: bytes, http_charset: str | None) -> str | None:
     return _declaration(payload, http_charset)[0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Decoded:
     text: str
     charset: str
@@ -202,7 +202,11 @@ def decode_page(payload: bytes, http_charset: str | None = None) -> Decoded:
         source != "bom" and declared != "utf-8" and not payload.isascii() and _ascii_compatible(declared)
     ):
         try:
-            return Decoded(payload.decode("utf-8"), "utf-8", "default" if declared is None else "detected")
+            return Decoded(
+                text=payload.decode("utf-8"),
+                charset="utf-8",
+                source="default" if declared is None else "detected",
+            )
         except UnicodeDecodeError as e:
             tried.append(f"utf-8 (at byte {e.start}: {e.reason})")
     if declared is not None:
@@ -215,7 +219,7 @@ def decode_page(payload: bytes, http_charset: str | None = None) -> Decoded:
                 found = _detect(payload)
                 if found is not None and _other_script(found.text):
                     return found
-            return Decoded(text, declared, source)
+            return Decoded(text=text, charset=declared, source=source)
     found, why = _detect_undecoded(payload)
     if found is None:
         raise Rejected("undecodable_bytes", f"not {' nor '.join(tried)}; {why}")
@@ -278,7 +282,7 @@ def _detect(payload: bytes) -> Decoded | None:
     for name in names:
         for codec in filter(None, (EXTENDED.get(name), name)):
             try:
-                return Decoded(payload.decode(codec), codecs.lookup(codec).name, "detected")
+                return Decoded(text=payload.decode(codec), charset=codecs.lookup(codec).name, source="detected")
             except UnicodeDecodeError:
                 continue
     return None
@@ -301,7 +305,7 @@ def extract_page(html: str, settings: RawSettings) -> PageText:
         raise Rejected("extraction_empty", "no main text found (the page is navigation, a form or empty)")
     meta = {"extractor": settings.extractor, "extractor_version": extractor_version(settings.extractor)}
     title = page_title(html)
-    return PageText(text, {"title": title, **meta} if title else meta, page_shape(text))
+    return PageText(text=text, meta={"title": title, **meta} if title else meta, shape=page_shape(text))
 
 
 def page_title(html: str) -> str | None:

@@ -78,7 +78,7 @@ def reader(kind: str) -> Callable[[str, str | None, RawSettings], Iterator[Found
     return getattr(importlib.import_module(f"tokenmill.stages.raw.{name}"), name)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IngestTask:
     files: list[SourceFile]
     folder: str
@@ -86,7 +86,7 @@ class IngestTask:
     settings: RawSettings
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FileReport:
     path: str
     records: int = 0
@@ -99,7 +99,7 @@ class FileReport:
     """HTML pages written, by the shape of their main text (prose, list, table, short)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TaskResult:
     folder: str
     shards: list[int]
@@ -136,7 +136,7 @@ class _FileIngest:
     def __init__(self, src: SourceFile, sink: _ShardSink, rejected, samples: ReasonSamples, settings: RawSettings):
         self.src, self.sink, self.samples, self.settings = src, sink, samples, settings
         self.quarantine = FileQuarantine(rejected, src.rel, src.size)
-        self.report = FileReport(src.rel, bytes=src.size)
+        self.report = FileReport(path=src.rel, bytes=src.size)
         self.reasons: Counter = Counter()
         self.skipped: Counter = Counter()
         self.shapes: Counter = Counter()
@@ -259,7 +259,7 @@ def ingest_task(task: IngestTask) -> TaskResult:
     with open(folder / REJECTED_FILE, "w", encoding="utf-8") as rejected:
         reports = [_FileIngest(src, sink, rejected, samples, task.settings).run() for src in task.files]
     sink.close()
-    return TaskResult(str(folder), sink.counts, reports, samples.by_reason)
+    return TaskResult(folder=str(folder), shards=sink.counts, files=reports, samples=samples.by_reason)
 
 
 def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[FileReport], dict]:
@@ -387,7 +387,10 @@ def ingest(
         if missing := sorted(only - {f.rel for f in listing.files}):
             raise SourceError(f"files of this source batch are gone from {source}: {', '.join(missing[:5])}")
         state = {rel: meta for rel, meta in state.items() if rel in only or rel in refused}
-        unopened = [SourceFile(rel, os.path.join(source, rel), 0, *why) for rel, why in refused.items()]
+        unopened = [
+            SourceFile(rel=rel, path=os.path.join(source, rel), size=0, refused=why[0], detail=why[1])
+            for rel, why in refused.items()
+        ]
         files = sorted([f for f in listing.files if f.rel in only] + unopened, key=lambda f: f.rel)
         listing = Listing(files, listing.skipped)
     fingerprint = source_fingerprint(state)
@@ -404,7 +407,7 @@ def ingest(
             f"not UTF-8), e.g. {listing.skipped[:5]}"
         )
     tasks = [
-        IngestTask(files, str(out_dir / f".task-{i:05d}"), settings)
+        IngestTask(files=files, folder=str(out_dir / f".task-{i:05d}"), settings=settings)
         for i, files in enumerate(plan_tasks(listing.files, max(1, int(settings.task_mb * 1024 * 1024))))
     ]
     progress = Progress("raw_records", total=len(listing.files), unit="files", log=log)
