@@ -29,12 +29,11 @@ from tokenmill.stages.clean import CleanSettings
 from tokenmill.stages.dedup import DedupSettings
 from tokenmill.stages.raw import RawSettings
 from tokenmill.stages.raw.discover import source_state
+from tokenmill.stages.registry import rebuilt_keys
 
 SOURCE_BATCHES = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
 PER_BATCH_ASSETS = PER_BATCH_STAGES
-# A rebuild starts these again from the source; tokenized_bins keeps its versions for running readers and the
-# funnel its history.
-REBUILT_STAGES = ("raw_records", "cleaned_jsonl", "dedup_report", "dedup_index", "deduped_jsonl", "tokenizer")
+REBUILT_STAGES = rebuilt_keys()  # a rebuild starts these again from the source
 
 # The settings of the per-batch stages hold for a whole generation: the op whose config they are, where a published
 # batch records the ones it was built with, and those that change how the work is split or reported, not the records

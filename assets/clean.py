@@ -5,6 +5,7 @@ import dagster as dg
 from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
 from assets.checks import CLEANED_RECORDS_VALID, cleaned_records_valid, publish_only_if_passed
 from assets.metadata import cleaned_jsonl_metadata, compute_metadata
+from assets.raw import raw_records
 from resources import Compute, DataRoot
 from tokenmill.common.disk import records_bytes
 from tokenmill.common.io import REJECTED_FILE, gather_batch_files, staged_output
@@ -19,7 +20,7 @@ class CleanConfig(CleanSettings, dg.Config):
 @dg.asset(
     group_name="prepare",
     kinds={"python", "jsonl"},
-    deps=["raw_records"],
+    deps=[raw_records],
     code_version=clean.VERSION,
     partitions_def=SOURCE_BATCHES,
     check_specs=[CLEANED_RECORDS_VALID],

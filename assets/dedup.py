@@ -5,6 +5,7 @@ import dagster as dg
 
 from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
 from assets.checks import DEDUPED_NO_EXACT_DUPLICATES, deduped_no_exact_duplicates, publish_only_if_passed
+from assets.clean import cleaned_jsonl
 from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jsonl_metadata, disk_metadata
 from resources import Compute, DataRoot
 from tokenmill.batches import read_registry
@@ -13,6 +14,7 @@ from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, sta
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages import dedup
 from tokenmill.stages.dedup import CLUSTERS_FILE, REPORT_FILE, DedupSettings, dedup_batch, write_deduped
+from tokenmill.stages.registry import DEDUP_REPORT
 
 # said on each per-batch asset's page: its Overview holds one batch only
 PER_BATCH_PAGES = (
@@ -32,7 +34,7 @@ class DedupConfig(DedupSettings, dg.Config):
             "dedup_report",
             group_name="dedup",
             kinds={"python", "numpy"},
-            deps=["cleaned_jsonl"],
+            deps=[cleaned_jsonl],
             code_version=dedup.VERSION,
             description="Which records of one batch are duplicates, and of which record: exact (SHA-256 of a "
             "normalized key) and near (shingles, MinHash, LSH bands chosen for the threshold, every candidate "
@@ -44,7 +46,7 @@ class DedupConfig(DedupSettings, dg.Config):
             "dedup_index",
             group_name="dedup",
             kinds={"numpy"},
-            deps=["cleaned_jsonl"],
+            deps=[cleaned_jsonl],
             code_version=dedup.VERSION,
             description="The persistent dedup index, one segment per batch: exact-key digests, LSH band hashes and "
             "what verification needs for every record the batch kept, so later batches are deduplicated against "
@@ -90,7 +92,7 @@ def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, d
 @dg.asset(
     group_name="dedup",
     kinds={"python", "jsonl"},
-    deps=["dedup_report", "cleaned_jsonl"],
+    deps=[DEDUP_REPORT.key, cleaned_jsonl],
     code_version=dedup.VERSION,
     partitions_def=SOURCE_BATCHES,
     check_specs=[DEDUPED_NO_EXACT_DUPLICATES],

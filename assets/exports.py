@@ -7,7 +7,9 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets.dedup import deduped_jsonl
 from assets.metadata import source_metadata
+from assets.tokenize import tokenized_bins
 from resources import Compute, DataRoot
 from tokenmill.common.io import staged_output
 from tokenmill.exports import hf_parquet as hf
@@ -39,7 +41,7 @@ def export_metadata(stats: dict, folder: Path, usage: str, seconds: float) -> di
     }
 
 
-@dg.asset(group_name=EXPORTS_GROUP, kinds={"python", "numpy"}, deps=["tokenized_bins"], code_version=nanogpt.VERSION)
+@dg.asset(group_name=EXPORTS_GROUP, kinds={"python", "numpy"}, deps=[tokenized_bins], code_version=nanogpt.VERSION)
 def nanogpt_bins(data_root: DataRoot) -> dg.MaterializeResult:
     """tokenized_bins as nanoGPT's `train.bin` / `val.bin` (every record's tokens back to back, token dtype) and
     `meta.pkl` (vocab_size); conditional/sft also get `<split>_loss_mask.bin`, which nanoGPT's own train.py
@@ -52,7 +54,7 @@ def nanogpt_bins(data_root: DataRoot) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata=export_metadata(stats, folder, usage, time.perf_counter() - t0))
 
 
-@dg.asset(group_name=EXPORTS_GROUP, kinds={"python", "numpy"}, deps=["tokenized_bins"], code_version=megatron.VERSION)
+@dg.asset(group_name=EXPORTS_GROUP, kinds={"python", "numpy"}, deps=[tokenized_bins], code_version=megatron.VERSION)
 def megatron_indexed(data_root: DataRoot) -> dg.MaterializeResult:
     """tokenized_bins as Megatron-Core indexed datasets: `<split>_<key>_document.bin` + `.idx` per split and key
     (a record is a document; uint16 or int32 tokens, uint8 masks)."""
@@ -67,7 +69,7 @@ def megatron_indexed(data_root: DataRoot) -> dg.MaterializeResult:
 @dg.asset(
     group_name=EXPORTS_GROUP,
     kinds={"python", "parquet"},
-    deps=["deduped_jsonl", "tokenized_bins"],
+    deps=[deduped_jsonl, tokenized_bins],
     code_version=hf.VERSION,
 )
 def hf_parquet(

@@ -4,6 +4,7 @@ token shards that each new source batch is appended to (docs/format.md)."""
 import dagster as dg
 
 from assets.checks import TOKEN_SHARDS_CONSISTENT, refuse_unless_passed, token_shards_consistent
+from assets.dedup import deduped_jsonl
 from assets.metadata import compute_metadata, tokenized_bins_metadata, tokenizer_metadata
 from resources import Compute, DataRoot
 from tokenmill.common.io import batch_folders, staged_output
@@ -22,7 +23,7 @@ class ShardConfig(ShardSettings, dg.Config):
     """The training type's rendering, the train/val split, shard size, token dtype and version retention."""
 
 
-@dg.asset(group_name="tokenize", kinds={"python", "huggingface"}, deps=["deduped_jsonl"], code_version=tokenize.VERSION)
+@dg.asset(group_name="tokenize", kinds={"python", "huggingface"}, deps=[deduped_jsonl], code_version=tokenize.VERSION)
 def tokenizer(
     context: dg.AssetExecutionContext, config: TokenizerConfig, data_root: DataRoot, compute: Compute
 ) -> dg.MaterializeResult:
@@ -45,7 +46,7 @@ def tokenizer(
 @dg.asset(
     group_name="tokenize",
     kinds={"python", "numpy"},
-    deps=["deduped_jsonl", "tokenizer"],
+    deps=[deduped_jsonl, tokenizer],
     code_version=tokenize.VERSION,
     check_specs=[TOKEN_SHARDS_CONSISTENT],
 )

@@ -187,3 +187,10 @@ def test_first_party_modules_import_without_a_cycle():
     assert len(graph) > 50 and "tokenmill.stages.dedup.stage" in graph  # the walk found the packages
     found = cycles(graph)
     assert found == [], "import cycles:\n" + "\n".join(describe(c, graph, modules) for c in found)
+
+
+def test_the_stage_registry_imports_no_stage_package():
+    """Every layer reads the stage registry (tokenmill.common.disk; tokenmill.explain, which tokenmill.stages.dedup
+    imports): it names the stages' types as `module:Class` and imports none of their packages."""
+    names = imported_names("tokenmill.stages.registry", FIRST_PARTY["tokenmill"] / "stages" / "registry.py")
+    assert [name for name in names if name.startswith("tokenmill.stages.")] == []

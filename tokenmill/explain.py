@@ -25,6 +25,7 @@ from pathlib import Path
 
 from tokenmill.common.io import REJECTED_FILE, REMOVED_FILE, batch_folders, read_json, record_id, record_shards
 from tokenmill.common.quarantine import covers
+from tokenmill.stages.registry import kept_search_order
 from tokenmill_loader.format import SPLITS, manifest_path
 
 DEDUP_REPORT_FILE = "report.json"  # dedup_report's layout names (tokenmill.stages.dedup.layout), without its imports
@@ -283,7 +284,7 @@ def _tokenized(data_root: Path, rid: str) -> dict | None:
 
 def _kept(data_root: Path, rid: str) -> dict | None:
     """A record no stage dropped: the last stage holding it (tokenized_bins when it is in the latest version)."""
-    for stage in ("deduped_jsonl", "cleaned_jsonl", "raw_records"):
+    for stage in kept_search_order():
         for folder in _batches(data_root, stage):
             shard, record = find_in_shards(record_shards(folder), rid)
             if shard is None or record is None:  # both or neither
