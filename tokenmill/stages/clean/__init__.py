@@ -3,6 +3,7 @@
 Rules, in the order they run on each record (each a plain function, one module per kind):
 
   0. too_long guard       reject texts over `max_chars` before any work (reason "too_long")       filters
+                          (`filters.TOO_LONG`)
   1. repair_surrogates    lone UTF-16 surrogates (JSON "\\ud800") removed, counted                repair
   2. repair_mojibake      ftfy, encodings and HTML entities only (no width/quote/line-break changes)
   3. normalize_unicode    NFC (default), NFKC or none
@@ -14,7 +15,8 @@ Rules, in the order they run on each record (each a plain function, one module p
   6. extract_metadata     Title:/Author:/作者：/朝代：/By ... header lines (and repeats of the reader's    metadata
                           title or author) moved from the top of the text into `meta`, before boilerplate removal
   7. strip_boilerplate    lines whose joint boilerplate score passes the threshold    line_stats, boilerplate
-  8. filters, first failing one names the reason: empty, too_short, placeholder_glyphs, repetition    filters
+  8. record filters       `filters.RECORD_FILTERS`, in order; the first failing one names the reason    filters
+                          (each declared once there: reasons, timing names and `dropped_<reason>` derive from it)
   8a. identify_language   meta.language and meta.language_score of each record the filters kept    language
                           (CLD2, py3langid where CLD2 is unsure); `languages` / `min_language_score` reject
                           ("language"); in pass 1 and again in pass 2 for a record whose lines were stripped
@@ -38,7 +40,8 @@ Steps, each over every shard in parallel (`map_ordered`, one task per input shar
            shard names as the input) and a rejected side file per shard, concatenated in order into
            `_rejected.jsonl`
   corpus   the orchestration of the three and the stats (`report`: seconds per rule, lengths, examples)
-Output is byte-identical for any worker count; records in = out + rejected (checked before `_stats.json`).
+Output is byte-identical for any worker count; records in = out + dropped, `dropped` holding every declared
+reason and any other a rule returned (checked before `_stats.json`).
 """
 
 from tokenmill.stages.clean.corpus import REASONS, CleanResult, clean_corpus

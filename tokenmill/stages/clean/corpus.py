@@ -30,24 +30,36 @@ from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.clean.boilerplate import MergeTask, merge_task
 from tokenmill.stages.clean.decontam import CACHE_DIR as DECONTAM_CACHE
 from tokenmill.stages.clean.decontam import ContaminationIndex, prepare_indexes
+from tokenmill.stages.clean.filters import filter_reasons
 from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
 from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.pii import KINDS as PII_KINDS
 from tokenmill.stages.clean.prepare import PrepareResult, PrepareTask, prepare_task
 from tokenmill.stages.clean.quality import QUALITY_REASONS, ProfileChoice, c4_lines_removed, choose_profile
-from tokenmill.stages.clean.report import LENGTH_BUCKETS, RULES, bucket_labels, pick_examples
+from tokenmill.stages.clean.report import LENGTH_BUCKETS, bucket_labels, pick_examples, rule_names
 from tokenmill.stages.clean.settings import CleanSettings
 
-REASONS = (
-    "too_long",
-    "empty",
-    "too_short",
-    "placeholder_glyphs",
-    "repetition",
-    "language",
-    "contamination",
-    *QUALITY_REASONS,
-)
+LANGUAGE_REASONS = ("language",)  # language.LanguageRule
+CONTAMINATION_REASONS = ("contamination",)  # decontam.ContaminationIndex.screen in 'drop' mode
+
+
+def declared_reasons() -> tuple[str, ...]:
+    """Every reason a rule declares, in the order `dropped` lists them: rule 0 and the record filters (from their
+    declarations in filters.py), language, contamination, the web quality rules (read when called)."""
+    return tuple(dict.fromkeys((*filter_reasons(), *LANGUAGE_REASONS, *CONTAMINATION_REASONS, *QUALITY_REASONS)))
+
+
+REASONS = declared_reasons()  # as declared at import; the stage calls declared_reasons()
+
+
+def dropped_counts(reasons: Counter) -> dict[str, int]:
+    """Records dropped per reason: every declared one (0 when unseen), then any other reason a rule returned,
+    sorted, so no rejection is ever left out of the counts."""
+    declared = declared_reasons()
+    seen = sorted(set(reasons) - set(declared))
+    return {r: reasons.get(r, 0) for r in (*declared, *seen)}
+
+
 # input size from which both passes run on the workers (below it, starting a pool costs more than it saves;
 # above it, pass 2 finds the pool pass 1 started: 0.9 s in this process vs 0.5 s on 2 workers for 355k poems)
 POOL_MIN_BYTES = 8 << 20
@@ -84,7 +96,7 @@ class ShardPaths:
 class Totals:
     """Pass results summed over shards, in shard order."""
 
-    seconds: dict = field(default_factory=lambda: dict.fromkeys(RULES, 0.0))
+    seconds: dict = field(default_factory=lambda: dict.fromkeys(rule_names(), 0.0))
     examples: dict = field(default_factory=dict)
     counts: Counter = field(default_factory=Counter)
     reasons: Counter = field(default_factory=Counter)
@@ -114,7 +126,7 @@ class Totals:
 
     def _add_common(self, res: PrepareResult | FinishResult) -> None:
         for k, v in res.seconds.items():
-            self.seconds[k] += v
+            self.seconds[k] = self.seconds.get(k, 0.0) + v
         for kind, shelf in res.examples.items():
             self.examples.setdefault(kind, []).extend(shelf)
 
@@ -314,7 +326,7 @@ def _result(
     return CleanResult(
         docs_in=totals.docs_in,
         docs_out=totals.docs_out,
-        dropped={r: reasons.get(r, 0) for r in REASONS},
+        dropped=dropped_counts(reasons),
         rejected=sum(reasons.values()),
         rejected_by_reason=dict(sorted(reasons.items())),
         dropped_by_language=drops_by_language(totals.drops_by_language),
@@ -394,8 +406,11 @@ def clean_corpus(
             p.lines.unlink(missing_ok=True)
             p.rejected.unlink(missing_ok=True)
     result = _result(s, merged, totals, len(paths), workers, t0, contamination, profile)
-    if result.docs_in != result.docs_out + result.rejected:  # a bug, never expected: say so loudly
-        raise RuntimeError(f"cleaned_jsonl: {result.docs_in} in != {result.docs_out} out + {result.rejected} rejected")
+    # in = out + dropped: every rejected record counted under its reason (a bug, never expected: say so loudly)
+    if result.docs_in != result.docs_out + result.dropped_total:
+        raise RuntimeError(
+            f"cleaned_jsonl: {result.docs_in} in != {result.docs_out} out + {result.dropped_total} dropped"
+        )
     write_result(out_dir, result)
     write_shard_figures(out_dir, totals)
     return result

@@ -1,9 +1,16 @@
-"""Rule 0 and rule 8 of cleaning, the garbage filters: each returns None (keep) or (reason, detail)."""
+"""Rule 0 and rule 8 of cleaning, the garbage filters: each returns None (keep) or (reason, detail).
+
+Each filter is declared once, as a `RecordFilter` (its name, the reasons it rejects with, its check and the
+settings the check reads): rule 8 runs the `RECORD_FILTERS` in their order, rule 0 is `TOO_LONG`, and the stage's
+reasons (`corpus.REASONS`, the `dropped_<reason>` keys) and timing names (`report.RULES`) derive from them.
+"""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -209,15 +216,72 @@ def _quote(text: str) -> str:
     return repr(text if len(text) <= EVIDENCE_CHARS else text[:EVIDENCE_CHARS] + "…")
 
 
+Check = Callable[..., tuple | None]
+
+
+@dataclass(frozen=True)
+class RecordFilter:
+    """One garbage filter, declared once: `check(text, *settings)` returns None (keep) or (reason, detail), its
+    arguments after the text being the `settings` named, in order (a CleanSettings field, or a method of it that
+    takes no argument, called once per task). Its rejections count under `reasons` (default: its name; list every
+    reason the check can return) and its seconds under `timer` (default: filter_<name>)."""
+
+    name: str
+    check: Check
+    settings: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    timer: str = ""
+
+    def __post_init__(self):
+        if not self.reasons:
+            object.__setattr__(self, "reasons", (self.name,))
+        if not self.timer:
+            object.__setattr__(self, "timer", f"filter_{self.name}")
+        unknown = [n for n in self.settings if n not in CleanSettings.model_fields and not hasattr(CleanSettings, n)]
+        if unknown:  # a typo fails where the filter is declared, not on the first record
+            raise ValueError(f"filter {self.name!r} reads settings CleanSettings does not have: {unknown}")
+
+    def bind(self, settings: CleanSettings) -> Callable[[str], tuple | None]:
+        """The check with its settings' values: a function of the text alone."""
+        values = []
+        for name in self.settings:
+            value = getattr(settings, name)
+            values.append(value() if callable(value) and name not in CleanSettings.model_fields else value)
+        check = self.check
+        if not values:
+            return check
+        if len(values) == 1:  # the common case, without unpacking a tuple per call
+            (value,) = values
+            return lambda text: check(text, value)
+        args = tuple(values)
+        return lambda text: check(text, *args)
+
+
+# rule 0, before any repair (prepare.repair_batch runs it over a batch at once)
+TOO_LONG = RecordFilter("too_long", check_too_long, ("max_chars",), timer="too_long")
+# rule 8, in the order they run: the first failing one names the reason
+RECORD_FILTERS: tuple[RecordFilter, ...] = (
+    RecordFilter("empty", check_empty),
+    RecordFilter("too_short", check_too_short, ("min_chars",)),
+    RecordFilter("placeholder_glyphs", check_placeholder_glyphs, ("max_placeholder_ratio",)),
+    RecordFilter("repetition", check_repetition, ("max_dup_line_frac", "max_dup_line_char_frac", "ngram_limits")),
+)
+
+
+def filter_reasons() -> tuple[str, ...]:
+    """The reasons of rule 0 and of the record filters, in their order (read when called: a test may replace
+    RECORD_FILTERS)."""
+    return tuple(dict.fromkeys(r for f in (TOO_LONG, *RECORD_FILTERS) for r in f.reasons))
+
+
+def filter_timers() -> tuple[str, ...]:
+    """The record filters' timing names, in their order."""
+    return tuple(f.timer for f in RECORD_FILTERS)
+
+
 def record_filters(settings: CleanSettings) -> tuple:
-    """Rule 8, in order: (timer name, check)."""
-    s, limits = settings, settings.ngram_limits()
-    return (
-        ("filter_empty", check_empty),
-        ("filter_too_short", lambda t: check_too_short(t, s.min_chars)),
-        ("filter_placeholder_glyphs", lambda t: check_placeholder_glyphs(t, s.max_placeholder_ratio)),
-        ("filter_repetition", lambda t: check_repetition(t, s.max_dup_line_frac, s.max_dup_line_char_frac, limits)),
-    )
+    """Rule 8, in order: (timer name, check of the text alone)."""
+    return tuple((f.timer, f.bind(settings)) for f in RECORD_FILTERS)
 
 
 def first_failure(text: str, filters) -> tuple | None:
