@@ -141,11 +141,11 @@ def _member_misframed(raw, start: int) -> Misframed | None:
     return Misframed("warc_length_mismatch", detail, _next_start(raw, end, True))
 
 
-def _plain_misframed(raw, start: int, cut_short: bool) -> Misframed | None:
+def _plain_misframed(raw, start: int, at_end: bool) -> Misframed | None:
     """How the uncompressed record at `start` disagrees with its length, None when it does not or cannot be told:
     its trailer (or, as FastWARC allows, the next header after fewer CR/LF bytes) must follow the declared block, and
-    no header may start inside the block. A block cut short by the end of the file is a lie when the file ends with
-    a trailer, else the file was cut inside the record."""
+    no header may start inside the block. The record read last (`at_end`), with no header after it, lies when the
+    file ends with a trailer, else the file was cut inside it."""
     raw.seek(start)
     frame = _framing(raw.read(SCAN_CHUNK))
     if frame is None:
@@ -163,7 +163,7 @@ def _plain_misframed(raw, start: int, cut_short: bool) -> Misframed | None:
         return None
     if resume is None:
         raw.seek(size - len(TRAILER))
-        if cut_short and raw.read() != TRAILER:
+        if at_end and raw.read() != TRAILER:
             return None
         there = size - len(TRAILER) - block
     else:
@@ -395,6 +395,7 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
         view = None if whole else _mapped(raw, stack)  # None: lengths are not checked (until a whole gzip is spilled)
         while pos is not None:
             stream.seek(pos)
+            inflated = isinstance(stream, _Inflated)
             # the last record read, given out once the next header is found where its length says
             held: Found | Bad | Skipped | None = None
             last, length, suspect, reading, cut_short, error = None, None, None, False, False, None
@@ -422,19 +423,21 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                             if isinstance(got, str)
                             else Found("index", index, got, {"offset": last})
                         )
-                    block = rec.reader
-                    block.consume()  # the rest of the block, as FastWARC would before the next record
-                    cut_short = block.tell() < rec.content_length  # the file ends inside the block
+                    if inflated:  # not checked at its end: note a block that the end of the file cuts
+                        block = rec.reader
+                        block.consume()  # the rest of the block, as FastWARC would before the next record
+                        cut_short = block.tell() < rec.content_length
                     index, reading = index + 1, False
             except (OSError, ValueError) as e:  # a corrupt gzip member, a truncated record, a bad WARC header
                 error = e
-            # at the end the last record is checked too (a length past its end can land on the end of the file),
-            # but not in a whole-file gzip: that would take decompressing all of it again
-            if error is None and suspect is None and not cut_short and (held is None or isinstance(stream, _Inflated)):
+            at_end = error is None and suspect is None
+            # at the end the last record is checked too (its length may run past the end of the file or land on
+            # it), but not in a whole-file gzip unless cut: that would take decompressing all of it again
+            if at_end and (held is None or inflated and not cut_short):
                 if held is not None:
                     yield held
                 return
-            if isinstance(stream, _Inflated):
+            if inflated:
                 spilled = _spill(raw, stack, settings.max_file_bytes)
                 if spilled is None:
                     if held is not None:
@@ -443,7 +446,7 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                     return
                 stream, view = spilled, _mapped(spilled, stack)
             if held is not None and last is not None:
-                bad = _member_misframed(stream, last) if gz else _plain_misframed(stream, last, cut_short)
+                bad = _member_misframed(stream, last) if gz else _plain_misframed(stream, last, at_end)
                 if bad is not None:
                     stream.seek(last)
                     snippet = "" if gz else snip(stream.read(SNIPPET_BYTES))
