@@ -5,11 +5,16 @@ import time
 import dagster as dg
 
 from assets.checks import FUNNEL_CONSERVED, funnel_conserved, publish_only_if_passed
+from assets.clean import cleaned_jsonl
+from assets.dedup import deduped_jsonl
 from assets.metadata import funnel_metadata
+from assets.raw import raw_records
+from assets.tokenize import tokenized_bins, tokenizer
 from resources import DataRoot
 from tokenmill.common.io import atomic_write_json, staged_output
 from tokenmill.stages import telemetry
 from tokenmill.stages.funnel_chart import funnel_chart_svg
+from tokenmill.stages.registry import DEDUP_REPORT
 from tokenmill.stages.telemetry import build_funnel, history_row
 
 HISTORY_RUNS = 10  # materializations shown in the "how counts moved" chart
@@ -30,7 +35,7 @@ def previous_history_rows(context: dg.AssetExecutionContext, source: str | None)
 @dg.asset(
     group_name="report",
     kinds={"python", "json"},
-    deps=["raw_records", "cleaned_jsonl", "dedup_report", "deduped_jsonl", "tokenizer", "tokenized_bins"],
+    deps=[raw_records, cleaned_jsonl, DEDUP_REPORT.key, deduped_jsonl, tokenizer, tokenized_bins],
     code_version=telemetry.VERSION,
     check_specs=[FUNNEL_CONSERVED],
 )

@@ -29,9 +29,10 @@ from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages.clean.boilerplate import MergeTask, merge_task
 from tokenmill.stages.clean.decontam import CACHE_DIR as DECONTAM_CACHE
-from tokenmill.stages.clean.decontam import ContaminationIndex, prepare_indexes
+from tokenmill.stages.clean.decontam import CONTAMINATION_REASON, ContaminationIndex, prepare_indexes
 from tokenmill.stages.clean.filters import filter_reasons
 from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
+from tokenmill.stages.clean.language import LANGUAGE_REASON
 from tokenmill.stages.clean.line_stats import LineTable
 from tokenmill.stages.clean.pii import KINDS as PII_KINDS
 from tokenmill.stages.clean.prepare import PrepareResult, PrepareTask, prepare_task
@@ -39,8 +40,8 @@ from tokenmill.stages.clean.quality import QUALITY_REASONS, ProfileChoice, c4_li
 from tokenmill.stages.clean.report import LENGTH_BUCKETS, bucket_labels, pick_examples, rule_names
 from tokenmill.stages.clean.settings import CleanSettings
 
-LANGUAGE_REASONS = ("language",)  # language.LanguageRule
-CONTAMINATION_REASONS = ("contamination",)  # decontam.ContaminationIndex.screen in 'drop' mode
+LANGUAGE_REASONS = (LANGUAGE_REASON,)
+CONTAMINATION_REASONS = (CONTAMINATION_REASON,)
 
 
 def declared_reasons() -> tuple[str, ...]:
@@ -176,7 +177,10 @@ def run_pass1(
     progress = Progress(
         "cleaned_jsonl pass 1 (repair, metadata, filters, line statistics)", total=len(paths), unit="shards", log=log
     )
-    tasks = [PrepareTask(str(p.shard), str(p.stage), str(p.lines), s, contamination) for p in paths]
+    tasks = [
+        PrepareTask(shard=str(p.shard), stage=str(p.stage), lines=str(p.lines), settings=s, contamination=contamination)
+        for p in paths
+    ]
     shards = []
     for task, res in zip(tasks, map_ordered(prepare_task, tasks, workers)):
         totals.add_prepared(res)
@@ -211,7 +215,10 @@ def run_pass2(
     """Rule 7, rule 8 on the stripped records, the shards and _rejected.jsonl written."""
     progress = Progress("cleaned_jsonl pass 2 (boilerplate, write)", total=len(paths), unit="shards", log=log)
     table = merged if merged is not None and len(merged) else None
-    tasks = [FinishTask(str(p.stage), str(p.out), str(p.rejected), s, table) for p in paths]
+    tasks = [
+        FinishTask(stage=str(p.stage), out=str(p.out), rejected=str(p.rejected), settings=s, boilerplate=table)
+        for p in paths
+    ]
     for p, res in zip(paths, map_ordered(finish_task, tasks, workers)):
         totals.add_finished(res, p.out.name)
         progress.advance(1)

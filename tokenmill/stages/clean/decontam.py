@@ -61,6 +61,7 @@ EVAL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".parquet")
 ITEMS_PER_CHUNK = 2048  # evaluation items hashed at a time while building an index
 SEPARATOR_LIMIT = 0x40000  # code points above (planes 4+: unassigned but for tags and private use) are word characters
 MAX_CHUNK_CHARS = 1 << 22  # code points hashed at once (arrays of ~8 bytes each): bounded memory per batch
+CONTAMINATION_REASON = "contamination"  # a record sharing an n-gram with an evaluation item, in 'drop' mode
 
 _CHAR_BASE, _WORD_BASE = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F  # odd, so invertible modulo 2^64
 _CHAR_SALT, _WORD_SALT = np.uint64(0x243F6A8885A308D3), np.uint64(0x13198A2E03707344)
@@ -421,7 +422,7 @@ class ContaminationIndex:
             evidence = {"eval_file": label, "eval_item": item}
             counts[f"contaminated:{f}"] += 1
             if self.mode == "drop":
-                e.reject = ("contamination", f"shares an n-gram with item {item} of {label}", evidence)
+                e.reject = (CONTAMINATION_REASON, f"shares an n-gram with item {item} of {label}", evidence)
                 e.text = ""  # out of the line statistics, so pass 2 never takes the record back
                 continue
             new = dict(e.new or rec)

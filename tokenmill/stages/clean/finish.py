@@ -31,7 +31,7 @@ from tokenmill.stages.clean.settings import CleanSettings
 from tokenmill.stages.clean.staging import StagedBatch, rejected_line
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FinishTask:
     stage: str
     """The shard's StagedBatch stream from pass 1 (removed once read)."""

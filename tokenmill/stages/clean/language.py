@@ -46,6 +46,7 @@ SCORE_DECIMALS = 2
 RENAMED = {"iw": "he", "jw": "jv", "zh-Hant": "zh", "sr-ME": "sr"}
 # CLD2 answers that name no language (unknown, script-only "xx-Latn", test codes): py3langid decides instead
 NO_LANGUAGE = frozenset({"un", "xxx", "zzb", "zze", "zzh", "zzp"})
+LANGUAGE_REASON = "language"  # a record outside `languages` or below `min_language_score`
 
 
 @functools.lru_cache(maxsize=1)
@@ -144,7 +145,7 @@ class LanguageRule:
             detail = f"language {language} scored {score} < min_language_score {self.min_score}"
         else:
             return None
-        return "language", detail, {"language": language, "language_score": score}
+        return LANGUAGE_REASON, detail, {"language": language, "language_score": score}
 
 
 def with_language(rec: dict, language: str, score: float) -> dict:

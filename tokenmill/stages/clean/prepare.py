@@ -33,7 +33,7 @@ READ_BYTES = 4 << 20  # lines read at a time
 SPECIAL_TEXT_KEYS = ("messages", "prompt", "chosen", "rejected", "responses")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PrepareTask:
     shard: str
     """A raw_records shard."""
