@@ -86,8 +86,8 @@ def drop_samples_table(samples: dict, text_key: str = "text") -> dg.MetadataValu
 
 @dataclass(frozen=True)
 class Table:
-    """Rows of values under named columns: what the UI tables are built from (a plain type: pandas cost a run
-    ~0.5 s to import for these few rows)."""
+    """Rows of values under named columns: what the UI tables are built from (a plain type: pandas was a slow
+    import for these few rows; docs/profile.md, 'A one-file update of the demo corpus')."""
 
     columns: list[str]
     rows: list[tuple]

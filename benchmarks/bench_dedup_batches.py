@@ -8,10 +8,7 @@ The corpus is bench_dedup_memory's (~200-character documents, 5% near copies of 
 hold copies of earlier ones), one shard per batch. --one-shot also runs one build over every batch with
 keep=first_seen and checks that it keeps the same records.
 
-Measured (3 x 100k zipf, 2 workers on 2 shared cores): 10.7 / 15.2 / 17.7 s per batch with 0 / 100k / 200k indexed
-records (index-dependent steps: buckets 2.3 / 3.5 / 4.3 s, exact 0.1 / 0.2 / 0.5 s, verification 0.5 / 0.6 / 0.8 s;
-the rest is sketching, which varies with the load); peak RSS parent 103 / 102 / 102 MiB, largest worker 207 MiB each;
-121 MiB of index per 100k documents; one build over the 300k: the same 285,869 records kept.
+The figures of a run (per batch and step, peak RSS, index size) are in docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -16,9 +16,8 @@ files, then renamed Tang copies; below the ~79k poems of those files, a spread o
   datatrove does neither the raw read nor the cleaning, so its side of the work is the smaller) and tokenizing with
   the tokenizer.json tokenmill trained. Its shingles are characters ("words" of a custom WordTokenizer: datatrove's
   zh tokenizer needs jieba, and word n-grams of poems miss most character-level near copies), --dt-ngrams long.
-  The default, 2-character shingles in 20 buckets of 5 hashes, had the best recall of those tried on the 80k-poem
-  corpus (recall / precision: 5 chars 14x8, datatrove's default shape, 74.6% / 94.8%; 3 chars 14x8 93.3% / 86.8%;
-  2 chars 14x8 99.0% / 77.4%; 16x4 99.96% / 62.2%; 20x5 100% / 65.6%; 32x4 100% / 60.2%; 3 chars 20x4 99.9% / 66.4%).
+  The default, 2-character shingles in 20 buckets of 5 hashes, had the best recall of the seven shapes tried on the
+  80k-poem corpus (each shape's recall and precision: docs/profile.md, 'Run of 2026-12-02 at 2271b04').
 A web source (WARC files): with --dt-words datatrove shingles English words (its spaCy tokenizer; the character
 shingles are for poems), and with --dt-extract it also reads the WARC files and extracts their text (WarcReader +
 Trafilatura, output unused), the work of tokenmill's raw_records there, so "the same work" stays the same. With
@@ -215,7 +214,8 @@ def token_ids(sets: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 def numeric_sets(sets: list[np.ndarray]) -> list[np.ndarray]:
     """Word shingle sets (str arrays) as int64 ids, one per distinct shingle, exactly. Concatenated, str arrays take
-    the width of the longest shingle of all for every shingle: 23 GB for 11.6M shingles of 50,000 web pages."""
+    the width of the longest shingle of all for every shingle: tens of GB on 50,000 web pages (docs/profile.md,
+    'Runs of 2026-12-04 (third session): recall at the default, a second look, web quality measured')."""
     if not any(x.dtype.kind == "U" for x in sets):
         return sets
     vocab: dict[str, int] = {}

@@ -25,8 +25,9 @@ DAGSTER_HOME (the repository's dagster.yaml) under --data/run-<size>/, TOKENMILL
 Prints a table per size and the ratios: CPU-s per document at the largest size over the smallest (target <= 1.15,
 also per step), then pass/fail per target; --out saves every figure as JSON, with each run's sampled timeline (run
 process and largest other RSS, CPU seconds of the tree). The run outputs are removed after each size unless --keep.
-Disk: a data root takes ~8.6 bytes per input byte (10M documents: dedup_report 2.1 and dedup_index 2.0 of it), so the
-10M run needs ~35 GB free under --data besides its ~4 GB corpus.
+Disk: a data root takes several bytes per input byte, so the 10M run needs tens of GB free under --data besides its
+~4 GB corpus (docs/profile.md: run 6 under 'Run 4 (2026-12-04, 74f3dff): no serial part left in the run process',
+and 'Disk per input byte, first cuts' for what issue 45 removed since).
 """
 
 from __future__ import annotations

@@ -261,10 +261,11 @@ class Compute(dg.ConfigurableResource):
 
     @contextlib.contextmanager
     def yield_for_execution(self, context: dg.InitResourceContext) -> Iterator[Compute]:
-        """The engine lives as long as the run, whatever launched it. A run that computes locally starts its worker
-        pool here, before its first step (the workers spawn and import while Dagster sets the step up: ~0.8 s sooner
-        than at the first task list), and shuts it down when the run ends, failed or refused at set-up included:
-        otherwise the run process and its workers outlive the run. A Ray run disconnects at the end."""
+        """The engine lives as long as the run, whatever launched it. A run that computes locally starts its worker pool
+        here, before its first step (the workers spawn and import while Dagster sets the step up: ready sooner than at
+        the first task list; docs/profile.md, 'What changed in this round'), and shuts it down when the run ends, failed
+        or refused at set-up included: otherwise the run process and its workers outlive the run. A Ray run disconnects
+        at the end."""
         if self.engine == "local":
             with workers_kept(local_workers(self.workers)):
                 yield self

@@ -57,8 +57,9 @@ def _index_dtype(token_dtype: np.dtype, vocab_size: int | None) -> np.dtype:
 class BufferPool:
     """Batch buffers of the reading process used again once the caller dropped every tensor of a batch. A fresh
     (3, B, L) buffer per batch is new memory whenever glibc has returned the last one to the system: a page fault
-    per 4 KiB, which held the in-process loader at ~250M tokens/s against ~800M reusing memory (2 cores,
-    benchmarks/bench_loader_peers.py). A buffer still viewed by any tensor, numpy array or storage is never taken."""
+    per 4 KiB, which held the in-process loader well below its rate reusing memory (benchmarks/bench_loader_peers.py;
+    docs/profile.md, 'The loader against Megatron-Core, OLMo-core and LitData'). A buffer still viewed by any tensor,
+    numpy array or storage is never taken."""
 
     def __init__(self, keep: int = 4):
         self.keep = keep
@@ -109,7 +110,7 @@ def _int64(obj):
             return obj
         if obj.device.type != "cpu":
             return obj.long()
-        # numpy's cast: torch's .long() of a CPU batch took 2-10 ms on 2 busy cores (intra-op threads), numpy's 8 us
+        # numpy's cast: torch's .long() of a CPU batch is slow on busy cores (intra-op threads), numpy's is not
         return torch.from_numpy(obj.numpy().astype(np.int64))
     if isinstance(obj, (list, tuple)):
         return type(obj)(_int64(v) for v in obj)
@@ -230,7 +231,8 @@ class TokenDataset(torch.utils.data.Dataset):
         """Stream start of each window in `indices` (negative: from the end), int64; IndexError outside."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if idx.size:
-            # a list of ints (what DataLoader passes): Python's min and max, ~1 us against numpy's ~6 us at B 8
+            # a list of ints (what DataLoader passes): Python's min and max, cheaper than numpy's two reductions at
+            # small B (docs/profile.md, 'The loader against Megatron-Core, OLMo-core and LitData')
             plain = type(indices) is list and type(indices[0]) is int
             lo, hi = (min(indices), max(indices)) if plain else (idx.min(), idx.max())
             if lo < -self.num_windows or hi >= self.num_windows:
@@ -273,7 +275,8 @@ class TokenDataset(torch.utils.data.Dataset):
         B, L = len(starts), self.seq_len
         # the fields share one (len(fields), B, L) buffer: one allocation, and in a worker one slot of its
         # BatchRing (or one shared-memory segment), so nothing is copied again on the way out. One field is
-        # the buffer itself, (B, L): no views to make (~5 us of unbind and numpy views per batch)
+        # the buffer itself, (B, L): no views to make (no unbind and numpy views per batch; docs/profile.md,
+        # 'The loader against Megatron-Core, OLMo-core and LitData')
         one = len(self.fields) == 1
         shape = (B, L) if one else (len(self.fields), B, L)
         buf_t = _alloc(shape, self.out_dtype, self.__dict__.get("batch_ring"), self._pool())
@@ -310,7 +313,7 @@ class TokenDataset(torch.utils.data.Dataset):
         """pos = the offset in the window minus the offset of its segment's start (window or document)."""
         B, L = pos.shape
         # offsets below 2**16 are computed as uint16 against one row's arange and widened as they are written
-        # (half the bytes through the repeat and the subtraction; int32 over a (B*L) arange took ~3x as long at
+        # (half the bytes through the repeat and the subtraction; int32 over a (B*L) arange was slower at
         # L 8192 B 32, its temporaries and arange falling out of cache)
         pdt = np.dtype(np.uint16) if L <= 1 << 16 else self.out_dtype
         ramp = self._arange("_ar_ramp", L, pdt)

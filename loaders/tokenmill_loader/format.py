@@ -162,7 +162,7 @@ def infer_training_type(keys: Iterable[str]) -> str:
 # ------------------------------------------------------------------------------------------------
 def key_meta(dtype, offsets) -> dict:
     """One key's entry of a shard's meta.json; offsets are item boundaries 0..len."""
-    offsets = np.asarray(offsets, dtype=np.int64).tolist()  # Python ints, ~10x faster than int() per item
+    offsets = np.asarray(offsets, dtype=np.int64).tolist()  # Python ints, far faster than int() per item
     return {"shape": [offsets[-1]], "dtype": np.dtype(dtype).name, "offsets": offsets}
 
 
@@ -290,7 +290,7 @@ _PARSE_LISTS_ABOVE = 1 << 20  # bytes of JSON above which offsets lists are pars
 def _int_lists_as_arrays(data: bytes, nonce: str) -> tuple[bytes, list[np.ndarray]]:
     """`data` with each `"offsets":[...]` list of plain integers replaced by a placeholder string (a nonce drawn
     for this call and the list's index in the returned arrays, so no string of the file can pass for one), and those
-    lists as int64 arrays: numpy parses them ~3x faster than json + np.asarray (a 10B-token dataset's meta.json
+    lists as int64 arrays: numpy parses them faster than json + np.asarray (a 10B-token dataset's meta.json
     files hold ~10M offsets). Lists with anything but digits and single commas are left to json; a number past
     int64 saturates, which the offsets checks then refuse."""
     arrays: list[np.ndarray] = []
@@ -372,7 +372,8 @@ def _confine(path: Path, inside: str, where) -> Path:
 
 
 SCAN_BYTES = 16 << 20  # a data file is scanned through one buffer of this size: mapped, every page it touched
-# stayed in the checking process's resident memory until the file was done (+500 MiB on a 10M-document version)
+# stayed in the checking process's resident memory until the file was done (hundreds of MiB on a 10M-document
+# version)
 
 
 def _largest(path: Path, dtype: np.dtype, length: int) -> int:

@@ -80,8 +80,9 @@ class DataLoader(torch.utils.data.DataLoader):
     - Workers (num_workers > 0) over a dataset with `batch_nbytes` (TokenDataset, default collate) read each
       batch into a slot of a BatchRing, shared memory mapped once before they start, and send only where it
       lies; the batch's tensors view the slot, which is reused once the caller has dropped them
-      (benchmarks/bench_loader.py: 0.1x the in-process rate when torch sent every batch as a new
-      shared-memory segment). Batches are identical to the in-process path's.
+      (benchmarks/bench_loader.py: a fraction of the in-process rate when torch sent every batch as a new
+      shared-memory segment; docs/profile.md, 'The loader against Megatron-Core, OLMo-core and LitData').
+      Batches are identical to the in-process path's.
     - num_workers defaults to 0: with vectorized batch reads from the page cache the main process is
       fastest (see benchmarks/bench_loader.py).
     """

@@ -1,15 +1,15 @@
 """BatchRing: DataLoader workers write batches into shared memory mapped once, and send only where they lie.
 
-torch moves every tensor a worker returns through a new shared-memory segment whose file descriptor crosses a
-socket; for a (3, 32, 2048) int32 batch that made 2 workers 0.1x as fast as reading in the main process
-(benchmarks/bench_loader.py). A ring is a set of shared-memory slots created before the workers start: each worker
-owns `slots` of them, reads a batch straight into a free one (TokenDataset.get_batch), and sends a RingBatch, a few
-hundred bytes. The main process hands the caller tensors that view the slot (no copy) and frees the slot once no
-tensor uses its memory any more (the storage's use count, checked as later batches arrive). Copies are made only
-where the caller needs other memory: pinned batches, int64 labels from compact data. A worker that finds none of
-its slots free (the caller keeps many batches, or a discarded iterator still held them) reads into a fresh tensor
-sent the torch way: slower, never blocked, never overwriting a batch still in use. Batches are byte for byte those
-of the in-process path.
+torch moves every tensor a worker returns through a new shared-memory segment whose file descriptor crosses a socket;
+for a (3, 32, 2048) int32 batch that made 2 workers a fraction as fast as reading in the main process
+(benchmarks/bench_loader.py; docs/profile.md, 'The loader against Megatron-Core, OLMo-core and LitData'). A ring is a
+set of shared-memory slots created before the workers start: each worker owns `slots` of them, reads a batch straight
+into a free one (TokenDataset.get_batch), and sends a RingBatch, a few hundred bytes. The main process hands the caller
+tensors that view the slot (no copy) and frees the slot once no tensor uses its memory any more (the storage's use
+count, checked as later batches arrive). Copies are made only where the caller needs other memory: pinned batches, int64
+labels from compact data. A worker that finds none of its slots free (the caller keeps many batches, or a discarded
+iterator still held them) reads into a fresh tensor sent the torch way: slower, never blocked, never overwriting a batch
+still in use. Batches are byte for byte those of the in-process path.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class BatchRing:
         self.slot_bytes = int(slot_bytes)
         self.slot_memory = [torch.empty(self.slot_bytes, dtype=torch.uint8).share_memory_() for _ in range(n)]
         self.free = torch.ones(n, dtype=torch.uint8).share_memory_()
-        self._flags = self.free.numpy()  # the flags through numpy: a read costs ~100 ns, torch's a few us
+        self._flags = self.free.numpy()  # the flags through numpy: a read costs far less than torch's
         self.token = uuid.uuid4().hex
         self.worker: int | None = None  # set in a worker process by attach()
         self._next = 0

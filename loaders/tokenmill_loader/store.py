@@ -64,7 +64,7 @@ from .format import (
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
     """numpy -> torch with widely supported dtypes: uint16 -> int32, uint32 -> int64, others kept."""
-    import torch  # here, not at import: numpy readers of a Store (checks, exports) skip torch's ~4 s import
+    import torch  # here, not at import: numpy readers of a Store (checks, exports) skip torch's slow import
 
     if a.dtype == np.uint16:
         a = a.astype(np.int32)
@@ -463,9 +463,10 @@ class Store:
 
         The shard of every window comes from one np.searchsorted over the cumulative counts; each window
         is then one contiguous slice copy into `out` (converted to out's dtype during the copy), which
-        measured 2x faster than a fancy-indexed gather. Only windows that straddle a shard boundary
+        is faster than a fancy-indexed gather. Only windows that straddle a shard boundary
         (rare) are assembled piecewise. `in_bounds=True`: the caller has checked that every window lies in the
-        stream (TokenDataset checks its window indices), so its bounds are not checked again (~6 us at B 8).
+        stream (TokenDataset checks its window indices), so its bounds are not checked again
+        (docs/profile.md, 'The loader against Megatron-Core, OLMo-core and LitData').
         """
         self._need(key)
         starts = np.asarray(starts, dtype=np.int64).reshape(-1)

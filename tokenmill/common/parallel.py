@@ -75,8 +75,8 @@ def local_workers(requested: int = 0) -> int:
 
 @contextlib.contextmanager
 def _main_module_hidden(fn: Callable) -> Iterator[None]:
-    """Spawned workers re-import the parent's __main__; under Dagster that is its CLI (seconds per worker:
-    7.9 s vs 0.6 s measured for one pool). Hide it unless the task function itself lives there (a script)."""
+    """Spawned workers re-import the parent's __main__; under Dagster that is its CLI (seconds per
+    worker). Hide it unless the task function itself lives there (a script)."""
     main = sys.modules.get("__main__")
     if getattr(fn, "__module__", None) == "__main__":
         main = None
@@ -153,8 +153,8 @@ def pool_map(fn: Callable[[T], R], tasks: list[T], workers: int) -> Iterator[R]:
 
 def _without_gc_pauses(fn: Callable[[T], R], task: T) -> R:
     """fn(task) in a worker with the cyclic garbage collector paused: the stages allocate millions of small acyclic
-    objects (records, token lists) that reference counting frees, and the collector's passes over them cost ~6% of
-    an encode task. It runs again between tasks."""
+    objects (records, token lists) that reference counting frees, and the collector's passes over them cost a
+    measurable share of an encode task (docs/profile.md, 'What changed in this round'). It runs again between tasks."""
     gc.disable()
     try:
         return fn(task)
@@ -203,8 +203,9 @@ _pool_key: tuple | None = None
 
 
 def _shared_pool(workers: int) -> ProcessPoolExecutor:
-    """The run's worker pool, started once and reused by every parallel step of every stage: starting one costs
-    ~0.5 s and ~1.5 CPU-s (each worker imports numpy, pydantic and the stage modules), and a run has ~15 such steps.
+    """The run's worker pool, started once and reused by every parallel step of every stage: starting one is not
+    cheap (each worker imports numpy, pydantic and the stage modules; docs/profile.md, 'What changed in this round'),
+    and a run has ~15 such steps.
     Tasks leave no process-wide setting behind (dedup trims the heap it freed instead of fixing glibc's malloc
     parameters). A new pool replaces it when the worker count, the environment, the working directory or the
     import path changed (workers take them at spawn) or a worker died."""
@@ -224,7 +225,7 @@ def _shared_pool(workers: int) -> ProcessPoolExecutor:
 
 
 def close_workers() -> None:
-    """Shuts the pool down and waits for its workers to exit (~20 ms: a step's tasks are already done or cancelled)."""
+    """Shuts the pool down and waits for its workers to exit (quick: a step's tasks are already done or cancelled)."""
     global _pool
     if _pool is not None:
         _pool.shutdown(wait=True, cancel_futures=True)
@@ -240,8 +241,9 @@ multiprocessing.util.Finalize(None, close_workers, exitpriority=100)
 
 @atexit.register
 def _skip_final_collections() -> None:
-    """At exit, the heap moves to the collector's permanent generation, so the interpreter's final collections skip
-    it: they took 0.4-0.6 s of a run process that imported Dagster, pandas and pyarrow, and as long in each worker,
-    both at the end of every run. Reference counting still frees what module teardown releases; the OS takes the
-    rest. It cannot block: by then the workers are gone (see close_workers)."""
+    """At exit, the heap moves to the collector's permanent generation, so the interpreter's final collections skip it:
+    they walked every object of a run process that imported Dagster, pandas and pyarrow, and did as much in each worker,
+    both at the end of every run (docs/profile.md, 'What changed in this round'). Reference counting still frees what
+    module teardown releases; the OS takes the rest. It cannot block: by then the workers are gone (see
+    close_workers)."""
     gc.freeze()

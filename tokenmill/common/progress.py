@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import time
 
-# work shorter than this ends without a line: a small run's log stays short (each line is an event the Dagster
-# instance stores, ~8 ms each in SQLite: half of a one-file update's steps went to such lines)
+# work shorter than this ends without a line: a small run's log stays short (each line is an event the Dagster instance
+# stores, a SQLite write each: a one-file update's steps went largely to such lines; docs/profile.md, 'A one-file update
+# of the demo corpus')
 QUIET_SECONDS = 1.0
 
 

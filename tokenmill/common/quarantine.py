@@ -1,6 +1,7 @@
 """raw_records' quarantine (`_rejected.jsonl`), bounded per source file: every rejection is counted (the stage's
 `dropped`), but a file's entries may not outgrow the file. A 500-byte `.jsonl.zst` of two million `{}` lines would
-otherwise write a 270 MB quarantine, and a file at the decompression cap hundreds of GB.
+otherwise write hundreds of MB of quarantine, and a file at the decompression cap hundreds of GB (docs/profile.md,
+'Tiny hostile files').
 
 Per file, each rejected line or record is written in full (path, line or index, reason, detail, snippet) while the
 file's entries stay within its budget, max(BUDGET_FLOOR, BUDGET_PER_INPUT_BYTE x its size on disk), and always for

@@ -1,6 +1,7 @@
-"""The funnel chart (`funnel.svg`): records per stage, how the stage counts moved over the last materializations,
-and tokens per language, written as SVG text. No plotting library: matplotlib took ~1.5 s of a one-file update's
-~8 s (its import and a render), this takes milliseconds, and the UI shows the vector image at any zoom."""
+"""The funnel chart (`funnel.svg`): records per stage, how the stage counts moved over the last materializations, and
+tokens per language, written as SVG text. No plotting library: matplotlib's import and a render were a large part of a
+one-file update (docs/profile.md, 'A one-file update of the demo corpus'), this is string formatting, and the UI shows
+the vector image at any zoom."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def _ftfy_config():
 
 
 def needs_repair(text: str) -> bool:
-    """True when `text` may hold anything the repair rules change. A few C-speed string tests (~1.5 us a poem):
+    """True when `text` may hold anything the repair rules change. A few C-speed string tests:
     most clean text skips ftfy, the control-character pass and the whitespace pass."""
     if not text.replace("\n", "").isprintable():  # controls, tab, CR, format chars, exotic spaces, surrogates
         return True

@@ -31,7 +31,7 @@ from tokenmill.stages.dedup.layout import (
 )
 
 PAIR_BATCH = 1 << 18  # candidate pairs a bucket task holds before it writes a sorted batch (4 MB, ~10x that in
-# temporaries while sorting: measured 348 MiB per task with 1 << 20 at 1.5M documents, the largest process)
+# temporaries while sorting: with 1 << 20 a bucket task was the largest process of a 1.5M-document run)
 ORDER_ROWS = 8  # signature rows an oversized bucket's members are ordered by (ample to separate thousands)
 FENCE = 64  # every FENCE-th hash of each band goes to <stem>.fence.npy: a bucket task finds its hash range in a
 # chunk's band with one read of the fence and two of FENCE hashes, not a binary search of ~14 reads per bound
@@ -87,7 +87,8 @@ def write_lsh(lsh_dir: Path, stem: str, item_doc: np.ndarray, bands: np.ndarray,
 def write_index_lsh(lsh_dir: Path, stem: str, bands: np.ndarray) -> int:
     """Writes the LSH files of an index segment's chunk: band hashes and item numbers (.item.npy, uint16 where they
     fit), no order words: a bucket task derives the few it needs from the segment's fold16 signatures (index
-    format 4; the order words were 40% of a segment); returns items."""
+    format 4; the order words were a large part of a segment: docs/profile.md, 'Run 4 (2026-12-04, 74f3dff): no
+    serial part left in the run process'); returns items."""
     by_band = _sort_bands(lsh_dir, stem, bands)
     np.save(lsh_dir / f"{stem}.item.npy", by_band.astype(np.uint16 if bands.shape[1] <= 1 << 16 else np.int32))
     return bands.shape[1]
@@ -130,7 +131,7 @@ class BucketResult:
 
 
 def _found(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
-    """Positions of the values that are in `sorted_keys` (a binary search each: np.isin hashes both sides, ~20x
+    """Positions of the values that are in `sorted_keys` (a binary search each: np.isin hashes both sides, much
     slower here)."""
     if len(sorted_keys) == 0:
         return np.empty(0, dtype=np.int64)

@@ -22,7 +22,7 @@ _TABLES_VERSION = 1  # bump when the key rules change (invalidates cached tables
 
 
 def _cached(name: str, build: Callable[[], np.ndarray]) -> np.ndarray:
-    """The table `build()` makes, kept in tokenmill's cache (rebuilt in ~1 s without one), keyed by the Unicode
+    """The table `build()` makes, kept in tokenmill's cache (rebuilt, slowly, without one), keyed by the Unicode
     version and the key rules' version, and memory-mapped read-only from there."""
     folder = f"dedup-{name}-unicode{unicodedata.unidata_version}-v{_TABLES_VERSION}"
     return cached_arrays(folder, lambda: {"table": build()})["table"]

@@ -161,9 +161,9 @@ def releases_memory(task_fn):
     """Decorates a task function: the heap memory freed before and during the task goes back to the system when
     it starts and ends. glibc keeps freed heap pages (and raises its mmap threshold up to 32 MiB as large blocks are
     freed, so numpy temporaries come from the heap), so without this a long-lived pool worker's RSS ratchets up task
-    after task (a bucket task alone peaked at 159 MiB, the same tasks in a pool worker at ~300 MiB). Trimming
-    between tasks, rather than fixing the mmap threshold low, lets a task reuse its freed pages: mapping every large
-    temporary afresh cost ~5 CPU-s of page faults on 355k documents. A no-op without glibc."""
+    after task (the same bucket tasks in a pool worker peaked far above one alone). Trimming between tasks, rather
+    than fixing the mmap threshold low, lets a task reuse its freed pages: mapping every large temporary afresh cost
+    CPU seconds of page faults (docs/profile.md, 'What changed in this round'). A no-op without glibc."""
 
     @functools.wraps(task_fn)
     def task(arg):
@@ -183,7 +183,7 @@ def folder(out_dir: Path, name: str) -> Path:
 
 
 HEADER_CACHE = 1 << 16  # array headers a process keeps: a bucket task opens every chunk's LSH files, and parsing a
-# header cost more than the reads (~70 us a file: ~0.2 ms of each chunk's ~0.6 ms per task at 10M documents)
+# header cost more than the reads (at 10M documents)
 _HEADERS: dict[tuple, tuple[tuple[int, ...], np.dtype, int]] = {}  # (path, inode, mtime, size) -> shape, dtype, offset
 
 
@@ -194,7 +194,7 @@ class NpyRows:
 
     Not mapped: the pages a task maps count in its resident memory, and the kernel maps page-cache folios of up to
     2 MiB whole, so a mapped slice of 100 KB cost ~2 MiB per file; a bucket task reading its slice of every chunk's
-    LSH files that way peaked at 330 MiB at 1.5M documents (60 chunks), and the count of files grows with the
+    LSH files that way held hundreds of MiB at 1.5M documents (60 chunks), and the count of files grows with the
     corpus. Read, a task holds exactly its slices."""
 
     def __init__(self, path: str | Path):
@@ -232,7 +232,7 @@ class NpyRows:
         """(byte offset of array[*lead, index], bytes per element of that axis)."""
         depth = len(lead)
         row = math.prod(self.shape[depth + 1 :]) * self.dtype.itemsize
-        flat = 0  # np.ravel_multi_index(lead, shape[:depth]) in Python ints (numpy's costs ~5 us a call)
+        flat = 0  # np.ravel_multi_index(lead, shape[:depth]) in Python ints (numpy's call costs more)
         for i, n in zip(lead, self.shape[:depth]):
             flat = flat * n + int(i)
         return self.offset + (flat * self.shape[depth] + index) * row, row

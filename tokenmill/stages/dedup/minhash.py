@@ -261,7 +261,7 @@ def signatures(
     """MinHash signatures (docs, num_perm) uint32 of the shingle-hash runs hashes[offsets[i]:offsets[i+1]].
 
     min_k over shingles of a_k * fmix32(h) + b_k mod 2^32, one permutation at a time over a chunk of
-    shingles (1-D, cache-sized: numpy's reduceat along rows of a 2-D block is ~20x slower). A doc with
+    shingles (1-D, cache-sized: numpy's reduceat along rows of a 2-D block is much slower). A doc with
     no shingles gets all 0xFFFFFFFF, like an empty datasketch.MinHash.
     """
     a, b = permutations(num_perm, seed)
@@ -354,8 +354,8 @@ def pairs_per_bucket(lens: np.ndarray, max_bucket: int, neighbours: int) -> np.n
 
 
 def stable_argsort(keys: np.ndarray) -> np.ndarray:
-    """np.argsort(keys, kind="stable") of a 1-D array: numpy's default sort (~5x faster than its stable one on 64-bit
-    keys in random order), then each run of equal keys put back in index order."""
+    """np.argsort(keys, kind="stable") of a 1-D array: numpy's default sort (several times faster than its stable one on
+    64-bit keys in random order), then each run of equal keys put back in index order."""
     order = np.argsort(keys)
     ordered = keys[order]
     tie = ordered[1:] == ordered[:-1]
@@ -385,7 +385,7 @@ def order_words(folded: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray
     (members that agree on them, as near duplicates mostly do, sort next to each other)."""
     lanes = np.zeros((folded.shape[0], 4 * -(-rows // 4)), dtype="<u2")
     j = 0
-    while j < rows:  # runs of adjacent columns: slices copy ~10x faster than a gather of columns
+    while j < rows:  # runs of adjacent columns: slices copy far faster than a gather of columns
         c = (first_row + j) % folded.shape[1]
         k = min(rows - j, folded.shape[1] - c)
         lanes[:, j : j + k] = folded[:, c : c + k]
@@ -454,7 +454,7 @@ def unique_pairs(pairs: np.ndarray) -> np.ndarray:
 
 def shingle_set(key: str, n: int) -> np.ndarray:
     """The distinct shingles of `key` as a sorted array, exactly (no hashing): n <= 3 code points packed
-    into one uint64 (21 bits each), longer shingles as raw UTF-32 bytes (void dtype). About 10x smaller than
+    into one uint64 (21 bits each), longer shingles as raw UTF-32 bytes (void dtype). Far smaller than
     a Python set of strings, which matters when many documents are candidates."""
     cps = np.frombuffer(key.encode("utf-32-le"), dtype="<u4")
     if 0 < len(cps) < n:  # the whole key is the one shingle, zero-padded (NUL never survives the key)

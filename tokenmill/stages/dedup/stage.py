@@ -90,7 +90,8 @@ from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
 from tokenmill.stages.dedup.verify import VerifyResult, VerifyTask, verify_range
 
 # what only the steps read, removed when the report is written: the per-chunk signatures, band hashes and items
-# (2.2 bytes per input byte on the demo) went into the index segment (index.py, folded to 16 bits) before that
+# (most of dedup_report's disk: docs/profile.md, 'Disk per input byte, first cuts') went into the index segment
+# (index.py, folded to 16 bits) before that
 STEP_DIRS = (DOCS_DIR, KEYS_DIR, SIGNATURE_DIR, EXACT_DIR, LSH_DIR, CANDIDATE_DIR, VERIFIED_DIR, CLUSTER_PART_DIR)
 POOL_MIN_ITEMS = 1 << 22  # band items below which the bucket step runs in this process
 
@@ -295,7 +296,8 @@ def _buckets(
         for band in range(run.bands)
         for part, (lo, hi) in enumerate(hash_parts)
     ]
-    pool = run.workers if items * run.bands >= POOL_MIN_ITEMS else 1  # a pool costs ~1 s to start
+    # a pool is slow to start (docs/profile.md, 'What changed in this round')
+    pool = run.workers if items * run.bands >= POOL_MIN_ITEMS else 1
     return run.step("buckets", bucket_pairs, tasks, pool, partial(_add_histogram, first_docs)), first_docs
 
 

@@ -14,8 +14,9 @@ element holding most of the page's prose.
     output      the container's blocks less furniture, menus and repeated texts, with the heading right above
                 it; one block per line, list items as "- item", table rows as tab-separated cells, <pre> verbatim
 
-Why not trafilatura: its XPath pruning and link-density passes cost ~30 ms a page and were half of the web
-graph's CPU; here a page costs one parse plus one Python step per element. Cost is linear in bytes and elements
+Why not trafilatura: its XPath pruning and link-density passes were the largest part of the web graph's CPU
+(docs/profile.md, 'Parser candidates for our own extractor', 'The whole graph on web input with tokenmill's
+extractor'); here a page costs one parse plus one Python step per element. Cost is linear in bytes and elements
 (the walk recurses, and lxml caps nesting at 256 levels), and html_text refuses pages above its size and tag caps.
 """
 
@@ -353,7 +354,8 @@ def _lines(blocks: list[Block]) -> list[str]:
     return lines
 
 
-# scripts, styles and inline SVG are ~60% of a page's characters: cut before parsing, the parse takes 40% less
+# scripts, styles and inline SVG are most of a page's characters: cut before parsing, the parse takes much less
+# (docs/profile.md, "tokenmill's own extractor (issue 44), first version")
 _RAW_TEXT_START = re.compile(r"<(script|style|svg)[\s>/]", re.IGNORECASE)
 _RAW_TEXT_END = {tag: re.compile(rf"</{tag}\s*>", re.IGNORECASE) for tag in ("script", "style", "svg")}
 

@@ -60,7 +60,8 @@ REASONS = (
     "extraction_failed",
 )
 # each format's reader, module `tokenmill.stages.raw.<name>`, imported when a file of that format is read: the web and
-# Parquet readers load trafilatura, FastWARC and pyarrow (~0.3 s), which a run over JSONL never needs
+# Parquet readers load trafilatura, FastWARC and pyarrow (slow imports: docs/profile.md, 'A one-file update of the demo
+# corpus'), which a run over JSONL never needs
 READERS = {
     "jsonl": "read_jsonl",
     "json": "read_json",

@@ -2,7 +2,8 @@
 
 The input part files are cut into newline-aligned byte ranges. A task parses its range, routes each record to
 train/val by a hash of its id, renders it (render.py), encodes every text piece of a batch at once (with
-piece_bpe.PieceEncoder for tokenizers of the shape the tokenizer asset trains, 2-7x less CPU; else with one HF
+piece_bpe.PieceEncoder for tokenizers of the shape the tokenizer asset trains, several times less CPU (docs/profile.md,
+'Runs of 2026-12-04 (second session) with the piece encoder'); else with one HF
 `encode_batch` call) and assembles each key's flat arrays with numpy gathers (no per-token Python work), then writes
 them to its file in the stage folder (atomically), so no token array travels back with its result: on a cluster the
 run process reads them from the shared data root to pack the shards. Encoding
@@ -302,8 +303,8 @@ class TaskResult:
 def save_splits(splits: dict[str, SplitChunk], path: str) -> None:
     """A task's encoded arrays as a folder of .npy files, `<split>.<what>[.<key>].npy` (plain arrays, which the run
     process loads with allow_pickle=False: nothing under the data root is unpickled), renamed into place complete (a
-    killed, retried task never leaves half a folder). 6M tokens of 50k records: save 27-34 ms, load 29-45 ms (pickle
-    34-56 and 16-28 ms; one .npz 100 and 87 ms, its zip read and checksummed), on the shared 2-core machine."""
+    killed, retried task never leaves half a folder). Saved and loaded about as fast as pickle and faster than one
+    .npz (its zip read and checksummed)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.mkdir(tmp)

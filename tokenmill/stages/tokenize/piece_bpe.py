@@ -1,11 +1,11 @@
 """Exact byte-level BPE, vectorized: words cut where no vocabulary token can span, each piece's ids cached.
 
-HF's encoder runs BPE on every pre-tokenized word from its bytes and caches whole words. A CJK word is a clause
-(~18 bytes) that seldom repeats, so on Chinese text every character costs ~0.4-0.6 us of merging. But BPE never
-merges across a point that no vocabulary token spans (every symbol it holds is a vocabulary token), so a word's ids
-are its pieces' ids one after the other, the pieces being cut at such points. On chinese-poetry 6.66M characters
-make 5.5M pieces of ~30k distinct strings: the BPE model encodes each distinct piece once per process, and the rest
-is numpy over code points.
+HF's encoder runs BPE on every pre-tokenized word from its bytes and caches whole words. A CJK word is a clause (~18
+bytes) that seldom repeats, so on Chinese text every character pays for merging. But BPE never merges across a point
+that no vocabulary token spans (every symbol it holds is a vocabulary token), so a word's ids are its pieces' ids one
+after the other, the pieces being cut at such points. On chinese-poetry the pieces are mostly repeats of a small set of
+distinct strings (docs/profile.md, 'Runs of 2026-12-04 (second session) with the piece encoder'): the BPE model encodes
+each distinct piece once per process, and the rest is numpy over code points.
 
 The words are those of the `punct_attach` pre-tokenizer (train.PUNCT_ATTACH_PATTERN), found from per-code-point
 classes (letter, number, punctuation, white space, other) that the tokenizer's own regex engine reports, so they
@@ -25,7 +25,7 @@ from tokenmill.stages.tokenize.train import PUNCT_ATTACH_PATTERN
 LETTER, NUMBER, PUNCT, SPACE, OTHER, UNKNOWN = 0, 1, 2, 3, 4, 255
 CLASS_PATTERNS = ((LETTER, r"\p{L}"), (NUMBER, r"\p{N}"), (PUNCT, r"\p{P}"), (SPACE, r"\s"))
 CODE_POINTS = 0x110000
-PLANE = 0x10000  # span tables cover the planes up to the highest code point seen (~30 ms a plane)
+PLANE = 0x10000  # span tables cover the planes up to the highest code point seen (each costs time)
 SHORT_PIECE = 3  # code points a 63-bit key holds exactly (21 bits each)
 CACHE_IDS = 1 << 22  # ids kept per process (16 MiB) before the piece cache starts over
 CACHE_LONG = 1 << 18  # or longer pieces kept (a dict of strings, ~30 MiB)
@@ -217,7 +217,7 @@ class PieceEncoder:
 
     def _add(self, pieces: list[str]) -> np.ndarray:
         """Encodes pieces with the BPE model (what HF runs on each word, spelt in the byte-level alphabet); returns
-        their new entry numbers. (`encode_batch_fast` on the pieces gives the same ids at ~7 us a piece, 3x this.)"""
+        their new entry numbers. (`encode_batch_fast` on the pieces gives the same ids, slower.)"""
         spelt = (p.encode().decode("latin-1").translate(BYTE_SPELLING) for p in pieces)
         lists = [[t.id for t in self.model.tokenize(word)] for word in spelt]
         counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))

@@ -2,7 +2,7 @@
 
 A tokenize run reads `tokenizer.json` once and records its SHA-256 (a `TokenizerPin`); every task loads the file
 through the pin and refuses it if the bytes changed since, so a dataset is never encoded with two tokenizers
-(a tokenizer materialized while tokenized_bins runs used to leave 36,213 of 82,383 records encoded with the other).
+(a tokenizer materialized while tokenized_bins runs used to leave part of the records encoded with the other).
 """
 
 from __future__ import annotations

@@ -1,20 +1,19 @@
 """Tokenizer training: a byte-level BPE trained on a bounded, deterministic sample of the records.
 
-Training on every record is slow (the tokenizer trainer spends 100+ s on the whole ~90k-poem corpus) and
-buys almost nothing: with a 4,096 vocabulary, chars per token on held-out poems is 1.0051 after 0.5 M sampled
-characters, 1.0063 after 1 M and 1.0083 after 4 M (GPT-2 split; 40-90 s to train on all 7.9 M). So the trainer
-sees the records with the smallest `hash(id)` until `sample_chars` characters are collected (same input, same
-sample; adding records changes it only at the margin; only the records taken are JSON-parsed), and 1 record in 20
+Training on every record is slow (well over a minute on the whole ~90k-poem corpus) and buys almost nothing: with a
+4,096 vocabulary, chars per token on held-out poems barely moves between 0.5 M and 4 M sampled characters (GPT-2 split).
+So the trainer sees the records with the smallest `hash(id)` until `sample_chars` characters are collected (same input,
+same sample; adding records changes it only at the margin; only the records taken are JSON-parsed), and 1 record in 20
 (by the same hash) is never trained on, so chars per token is measured on held-out text.
 
 The HF trainer is deterministic for a given input (same bytes of tokenizer.json whatever the thread
-count, checked with RAYON_NUM_THREADS=1/2), and runs about twice as fast single-threaded on a busy
-2-core machine (its parallel pair counting merges per-thread hash sets), so it runs with
+count, checked with RAYON_NUM_THREADS=1/2), and runs faster single-threaded on a busy 2-core machine (its
+parallel pair counting merges per-thread hash sets; docs/profile.md, 'What changed in this round'), so it runs with
 TOKENIZERS_PARALLELISM=false.
 
 Pre-tokenization: `punct_attach` (default) is GPT-2's byte-level split except that punctuation stays
-on the word before it, so BPE can merge "光，": on Chinese poetry isolated punctuation tokens fall from
-13% to 2% and held-out chars/token rises from 1.006 to 1.048.
+on the word before it, so BPE can merge "光，": on Chinese poetry isolated punctuation tokens become rare and
+held-out chars/token rises.
 `bytelevel` is the plain GPT-2 split. Both decode back byte-exactly.
 
 Special tokens take ids 0.. in SPECIAL_TOKENS order. With `tokenizer_path`, an existing tokenizer.json
