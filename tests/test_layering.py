@@ -194,3 +194,37 @@ def test_the_stage_registry_imports_no_stage_package():
     imports): it names the stages' types as `module:Class` and imports none of their packages."""
     names = imported_names("tokenmill.stages.registry", FIRST_PARTY["tokenmill"] / "stages" / "registry.py")
     assert [name for name in names if name.startswith("tokenmill.stages.")] == []
+
+
+STAGE_PACKAGES = ("raw", "clean", "dedup", "tokenize")
+
+
+def test_no_stage_package_imports_another():
+    """A stage reads another's output from disk, never its code: what two stages share (the text keys dedup and
+    decontamination compare by, the transformers config beside tokenizer.json) lives in tokenmill.common or in the
+    stage that writes it."""
+    modules = first_party_modules()
+    offending = [
+        f"{file.relative_to(REPO)}:{line} imports {name}"
+        for module, file in modules.items()
+        if module.split(".")[:2] == ["tokenmill", "stages"] and len(module.split(".")) > 2
+        for name, line in imported_names(module, file).items()
+        if (parts := name.split("."))[:2] == ["tokenmill", "stages"]
+        and len(parts) > 2
+        and parts[2] in STAGE_PACKAGES
+        and parts[2] != module.split(".")[2]
+    ]
+    assert offending == [], "\n".join(offending)
+
+
+def test_no_stage_imports_the_exports():
+    """The exports come after the stages and read their outputs; a stage that needed one would run it backwards."""
+    modules = first_party_modules()
+    offending = [
+        f"{file.relative_to(REPO)}:{line} imports {name}"
+        for module, file in modules.items()
+        if module.startswith("tokenmill.stages.")
+        for name, line in imported_names(module, file).items()
+        if name.startswith("tokenmill.exports")
+    ]
+    assert offending == [], "\n".join(offending)

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from support import BATCH, clean, published_files
 
 from tests.conftest import REPO
+from tokenmill.common import text_keys
 from tokenmill.common.io import dumps
 from tokenmill.errors import ConfigError
 from tokenmill.settings import validate_run_settings
@@ -21,7 +22,6 @@ from tokenmill.stages.clean.language import (
     with_language,
     with_language_line,
 )
-from tokenmill.stages.dedup import keys as K
 
 # real sentences of lingua-py's test set (Leipzig corpora, Apache-2.0): benchmarks/data/langid-sentences
 SENTENCES = REPO / "benchmarks" / "data" / "langid-sentences"
@@ -134,11 +134,11 @@ def test_shingle_unit_follows_meta_language():
         "the quick brown fox jumps over the lazy dog",
         "나는 학교에 간다 오늘",
     )
-    keys = [K.dedup_key(t, spaced=True) for t in (poem, prose, korean, poem, prose, poem, prose, poem, "")]
+    keys = [text_keys.dedup_key(t, spaced=True) for t in (poem, prose, korean, poem, prose, poem, prose, poem, "")]
     languages = [None, None, "ko", "ko", "ja", "zh-Hans", "zxx", 7, "en"]
     # without meta.language the script decides; with it the language does (Korean: words, even for Han text)
-    assert K.by_words(keys).tolist() == [False, True, True, False, True, False, True, False, False]
-    assert K.by_words(keys, languages).tolist() == [False, True, True, True, False, False, True, False, False]
+    assert text_keys.by_words(keys).tolist() == [False, True, True, False, True, False, True, False, False]
+    assert text_keys.by_words(keys, languages).tolist() == [False, True, True, True, False, False, True, False, False]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,9 +244,11 @@ def test_full_curated_corpora_keep_their_shingle_unit(shared_dir, demo_source, t
         ingest(source, raw)
         clean_corpus(raw, out)
         recs = [r for shard in record_shards(out) for r in iter_jsonl(shard)]
-        keys = K.dedup_keys([r["text"] for r in recs], spaced=True)
-        by_language = K.by_words(keys, [r["meta"]["language"] for r in recs])
+        keys = text_keys.dedup_keys([r["text"] for r in recs], spaced=True)
+        by_language = text_keys.by_words(keys, [r["meta"]["language"] for r in recs])
         changed = [
-            (r["meta"]["language"], r["text"][:40]) for r, a, b in zip(recs, K.by_words(keys), by_language) if a != b
+            (r["meta"]["language"], r["text"][:40])
+            for r, a, b in zip(recs, text_keys.by_words(keys), by_language)
+            if a != b
         ]
         assert not changed, (source.name, len(changed), changed[:5])

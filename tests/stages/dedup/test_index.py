@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from support import dedup_record, random_poem, substitute, write_records
 
+from tokenmill.common import text_keys
 from tokenmill.common.io import (
     REMOVED_FILE,
     ZSTD_BLOCK,
@@ -191,7 +192,7 @@ def test_counts_add_up_and_no_exact_duplicate_across_batches(tmp_path):
     kept_texts = [
         r["text"] for f in sorted((tmp_path / "deduped").iterdir()) for sh in record_shards(f) for r in iter_jsonl(sh)
     ]
-    digests = [K.key_digest(k) for k in K.dedup_keys(kept_texts)]
+    digests = [K.key_digest(k) for k in text_keys.dedup_keys(kept_texts)]
     assert len(set(digests)) == len(digests) == sum(s.docs_out for s in stats)
 
 

@@ -8,6 +8,7 @@ import random
 import pytest
 from support import dedup_record, write_records
 
+from tokenmill.common import text_keys
 from tokenmill.stages.dedup import (
     DedupSettings,
     build_dedup_report,
@@ -16,7 +17,7 @@ from tokenmill.stages.dedup import keys as K
 
 
 def test_dedup_key_normalization():
-    k = K.dedup_key
+    k = text_keys.dedup_key
     assert k("Ｈｅｌｌｏ，　ＷＯＲＬＤ！") == k("hello world") == "helloworld"  # NFKC full-width, casefold, spaces
     assert k("床前明月光，疑是地上霜。") == k("床前明月光\n疑是地上霜") == "床前明月光疑是地上霜"
     assert k("a\u200bb\ufeffc") == "abc"  # zero-width space and BOM (format characters)
@@ -59,25 +60,25 @@ def test_batch_keys_equal_per_text_keys():
         "".join(chr(rng.randint(*rng.choice(pools))) for _ in range(rng.randint(0, 12))) for _ in range(3000)
     ]
     for strip in (True, False):
-        assert K.dedup_keys(texts, strip) == [K.dedup_key(t, strip) for t in texts]
-        spaced = K.dedup_keys(texts, strip, spaced=True)
-        assert spaced == [K.dedup_key(t, strip, spaced=True) for t in texts]
-        assert [K.exact_key(k) for k in spaced] == K.dedup_keys(texts, strip)  # the same exact identity
+        assert text_keys.dedup_keys(texts, strip) == [text_keys.dedup_key(t, strip) for t in texts]
+        spaced = text_keys.dedup_keys(texts, strip, spaced=True)
+        assert spaced == [text_keys.dedup_key(t, strip, spaced=True) for t in texts]
+        assert [K.exact_key(k) for k in spaced] == text_keys.dedup_keys(texts, strip)  # the same exact identity
 
 
 def test_spaced_keys_and_shingle_unit_by_script():
-    assert K.dedup_key("  AEdiles,  seize\n him! ", spaced=True) == "aediles seize him"
+    assert text_keys.dedup_key("  AEdiles,  seize\n him! ", spaced=True) == "aediles seize him"
     keys = ["aediles seize him", "床前 明月光", "привет мир", "ไทย ภาษา", "", "abc 春"]
-    assert K.by_words(keys).tolist() == [True, False, True, False, False, True]
+    assert text_keys.by_words(keys).tolist() == [True, False, True, False, False, True]
 
 
 def test_chinese_folding_is_optional_and_consistent():
     pytest.importorskip("opencc")
     texts = ["舉頭望明月，低頭思故鄉。", "举头望明月\n低头思故乡", "Hello, 世界!"]
-    keys = K.dedup_keys(texts, fold_chinese=True)
+    keys = text_keys.dedup_keys(texts, fold_chinese=True)
     assert keys[0] == keys[1] == "举头望明月低头思故乡" and keys[2] == "hello世界"
-    assert keys == [K.dedup_key(t, fold_chinese=True) for t in texts]
-    assert K.dedup_keys(texts[:2]) == ["舉頭望明月低頭思故鄉", "举头望明月低头思故乡"]  # off by default
+    assert keys == [text_keys.dedup_key(t, fold_chinese=True) for t in texts]
+    assert text_keys.dedup_keys(texts[:2]) == ["舉頭望明月低頭思故鄉", "举头望明月低头思故乡"]  # off by default
 
 
 def test_exact_level_groups_normalized_variants(tmp_path):

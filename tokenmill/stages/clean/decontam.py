@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from tokenmill.common.io import atomic_file, atomic_write_json
+from tokenmill.common.text_keys import UNSPACED_LANGUAGES, by_words, dedup_keys
 from tokenmill.errors import ConfigError
 from tokenmill.stages.clean.repair import normalize_unicode
-from tokenmill.stages.dedup.keys import UNSPACED_LANGUAGES, by_words, dedup_keys
 
 INDEX_VERSION = 1  # bump when the normalization or hashing changes (invalidates cached indexes)
 CACHE_DIR = "_decontam_cache"  # under the cleaned_jsonl stage folder

@@ -11,8 +11,9 @@ import numpy as np
 
 from tokenmill.common.io import DistinctValues, id_values, iter_jsonl, read_json, record_shards, shards_as_written
 from tokenmill.common.parallel import map_ordered
+from tokenmill.common.text_keys import dedup_keys
 from tokenmill.stages.dedup.index import READABLE_FORMATS, SEGMENT_FILE
-from tokenmill.stages.dedup.keys import dedup_keys, key_digest
+from tokenmill.stages.dedup.keys import key_digest
 from tokenmill.stages.dedup.layout import DOCS_DIR, KEYS_DIR, Chunk
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmill.common import text_keys
 from tokenmill.stages.dedup import keys as K
 from tokenmill.stages.dedup import minhash as mh
 from tokenmill.stages.dedup.layout import (
@@ -85,7 +86,7 @@ def text_quality(texts: list[str]) -> np.ndarray:
         return out
     cps = np.frombuffer("".join(texts).encode("utf-32-le"), dtype="<u4")
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    out[:, 0] = K.per_text(_GARBAGE[np.minimum(cps, 0x10000)], K.text_bounds(lengths))
+    out[:, 0] = text_keys.per_text(_GARBAGE[np.minimum(cps, 0x10000)], text_keys.text_bounds(lengths))
     bad_case, repeats = [], []
     for text in texts:
         lower, upper = text.lower(), text.upper()
@@ -161,10 +162,10 @@ def shingle_keys(
     exact_key is the key either way), their length in shingle units (words or code points) and the unit, chosen by
     each record's meta.language (`languages`) where known, else by its script (keys.by_words)."""
     if s.shingles == "chars":
-        keys = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese)
+        keys = text_keys.dedup_keys(texts, s.strip_symbols, s.fold_chinese)
         return keys, np.asarray([len(k) for k in keys], dtype=np.int64), np.zeros(len(keys), dtype=bool)
-    spaced = K.dedup_keys(texts, s.strip_symbols, s.fold_chinese, spaced=True)
-    by_word = K.by_words(spaced, languages)
+    spaced = text_keys.dedup_keys(texts, s.strip_symbols, s.fold_chinese, spaced=True)
+    by_word = text_keys.by_words(spaced, languages)
     keys = [k if w else K.exact_key(k) for k, w in zip(spaced, by_word.tolist())]
     units = np.asarray([k.count(" ") + 1 if w else len(k) for k, w in zip(keys, by_word.tolist())], dtype=np.int64)
     return keys, units, by_word

@@ -36,9 +36,9 @@ from tokenmill.common.io import atomic_file, atomic_write_text, loads, record_sh
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.errors import CorruptOutputError, SourceError
-from tokenmill.exports.transformers_tokenizer import write_transformers_config
 from tokenmill.stages.tokenize.settings import TokenizerSettings
 from tokenmill.stages.tokenize.tokenizer import hash64, load_tokenizer, tokenizer_file
+from tokenmill.stages.tokenize.transformers_config import write_transformers_config
 from tokenmill_loader.format import SPECIAL_TOKENS, TOKENIZER_FILE
 
 # GPT-2's split with trailing punctuation kept on letter/number runs (every character still matched once)
