@@ -119,5 +119,5 @@ def test_a_run_of_blank_lines_costs_what_reading_it_costs(tmp_path, name):
     seconds = _raw_cpu_seconds(src, tmp_path / "out")
     records = [r for shard in record_shards(tmp_path / "out") for r in iter_jsonl(shard)]
     assert [(r["text"], r["source"]["line"]) for r in records] == [("after the blank lines", (32 << 20) + 1001)]
-    # a line-at-a-time read took ~25 CPU-s here; reading and counting 32 MiB takes well under one
+    # read a line at a time, 32 MiB of newlines took tens of CPU-s (docs/profile.md, "Tiny hostile files")
     assert seconds < 5, seconds
