@@ -95,27 +95,17 @@ def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool
     other path that cannot be stat-ed (gone since it was listed) is left to the reader, which rejects it so too."""
     if _not_utf8_name(full):
         return SourceFile(rel=rel, path=full, size=0, refused="bad_file_name", detail=NOT_UTF8_NAME)
-    if root is not None and os.path.islink(full) and os.path.isdir(full):
+    if root is not None and os.path.islink(full):
         target = os.path.realpath(full)
-        if os.path.commonpath([root, target]) != root:
-            return SourceFile(
-                rel=rel,
-                path=full,
-                size=0,
-                refused="outside_source",
-                detail=f"a symlink to the folder {target}, outside the source: linked folders are not walked (link or "
-                "copy its files into the source)",
-            )
-    if root is not None and os.path.islink(full) and not follow_outside_symlinks:
-        target = os.path.realpath(full)
-        if os.path.commonpath([root, target]) != root:
-            return SourceFile(
-                rel=rel,
-                path=full,
-                size=0,
-                refused="outside_source",
-                detail=f"a symlink to {target}, outside the source (set follow_outside_symlinks to read it)",
-            )
+        outside = os.path.commonpath([root, target]) != root
+        if outside and os.path.isdir(full):  # never walked, whatever follow_outside_symlinks says
+            detail = f"a symlink to the folder {target}, outside the source: linked folders are not walked"
+        elif outside and not follow_outside_symlinks:
+            detail = f"a symlink to {target}, outside the source (set follow_outside_symlinks to read it)"
+        else:
+            detail = ""
+        if detail:
+            return SourceFile(rel=rel, path=full, size=0, refused="outside_source", detail=detail)
     try:
         st = os.stat(full)
     except OSError:
