@@ -1,5 +1,6 @@
 """`tokenmill` command line: `update` (every asset up to date with the source, with a short summary),
-`lineage` (token position -> source record) and `explain` (a record's fate through the graph)."""
+`lineage` (token position -> source record), `explain` (a record's fate through the graph) and `train-quality` (a
+fastText quality classifier from positive and negative example files)."""
 
 from __future__ import annotations
 
@@ -48,12 +49,29 @@ def main(argv: list[str] | None = None) -> int:
         help="retire source batch KEY, one that failed and never published (repeatable): its partial outputs are "
         "removed, later batches no longer count it, and its files come in again as a new batch once corrected",
     )
+    trq = sub.add_parser(
+        "train-quality",
+        help="train a fastText quality classifier (DCLM's recipe) on positive and negative texts from source files "
+        "of any format tokenmill reads; writes DIR/model.bin and DIR/model.json (inputs, parameters, held-out metrics)",
+    )
+    trq.add_argument("--positive", nargs="+", required=True, type=Path, metavar="PATH", help="files or folders")
+    trq.add_argument("--negative", nargs="+", required=True, type=Path, metavar="PATH", help="files or folders")
+    trq.add_argument("--out", required=True, type=Path, metavar="DIR")
+    trq.add_argument("--held-out-share", type=float, default=None, help="share of each class kept for the metrics")
+    trq.add_argument("--epoch", type=int, default=None)
+    trq.add_argument("--lr", type=float, default=None)
+    trq.add_argument("--dim", type=int, default=None)
+    trq.add_argument("--word-ngrams", type=int, default=None)
+    trq.add_argument("--bucket", type=int, default=None, help="hash buckets of the n-gram features")
+    trq.add_argument("--seed", type=int, default=None)
     args = parser.parse_args(argv)
 
     if args.command == "update":
         from runs import update
 
         return update(args.config, rebuild=args.rebuild, drop_batches=tuple(args.drop_batch))
+    if args.command == "train-quality":
+        return train_quality(args)
     if args.command == "explain":
         from tokenmill.explain import explain, render
 
@@ -73,6 +91,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tokenmill lineage: {e}", file=sys.stderr)
             return 2
         print(json.dumps(found, ensure_ascii=False, indent=2))
+    return 0
+
+
+def train_quality(args: argparse.Namespace) -> int:
+    from tokenmill.errors import TokenmillError
+    from tokenmill.quality_training import train_quality_model
+    from tokenmill.stages.quality_model import QualityTrainSettings
+
+    given = {
+        name: getattr(args, name)
+        for name in ("held_out_share", "epoch", "lr", "dim", "word_ngrams", "bucket", "seed")
+        if getattr(args, name) is not None
+    }
+    try:
+        card = train_quality_model(args.positive, args.negative, args.out, QualityTrainSettings(**given))
+    except TokenmillError as e:
+        print(f"tokenmill {e}", file=sys.stderr)
+        return 2
+    m = card.metrics
+    print(
+        f"held out {m['held_out']['positive']} positive, {m['held_out']['negative']} negative: ROC AUC "
+        f"{m['roc_auc']:.4f}; at threshold {m['threshold']:.4f} precision {m['precision']:.4f}, recall "
+        f"{m['recall']:.4f}"
+    )
+    print(f"model {card.model_id}: {args.out / card.model_file} (card: {args.out / 'model.json'})")
     return 0
 
 

@@ -1,0 +1,135 @@
+"""Quality-model scoring speed, in one run: a fastText classifier trained with DCLM's recipe (tokenmill's defaults:
+word bigrams, dim 100, 2M buckets) on ~2 kB generated web-like documents, in documents per CPU-second of scoring
+(the target: 20,000), and transformers sequence-classification models with random weights (a tiny and a small BERT,
+a WordPiece tokenizer trained on the same documents) on the CPU, in documents/s. Nothing is downloaded.
+
+usage: python benchmarks/bench_quality_model.py [--docs 5000] [--transformer-docs 256] [--max-tokens 512]
+
+Documents: sentences of words drawn from a Zipf-distributed vocabulary of 30,000 generated words, a paragraph of
+4-8 sentences, paragraphs appended until the document reaches 2,000 characters. Speed: the process's CPU time
+(time.process_time) of score() alone, after one warm-up call; torch on its default threads (its docs/s are wall
+clock and CPU-seconds both printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tokenmill.stages.quality_model import QualityTrainSettings, load_quality_model, train_fasttext  # noqa: E402
+
+TARGET_DOCS_PER_CPU_S = 20_000  # issue 48: fastText scoring of 2 kB web documents
+DOC_CHARS = 2_000
+VOCABULARY = 30_000
+TRAIN_DOCS = 4_000
+
+
+def vocabulary(rng: random.Random) -> list[str]:
+    letters = "etaoinshrdlcumwfgypbvkjxqz"
+    return ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(VOCABULARY)]
+
+
+def documents(rng: random.Random, words: list[str], count: int, skew: float) -> list[str]:
+    """`count` documents of >= DOC_CHARS characters; `skew` the Zipf exponent (the two classes differ in it and in
+    which end of the vocabulary they favour)."""
+    weights = 1 / np.arange(1, len(words) + 1) ** skew
+    draw = np.random.default_rng(rng.randrange(1 << 30))
+    picks = draw.choice(len(words), size=count * 500, p=weights / weights.sum())
+    docs, at = [], 0
+    for _ in range(count):
+        paragraphs, length = [], 0
+        while length < DOC_CHARS:
+            sentences = []
+            for _ in range(rng.randint(4, 8)):
+                n = rng.randint(6, 20)
+                sentence = " ".join(words[i] for i in picks[at : at + n])
+                at = (at + n) % (len(picks) - 20)
+                sentences.append(sentence.capitalize() + ".")
+            paragraphs.append(" ".join(sentences))
+            length += len(paragraphs[-1]) + 1
+        docs.append("\n".join(paragraphs))
+    return docs
+
+
+def cpu_rate(model, texts: list[str]) -> tuple[float, float]:
+    """(docs per CPU-second, docs per wall-second) of model.score over `texts`, after a warm-up call."""
+    model.score(texts[:32])
+    cpu, wall = time.process_time(), time.perf_counter()
+    model.score(texts)
+    return len(texts) / (time.process_time() - cpu), len(texts) / (time.perf_counter() - wall)
+
+
+def tiny_bert(folder: Path, corpus: list[str], hidden: int, layers: int) -> Path:
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=8_000, special_tokens=special))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+    fast.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=fast.vocab_size,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=max(hidden // 64, 2),
+        intermediate_size=4 * hidden,
+        max_position_embeddings=512,
+        num_labels=1,
+    )
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--docs", type=int, default=5_000, help="documents fastText scores")
+    parser.add_argument("--transformer-docs", type=int, default=256, help="documents each transformers model scores")
+    parser.add_argument("--max-tokens", type=int, default=512)
+    args = parser.parse_args()
+    rng = random.Random(0)
+    words = vocabulary(rng)
+    good = documents(rng, words, TRAIN_DOCS // 2 + args.docs // 2, 1.1)
+    bad = documents(rng, words[::-1], TRAIN_DOCS // 2 + args.docs // 2, 0.9)
+    train = good[: TRAIN_DOCS // 2] + bad[: TRAIN_DOCS // 2]
+    test = good[TRAIN_DOCS // 2 :] + bad[TRAIN_DOCS // 2 :]
+    print(f"{len(test)} documents, {sum(map(len, test)) / len(test):.0f} characters each on average")
+    with tempfile.TemporaryDirectory() as tmp:
+        order = rng.sample(range(len(train)), len(train))
+        path = Path(tmp) / "model.bin"
+        train_fasttext([train[i] for i in order], [i < TRAIN_DOCS // 2 for i in order], path, QualityTrainSettings())
+        model = load_quality_model(path, max_tokens=args.max_tokens)
+        fasttext_rate, _ = cpu_rate(model, test)
+        print(
+            f"fastText (DCLM recipe, {path.stat().st_size / 1e6:.0f} MB): {fasttext_rate:,.0f} docs per CPU-second, "
+            f"{fasttext_rate / TARGET_DOCS_PER_CPU_S:.2f}x the {TARGET_DOCS_PER_CPU_S:,} target"
+        )
+        sample = test[: args.transformer_docs // 2] + test[-(args.transformer_docs // 2) :]
+        bert_sizes = (("tiny BERT (hidden 32, 2 layers)", 32, 2), ("small BERT (hidden 256, 4 layers)", 256, 4))
+        for name, hidden, layers in bert_sizes:
+            folder = tiny_bert(Path(tmp) / name.split()[0], train[:500], hidden, layers)
+            scorer = load_quality_model(folder, device="cpu", max_tokens=args.max_tokens)
+            per_cpu_s, per_s = cpu_rate(scorer, sample)
+            print(
+                f"{name}, CPU, {args.max_tokens} tokens: {per_s:,.1f} docs/s ({per_cpu_s:,.1f} per CPU-second), "
+                f"fastText {fasttext_rate / per_cpu_s:,.0f}x as many per CPU-second"
+            )
+
+
+if __name__ == "__main__":
+    main()

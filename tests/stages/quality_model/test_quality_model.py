@@ -1,0 +1,167 @@
+"""Quality models: a fastText classifier trained here on two kinds of generated text, and a tiny transformers model
+with random weights and a tokenizer trained on the test corpus, both scored on the CPU. Nothing is downloaded."""
+
+import hashlib
+import json
+import random
+
+import numpy as np
+import pytest
+
+from cli import main
+from tokenmill.errors import ConfigError, SourceError
+from tokenmill.quality_training import train_quality_model
+from tokenmill.stages.quality_model import QualityTrainSettings, load_quality_model, model_id
+
+SCIENCE = (
+    "the experiment measured how the cell membrane regulates ion transport across a gradient of temperature and "
+    "pressure while researchers recorded the protein structure and compared the results with earlier theory"
+).split()
+SPAM = (
+    "buy cheap pills now click here free money winner limited offer best price casino bonus hot deal discount "
+    "subscribe today act fast viagra loans guaranteed"
+).split()
+# small enough to train in well under a second (fastText's default 2M buckets x dim is 800 MB)
+FAST = {"bucket": 20_000, "dim": 16}
+
+
+def paragraph(rng: random.Random, words: list[str], n: int = 60) -> str:
+    sentences = []
+    for _ in range(n // 12):
+        sentence = " ".join(rng.choice(words) for _ in range(12))
+        sentences.append(sentence[0].upper() + sentence[1:] + ".")
+    return " ".join(sentences)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """120 science paragraphs as JSONL, 120 spam ones as blank-line-separated .txt blocks."""
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    good, bad = folder / "good.jsonl", folder / "bad.txt"
+    good.write_text("".join(json.dumps({"text": paragraph(rng, SCIENCE)}) + "\n" for _ in range(120)))
+    bad.write_text("\n\n".join(paragraph(rng, SPAM) for _ in range(120)) + "\n")
+    return good, bad
+
+
+def test_training_separates_the_classes_and_writes_the_card(corpus, tmp_path):
+    good, bad = corpus
+    card = train_quality_model([good], [bad], tmp_path / "m", QualityTrainSettings(**FAST))
+    assert card.metrics["roc_auc"] > 0.95
+    assert card.metrics["held_out"] == {"positive": 12, "negative": 12}
+    written = json.loads((tmp_path / "m" / "model.json").read_text())
+    assert written["inputs"]["positive"][0]["sha256"] == hashlib.sha256(good.read_bytes()).hexdigest()
+    assert written["inputs"]["negative"][0]["texts"] == 120
+    assert written["parameters"]["word_ngrams"] == 2 and written["parameters"]["thread"] == 1
+    assert written["model_id"] == model_id(tmp_path / "m") == load_quality_model(tmp_path / "m").model_id
+    model = load_quality_model(tmp_path / "m")
+    rng = random.Random(1)
+    scores = model.score([paragraph(rng, SCIENCE), paragraph(rng, SPAM), ""])
+    assert scores.dtype == np.float32 and scores[0] > scores[1] and scores[2] == 0
+
+
+def test_two_trainings_give_the_same_model_file(corpus, tmp_path):
+    good, bad = corpus
+    for name in ("a", "b"):
+        train_quality_model([good], [bad], tmp_path / name, QualityTrainSettings(**FAST))
+    assert (tmp_path / "a" / "model.bin").read_bytes() == (tmp_path / "b" / "model.bin").read_bytes()
+
+
+def test_refusals_are_one_line(corpus, tmp_path):
+    good, bad = corpus
+    few = tmp_path / "few.jsonl"
+    few.write_text(json.dumps({"text": "one science text about cells"}) + "\n")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    corrupt = tmp_path / "broken.jsonl.gz"
+    corrupt.write_bytes(b"\x1f\x8b\x08\x00not gzip at all")
+    settings = QualityTrainSettings(**FAST)
+    cases = [
+        ([good], [few], ConfigError, "fewer than the 10"),
+        ([good], [empty], ConfigError, "0 negative texts"),
+        ([good], [good.with_name("missing.jsonl")], SourceError, "no such file"),
+        ([good], [corrupt], SourceError, "unreadable"),
+    ]
+    for positive, negative, error, words in cases:
+        with pytest.raises(error, match=words) as raised:
+            train_quality_model(positive, negative, tmp_path / "out", settings)
+        assert "\n" not in str(raised.value)
+
+
+def test_cli_trains_and_refuses_in_one_line(corpus, tmp_path, capsys):
+    good, bad = corpus
+    args = ["train-quality", "--positive", str(good), "--negative", str(bad), "--out", str(tmp_path / "m")]
+    assert main([*args, "--dim", "16", "--bucket", "20000"]) == 0
+    out = capsys.readouterr().out
+    assert "ROC AUC" in out and str(tmp_path / "m" / "model.bin") in out
+    for negative in (good, tmp_path / "nope.txt"):  # one class under two names; a missing file
+        assert main([*args[:3], "--negative", str(negative), "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("tokenmill train-quality: ") and err.count("\n") == 1
+
+
+def test_model_id_changes_with_a_file(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 10)
+    before = model_id(tmp_path)
+    (tmp_path / "weights.bin").write_bytes(b"\0" * 9 + b"\1")
+    assert model_id(tmp_path) != before and len(before) == 16
+
+
+@pytest.fixture(scope="module")
+def tiny_transformers(tmp_path_factory, corpus):
+    """A 2-layer BERT of hidden size 32 with random weights and a WordPiece tokenizer trained on the test corpus,
+    saved as transformers saves a model."""
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    good, bad = corpus
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokenizer.train_from_iterator(
+        [good.read_text(), bad.read_text()], trainers.WordPieceTrainer(vocab_size=300, special_tokens=special)
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+    fast.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=fast.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=1,  # a regression head, as FineWeb-Edu's classifier
+    )
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_tiny_transformers_model_scores_deterministically_on_cpu(tiny_transformers):
+    rng = random.Random(2)
+    texts = [paragraph(rng, SCIENCE, n) for n in (12, 60, 240, 24)]  # 240 words: cut at max_tokens
+    model = load_quality_model(tiny_transformers, device="auto", max_tokens=64)
+    scores = model.score(texts)
+    assert model.kind == "transformers" and scores.dtype == np.float32 and scores.shape == (4,)
+    assert np.isfinite(scores).all()
+    again = load_quality_model(tiny_transformers, device="cpu", max_tokens=64)
+    assert np.array_equal(again.score(texts), scores) and again.model_id == model.model_id
+    # a text's score does not depend on the batch it came in (length-sorted batches, padding masked)
+    assert np.allclose(model.score(texts[1:2]), scores[1:2], atol=1e-5)
+
+
+def test_cuda_scores_match_the_cpu_within_the_bf16_tolerance(tiny_transformers):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    rng = random.Random(3)
+    texts = [paragraph(rng, SCIENCE if i % 2 else SPAM, 12 * (1 + i % 9)) for i in range(100)]
+    on_cpu = load_quality_model(tiny_transformers, device="cpu").score(texts)
+    on_cuda = load_quality_model(tiny_transformers, device="cuda").score(texts)
+    assert np.abs(on_cuda - on_cpu).max() < 2e-2

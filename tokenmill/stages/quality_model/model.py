@@ -1,0 +1,93 @@
+"""Loading a quality model from disk: a fastText .bin, a folder `tokenmill train-quality` wrote (model.json beside
+model.bin) or a transformers sequence-classification folder (config.json). Nothing is fetched from a hub."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import numpy as np
+
+from tokenmill.errors import ConfigError
+from tokenmill.stages.quality_model.settings import CARD_FILE, QualityModelCard
+
+DEVICES = ("auto", "cpu", "cuda")
+HASH_CHUNK = 1 << 20
+
+
+class Scorer(Protocol):
+    def score(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualityModel:
+    """A loaded quality model: `score(texts)` gives one float32 per text, higher is better (fastText: the positive
+    class's probability; transformers: the regression value or class 1's probability)."""
+
+    path: Path
+    kind: Literal["fasttext", "transformers"]
+    model_id: str
+    """sha256 of the files that make its scores, first 16 hex digits."""
+    max_tokens: int
+    scorer: Scorer
+
+    def score(self, texts: Sequence[str]) -> np.ndarray:
+        return self.scorer.score(texts)
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files a model's scores depend on: the .bin, or every file of a transformers folder (weights, config,
+    tokenizer) but hidden ones. A train-quality folder's card holds metrics only, so its id is its model's."""
+    if path.is_file():
+        return [path]
+    if (path / CARD_FILE).is_file():
+        return [path / QualityModelCard.read(path).model_file]
+    return sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.parts))
+
+
+def model_id(path: str | Path) -> str:
+    """sha256 over each model file's relative name and bytes, first 16 hex digits."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    for file in model_files(path):
+        digest.update(file.name.encode() if path.is_file() else file.relative_to(path).as_posix().encode())
+        digest.update(b"\0")
+        with open(file, "rb") as f:
+            while chunk := f.read(HASH_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
+
+
+def load_quality_model(path: str | Path, device: str = "auto", max_tokens: int = 512) -> QualityModel:
+    """The model at `path`; `device` auto picks CUDA when torch sees one (transformers only: fastText runs on the
+    CPU); texts are cut to `max_tokens` tokens (fastText: whitespace-separated words)."""
+    path = Path(path)
+    if device not in DEVICES:
+        raise ConfigError(f"quality_model.device: one of {', '.join(DEVICES)}, got {device!r}")
+    if max_tokens < 1:
+        raise ConfigError(f"quality_model.max_tokens: must be at least 1, got {max_tokens}")
+    if not path.exists():
+        raise ConfigError(f"quality_model: no such file or folder: {path}")
+    scorer: Scorer
+    if path.is_file() or (path / CARD_FILE).is_file():
+        from tokenmill.stages.quality_model.fasttext_model import FastTextScorer
+
+        file = path if path.is_file() else path / QualityModelCard.read(path).model_file
+        try:
+            scorer = FastTextScorer(file, max_tokens)
+        except ValueError as e:  # not a fastText model, or not one of two labels
+            raise ConfigError(f"quality_model: {file} is not a two-label fastText model ({e})") from None
+        kind: Literal["fasttext", "transformers"] = "fasttext"
+    elif (path / "config.json").is_file():
+        from tokenmill.stages.quality_model.transformers_model import TransformersScorer
+
+        scorer, kind = TransformersScorer(path, device, max_tokens), "transformers"
+    else:
+        raise ConfigError(
+            f"quality_model: {path} is neither a fastText .bin, a train-quality folder ({CARD_FILE}) nor a "
+            "transformers folder (config.json)"
+        )
+    return QualityModel(path=path, kind=kind, model_id=model_id(path), max_tokens=max_tokens, scorer=scorer)
