@@ -98,10 +98,18 @@ def merge_line_stats(parts: list[LineTable], min_df: int) -> LineTable:
         for k in COUNT_FIELDS
     }
     keep = sums["df"] >= max(1, min_df)
-    return LineTable(docs, hashes[first][keep], *(sums[k][keep] for k in COUNT_FIELDS))
+    return LineTable(
+        docs=docs,
+        hash=hashes[first][keep],
+        df=sums["df"][keep],
+        head=sums["head"][keep],
+        tail=sums["tail"][keep],
+        informative=sums["informative"][keep],
+        chance=sums["chance"][keep],
+    )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MergeTask:
     """The corpus-wide statistics of the lines whose hash is in [lo, hi): each shard's rows of that range."""
 

@@ -70,7 +70,7 @@ MERGE_ROWS = 2_000_000
 TOP_LINES = 50  # stripped lines listed in _stats.json
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ShardPaths:
     shard: Path
     """The input shard."""
@@ -85,15 +85,15 @@ class ShardPaths:
     @classmethod
     def of(cls, shard: Path, out_dir: Path) -> ShardPaths:
         return cls(
-            shard,
-            out_dir / f".stage-{shard.stem}.marshal",
-            out_dir / f".lines-{shard.stem}.npy",
-            out_dir / shard.name,
-            out_dir / f".rejected-{shard.stem}.part",
+            shard=shard,
+            stage=out_dir / f".stage-{shard.stem}.marshal",
+            lines=out_dir / f".lines-{shard.stem}.npy",
+            out=out_dir / shard.name,
+            rejected=out_dir / f".rejected-{shard.stem}.part",
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Totals:
     """Pass results summed over shards, in shard order."""
 
@@ -197,7 +197,9 @@ def find_boilerplate(shards: list[tuple[str, int]], s: CleanSettings, totals: To
         return None
     t0 = time.perf_counter()
     ranges = hash_ranges(max(1, math.ceil(totals.line_rows / MERGE_ROWS)))
-    tasks = [MergeTask(tuple(shards), lo, hi, s.bp_min_df, s.bp_threshold) for lo, hi in ranges]
+    tasks = [
+        MergeTask(shards=tuple(shards), lo=lo, hi=hi, min_df=s.bp_min_df, threshold=s.bp_threshold) for lo, hi in ranges
+    ]
     merged = LineTable.concat(list(map_ordered(merge_task, tasks, workers)))
     totals.seconds["merge_line_stats"] = time.perf_counter() - t0
     return merged

@@ -298,7 +298,7 @@ def build_index(path: Path, s) -> tuple[np.ndarray, dict]:
     return np.stack([h[first], it[first]]), {"items": count, "items_too_short": too_short, "ngrams": int(first.sum())}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalIndex:
     label: str
     """The evaluation file as configured."""
@@ -339,8 +339,10 @@ def prepare_indexes(s, cache_dir: Path, log=None) -> ContaminationIndex | None:
             figures = {**figures, "cache": "built"}
             if log is not None:
                 log.info(f"cleaned_jsonl: decontamination index of {label}: {figures['ngrams']:,} n-grams ({array})")
-        indexes.append(EvalIndex(label, str(array), figures))
-    return ContaminationIndex(tuple(indexes), s.decontaminate_mode, s.decontaminate_words, s.decontaminate_chars)
+        indexes.append(EvalIndex(label=label, array=str(array), figures=figures))
+    return ContaminationIndex(
+        files=tuple(indexes), mode=s.decontaminate_mode, n_words=s.decontaminate_words, n_chars=s.decontaminate_chars
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -348,7 +350,7 @@ def prepare_indexes(s, cache_dir: Path, log=None) -> ContaminationIndex | None:
 # ------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Table:
     hashes: np.ndarray
     items: np.ndarray
@@ -379,10 +381,10 @@ def _open(array: str) -> _Table:
     top = np.asarray(hashes) >> _U64(64 - bits)
     present = np.zeros(1 << bits, dtype=bool)
     present[top] = True
-    return _Table(hashes, index[1], np.packbits(present, bitorder="little"), bits)
+    return _Table(hashes=hashes, items=index[1], present=np.packbits(present, bitorder="little"), bits=bits)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ContaminationIndex:
     """What a task needs to screen its records: the cached index files (paths only) and the mode."""
 

@@ -70,7 +70,7 @@ class FinishResult:
     """(language, reason) -> records rejected (drop_languages)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Tally:
     """What finish_task counts of a shard as it writes it: FinishResult's figures but the stripper's (stripped
     lines, examples) and the seconds."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import compress, repeat
 from zlib import adler32, crc32
 
@@ -25,7 +25,7 @@ COUNT_FIELDS = ("df", "head", "tail", "informative", "chance")  # LineTable's ar
 LINE_ROW = np.dtype([("hash", "<u8"), *((k, "<f8") for k in COUNT_FIELDS)])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LineTable:
     """Statistics of distinct lines, sorted by hash: one shard's (pass 1), or summed over shards (the merge)."""
 
@@ -43,12 +43,20 @@ class LineTable:
     """Occurrences in documents of 2+ lines (a one-line document says nothing about position)."""
     chance: np.ndarray
     """Summed chance of those occurrences landing in one edge zone at random."""
-    candidates: int = field(default=0, kw_only=True)
+    candidates: int = 0
     """Lines that passed min_df before pruning (set by prune_candidates)."""
 
     @classmethod
     def empty(cls, docs: int) -> LineTable:
-        return cls(docs, np.zeros(0, np.uint64), *(np.zeros(0, np.float64) for _ in COUNT_FIELDS))
+        return cls(
+            docs=docs,
+            hash=np.zeros(0, np.uint64),
+            df=np.zeros(0, np.float64),
+            head=np.zeros(0, np.float64),
+            tail=np.zeros(0, np.float64),
+            informative=np.zeros(0, np.float64),
+            chance=np.zeros(0, np.float64),
+        )
 
     def __len__(self) -> int:
         return len(self.hash)
@@ -61,9 +69,9 @@ class LineTable:
     def concat(cls, tables: list[LineTable]) -> LineTable:
         """Tables of consecutive hash ranges as one (documents: the first's, each covers the same documents)."""
         return cls(
-            tables[0].docs,
-            np.concatenate([t.hash for t in tables]),
-            *(np.concatenate([getattr(t, k) for t in tables]) for k in COUNT_FIELDS),
+            docs=tables[0].docs,
+            hash=np.concatenate([t.hash for t in tables]),
+            **{k: np.concatenate([getattr(t, k) for t in tables]) for k in COUNT_FIELDS},
             candidates=sum(t.candidates for t in tables),
         )
 
@@ -86,7 +94,7 @@ def load_lines(path: str | os.PathLike, docs: int, lo: int, hi: int) -> LineTabl
     start = int(np.searchsorted(hashes, np.uint64(lo)))
     end = len(hashes) if hi >= 1 << 64 else int(np.searchsorted(hashes, np.uint64(hi)))
     part = np.array(rows[start:end])
-    return LineTable(docs, part["hash"].copy(), *(part[k].copy() for k in COUNT_FIELDS))
+    return LineTable(docs=docs, hash=part["hash"].copy(), **{k: part[k].copy() for k in COUNT_FIELDS})
 
 
 def line_key(line: str) -> str:

@@ -151,7 +151,7 @@ def _is_phone(m: re.Match) -> bool:
     return PHONE_DIGITS[0] <= digits <= PHONE_DIGITS[1] or not m.group().startswith("+")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Rule:
     kind: str
     pattern: re.Pattern
@@ -188,12 +188,42 @@ class PiiMasker:
 
     def __init__(self, phone: bool, public_ips_only: bool, email: str, ip: str, phone_placeholder: str):
         rules = [
-            _Rule("email", EMAIL_RE, _is_email, email, "@", AT_RE),
-            _Rule("ip_address", IPV6_RE, _ipv6_checker(public_ips_only), ip, ":", HEX_COLON_RE),
-            _Rule("ip_address", IPV4_RE, _ipv4_checker(public_ips_only), ip, ".", DIGIT_DOT_RE),
+            _Rule(
+                kind="email",
+                pattern=EMAIL_RE,
+                accept=_is_email,
+                placeholder=email,
+                trigger="@",
+                precheck=AT_RE,
+            ),
+            _Rule(
+                kind="ip_address",
+                pattern=IPV6_RE,
+                accept=_ipv6_checker(public_ips_only),
+                placeholder=ip,
+                trigger=":",
+                precheck=HEX_COLON_RE,
+            ),
+            _Rule(
+                kind="ip_address",
+                pattern=IPV4_RE,
+                accept=_ipv4_checker(public_ips_only),
+                placeholder=ip,
+                trigger=".",
+                precheck=DIGIT_DOT_RE,
+            ),
         ]
         if phone:
-            rules.append(_Rule("phone", PHONE_RE, _is_phone, phone_placeholder, "", THREE_DIGITS_RE))
+            rules.append(
+                _Rule(
+                    kind="phone",
+                    pattern=PHONE_RE,
+                    accept=_is_phone,
+                    placeholder=phone_placeholder,
+                    trigger="",
+                    precheck=THREE_DIGITS_RE,
+                )
+            )
         self.rules = tuple(rules)
 
     def mask(self, text: str, counts: Counter | None = None) -> str:

@@ -46,7 +46,7 @@ class PrepareTask:
     """The evaluation sets' cached indexes (paths: each worker maps them), None when decontamination is off."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrepareResult:
     counts: dict
     """Repairs: mojibake_repaired, surrogates_removed, control_chars_removed, meta_lines_extracted, ..."""
@@ -78,7 +78,7 @@ class Prepared:
     """(code, score) of a record the filters kept, when language identification is on."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Batch:
     """Rules 0-6 work column-wise over a batch: texts and metas by position, the live (not rejected) ones."""
 
@@ -243,9 +243,9 @@ def prepare_batch(batch: list[tuple[bytes, dict]], s: CleanSettings, timer: Time
     texts = [coerce_text(rec.get("text")) for _, rec in batch]
     originals = list(texts)
     b = _Batch(
-        texts,
-        [m if isinstance(m := rec.get("meta"), dict) else {} for _, rec in batch],
-        list(range(len(batch))),
+        texts=texts,
+        metas=[m if isinstance(m := rec.get("meta"), dict) else {} for _, rec in batch],
+        live=list(range(len(batch))),
     )
     repair_batch(b, s, timer, counts)
     entries = []
@@ -315,7 +315,14 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
             else:
                 hashes, n_lines = np.zeros(0, np.uint64), [0] * len(entries)
             timer.lap("line_stats")
-            staged = StagedBatch([], [], [], n_lines, hashes.tobytes(), [e.language for e in entries])
+            staged = StagedBatch(
+                out_lines=[],
+                rej_lines=[],
+                len_out=[],
+                n_lines=n_lines,
+                hashes=hashes.tobytes(),
+                languages=[e.language for e in entries],
+            )
             for (line, rec), e in zip(batch, entries):
                 len_in.append(e.chars_in)
                 chars_in += e.chars_in
@@ -340,5 +347,11 @@ def prepare_task(task: PrepareTask) -> PrepareResult:
     save_lines(table, task.lines)
     timer.lap("line_stats")
     return PrepareResult(
-        dict(counts), chars_in, length_hist(len_in), timer.sec, table.docs, len(table), examples.by_kind
+        counts=dict(counts),
+        chars_in=chars_in,
+        hist_in=length_hist(len_in),
+        seconds=timer.sec,
+        line_docs=table.docs,
+        line_rows=len(table),
+        examples=examples.by_kind,
     )

@@ -10,7 +10,7 @@ from typing import BinaryIO
 from tokenmill.common.io import dumps
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StagedBatch:
     out_lines: list[bytes]
     """Each record's output line (the input line itself when nothing changed)."""
@@ -32,9 +32,17 @@ class StagedBatch:
     def load_all(cls, f: BinaryIO) -> Iterator[StagedBatch]:
         while True:
             try:
-                yield cls(*marshal.load(f))
+                out_lines, rej_lines, len_out, n_lines, hashes, languages = marshal.load(f)
             except EOFError:
                 return
+            yield cls(
+                out_lines=out_lines,
+                rej_lines=rej_lines,
+                len_out=len_out,
+                n_lines=n_lines,
+                hashes=hashes,
+                languages=languages,
+            )
 
 
 def rejected_line(rec: dict, reject: tuple, extra: str = "") -> bytes:

@@ -87,7 +87,8 @@ def web_verdict(
     if c4.reject is not None:
         return text, c4.reject.as_reject(language), c4.removed
     if not c4.text:
-        return text, R.Reject("c4_no_lines_left", 0, 0, "no line left after C4's line rules").as_reject(language), {}
+        no_lines = R.Reject(rule="c4_no_lines_left", value=0, threshold=0, detail="no line left after C4's line rules")
+    return text, no_lines.as_reject(language), {}
     if c4.text != text:
         doc = Doc(c4.text, language)
     bad = _run(FINEWEB_RULES, doc, s)
@@ -122,7 +123,7 @@ def recheck_record(rec: dict, text: str, s: QualitySettings) -> tuple[str, tuple
     return text, reject
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProfileChoice:
     setting: str
     profile: str
@@ -139,7 +140,7 @@ def choose_profile(shards: list[Path], setting: str) -> ProfileChoice:
     """The batch's profile. 'auto' counts, on the raw lines (no parsing), the records coming from a WARC/HTML
     file or carrying a "url" key; a JSON string cannot hold an unescaped '"url": "', so a text never counts."""
     if setting != "auto":
-        return ProfileChoice(setting, setting, 0, 0, f"set to '{setting}'")
+        return ProfileChoice(setting=setting, profile=setting, web_records=0, records=0, why=f"set to '{setting}'")
     web = total = 0
     for shard in shards:
         with open(shard, "rb") as f:
@@ -154,7 +155,7 @@ def choose_profile(shards: list[Path], setting: str) -> ProfileChoice:
         f"{web} of {total} records ({share:.0%}) come from WARC/HTML files or carry a URL: "
         f"{'at least' if profile == 'web' else 'under'} {WEB_SHARE:.0%}, so the {profile} profile"
     )
-    return ProfileChoice(setting, profile, web, total, why)
+    return ProfileChoice(setting=setting, profile=profile, web_records=web, records=total, why=why)
 
 
 def c4_lines_removed(counts: Counter) -> dict[str, int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from tokenmill.stages.clean.quality.text import LETTER_RE, LINE_BREAKS_RE, PARAG
 EVIDENCE_CHARS = 60  # characters of a repeated line or n-gram quoted in a rejection's detail
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Reject:
     rule: str
     value: float
@@ -45,16 +45,24 @@ def _shown(value: float) -> str:
 
 
 def _above(rule: str, value: float, limit: float, what: str) -> Reject | None:
-    return Reject(rule, value, limit, f"{what} {_shown(value)} > max {limit}") if value > limit else None
+    return (
+        Reject(rule=rule, value=value, threshold=limit, detail=f"{what} {_shown(value)} > max {limit}")
+        if value > limit
+        else None
+    )
 
 
 def _quoting(reject: Reject | None, item: str) -> Reject | None:
     """`reject` with the repeated item it counted quoted in its detail."""
-    return None if reject is None else Reject(reject.rule, reject.value, reject.threshold, f"{reject.detail}: {item}")
+    return None if reject is None else replace(reject, detail=f"{reject.detail}: {item}")
 
 
 def _below(rule: str, value: float, limit: float, what: str) -> Reject | None:
-    return Reject(rule, value, limit, f"{what} {_shown(value)} < min {limit}") if value < limit else None
+    return (
+        Reject(rule=rule, value=value, threshold=limit, detail=f"{what} {_shown(value)} < min {limit}")
+        if value < limit
+        else None
+    )
 
 
 # ---- Gopher repetition (Rae et al. 2021, table A1) ----------------------------------------------------------------
@@ -326,7 +334,7 @@ def count_sentences(line: str, enough: int) -> int:
     return count
 
 
-@dataclass
+@dataclass(kw_only=True)
 class C4Result:
     text: str
     reject: Reject | None
@@ -356,10 +364,11 @@ def c4_filter(doc: Doc, s: QualitySettings) -> C4Result:
                 line = CITATION_RE.sub("", line)
             if s.c4_terminal_punct != "off" and (not line.endswith(C4_END_PUNCTUATION) or line.endswith("...")):
                 if s.c4_terminal_punct == "document":
+                    detail = f"line without terminal punctuation: {_quote(line)}"
                     return C4Result(
-                        doc.text,
-                        Reject("c4_no_terminal_punct", 1, 0, f"line without terminal punctuation: {_quote(line)}"),
-                        removed,
+                        text=doc.text,
+                        reject=Reject(rule="c4_no_terminal_punct", value=1, threshold=0, detail=detail),
+                        removed=removed,
                     )
                 why = "no_terminal_punct"
             elif len(words) < min_words:
@@ -368,12 +377,20 @@ def c4_filter(doc: Doc, s: QualitySettings) -> C4Result:
                 lower = line.lower()
                 if s.c4_drop_lorem_ipsum and "lorem ipsum" in lower:
                     return C4Result(
-                        doc.text, Reject("c4_lorem_ipsum", 1, 0, f"'lorem ipsum' in {_quote(line)}"), removed
+                        text=doc.text,
+                        reject=Reject(
+                            rule="c4_lorem_ipsum", value=1, threshold=0, detail=f"'lorem ipsum' in {_quote(line)}"
+                        ),
+                        removed=removed,
                     )
                 if s.c4_drop_javascript_lines and "javascript" in lower:
                     why = "javascript"
                 elif s.c4_drop_curly_bracket and "{" in line:
-                    return C4Result(doc.text, Reject("c4_curly_bracket", 1, 0, f"'{{' in {_quote(line)}"), removed)
+                    return C4Result(
+                        text=doc.text,
+                        reject=Reject(rule="c4_curly_bracket", value=1, threshold=0, detail=f"'{{' in {_quote(line)}"),
+                        removed=removed,
+                    )
                 elif s.c4_drop_policy_lines and POLICY_RE.search(lower):
                     why = "policy"
         if why:
@@ -385,6 +402,9 @@ def c4_filter(doc: Doc, s: QualitySettings) -> C4Result:
     reject = None
     if counting and sentences < s.c4_min_sentences:
         reject = Reject(
-            "c4_too_few_sentences", sentences, s.c4_min_sentences, f"sentences {sentences} < min {s.c4_min_sentences}"
+            rule="c4_too_few_sentences",
+            value=sentences,
+            threshold=s.c4_min_sentences,
+            detail=f"sentences {sentences} < min {s.c4_min_sentences}",
         )
-    return C4Result("\n".join(kept).strip(), reject, removed)
+    return C4Result(text="\n".join(kept).strip(), reject=reject, removed=removed)

@@ -119,7 +119,7 @@ class QualitySettings(BaseModel):
         return {n: getattr(self, f"gopher_max_dup_{n}gram_char_frac") for n in range(5, 11)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LanguageRules:
     """How the rules see a language: its words and the rules that are off for it (and why)."""
 
@@ -141,16 +141,29 @@ _UNSPACED_WHY = (
 )
 UNKNOWN_LANGUAGE = "und"  # ISO 639-2 "undetermined": a space-separated script, language not known
 LANGUAGES: dict[str, LanguageRules] = {
-    **{lang: LanguageRules("words", words) for lang, words in STOP_WORDS.items() if lang not in ("zh", "ja")},
-    "zh": LanguageRules("chars", STOP_WORDS["zh"], _UNSPACED_OFF, _UNSPACED_WHY),
-    "ja": LanguageRules("chars", STOP_WORDS["ja"], _UNSPACED_OFF, _UNSPACED_WHY),
-    "th": LanguageRules("chars", frozenset(), _UNSPACED_OFF, _UNSPACED_WHY + "; no Thai segmenter: no stop words"),
+    **{
+        lang: LanguageRules(tokens="words", stop_words=words)
+        for lang, words in STOP_WORDS.items()
+        if lang not in ("zh", "ja")
+    },
+    "zh": LanguageRules(tokens="chars", stop_words=STOP_WORDS["zh"], off=_UNSPACED_OFF, why_off=_UNSPACED_WHY),
+    "ja": LanguageRules(tokens="chars", stop_words=STOP_WORDS["ja"], off=_UNSPACED_OFF, why_off=_UNSPACED_WHY),
+    "th": LanguageRules(
+        tokens="chars",
+        stop_words=frozenset(),
+        off=_UNSPACED_OFF,
+        why_off=_UNSPACED_WHY + "; no Thai segmenter: no stop words",
+    ),
     "ko": LanguageRules(
-        "words", frozenset(), why_off="Korean particles attach to words: no stop words without a segmenter"
+        tokens="words",
+        stop_words=frozenset(),
+        why_off="Korean particles attach to words: no stop words without a segmenter",
     ),
     UNKNOWN_LANGUAGE: LanguageRules(
-        "words", ANY_LANGUAGE, why_off="language unknown: the stop words of every shipped list"
+        tokens="words", stop_words=ANY_LANGUAGE, why_off="language unknown: the stop words of every shipped list"
     ),
 }
-OTHER_LANGUAGE = LanguageRules("words", frozenset(), why_off="no stop-word list shipped for this language")
+OTHER_LANGUAGE = LanguageRules(
+    tokens="words", stop_words=frozenset(), why_off="no stop-word list shipped for this language"
+)
 """A language with spaces between words that the table does not name."""
