@@ -160,24 +160,32 @@ class _FileIngest:
     def mapped(self, kind: str, item: Found) -> Mapped | None:
         """The record fields of one value, or None when it is rejected."""
         if kind == "txt":  # the txt reader yields the text itself
-            return Mapped(cast(str, item.value))
+            return Mapped(text=cast(str, item.value))
         if isinstance(item.value, Mapped):  # the web readers yield the record fields themselves
             return item.value
         if not isinstance(item.value, dict):
             self.reject(
                 Bad(
-                    item.key,
-                    item.at,
-                    "not_an_object",
-                    f"JSON value is {type(item.value).__name__}, not an object",
-                    snip(json.dumps(item.value, ensure_ascii=False)),
+                    key=item.key,
+                    at=item.at,
+                    reason="not_an_object",
+                    detail=f"JSON value is {type(item.value).__name__}, not an object",
+                    snippet=snip(json.dumps(item.value, ensure_ascii=False)),
                 )
             )
             return None
         try:
             return map_record(item.value, self.settings)
         except Rejected as e:
-            self.reject(Bad(item.key, item.at, e.reason, e.detail, snip(json.dumps(item.value, ensure_ascii=False))))
+            self.reject(
+                Bad(
+                    key=item.key,
+                    at=item.at,
+                    reason=e.reason,
+                    detail=e.detail,
+                    snippet=snip(json.dumps(item.value, ensure_ascii=False)),
+                )
+            )
             return None
 
     def write(self, item: Found, m: Mapped) -> None:
@@ -197,16 +205,16 @@ class _FileIngest:
         except UnicodeEncodeError as e:  # a JSON "\\ud800" escape: a lone surrogate is not text
             self.reject(
                 Bad(
-                    item.key,
-                    item.at,
-                    "undecodable_bytes",
-                    f"lone surrogate in the record: {e.reason}",
-                    snip(json.dumps(item.value, ensure_ascii=False)),
+                    key=item.key,
+                    at=item.at,
+                    reason="undecodable_bytes",
+                    detail=f"lone surrogate in the record: {e.reason}",
+                    snippet=snip(json.dumps(item.value, ensure_ascii=False)),
                 )
             )
             return
         except RecursionError:  # the readers refuse deep nesting; should any slip through, it is malformed input
-            self.reject(Bad(item.key, item.at, "malformed_json", TOO_DEEP, ""))
+            self.reject(Bad(key=item.key, at=item.at, reason="malformed_json", detail=TOO_DEEP, snippet=""))
             return
         self.quarantine.kept()
         self.report.records += 1
@@ -215,7 +223,7 @@ class _FileIngest:
 
     def run(self) -> FileReport:
         if self.src.refused is not None:
-            self.reject(Bad("line", None, self.src.refused, self.src.detail, ""))
+            self.reject(Bad(key="line", at=None, reason=self.src.refused, detail=self.src.detail, snippet=""))
         else:
             self._read()
         self.quarantine.close()
@@ -236,7 +244,9 @@ class _FileIngest:
                 at = last.at if last is not None and last.key == "line" else None
                 reason = "file_too_large" if isinstance(e, FileTooLarge) else "unreadable_file"
                 detail = str(e) if isinstance(e, (FileTooLarge, CorruptInput)) else f"{type(e).__name__}: {e}"
-                self.reject(Bad("line", at + 1 if at is not None else None, reason, detail, ""))
+                self.reject(
+                    Bad(key="line", at=at + 1 if at is not None else None, reason=reason, detail=detail, snippet="")
+                )
                 break
             if item is None:
                 break

@@ -28,11 +28,11 @@ class _LineFeed:
             if isinstance(raw, Oversized):
                 self.bad.append(
                     Bad(
-                        "line",
-                        self.n,
-                        "record_too_large",
-                        f"line longer than max_record_bytes ({self.max_record_bytes}); skipped unread",
-                        snip(raw),
+                        key="line",
+                        at=self.n,
+                        reason="record_too_large",
+                        detail=f"line longer than max_record_bytes ({self.max_record_bytes}); skipped unread",
+                        snippet=snip(raw),
                     )
                 )
                 continue
@@ -42,11 +42,11 @@ class _LineFeed:
             except UnicodeDecodeError as e:
                 self.bad.append(
                     Bad(
-                        "line",
-                        self.n,
-                        "undecodable_bytes",
-                        f"not UTF-8 at byte {e.start} of the line: {e.reason}",
-                        snip(raw),
+                        key="line",
+                        at=self.n,
+                        reason="undecodable_bytes",
+                        detail=f"not UTF-8 at byte {e.start} of the line: {e.reason}",
+                        snippet=snip(raw),
                     )
                 )
                 continue
@@ -77,7 +77,7 @@ def read_csv(path: str, compression: str | None, settings: RawSettings) -> Itera
                 return
             at = feed.used[0] if feed.used else feed.n
             if err is not None:
-                yield Bad("line", at, "malformed_csv_row", err, "")
+                yield Bad(key="line", at=at, reason="malformed_csv_row", detail=err, snippet="")
                 if feed.n == before:  # the reader consumed nothing: stop rather than loop
                     return
                 continue
@@ -88,11 +88,11 @@ def read_csv(path: str, compression: str | None, settings: RawSettings) -> Itera
                 continue
             if len(row) != len(header):
                 yield Bad(
-                    "line",
-                    at,
-                    "malformed_csv_row",
-                    f"{len(row)} fields, header has {len(header)}",
-                    snip(settings.csv_delimiter.join(row)),
+                    key="line",
+                    at=at,
+                    reason="malformed_csv_row",
+                    detail=f"{len(row)} fields, header has {len(header)}",
+                    snippet=snip(settings.csv_delimiter.join(row)),
                 )
                 continue
             yield Found("line", at, dict(zip(header, row)))

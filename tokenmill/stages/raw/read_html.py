@@ -17,6 +17,6 @@ def read_html(path: str, compression: str | None, settings: RawSettings) -> Iter
     try:
         page = page_text(payload, None, settings)
     except Rejected as e:
-        yield Bad("index", 0, e.reason, e.detail, snip(payload[:200]))
+        yield Bad(key="index", at=0, reason=e.reason, detail=e.detail, snippet=snip(payload[:200]))
         return
-    yield Found("index", 0, Mapped(page.text, page.meta, shape=page.shape))
+    yield Found("index", 0, Mapped(text=page.text, meta=page.meta, shape=page.shape))

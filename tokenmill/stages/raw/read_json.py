@@ -28,29 +28,35 @@ def read_json(path: str, compression: str | None, settings: RawSettings) -> Iter
         data = f.read_record()
     if isinstance(data, Oversized):
         yield Bad(
-            "line",
-            None,
-            "record_too_large",
-            f"JSON document longer than max_record_bytes "
+            key="line",
+            at=None,
+            reason="record_too_large",
+            detail=f"JSON document longer than max_record_bytes "
             f"({settings.max_record_bytes}): .json is parsed whole; write "
             "big collections as .jsonl",
-            snip(data),
+            snippet=snip(data),
         )
         return
     try:
         text = decode_whole(data)
     except Rejected as e:
-        yield Bad("line", e.line, e.reason, e.detail, snip(data))
+        yield Bad(key="line", at=e.line, reason=e.reason, detail=e.detail, snippet=snip(data))
         return
     try:
         value = json_parser(data)(text)
     except json.JSONDecodeError as e:
         lines = text.splitlines()
         at = lines[e.lineno - 1] if 0 < e.lineno <= len(lines) else text
-        yield Bad("line", e.lineno, "malformed_json", f"{e.msg} at line {e.lineno} column {e.colno}", snip(at))
+        yield Bad(
+            key="line",
+            at=e.lineno,
+            reason="malformed_json",
+            detail=f"{e.msg} at line {e.lineno} column {e.colno}",
+            snippet=snip(at),
+        )
         return
     except RecursionError:
-        yield Bad("line", 1, "malformed_json", TOO_DEEP, snip(text))
+        yield Bad(key="line", at=1, reason="malformed_json", detail=TOO_DEEP, snippet=snip(text))
         return
     # records are walked one by one only when the whole document nests too deeply (+1: the top-level list)
     deep = nesting_depth(data) > MAX_JSON_DEPTH + 1
@@ -59,15 +65,15 @@ def read_json(path: str, compression: str | None, settings: RawSettings) -> Iter
         value = [value]  # one object: the record at index 0
     elif not isinstance(value, list):
         yield Bad(
-            "index",
-            0,
-            "not_an_object",
-            f"top-level JSON is {type(value).__name__}, not an object or a list",
-            snip(json.dumps(value, ensure_ascii=False)),
+            key="index",
+            at=0,
+            reason="not_an_object",
+            detail=f"top-level JSON is {type(value).__name__}, not an object or a list",
+            snippet=snip(json.dumps(value, ensure_ascii=False)),
         )
         return
     for i, obj in enumerate(value):
         if deep and too_deep(obj):
-            yield Bad("index", i, "malformed_json", TOO_DEEP, "")
+            yield Bad(key="index", at=i, reason="malformed_json", detail=TOO_DEEP, snippet="")
         else:
             yield Found("index", i, obj)

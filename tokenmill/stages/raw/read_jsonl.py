@@ -34,11 +34,11 @@ def read_jsonl(path: str, compression: str | None, settings: RawSettings) -> Ite
         for n, raw in f.content_lines():
             if isinstance(raw, Oversized):
                 yield Bad(
-                    "line",
-                    n,
-                    "record_too_large",
-                    f"line longer than max_record_bytes ({settings.max_record_bytes}); skipped unread",
-                    snip(raw),
+                    key="line",
+                    at=n,
+                    reason="record_too_large",
+                    detail=f"line longer than max_record_bytes ({settings.max_record_bytes}); skipped unread",
+                    snippet=snip(raw),
                 )
                 continue
             raw = strip_bom(raw, n).rstrip(b"\r\n")
@@ -48,15 +48,21 @@ def read_jsonl(path: str, compression: str | None, settings: RawSettings) -> Ite
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 yield Bad(
-                    "line", n, "undecodable_bytes", f"not UTF-8 at byte {e.start} of the line: {e.reason}", snip(raw)
+                    key="line",
+                    at=n,
+                    reason="undecodable_bytes",
+                    detail=f"not UTF-8 at byte {e.start} of the line: {e.reason}",
+                    snippet=snip(raw),
                 )
                 continue
             try:
                 obj = parse_json_line(line, raw)
             except json.JSONDecodeError as e:
-                yield Bad("line", n, "malformed_json", f"{e.msg} at column {e.colno}", snip(line))
+                yield Bad(
+                    key="line", at=n, reason="malformed_json", detail=f"{e.msg} at column {e.colno}", snippet=snip(line)
+                )
                 continue
             except RecursionError:
-                yield Bad("line", n, "malformed_json", TOO_DEEP, snip(line))
+                yield Bad(key="line", at=n, reason="malformed_json", detail=TOO_DEEP, snippet=snip(line))
                 continue
             yield Found("line", n, obj)

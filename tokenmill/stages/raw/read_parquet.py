@@ -107,7 +107,13 @@ def _rows(batch: pa.RecordBatch, first: int, settings: RawSettings) -> Iterator[
         if i in oversized:
             text = values[names.index(settings.text_field)]
             detail = f"text longer than max_record_bytes ({settings.max_record_bytes}); row skipped"
-            yield Bad("index", first + i, "record_too_large", detail, snip(text) if isinstance(text, str) else "")
+            yield Bad(
+                key="index",
+                at=first + i,
+                reason="record_too_large",
+                detail=detail,
+                snippet=snip(text) if isinstance(text, str) else "",
+            )
         else:
             yield Found("index", first + i, dict(zip(names, values)))
 
@@ -122,24 +128,24 @@ def _read_row_groups(pf: pq.ParquetFile, settings: RawSettings) -> Iterator[Foun
                 decoded += batch.nbytes
                 if decoded > settings.max_file_bytes:
                     yield Bad(
-                        "index",
-                        at,
-                        "file_too_large",
-                        f"more than max_file_bytes ({settings.max_file_bytes}) decoded bytes; rows {at} to "
+                        key="index",
+                        at=at,
+                        reason="file_too_large",
+                        detail=f"more than max_file_bytes ({settings.max_file_bytes}) decoded bytes; rows {at} to "
                         f"{total - 1} ({total - at} rows) were not read",
-                        "",
+                        snippet="",
                     )
                     return
                 yield from _rows(batch, at, settings)
                 at += batch.num_rows
         except READ_ERRORS as e:
             yield Bad(
-                "index",
-                at,
-                "unreadable_file",
-                f"row group {group} cannot be read from row {at}: rows {at} to {end - 1} ({end - at} rows) "
+                key="index",
+                at=at,
+                reason="unreadable_file",
+                detail=f"row group {group} cannot be read from row {at}: rows {at} to {end - 1} ({end - at} rows) "
                 f"skipped, the other row groups read ({type(e).__name__}: {e})",
-                "",
+                snippet="",
             )
         first = end
 
@@ -147,28 +153,35 @@ def _read_row_groups(pf: pq.ParquetFile, settings: RawSettings) -> Iterator[Foun
 def read_parquet(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
     if compression is not None:  # Parquet needs seeking to its footer; a compressed stream has none
         yield Bad(
-            "index",
-            None,
-            "unreadable_file",
-            f"a .parquet.{compression} is not read: Parquet compresses its own pages, store the file uncompressed",
-            "",
+            key="index",
+            at=None,
+            reason="unreadable_file",
+            detail=f"a .parquet.{compression} is not read: "
+            "Parquet compresses its own pages, store the file uncompressed",
+            snippet="",
         )
         return
     with open_regular(path) as raw:
         try:
             pf = pq.ParquetFile(raw, buffer_size=PAGE_BUFFER_BYTES)
         except READ_ERRORS as e:
-            yield Bad("index", None, "unreadable_file", f"not a Parquet file, or its footer is corrupt: {e}", "")
+            yield Bad(
+                key="index",
+                at=None,
+                reason="unreadable_file",
+                detail=f"not a Parquet file, or its footer is corrupt: {e}",
+                snippet="",
+            )
             return
         columns = pf.schema_arrow.names
         if not may_have_text(columns, settings):
             yield Bad(
-                "index",
-                None,
-                "no_text_field",
-                f"no '{settings.text_field}' column (columns: {', '.join(columns)}); its "
+                key="index",
+                at=None,
+                reason="no_text_field",
+                detail=f"no '{settings.text_field}' column (columns: {', '.join(columns)}); its "
                 f"{pf.metadata.num_rows} rows were not read (set text_field to the text column)",
-                "",
+                snippet="",
             )
             return
         yield from _read_row_groups(pf, settings)

@@ -40,19 +40,19 @@ def _read_whole(path: str, compression: str | None, settings: RawSettings) -> It
     with open_source(path, compression, settings.max_file_bytes, settings.max_record_bytes) as f:
         data = f.read_record()
     if isinstance(data, Oversized):
-        yield Bad("index", 0, "record_too_large", _too_large(settings, "file"), snip(data))
+        yield Bad(key="index", at=0, reason="record_too_large", detail=_too_large(settings, "file"), snippet=snip(data))
         return
     try:
         yield Found("index", 0, decode_whole(data))
     except Rejected as e:
-        yield Bad("index", 0, e.reason, e.detail, snip(data))
+        yield Bad(key="index", at=0, reason=e.reason, detail=e.detail, snippet=snip(data))
 
 
 def _read_blocks(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad]:
     try:
         check_utf8(path, compression, settings)  # a .txt that is not UTF-8 is rejected whole, before any of its blocks
     except Rejected as e:
-        yield Bad("line", e.line, e.reason, e.detail, "")
+        yield Bad(key="line", at=e.line, reason=e.reason, detail=e.detail, snippet="")
         return
     # a block over the limit is dropped as it grows (`oversized` keeps its first line for the snippet) and
     # skipped up to its end
@@ -63,7 +63,9 @@ def _read_blocks(path: str, compression: str | None, settings: RawSettings) -> I
     def end_of_block() -> Iterator[Found | Bad]:
         nonlocal block, oversized
         if oversized is not None:
-            yield Bad("line", start, "record_too_large", _too_large(settings, "block"), oversized)
+            yield Bad(
+                key="line", at=start, reason="record_too_large", detail=_too_large(settings, "block"), snippet=oversized
+            )
             oversized = None
         elif block:
             yield Found("line", start, "\n".join(block))

@@ -325,14 +325,14 @@ def _record(rec, settings: RawSettings) -> Mapped | str:
         text = _decode_text(payload)
         if not text.strip():
             raise Rejected("extraction_empty", "the conversion record holds no text")
-        return Mapped(text, meta)
+        return Mapped(text=text, meta=meta)
     http = rec.http_headers
     # one byte over html_max_bytes is enough for page_text to refuse the page as too large
     payload = decode_http_payload(
         payload, http.get("Transfer-Encoding"), http.get("Content-Encoding"), settings.html_max_bytes + 1
     )
     page = page_text(payload, rec.http_charset, settings)
-    return Mapped(page.text, meta | page.meta, shape=page.shape)
+    return Mapped(text=page.text, meta=meta | page.meta, shape=page.shape)
 
 
 class _Inflated:
@@ -381,7 +381,7 @@ def _spill(raw, stack: contextlib.ExitStack, limit: int):
 
 def _too_large(index: int, settings: RawSettings, of: str, offset: int | None) -> Bad:
     detail = f"more than max_file_bytes ({settings.max_file_bytes}) {of}; the rest of the file was not read"
-    return Bad("index", index, "file_too_large", detail, "", offset)
+    return Bad(key="index", at=index, reason="file_too_large", detail=detail, snippet="", offset=offset)
 
 
 def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iterator[Found | Bad | Skipped]:
@@ -416,7 +416,7 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                     try:
                         got = _record(rec, settings)
                     except Rejected as e:
-                        held = Bad("index", index, e.reason, e.detail, "", last)
+                        held = Bad(key="index", at=index, reason=e.reason, detail=e.detail, snippet="", offset=last)
                     else:
                         held = (
                             Skipped("index", index, got)
@@ -450,7 +450,9 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                 if bad is not None:
                     stream.seek(last)
                     snippet = "" if gz else snip(stream.read(SNIPPET_BYTES))
-                    yield Bad("index", held.at, bad.reason, bad.detail, snippet, last)
+                    yield Bad(
+                        key="index", at=held.at, reason=bad.reason, detail=bad.detail, snippet=snippet, offset=last
+                    )
                     pos = bad.resume
                     continue
                 yield held
@@ -468,6 +470,13 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
                 return
             stream.seek(bad_at)
             snippet = "" if gz else snip(stream.read(SNIPPET_BYTES))
-            yield Bad("index", index, reason, f"{type(error).__name__}: {error}", snippet, bad_at)
+            yield Bad(
+                key="index",
+                at=index,
+                reason=reason,
+                detail=f"{type(error).__name__}: {error}",
+                snippet=snippet,
+                offset=bad_at,
+            )
             index += 1
             pos = _next_start(stream, bad_at + 1, gz)

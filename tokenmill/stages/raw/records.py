@@ -15,7 +15,7 @@ DPO_KEYS = ("prompt", "chosen", "rejected")
 GRPO_KEYS = ("prompt", "responses", "rewards")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Mapped:
     text: str
     meta: dict = field(default_factory=dict)
@@ -102,7 +102,7 @@ def _map_poetry(obj: dict, special: dict, used: set) -> Mapped:
         used.add("author")
     if len(used) < len(obj):  # fields beyond body, title and author (every used key is one of obj's)
         meta.update((k, v) for k, v in obj.items() if k not in used)
-    return Mapped(text, meta, special)
+    return Mapped(text=text, meta=meta, special=special)
 
 
 def map_record(obj: dict, settings: RawSettings) -> Mapped:
@@ -128,4 +128,4 @@ def map_record(obj: dict, settings: RawSettings) -> Mapped:
             meta[k if k not in meta else f"metadata.{k}"] = v
     elif "metadata" in obj and "metadata" not in used:
         meta["metadata"] = nested
-    return Mapped(text, meta, special)
+    return Mapped(text=text, meta=meta, special=special)

@@ -48,7 +48,7 @@ class Found(NamedTuple):
     """More of the record's `source` locator beside key/at (a WARC record's byte `offset`)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bad:
     """One bad line, record or file (`at` None: the whole file), with its reason."""
 
