@@ -174,7 +174,7 @@ RENDERERS: dict[str, Renderer] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainingTypeChoice:
     """The training type a dataset generation is rendered with, and why: set explicitly, or chosen by auto from
     the records of the generation's first version (`records`, `with_metadata`: those with a title or author)."""
@@ -190,12 +190,18 @@ class TrainingTypeChoice:
 
     @classmethod
     def explicit(cls, training_type: str) -> TrainingTypeChoice:
-        return cls(training_type, training_type)
+        return cls(setting=training_type, resolved=training_type)
 
     @classmethod
     def auto(cls, records: int, with_metadata: int, guessed: bool = False) -> TrainingTypeChoice:
         conditional = records > 0 and with_metadata >= AUTO_CONDITIONAL_SHARE * records
-        return cls("auto", "conditional" if conditional else "seq", records, with_metadata, guessed=guessed)
+        return cls(
+            setting="auto",
+            resolved="conditional" if conditional else "seq",
+            records=records,
+            with_metadata=with_metadata,
+            guessed=guessed,
+        )
 
     @classmethod
     def published(cls, manifest: dict) -> TrainingTypeChoice | None:
@@ -203,7 +209,13 @@ class TrainingTypeChoice:
         found = manifest.get(cls.MANIFEST_KEY)
         if not isinstance(found, dict):
             return None
-        return cls("auto", manifest["training_type"], found["records"], found["with_title_or_author"], inherited=True)
+        return cls(
+            setting="auto",
+            resolved=manifest["training_type"],
+            records=found["records"],
+            with_metadata=found["with_title_or_author"],
+            inherited=True,
+        )
 
     def manifest_entry(self) -> dict:
         if self.setting != "auto":

@@ -74,7 +74,7 @@ class _HashingFile:
         return {"bytes": self.bytes, "sha256": self.h.hexdigest()}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _OpenShard:
     """The shard being written: its name, its temporary folder, its counts so far and its files (per key)."""
 
@@ -88,7 +88,7 @@ class _OpenShard:
     max_token_id: int = -1
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ShardCuts:
     """Where one batch's records of a split go, in order: a shard takes records until the next would take it past
     shard_tokens (records never straddle shards; a record larger than a shard gets one of its own). The one rule the
@@ -153,7 +153,7 @@ class ShardWriter:
         if not dtype_fits(vocab_size, self.dtype):
             raise CapacityError(f"vocabulary of {vocab_size:,} tokens overflows {self.dtype}; refusing to write")
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.cuts = ShardCuts(max(1, int(shard_tokens)))
+        self.cuts = ShardCuts(shard_tokens=max(1, int(shard_tokens)))
         self.keys = {k: key_dtype(kind, self.dtype) for k, kind in KEYS[training_type].items()}
         self.shards: list[dict] = []
         self._open: _OpenShard | None = None
@@ -164,8 +164,8 @@ class ShardWriter:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         self._open = _OpenShard(
-            name,
-            tmp,
+            name=name,
+            tmp=tmp,
             files={k: _HashingFile(tmp / data_file(k)) for k in self.keys},
             offsets={k: [np.zeros(1, dtype=np.int64)] for k in self.keys},
             ends={k: 0 for k in self.keys},
@@ -242,7 +242,7 @@ class ShardWriter:
             self._open = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Piece:
     """Records [start, end) of one split of an encode task's arrays (encode.save_splits' folder)."""
 
@@ -251,7 +251,7 @@ class Piece:
     end: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PackTask:
     """One shard of a batch's split: its number and pieces, in order (a task's worth of ShardWriter.write)."""
 
@@ -302,7 +302,7 @@ class PackPlan:
 
     def start_batch(self, batch: str) -> None:
         self.batch = batch
-        self._cuts = {s: ShardCuts(self.shard_tokens) for s in SPLITS}
+        self._cuts = {s: ShardCuts(shard_tokens=self.shard_tokens) for s in SPLITS}
         self._pieces = {s: [] for s in SPLITS}
 
     def add(self, folder: str, splits: dict[str, SplitChunk]) -> None:
@@ -312,7 +312,8 @@ class PackPlan:
                 if cut is None:
                     self._complete(s)
                 else:
-                    self._pieces[s].append(Piece(folder, *cut))
+                    start, end = cut
+                    self._pieces[s].append(Piece(folder=folder, start=start, end=end))
 
     def finish_batch(self) -> None:
         for s in SPLITS:
@@ -322,10 +323,10 @@ class PackPlan:
     def _complete(self, split: str) -> None:
         self.tasks.append(
             PackTask(
-                str(self.bins_dir / split),
-                split,
-                self.next_index[split],
-                tuple(self._pieces[split]),
+                split_dir=str(self.bins_dir / split),
+                split=split,
+                index=self.next_index[split],
+                pieces=tuple(self._pieces[split]),
                 batch=self.batch,
                 **self.common,
             )

@@ -55,7 +55,7 @@ def special_token_ids(tok, where: str | os.PathLike = "tokenizer") -> dict[str, 
     return ids
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TokenizerPin:
     """The upstream tokenizer.json a run started from: its path and the SHA-256 of its bytes then."""
 
@@ -70,7 +70,7 @@ def pin_tokenizer(path: str | os.PathLike) -> tuple[TokenizerPin, bytes]:
         data = p.read_bytes()
     except FileNotFoundError:
         raise StaleUpstreamError(f"{p}: missing; materialize the tokenizer asset first") from None
-    return TokenizerPin(str(p), hashlib.sha256(data).hexdigest()), data
+    return TokenizerPin(path=str(p), sha256=hashlib.sha256(data).hexdigest()), data
 
 
 def read_pinned(pin: TokenizerPin) -> bytes:

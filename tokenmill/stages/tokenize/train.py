@@ -49,7 +49,7 @@ EXAMPLE_CHARS = 60
 EXAMPLE_TOKENS = 24
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Sample:
     """What the trainer sees and what measures it: texts in ascending id-hash order."""
 
@@ -188,7 +188,7 @@ def sample_corpus(in_dir: Path, settings: TokenizerSettings, log=None) -> Sample
         below = min(ALL_HASHES, below * CUTOFF_GROWTH)
     if not train_texts and held_texts:  # tiny corpus: everything fell into the held-out share
         train_texts, held_texts = held_texts, []
-    return Sample(train_texts, held_texts, sum(f[3] for f in found), corpus_bytes)
+    return Sample(train=train_texts, held_out=held_texts, records=sum(f[3] for f in found), corpus_bytes=corpus_bytes)
 
 
 def _take_texts(

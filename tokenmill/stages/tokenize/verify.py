@@ -141,7 +141,7 @@ def reencode_problems(
             )
             continue
         tokenizer = manifest.get("tokenizer") or {}
-        pin = TokenizerPin(str(folder / tokenizer.get("file", TOKENIZER_FILE)), tokenizer.get("sha256", ""))
+        pin = TokenizerPin(path=str(folder / tokenizer.get("file", TOKENIZER_FILE)), sha256=tokenizer.get("sha256", ""))
         try:
             enc = encoder(pin)
         except (TokenmillError, OSError) as e:

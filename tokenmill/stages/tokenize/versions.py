@@ -42,7 +42,7 @@ TMP_PREFIX = ".tmp-"  # what a run writes before renaming it into place (shards,
 STAGE = "tokenized_bins"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Published:
     """The latest published version: its number, generation, batches, tokenizer and encoding settings."""
 
@@ -57,12 +57,12 @@ class Published:
     def of(cls, manifests: dict[str, dict]) -> Published:
         m = manifests[SPLITS[0]]
         return cls(
-            m["version"],
-            m["generation"],
-            tuple(m["batches"]),
-            (m.get("tokenizer") or {}).get("sha256", ""),
-            m.get("encoding") or {},
-            manifests,
+            version=m["version"],
+            generation=m["generation"],
+            batches=tuple(m["batches"]),
+            tokenizer_sha256=(m.get("tokenizer") or {}).get("sha256", ""),
+            encoding=m.get("encoding") or {},
+            manifests=manifests,
         )
 
 
