@@ -98,7 +98,7 @@ def source_file(source: Path, rel: str) -> Path:
     return source if source.is_file() else source / rel
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Batch:
     key: str
     files: dict[str, list]
@@ -115,7 +115,7 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SourceChanges:
     """How the source's ingestible files differ from what the registry holds."""
 
@@ -146,7 +146,7 @@ class SourceChanges:
         )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Registry:
     source: str | None = None
     generation: int = 0
@@ -259,8 +259,11 @@ def read_registry(data_root: Path) -> Registry:
         return Registry()
     try:
         raw = read_json(path)
-        batches = [Batch(b["key"], b["files"], b.get("retired"), b.get("refused", {})) for b in raw["batches"]]
-        registry = Registry(raw["source"], raw["generation"], batches)
+        batches = [
+            Batch(key=b["key"], files=b["files"], retired=b.get("retired"), refused=b.get("refused", {}))
+            for b in raw["batches"]
+        ]
+        registry = Registry(source=raw["source"], generation=raw["generation"], batches=batches)
         if bad := [b.key for b in registry.batches if not isinstance(b.key, str) or not is_batch_key(b.key)]:
             raise ValueError(f"batch keys not of the form g<generation>-b<number>: {bad[:3]}")
         return registry
@@ -321,7 +324,7 @@ def new_batch(key: str, source: Path, files: dict[str, list[int]]) -> Batch:
                 f"could not be opened when batch {key} was registered ({type(e).__name__}: {e.strerror or e}); a later "
                 "batch reads it once it can be opened",
             ]
-    batch = Batch(key, entries, refused=refused)
+    batch = Batch(key=key, files=entries, refused=refused)
     if refused and not entries:
         shown = ", ".join(f"{f} ({why[0]})" for f, why in list(refused.items())[:5])
         more = f" and {len(refused) - 5} more" if len(refused) > 5 else ""
@@ -364,7 +367,7 @@ def register_new_files(
         if not (changes.new or changes.touched):
             return None, changes
         if registry.source is None:
-            registry = Registry(str(source), 1)
+            registry = Registry(source=str(source), generation=1)
         for batch in registry.batches:
             if not batch.retired:
                 batch.files.update({f: meta for f, meta in changes.touched.items() if f in batch.files})
@@ -386,7 +389,7 @@ def start_generation(data_root: Path, source: Path, state: dict[str, list[int]],
             previous = read_registry(data_root).generation
         except CorruptOutputError:
             previous = 0
-        registry = Registry(str(source), max(previous, after) + 1)
+        registry = Registry(source=str(source), generation=max(previous, after) + 1)
         key = batch_key(registry.generation, 1)
         registry.batches.append(new_batch(key, source, state))
         if registry.batches[-1].retired:

@@ -75,7 +75,7 @@ def row_groups(start: int, end: int) -> Iterator[tuple[int, int]]:
         start = stop
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ParquetFile:
     """One part-XXXXX.parquet: rows [start, end) of a records or tokenized stream (an empty stream still gets one
     file holding the schema, so it loads as 0 rows). Each kind adds its source, `schema` and `tables()`."""
@@ -262,7 +262,7 @@ def write_hf_parquet(
     out_dir = Path(out_dir)
     parts = _record_counts(deduped_dir)
     records = [
-        RecordsFile(path, r0, r1, settings.compression, parts=parts)
+        RecordsFile(path=path, start=r0, end=r1, compression=settings.compression, parts=parts)
         for path, r0, r1 in _files(out_dir / RECORDS_DIR, sum(n for _, n in parts), settings)
     ]
     stores = open_splits(bins_dir)
@@ -270,10 +270,10 @@ def write_hf_parquet(
     tokenized = {
         split: [
             TokenizedFile(
-                path,
-                r0,
-                r1,
-                settings.compression,
+                path=path,
+                start=r0,
+                end=r1,
+                compression=settings.compression,
                 split_dir=str(Path(bins_dir) / split),
                 version=store.version,
                 training_type=training_type,
