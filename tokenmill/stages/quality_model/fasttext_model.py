@@ -5,15 +5,19 @@ become spaces, in training and in scoring alike."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
+from tokenmill.stages.quality_model.fasttext_linear import first_words, linear_fasttext
 from tokenmill.stages.quality_model.settings import QualityTrainSettings
 
 POSITIVE = "__label__positive"
 NEGATIVE = "__label__negative"
+# the linear form's arrays of a few hundred lines stay in the CPU caches (see docs/profile.md)
+LINES_PER_CALL = 256
 
 
 def one_line(text: str) -> str:
@@ -51,16 +55,17 @@ def train_fasttext(texts: Sequence[str], positive: Sequence[bool], path: Path, s
 
 class FastTextScorer:
     """A fastText model's positive-class probability per text, on the CPU. Its words are whitespace-separated:
-    `max_tokens` keeps a text's first that many words."""
+    `max_tokens` keeps a text's first that many words. A two-label softmax model of word features (tokenmill's, and
+    DCLM's) scores a batch at once through its linear form (fasttext_linear), any other one line by line through the
+    C++ predict; `per_line` forces the latter."""
 
-    def __init__(self, path: Path, max_tokens: int):
+    def __init__(self, path: Path, max_tokens: int, per_line: bool = False):
         from fasttext.FastText import _FastText
 
         self.max_tokens = max_tokens
         # _FastText, not fasttext.load_model, which warns on stderr that its return type changed; the C++ model
         # (.f) is what scoring calls
         model = _FastText(model_path=str(path))
-        self._model = model.f
         labels = model.get_labels()
         if set(labels) == {POSITIVE, NEGATIVE}:
             self.positive = POSITIVE
@@ -68,21 +73,32 @@ class FastTextScorer:
             self.positive = sorted(labels)[-1]
         else:
             raise ValueError(f"{path}: a quality model has two labels, this one has {len(labels)}: {labels[:5]}")
+        linear = None if per_line else linear_fasttext(model.f, labels, self.positive)
+        self.per_line = linear is None
+        # the linear form holds all scoring needs, so the C++ model (bucket x dim floats) is freed with `model`
+        self._probabilities: Callable[[list[str], int], np.ndarray] = (
+            partial(predict_lines, model.f, self.positive) if linear is None else linear.probabilities
+        )
 
     def score(self, texts: Sequence[str]) -> np.ndarray:
-        # the C++ predict of one line: the Python wrapper's predict builds np.array(copy=False), which numpy 2
-        # refuses, and multilinePredict returns wrong probabilities under numpy 2 (both labels the top one's)
-        predict, positive, limit = self._model.predict, self.positive, self.max_tokens
         out = np.zeros(len(texts), dtype=np.float32)
-        for i, text in enumerate(texts):
-            if not text or text.isspace():  # no words: fastText would score its end-of-line token alone
-                continue
-            line = one_line(text)
-            if len(text) > 2 * limit:  # a shorter text has at most `limit` words
-                words = text.split(None, limit)
-                if len(words) > limit:
-                    line = " ".join(words[:limit])
-            for probability, label in predict(line + "\n", 2, 0.0, "replace"):
-                if label == positive:
-                    out[i] = probability
+        # a text with no words scores 0 (fastText would score its end-of-line token alone)
+        scored = [i for i, text in enumerate(texts) if text and not text.isspace()]
+        for start in range(0, len(scored), LINES_PER_CALL):
+            part = scored[start : start + LINES_PER_CALL]
+            out[part] = self._probabilities([one_line(texts[i]) for i in part], self.max_tokens)
         return out
+
+
+def predict_lines(model, positive: str, lines: list[str], max_tokens: int) -> np.ndarray:
+    """`positive`'s probability per line cut to its first `max_tokens` words, from the C++ predict of `model`
+    (fasttext_pybind's) one line at a time: the Python wrapper's predict builds np.array(copy=False), which numpy 2
+    refuses, and multilinePredict returns wrong probabilities under numpy 2 (both labels the top one's)."""
+    out = np.zeros(len(lines))
+    for i, line in enumerate(lines):
+        if len(line) > 2 * max_tokens:  # a shorter line has at most `max_tokens` words
+            line = first_words(line, max_tokens) or line
+        for probability, label in model.predict(line + "\n", 2, 0.0, "replace"):
+            if label == positive:
+                out[i] = probability
+    return out
