@@ -422,8 +422,48 @@ def cleaned_jsonl_metadata(result: CleanResult, path: Path) -> dict:
         "length_distribution": markdown_table(lengths),
         **languages_table(_cleaned_languages(result), ["records", "share", "chars"]),
         **_pii_and_contamination(result),
+        **_quality_model(result.quality_model),
         "chars_in": result.chars_in,
         "chars_out": result.chars_out,
+    }
+
+
+def _quality_model(report: dict | None) -> dict:
+    """The quality-model step: its model and rule, the kept share and mean score (numbers, plotted across runs),
+    the score histogram as bars, mean score per language and per source, and the lowest-scored kept and
+    highest-scored dropped records."""
+    if report is None:
+        return {}
+    hist = report["histogram"]
+    edges, top = hist["edges"], max([*hist["kept"], *hist["dropped"], 1])
+    bars = table(
+        [
+            (f"{lo:g}-{hi:g}", kept, dropped, text_bar(kept, top, HISTOGRAM_BAR) + "|" + text_bar(dropped, top, 10))
+            for lo, hi, kept, dropped in zip(edges, edges[1:], hist["kept"], hist["dropped"])
+            if kept or dropped
+        ],
+        ["score", "kept", "dropped", "kept | dropped"],
+    )
+    means = [
+        {"group": f"{kind} {name}", "records": row["records"], "mean score": row["mean_score"]}
+        for kind, rows in (("language", report["by_language"]), ("source", report["by_source"]))
+        for name, row in rows.items()
+    ]
+    extremes = [
+        {"kind": kind, "id": e["id"], "score": e["score"], "text": plain_cell(e["text"], SAMPLE_CELL_CHARS)}
+        for kind, key in (("lowest kept", "lowest_kept"), ("highest dropped", "highest_dropped"))
+        for e in report[key]
+    ]
+    model = report["model"]
+    return {
+        "quality_model": f"{model['kind']} {model['id']} ({model['path']}), rule: {report['rule']}",
+        "quality_kept_share": report["kept_share"],
+        "quality_mean_score": report["mean_score"] if report["mean_score"] is not None else float("nan"),
+        "quality_model_scored": report["model_scored"],
+        "quality_reused_scores": report["reused_scores"],
+        "quality_score_histogram": dagster_table(bars),
+        "quality_mean_score_by_group": dagster_table(table(means, ["group", "records", "mean score"])),
+        "quality_extremes": dagster_table(table(extremes, ["kind", "id", "score", "text"])),
     }
 
 

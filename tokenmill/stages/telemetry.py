@@ -21,6 +21,8 @@ VERSION = "2026-12-04"
 
 # (asset key, funnel label) in pipeline order; each stage reports docs_in, docs_out, dropped_<reason>.
 RECORD_STAGES = record_stages()
+# cleaned_jsonl's quality-model step, a funnel row of its own, and the reason it drops by (model_scores.py)
+QUALITY_STEP, QUALITY_STEP_REASON = "quality_model", "quality_score"
 
 
 def _json_fields(kind: type, data: dict) -> dict[str, Any]:
@@ -210,11 +212,28 @@ def folder_bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in Path(folder).resolve().rglob("*") if f.is_file() and f.name != TIMINGS_FILE)
 
 
+def with_step_rows(per_stage: list[tuple[str, str, dict]]) -> list[tuple[str, str, dict]]:
+    """cleaned_jsonl's quality-model step as a row of its own after the rules' (the stats count its drops under
+    `dropped_quality_score`): the rules' row hands it the records they kept."""
+    rows = []
+    for key, label, s in per_stage:
+        model_drops = s.get(f"dropped_{QUALITY_STEP_REASON}") if key == "cleaned_jsonl" else None
+        if model_drops is None:
+            rows.append((key, label, s))
+            continue
+        rules = {k: v for k, v in s.items() if k != f"dropped_{QUALITY_STEP_REASON}"}
+        scored = int(s["docs_out"]) + int(model_drops)
+        rows.append((key, "cleaned (rules)", {**rules, "docs_out": scored}))
+        step = {"docs_in": scored, "docs_out": s["docs_out"], f"dropped_{QUALITY_STEP_REASON}": model_drops}
+        rows.append((QUALITY_STEP, label, step))
+    return rows
+
+
 def stage_rows(per_stage: list[tuple[str, str, dict]]) -> tuple[StageCounts, ...]:
     """One funnel row per (key, label, stats), each linked to the stage before (a stage must see every record the
-    previous one kept)."""
+    previous one kept); a stage's step with a row of its own after it (with_step_rows)."""
     rows: list[StageCounts] = []
-    for key, label, s in per_stage:
+    for key, label, s in with_step_rows(per_stage):
         docs_in = int(s["docs_in"])
         linked = not rows or docs_in == rows[-1].docs_out
         rows.append(

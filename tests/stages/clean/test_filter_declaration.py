@@ -91,7 +91,9 @@ def test_dropped_lists_the_declared_reasons_then_the_others_sorted():
 
 def test_the_stage_checks_in_equals_out_plus_dropped(tmp_path, monkeypatch):
     """Counts that lose a rejection stop the stage before it writes _stats.json."""
-    monkeypatch.setattr(corpus, "dropped_counts", lambda reasons: {r: n for r, n in reasons.items() if r != "empty"})
+    monkeypatch.setattr(
+        corpus, "dropped_counts", lambda reasons, also=(): {r: n for r, n in reasons.items() if r != "empty"}
+    )
     make_raw(tmp_path / "raw", [PROSE, ""])
     with pytest.raises(RuntimeError, match=r"2 in != 1 out \+ 0 dropped"):
         clean_corpus(tmp_path / "raw", tmp_path / "out", CleanSettings())

@@ -7,30 +7,12 @@ import random
 
 import numpy as np
 import pytest
+from support import FAST, SCIENCE, SPAM, paragraph
 
 from cli import main
 from tokenmill.errors import ConfigError, SourceError
 from tokenmill.quality_training import train_quality_model
 from tokenmill.stages.quality_model import QualityTrainSettings, load_quality_model, model_id
-
-SCIENCE = (
-    "the experiment measured how the cell membrane regulates ion transport across a gradient of temperature and "
-    "pressure while researchers recorded the protein structure and compared the results with earlier theory"
-).split()
-SPAM = (
-    "buy cheap pills now click here free money winner limited offer best price casino bonus hot deal discount "
-    "subscribe today act fast viagra loans guaranteed"
-).split()
-# small enough to train in well under a second (fastText's default 2M buckets x dim is 800 MB)
-FAST = {"bucket": 20_000, "dim": 16}
-
-
-def paragraph(rng: random.Random, words: list[str], n: int = 60) -> str:
-    sentences = []
-    for _ in range(n // 12):
-        sentence = " ".join(rng.choice(words) for _ in range(12))
-        sentences.append(sentence[0].upper() + sentence[1:] + ".")
-    return " ".join(sentences)
 
 
 @pytest.fixture(scope="module")

@@ -34,10 +34,11 @@ from tokenmill.stages.clean.filters import filter_reasons
 from tokenmill.stages.clean.finish import FinishResult, FinishTask, finish_task
 from tokenmill.stages.clean.language import LANGUAGE_REASON
 from tokenmill.stages.clean.line_stats import LineTable
+from tokenmill.stages.clean.model_scores import QUALITY_SCORE_REASON, ModelStep, SelectResult, run_model_step
 from tokenmill.stages.clean.pii import KINDS as PII_KINDS
 from tokenmill.stages.clean.prepare import PrepareResult, PrepareTask, prepare_task
 from tokenmill.stages.clean.quality import QUALITY_REASONS, ProfileChoice, c4_lines_removed, choose_profile
-from tokenmill.stages.clean.report import LENGTH_BUCKETS, bucket_labels, pick_examples, rule_names
+from tokenmill.stages.clean.report import LENGTH_BUCKETS, bucket_labels, length_hist, pick_examples, rule_names
 from tokenmill.stages.clean.settings import CleanSettings
 
 LANGUAGE_REASONS = (LANGUAGE_REASON,)
@@ -53,10 +54,10 @@ def declared_reasons() -> tuple[str, ...]:
 REASONS = declared_reasons()  # as declared at import; the stage calls declared_reasons()
 
 
-def dropped_counts(reasons: Counter) -> dict[str, int]:
-    """Records dropped per reason: every declared one (0 when unseen), then any other reason a rule returned,
-    sorted, so no rejection is ever left out of the counts."""
-    declared = declared_reasons()
+def dropped_counts(reasons: Counter, also: tuple[str, ...] = ()) -> dict[str, int]:
+    """Records dropped per reason: every declared one (0 when unseen) and those of the steps that ran (`also`),
+    then any other reason a rule returned, sorted, so no rejection is ever left out of the counts."""
+    declared = (*declared_reasons(), *also)
     seen = sorted(set(reasons) - set(declared))
     return {r: reasons.get(r, 0) for r in (*declared, *seen)}
 
@@ -125,6 +126,30 @@ class Totals:
     drops_by_language: Counter = field(default_factory=Counter)
     """(language, reason) -> records rejected."""
 
+    def _add_ids(self, ids: np.ndarray | None) -> None:
+        if self.ids is None or ids is None:
+            self.ids = None
+        else:
+            self.ids.add(ids)
+
+    def add_selected(self, k: int, name: str, res: SelectResult) -> None:
+        """Shard k as pass 3 rewrote it: its drops taken out of the records, characters, lengths and languages
+        pass 2 counted, and counted as drops."""
+        dropped = self.shards[k]["records"] - res.docs_out
+        self.shards[k] = shard_figures(name, res.size, res.docs_out, res.crc32)
+        self._add_ids(res.ids)
+        self.docs_out -= dropped
+        self.chars_out -= sum(res.dropped_lengths)
+        self.hist_out -= np.array(length_hist(res.dropped_lengths), np.int64)
+        self.reasons[QUALITY_SCORE_REASON] += dropped
+        for language, n in res.dropped_languages.items():
+            self.drops_by_language[language, QUALITY_SCORE_REASON] += n
+            if language in self.languages:
+                self.languages[language][0] -= n
+                self.languages[language][1] -= res.dropped_chars_by_language[language]
+        for reason, items in res.samples.items():
+            self.samples[k].setdefault(reason, []).extend(items)
+
     def _add_common(self, res: PrepareResult | FinishResult) -> None:
         for k, v in res.seconds.items():
             self.seconds[k] = self.seconds.get(k, 0.0) + v
@@ -138,13 +163,12 @@ class Totals:
         self.hist_in += res.hist_in
         self.line_rows += res.line_rows
 
-    def add_finished(self, res: FinishResult, name: str) -> None:
+    def add_finished(self, res: FinishResult, name: str, with_ids: bool = True) -> None:
+        """A shard pass 2 wrote; `with_ids` False when pass 3 rewrites it and adds its ids (add_selected)."""
         self._add_common(res)
         self.shards.append(shard_figures(name, res.size, res.docs_out, res.crc32))
-        if self.ids is None or res.ids is None:
-            self.ids = None
-        else:
-            self.ids.add(res.ids)
+        if with_ids:
+            self._add_ids(res.ids)
         self.docs_in += res.docs_in
         self.docs_out += res.docs_out
         self.chars_out += res.chars_out
@@ -213,8 +237,10 @@ def run_pass2(
     totals: Totals,
     workers: int,
     log,
+    rewritten: bool,
 ) -> None:
-    """Rule 7, rule 8 on the stripped records, the shards and _rejected.jsonl written."""
+    """Rule 7, rule 8 on the stripped records, the shards and their rejected side files written (`rewritten`:
+    pass 3 rewrites the shards after)."""
     progress = Progress("cleaned_jsonl pass 2 (boilerplate, write)", total=len(paths), unit="shards", log=log)
     table = merged if merged is not None and len(merged) else None
     tasks = [
@@ -222,10 +248,9 @@ def run_pass2(
         for p in paths
     ]
     for p, res in zip(paths, map_ordered(finish_task, tasks, workers)):
-        totals.add_finished(res, p.out.name)
+        totals.add_finished(res, p.out.name, with_ids=not rewritten)
         progress.advance(1)
     progress.finish()
-    totals.rejected_samples = write_rejected([p.rejected for p in paths], totals.samples, out_dir / REJECTED_FILE)
 
 
 def write_rejected(parts: list[Path], shard_samples: list[dict], dest: Path) -> dict:
@@ -307,6 +332,9 @@ class CleanResult(StageResult):
     boilerplate: dict
     flagged_contamination: int
     decontamination: dict  # mode and, per evaluation file, its items, n-grams and hits
+    # the quality-model step (model_scores.run_model_step): model, rule, cutoffs, kept share, histogram, means
+    # per language and source, extremes; None without quality_model
+    quality_model: dict | None = None
     languages: dict[str, dict[str, int]] | None = None  # records and chars per meta.language
     length_buckets: list[str]
     length_hist_before: list[int]
@@ -329,13 +357,14 @@ def _result(
     t0: float,
     contamination: ContaminationIndex | None,
     profile: ProfileChoice,
+    model_report: dict | None,
 ) -> CleanResult:
     work = sum(totals.seconds.values()) or 1.0
     reasons, counts = totals.reasons, totals.counts
     return CleanResult(
         docs_in=totals.docs_in,
         docs_out=totals.docs_out,
-        dropped=dropped_counts(reasons),
+        dropped=dropped_counts(reasons, also=(QUALITY_SCORE_REASON,) if model_report is not None else ()),
         rejected=sum(reasons.values()),
         rejected_by_reason=dict(sorted(reasons.items())),
         dropped_by_language=drops_by_language(totals.drops_by_language),
@@ -357,6 +386,7 @@ def _result(
             "mode": s.decontaminate_mode,
             "files": contamination.report(counts) if contamination is not None else [],
         },
+        quality_model=model_report,
         languages=_languages(s, totals),
         length_buckets=bucket_labels(),
         length_hist_before=totals.hist_in.tolist(),
@@ -393,6 +423,8 @@ def clean_corpus(
     # the plain class, also for the asset's config: workers never import the asset module (dagster)
     s = CleanSettings(**settings.model_dump()) if settings is not None else CleanSettings()
     contamination = prepare_indexes(s, Path(cache_dir or out_dir.parent / DECONTAM_CACHE), log)
+    model = ModelStep.of(s) if s.quality_model else None
+    model_report = None
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [ShardPaths.of(p, out_dir) for p in record_shards(in_dir)]
     profile = choose_profile([p.shard for p in paths], s.quality)
@@ -407,14 +439,18 @@ def clean_corpus(
         merged = find_boilerplate(shards, s, totals, task_workers)
         t_pass2 = time.perf_counter()
         totals.pass_seconds["merge"] = round(t_pass2 - t_merge, 3)
-        run_pass2(paths, out_dir, run, merged, totals, task_workers, log)
+        run_pass2(paths, out_dir, run, merged, totals, task_workers, log, rewritten=model is not None)
         totals.pass_seconds["pass2"] = round(time.perf_counter() - t_pass2, 3)
+        if model is not None:
+            model_report = run_model_step(model, paths, run, totals, task_workers, log, out_dir.parent, in_dir.name)
+        rejected = [p.rejected for p in paths]
+        totals.rejected_samples = write_rejected(rejected, totals.samples, out_dir / REJECTED_FILE)
     finally:
         for p in paths:
             p.stage.unlink(missing_ok=True)
             p.lines.unlink(missing_ok=True)
             p.rejected.unlink(missing_ok=True)
-    result = _result(s, merged, totals, len(paths), workers, t0, contamination, profile)
+    result = _result(s, merged, totals, len(paths), workers, t0, contamination, profile, model_report)
     # in = out + dropped: every rejected record counted under its reason (a bug, never expected: say so loudly)
     if result.docs_in != result.docs_out + result.dropped_total:
         raise RuntimeError(

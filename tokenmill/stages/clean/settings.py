@@ -157,6 +157,33 @@ class CleanSettings(StageSettings, QualitySettings):
     decontaminate_chars: int = Field(
         50, ge=10, le=500, description="Characters per n-gram for CJK, Thai, ... texts (written without spaces)"
     )
+    quality_model: str = Field(
+        "",
+        description="A quality classifier scoring every kept record (meta.quality_score, meta.quality_model): a "
+        "fastText .bin, a `tokenmill train-quality` folder or a transformers sequence-classification folder, "
+        "relative to the run's directory; read from disk only. Empty: no model step",
+    )
+    quality_model_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where a transformers model scores: 'auto' takes CUDA when torch sees a GPU"
+    )
+    quality_max_tokens: int = Field(
+        512, ge=1, le=100_000, description="Each text is cut to this many tokens (fastText: words) before scoring"
+    )
+    quality_threshold: float | None = Field(
+        None, description="Keep records scoring at least this; the others are rejected ('quality_score')"
+    )
+    quality_keep_share: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Keep the top share of each batch by score (round(share x records), ties broken by record "
+        "id); the others are rejected ('quality_score')",
+    )
+    quality_per_language: bool = Field(
+        False,
+        description="Apply quality_keep_share within each meta.language (identified, or the source's) instead of "
+        "over the whole batch",
+    )
     examples: int = Field(6, ge=0, le=1000, description="Before/after examples kept in _stats.json")
 
     @field_validator("languages")
@@ -185,6 +212,12 @@ class CleanSettings(StageSettings, QualitySettings):
     def _check_combinations(self) -> CleanSettings:
         if not self.language_id and (self.languages or self.min_language_score):
             raise ValueError("languages and min_language_score need language_id on")
+        if (self.quality_threshold is not None or self.quality_keep_share is not None) and not self.quality_model:
+            raise ValueError("quality_threshold and quality_keep_share need a quality_model")
+        if self.quality_threshold is not None and self.quality_keep_share is not None:
+            raise ValueError("quality_threshold and quality_keep_share: set one of them, not both")
+        if self.quality_per_language and self.quality_keep_share is None:
+            raise ValueError("quality_per_language needs quality_keep_share")
         if self.max_chars and self.min_chars > self.max_chars:
             raise ValueError(
                 f"min_chars ({self.min_chars}) must not exceed max_chars ({self.max_chars}) "

@@ -5,7 +5,7 @@ raw and clean stages."""
 
 from tokenmill.stages.quality_model.fasttext_model import train_fasttext
 from tokenmill.stages.quality_model.metrics import held_out_metrics
-from tokenmill.stages.quality_model.model import QualityModel, load_quality_model, model_id
+from tokenmill.stages.quality_model.model import QualityModel, load_quality_model, model_id, model_kind
 from tokenmill.stages.quality_model.settings import QualityModelCard, QualityTrainSettings
 
 __all__ = [
@@ -15,5 +15,6 @@ __all__ = [
     "held_out_metrics",
     "load_quality_model",
     "model_id",
+    "model_kind",
     "train_fasttext",
 ]

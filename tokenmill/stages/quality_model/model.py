@@ -61,6 +61,21 @@ def model_id(path: str | Path) -> str:
     return digest.hexdigest()[:16]
 
 
+def model_kind(path: str | Path) -> Literal["fasttext", "transformers"]:
+    """What kind of model `path` holds, by its files (nothing is loaded); ConfigError when neither."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"quality_model: no such file or folder: {path}")
+    if path.is_file() or (path / CARD_FILE).is_file():
+        return "fasttext"
+    if (path / "config.json").is_file():
+        return "transformers"
+    raise ConfigError(
+        f"quality_model: {path} is neither a fastText .bin, a train-quality folder ({CARD_FILE}) nor a "
+        "transformers folder (config.json)"
+    )
+
+
 def load_quality_model(path: str | Path, device: str = "auto", max_tokens: int = 512) -> QualityModel:
     """The model at `path`; `device` auto picks CUDA when torch sees one (transformers only: fastText runs on the
     CPU); texts are cut to `max_tokens` tokens (fastText: whitespace-separated words)."""
@@ -69,10 +84,9 @@ def load_quality_model(path: str | Path, device: str = "auto", max_tokens: int =
         raise ConfigError(f"quality_model.device: one of {', '.join(DEVICES)}, got {device!r}")
     if max_tokens < 1:
         raise ConfigError(f"quality_model.max_tokens: must be at least 1, got {max_tokens}")
-    if not path.exists():
-        raise ConfigError(f"quality_model: no such file or folder: {path}")
     scorer: Scorer
-    if path.is_file() or (path / CARD_FILE).is_file():
+    kind = model_kind(path)
+    if kind == "fasttext":
         from tokenmill.stages.quality_model.fasttext_model import FastTextScorer
 
         file = path if path.is_file() else path / QualityModelCard.read(path).model_file
@@ -80,14 +94,8 @@ def load_quality_model(path: str | Path, device: str = "auto", max_tokens: int =
             scorer = FastTextScorer(file, max_tokens)
         except ValueError as e:  # not a fastText model, or not one of two labels
             raise ConfigError(f"quality_model: {file} is not a two-label fastText model ({e})") from None
-        kind: Literal["fasttext", "transformers"] = "fasttext"
-    elif (path / "config.json").is_file():
+    else:
         from tokenmill.stages.quality_model.transformers_model import TransformersScorer
 
-        scorer, kind = TransformersScorer(path, device, max_tokens), "transformers"
-    else:
-        raise ConfigError(
-            f"quality_model: {path} is neither a fastText .bin, a train-quality folder ({CARD_FILE}) nor a "
-            "transformers folder (config.json)"
-        )
+        scorer = TransformersScorer(path, device, max_tokens)
     return QualityModel(path=path, kind=kind, model_id=model_id(path), max_tokens=max_tokens, scorer=scorer)

@@ -1,0 +1,179 @@
+"""cleaned_jsonl's quality-model step: a fastText model trained here on two kinds of generated text scores every
+record the rules kept; the threshold and share rules keep what they should, drops carry the score, the rule and the
+model as evidence, scores are stored so that a changed rule re-scores nothing and a changed model re-scores, and
+without a model nothing changes."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+from support import FAST, SCIENCE, SPAM, clean, make_raw, paragraph
+
+from tokenmill.common.io import REJECTED_FILE, iter_jsonl, record_shards
+from tokenmill.explain import explain, render
+from tokenmill.quality_training import train_quality_model
+from tokenmill.stages.clean import CleanSettings, clean_corpus
+from tokenmill.stages.clean.model_scores import keep_share_mask
+from tokenmill.stages.quality_model import QualityTrainSettings, model_id
+from tokenmill.stages.telemetry import stage_rows
+
+QUALITY_META = ("quality_score", "quality_model")
+
+
+def mixed(n: int, seed: int) -> tuple[list[str], list[bool]]:
+    """n science and n spam paragraphs, interleaved; whether each is science."""
+    rng = random.Random(seed)
+    texts, good = [], []
+    for _ in range(n):
+        texts += [paragraph(rng, SCIENCE), paragraph(rng, SPAM)]
+        good += [True, False]
+    return texts, good
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """Two fastText models telling science from spam (different seeds, so different files and ids)."""
+    folder = tmp_path_factory.mktemp("models")
+    texts, good = mixed(60, seed=0)
+    (folder / "good.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t, g in zip(texts, good) if g))
+    (folder / "bad.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t, g in zip(texts, good) if not g))
+    paths = []
+    for seed in (1, 2):
+        train_quality_model(
+            [folder / "good.jsonl"],
+            [folder / "bad.jsonl"],
+            folder / f"m{seed}",
+            QualityTrainSettings(seed=seed, **FAST),
+        )
+        paths.append(str(folder / f"m{seed}"))
+    return paths
+
+
+def without_quality_meta(record: dict) -> dict:
+    return {**record, "meta": {k: v for k, v in record["meta"].items() if k not in QUALITY_META}}
+
+
+def test_the_threshold_keeps_the_good_kind_with_its_score_and_explains_the_drops(tmp_path, models):
+    texts, good = mixed(30, seed=5)
+    ids, recs, rej, stats = clean(tmp_path, texts, quality_model=models[0], quality_threshold=0.5)
+    assert set(recs) == {i for i, g in zip(ids, good) if g} and set(rej) == {i for i, g in zip(ids, good) if not g}
+    mid = model_id(models[0])
+    for rec in recs.values():
+        assert rec["meta"]["quality_model"] == mid and rec["meta"]["quality_score"] >= 0.5
+    entry = rej[ids[1]]
+    assert entry["reason"] == "quality_score" and entry["model"] == mid and entry["threshold"] == 0.5
+    assert entry["value"] < 0.5 and entry["rule"] == "quality_threshold 0.5"
+    assert stats.dropped["quality_score"] == 30 and stats.docs_out == 30
+    report = stats.quality_model
+    assert report["model"]["id"] == mid and report["kept"] == 30 and report["kept_share"] == 0.5
+    assert sum(report["histogram"]["kept"]) == 30 and sum(report["histogram"]["dropped"]) == 30
+    assert [e["score"] for e in report["lowest_kept"]] == sorted(e["score"] for e in report["lowest_kept"])
+    assert min(e["score"] for e in report["lowest_kept"]) >= max(e["score"] for e in report["highest_dropped"])
+    assert report["by_language"]["en"]["records"] == 60 and report["by_source"]["fixture.jsonl"]["records"] == 60
+    # the UI: the kept share and mean score as numbers (plotted across runs), the histogram and extremes as tables
+    from assets.metadata import cleaned_jsonl_metadata
+
+    shown = cleaned_jsonl_metadata(stats, tmp_path / "out")
+    assert shown["quality_kept_share"] == 0.5 and shown["quality_model_scored"] == 60
+    assert mid in shown["quality_model"] and "quality_threshold 0.5" in shown["quality_model"]
+    assert len(shown["quality_extremes"].value.records) == 10
+    # the stage's figures are the rewritten shards'
+    shards = json.loads((tmp_path / "out" / "_shards.json").read_text())
+    assert sum(s["records"] for s in shards["shards"]) == 30
+    # without a model the same records come out, without the step's meta and report
+    _, plain, _, plain_stats = clean(tmp_path, texts, name="plain")
+    assert {i: without_quality_meta(plain[i]) for i in recs} == {i: without_quality_meta(r) for i, r in recs.items()}
+    assert plain_stats.quality_model is None and "quality_score" not in plain_stats.dropped
+    assert all("quality_score" not in r["meta"] for r in plain.values())
+
+
+def test_explain_names_the_score_rule_and_model(tmp_path, models):
+    texts, _ = mixed(10, seed=6)
+    data = tmp_path / "data"
+    ids = make_raw(data / "raw_records" / "batch-1", texts)
+    clean_corpus(
+        data / "raw_records" / "batch-1",
+        data / "cleaned_jsonl" / "batch-1",
+        CleanSettings(quality_model=models[0], quality_threshold=0.5),
+    )
+    fate = explain(data, ids[1])
+    assert fate["reason"] == "quality_score" and fate["evidence"]["model"] == model_id(models[0])
+    shown = render(fate)
+    assert "quality_score" in shown and "quality_threshold 0.5" in shown and model_id(models[0]) in shown
+
+
+def test_keep_share_keeps_the_top_share_per_batch_and_per_language(tmp_path, models):
+    texts, _ = mixed(20, seed=7)
+    ids, recs, rej, stats = clean(tmp_path, texts, quality_model=models[0], quality_keep_share=0.25)
+    assert len(recs) == 10 and stats.dropped["quality_score"] == 30
+    assert min(r["meta"]["quality_score"] for r in recs.values()) >= max(e["value"] for e in rej.values())
+    # per language: a quarter of each language's records (meta.language from the source, identification off)
+    metas = [{"language": "de" if i % 4 < 2 else "fr"} for i in range(len(texts))]
+    _, recs, _, stats = clean(
+        tmp_path,
+        texts,
+        metas=metas,
+        name="per-language",
+        language_id=False,
+        quality_model=models[0],
+        quality_keep_share=0.25,
+        quality_per_language=True,
+    )
+    kept_languages = sorted(r["meta"]["language"] for r in recs.values())
+    assert kept_languages == ["de"] * 5 + ["fr"] * 5
+    assert set(stats.quality_model["cutoffs"]) == {"de", "fr"}
+
+
+def test_ties_at_a_share_cutoff_go_to_the_smaller_record_id():
+    scores = np.array([0.9, 0.5, 0.5, 0.5, 0.1])
+    ids = {1: "c", 2: "a", 3: "b"}
+    keep, cutoff = keep_share_mask(scores, lambda ix: [ids[i] for i in ix.tolist()], 0.6, "", "rule")
+    assert keep.tolist() == [True, False, True, True, False] and cutoff.score == 0.5
+    assert keep_share_mask(scores, None, 1.0, "", "rule")[1] is None  # all kept: no cutoff, no ids read
+
+
+def test_a_changed_rule_rescores_nothing_a_changed_model_rescores(tmp_path, models):
+    texts, _ = mixed(15, seed=8)
+    raw = tmp_path / "raw" / "batch-1"
+    make_raw(raw, texts, per_shard=10)
+
+    def run(name, **settings):
+        out = tmp_path / "cleaned" / name
+        return clean_corpus(raw, out, CleanSettings(**settings)).quality_model, out
+
+    first, out_first = run("a", quality_model=models[0], quality_threshold=0.5)
+    assert (first["model_scored"], first["reused_scores"]) == (30, 0)
+    again, _ = run("b", quality_model=models[0], quality_keep_share=0.5)
+    assert (again["model_scored"], again["reused_scores"]) == (0, 30)
+    other, _ = run("c", quality_model=models[1], quality_threshold=0.5)
+    assert (other["model_scored"], other["reused_scores"]) == (30, 0) and other["model"]["id"] != first["model"]["id"]
+    # stored scores give the bytes a fresh scoring gives
+    rerun, out_rerun = run("d", quality_model=models[0], quality_threshold=0.5)
+    assert rerun["reused_scores"] == 30
+    for name in [p.name for p in record_shards(out_first)] + [REJECTED_FILE]:
+        assert (out_first / name).read_bytes() == (out_rerun / name).read_bytes()
+
+
+def test_the_funnel_shows_the_model_step_as_its_own_row(tmp_path, models):
+    texts, _ = mixed(10, seed=9)
+    _, _, _, stats = clean(tmp_path, texts, quality_model=models[0], quality_threshold=0.5)
+    written = json.loads((tmp_path / "out" / "_stats.json").read_text())
+    rows = stage_rows([("raw_records", "raw", {"docs_in": 20, "docs_out": 20}), ("cleaned_jsonl", "cleaned", written)])
+    assert [r.stage for r in rows] == ["raw_records", "cleaned_jsonl", "quality_model"]
+    assert all(r.conserved_and_linked for r in rows)
+    assert rows[2].docs_in == 20 and rows[2].docs_out == 10 and rows[2].dropped == {"quality_score": 10}
+    assert "quality_score" not in rows[1].dropped
+
+
+def test_a_missing_model_is_one_line_before_any_work(tmp_path):
+    from tokenmill.errors import ConfigError
+
+    make_raw(tmp_path / "raw", ["a text long enough to keep"])
+    with pytest.raises(ConfigError, match="quality_model: no such file or folder: .*nowhere.bin"):
+        clean_corpus(tmp_path / "raw", tmp_path / "out", CleanSettings(quality_model=str(tmp_path / "nowhere.bin")))
+    assert not list(iter_jsonl_safe(tmp_path / "out"))
+
+
+def iter_jsonl_safe(folder):
+    return [r for shard in record_shards(folder) for r in iter_jsonl(shard)] if folder.exists() else []
