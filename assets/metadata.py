@@ -457,6 +457,7 @@ def _quality_model(report: dict | None) -> dict:
     model = report["model"]
     return {
         "quality_model": f"{model['kind']} {model['id']} ({model['path']}), rule: {report['rule']}",
+        "quality_model_id": model["id"],
         "quality_kept_share": report["kept_share"],
         "quality_mean_score": report["mean_score"] if report["mean_score"] is not None else float("nan"),
         "quality_model_scored": report["model_scored"],

@@ -148,9 +148,12 @@ def test_a_changed_rule_rescores_nothing_a_changed_model_rescores(tmp_path, mode
     assert (again["model_scored"], again["reused_scores"]) == (0, 30)
     other, _ = run("c", quality_model=models[1], quality_threshold=0.5)
     assert (other["model_scored"], other["reused_scores"]) == (30, 0) and other["model"]["id"] != first["model"]["id"]
-    # stored scores give the bytes a fresh scoring gives
+    # stored scores give the bytes a fresh scoring gives, and the same records as another batch (a rebuild) find them
     rerun, out_rerun = run("d", quality_model=models[0], quality_threshold=0.5)
     assert rerun["reused_scores"] == 30
+    raw.rename(raw.with_name("batch-2"))
+    raw = raw.with_name("batch-2")
+    assert run("e", quality_model=models[0], quality_threshold=0.5)[0]["reused_scores"] == 30
     for name in [p.name for p in record_shards(out_first)] + [REJECTED_FILE]:
         assert (out_first / name).read_bytes() == (out_rerun / name).read_bytes()
 

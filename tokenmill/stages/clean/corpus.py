@@ -442,7 +442,7 @@ def clean_corpus(
         run_pass2(paths, out_dir, run, merged, totals, task_workers, log, rewritten=model is not None)
         totals.pass_seconds["pass2"] = round(time.perf_counter() - t_pass2, 3)
         if model is not None:
-            model_report = run_model_step(model, paths, run, totals, task_workers, log, out_dir.parent, in_dir.name)
+            model_report = run_model_step(model, paths, run, totals, task_workers, log, out_dir.parent)
         rejected = [p.rejected for p in paths]
         totals.rejected_samples = write_rejected(rejected, totals.samples, out_dir / REJECTED_FILE)
     finally:

@@ -38,7 +38,8 @@ from tokenmill.stages.quality_model import QualityModel, load_quality_model, mod
 
 QUALITY_SCORE_REASON = "quality_score"
 SCORE_STORE = "_quality_scores"
-"""The score store's folder in the stage folder: <model id>-t<max tokens>/<batch>/<shard>.npy."""
+"""The score store's folder in the stage folder: <model id>-t<max tokens>/<CRC-32>-<bytes>.npy, one file per shard
+pass 2 wrote, named by its contents: the same shard in a rebuild, a re-run or another batch finds its scores."""
 SCORE_DIGITS = 4
 """Scores are rounded to this many decimals, in meta and for the rule alike (and CPU and GPU agree to it)."""
 SCORE_BATCH = 256
@@ -95,8 +96,10 @@ class ModelStep:
             max_tokens=s.quality_max_tokens,
         )
 
-    def store(self, stage_folder: Path, batch: str) -> Path:
-        return stage_folder / SCORE_STORE / f"{self.model_id}-t{self.max_tokens}" / batch
+    def store(self, stage_folder: Path, shard: dict) -> Path:
+        """The store file of a shard (its SHARDS_FILE entry: bytes, crc32)."""
+        name = f"{shard['crc32']:08x}-{shard['bytes']}.npy"
+        return stage_folder / SCORE_STORE / f"{self.model_id}-t{self.max_tokens}" / name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +158,7 @@ def score_task(task: ScoreTask) -> ShardScores:
         found = store["key"][at] == key_array
         raw[found] = store["score"][at[found]]
     missing = np.flatnonzero(~found)
-    if len(missing):
+    if len(missing):  # the store file is the shard's alone (named by its bytes): rewritten whole
         model = loaded_model(task.model.path, task.model.device, task.model.max_tokens)
         for start in range(0, len(missing), SCORE_BATCH):
             chunk = missing[start : start + SCORE_BATCH]
@@ -414,14 +417,14 @@ def mean_by(groups: dict[str, list[float]], limit: int | None = None) -> dict[st
 
 
 def run_model_step(
-    model: ModelStep, paths: list, s: CleanSettings, totals: Totals, workers: int, log, stage_folder: Path, batch: str
+    model: ModelStep, paths: list, s: CleanSettings, totals: Totals, workers: int, log, stage_folder: Path
 ) -> dict:
     """Pass 3 over the shards pass 2 wrote (ShardPaths: .out, .rejected), `totals` brought up to date (records and
     characters out, languages, lengths, shard figures, ids, drops); returns the step's report for _stats.json."""
     t0 = time.perf_counter()
-    folder = model.store(stage_folder, batch)
     parts = [str(p.out) for p in paths]
-    tasks = [ScoreTask(part=part, store=str(folder / f"{Path(part).stem}.npy"), model=model) for part in parts]
+    stores = [str(model.store(stage_folder, shard)) for shard in totals.shards]
+    tasks = [ScoreTask(part=part, store=store, model=model) for part, store in zip(parts, stores)]
     # a transformers model is one per process (one per GPU): its own threads, or the GPU, run the batch
     score_workers = 1 if model.kind == "transformers" else workers
     progress = Progress("cleaned_jsonl quality model (score)", total=len(tasks), unit="shards", log=log)
