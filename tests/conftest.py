@@ -18,6 +18,7 @@ SHARED = (REPO.parent / "shared").resolve()
 # `dagster dev` and the browser, PostgreSQL, loader tests that spawn workers or processes. A path names every test
 # in the file; a node id one test with all its parameters.
 SLOW = (
+    "tests/stages/clean/test_model_step.py::test_update_with_a_quality_model_runs_the_graph_and_counts_its_step",
     "tests/test_kill_harness.py",
     "tests/test_ray.py",
     "tests/test_ui.py",

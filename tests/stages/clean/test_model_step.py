@@ -180,3 +180,50 @@ def test_a_missing_model_is_one_line_before_any_work(tmp_path):
 
 def iter_jsonl_safe(folder):
     return [r for shard in record_shards(folder) for r in iter_jsonl(shard)] if folder.exists() else []
+
+
+def test_a_transformers_model_scores_on_the_cpu_and_its_share_rule_holds(tmp_path):
+    from devtools.tiny_models import random_bert
+
+    texts, _ = mixed(10, seed=10)
+    folder = random_bert(tmp_path / "bert", texts, hidden=32, layers=2, vocab_size=300, max_positions=128)
+    _, recs, rej, stats = clean(
+        tmp_path, texts, quality_model=str(folder), quality_model_device="cpu", quality_keep_share=0.5
+    )
+    report = stats.quality_model
+    assert report["model"]["kind"] == "transformers" and report["model"]["id"] == model_id(folder)
+    assert len(recs) == 10 and len(rej) == 10 and report["model_scored"] == 20
+    assert min(r["meta"]["quality_score"] for r in recs.values()) >= max(e["value"] for e in rej.values())
+
+
+def test_update_with_a_quality_model_runs_the_graph_and_counts_its_step(tmp_path, models):
+    """The whole graph through `tokenmill update -c`: the step's row in the summary and in funnel.json, conserved
+    and linked, and the funnel check passing."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    texts, _ = mixed(30, seed=11)
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "mixed.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "run.yaml").write_text(
+        f"ops:\n  cleaned_jsonl:\n    config:\n      quality_model: {models[0]}\n      quality_threshold: 0.5\n"
+    )
+    env = {**os.environ, "TOKENMILL_SOURCE": str(source), "TOKENMILL_DATA": str(tmp_path / "data")}
+    env.pop("DAGSTER_HOME", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli", "update", "-c", str(tmp_path / "run.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "quality_model" in done.stdout and "(dropped 30)" in done.stdout
+    funnel = json.loads((tmp_path / "data" / "funnel_telemetry" / "funnel.json").read_text())
+    rows = {row["stage"]: row for row in funnel["stages"]}
+    assert rows["quality_model"]["docs_in"] == 60 and rows["quality_model"]["docs_out"] == 30
+    assert all(row["conserved"] and row["linked"] for row in funnel["stages"])

@@ -10,6 +10,7 @@ import pytest
 from support import FAST, SCIENCE, SPAM, paragraph
 
 from cli import main
+from devtools.tiny_models import random_bert
 from tokenmill.errors import ConfigError, SourceError
 from tokenmill.quality_training import train_quality_model
 from tokenmill.stages.quality_model import QualityTrainSettings, load_quality_model, model_id
@@ -92,37 +93,12 @@ def test_model_id_changes_with_a_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_transformers(tmp_path_factory, corpus):
-    """A 2-layer BERT of hidden size 32 with random weights and a WordPiece tokenizer trained on the test corpus,
-    saved as transformers saves a model."""
-    import torch
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
+    """A 2-layer BERT of hidden size 32 with random weights and a WordPiece tokenizer trained on the test corpus."""
     good, bad = corpus
     folder = tmp_path_factory.mktemp("tiny_bert")
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(
-        [good.read_text(), bad.read_text()], trainers.WordPieceTrainer(vocab_size=300, special_tokens=special)
+    return random_bert(
+        folder, [good.read_text(), bad.read_text()], hidden=32, layers=2, vocab_size=300, max_positions=128
     )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
-    )
-    fast.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=fast.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=1,  # a regression head, as FineWeb-Edu's classifier
-    )
-    BertForSequenceClassification(config).save_pretrained(folder)
-    return folder
 
 
 def test_tiny_transformers_model_scores_deterministically_on_cpu(tiny_transformers):
