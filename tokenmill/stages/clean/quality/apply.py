@@ -88,7 +88,7 @@ def web_verdict(
         return text, c4.reject.as_reject(language), c4.removed
     if not c4.text:
         no_lines = R.Reject(rule="c4_no_lines_left", value=0, threshold=0, detail="no line left after C4's line rules")
-    return text, no_lines.as_reject(language), {}
+        return text, no_lines.as_reject(language), {}
     if c4.text != text:
         doc = Doc(c4.text, language)
     bad = _run(FINEWEB_RULES, doc, s)
