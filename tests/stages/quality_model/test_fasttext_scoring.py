@@ -11,7 +11,11 @@ from tokenmill.stages.quality_model import QualityTrainSettings, train_fasttext
 from tokenmill.stages.quality_model.fasttext_linear import OTHER_SPACE_LEADS
 from tokenmill.stages.quality_model.fasttext_model import NEGATIVE, POSITIVE, FastTextScorer, one_line
 
-WORDS = "the cell membrane café naïve 東京 数据 🙂 buy cheap pills now click here free money </s>x".split()
+# words of up to 8 bytes, longer ones (their lookup checks the token's bytes) and one past 32 bytes (a dict's)
+WORDS = (
+    "the cell membrane café naïve 東京 数据 🙂 buy cheap pills now click here free money </s>x transportation "
+    "internationalization électroencéphalographie " + "pneumonoultramicroscopicsilicovolcanoconiosis"
+).split()
 PROBES = [
     "the cell membrane regulates transport",
     "zzz unknownword qqq",  # only unknown words
@@ -23,6 +27,11 @@ PROBES = [
     "\u00a0".join(["cell"] * 700),  # past max_tokens only as str.split() counts words
     "x" * 3000 + " the cell",  # a long token
     "buy cheap </s> the cell membrane",  # "</s>" inside a line ends it
+    "cell </s> money </s> free",
+    # long words, and tokens of their first bytes or of one byte more or less
+    "transportation internationalization électroencéphalographie pneumonoultramicroscopicsilicovolcanoconiosis",
+    "transportatio transportationn internationalizatiom pneumonoultramicroscopicsilicovolcan money",
+    "pneumonoultramicroscopicsilicovolcanoconiosi pneumonoultramicroscopicsilicovolcanoconiosiss cell",
     "__label__positive cell __label__other money",
     "",
     "   \n\t",

@@ -9,10 +9,12 @@ dictionary.cc getLine: the line's tokens split on the bytes readWord splits on, 
 row); tokens starting with the label prefix are labels and drop out; then addWordNgrams over the remaining tokens'
 hashes, "</s>" included.
 
-A batch is one UTF-8 buffer, its lines ended by "\\n". Tokens are looked up by their bytes, packed eight to a
-uint64 (a token holds no NUL, so zero padding is unambiguous), in an open-addressing table of the vocabulary, and
-every hit is checked against the word's packed bytes; tokens longer than SHORT_TOKEN bytes, rare, go through a
-dict. Known words' hashes are precomputed; unknown tokens are hashed column by column."""
+A batch is one UTF-8 buffer, its lines ended by "\\n"; its tokens and line ends ("</s>") are one sequence, line
+after line. Tokens are looked up in an open-addressing table of the vocabulary by a uint64 key: a token of at most
+eight bytes is its own key (it holds no NUL, so zero padding is unambiguous), a longer one's hits are checked
+against the word's packed bytes, and tokens longer than SHORT_TOKEN bytes, rare, go through a dict. A table slot
+holds its word's row value and hash, so a known token costs one gather for each; unknown tokens are hashed column
+by column. A line's sum is one reduceat over its items' numbers, each n-gram's added to its first item's."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ CHUNK_MASKS = np.array([(1 << (8 * n)) - 1 for n in range(CHUNK)] + [(1 << 64) -
 KEY_MULTIPLIER = np.uint64(0x100000001B3)
 SLOT_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the key's top bits pick the slot
 EMPTY = -1
+LONG_KEY_OF_ZERO = np.uint64(1 << 8)  # a long token's key whose hash shifted to 0: still not an empty slot
 
 # byte classes (bit 0: readWord splits there): a token byte; a separator (" \t\v\f\r\0"); a possible first byte of
 # a whitespace character str.split() splits on but readWord does not (0x1c-0x1f; U+0085, U+00A0 from 0xc2;
@@ -55,6 +58,7 @@ for _byte in OTHER_SPACE_LEADS:
     _classes[_byte] = OTHER_SPACE_LEAD
 _classes[ord("\n")] = LINE_END
 BYTE_CLASSES = bytes(_classes)
+ASCII_OTHER_SPACES = OTHER_SPACE_LEADS[:4]
 
 
 def fnv1a_spans(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -97,62 +101,65 @@ def chunk(loads: np.ndarray, starts: np.ndarray, lengths: np.ndarray, index: int
     return loads[starts + offset] & CHUNK_MASKS[np.clip(lengths - offset, 0, CHUNK)]
 
 
-def chunk_keys(loads: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The first chunk of each token of at most SHORT_TOKEN bytes, and a hash of all its chunks."""
-    first = chunk(loads, starts, lengths, 0)
-    keys = first.copy()
-    for index in range(1, CHUNKS):
-        longer = np.flatnonzero(lengths > CHUNK * index)
-        if not longer.size:
-            break
-        keys[longer] = keys[longer] * KEY_MULTIPLIER ^ chunk(loads, starts[longer], lengths[longer], index)
-    return first, keys
+def item_keys(loads: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each token's table key, and which tokens are longer than CHUNK. A token of at most CHUNK bytes is its own
+    key: its first byte is not NUL, so the key's low byte is not 0. A longer one's key is a hash of its first
+    SHORT_TOKEN bytes with a low byte of 0, so a short token never meets a longer word and needs no check."""
+    keys = loads[starts] & CHUNK_MASKS[np.minimum(lengths, CHUNK)]
+    long = np.flatnonzero(lengths > CHUNK)
+    if long.size:
+        long_starts, long_lengths = starts[long], lengths[long]
+        hashed = keys[long]
+        for index in range(1, CHUNKS):
+            hashed = hashed * KEY_MULTIPLIER ^ chunk(loads, long_starts, long_lengths, index)
+        hashed <<= np.uint64(8)
+        hashed[hashed == 0] = LONG_KEY_OF_ZERO
+        keys[long] = hashed
+    return keys, long
 
 
-@dataclass
-class Tokens:
-    """A buffer's tokens and line ends in order: the byte offset of each, its length (0 for a line end), whether
-    it is a line end, and its line."""
-
-    starts: np.ndarray
-    lengths: np.ndarray
-    line_ends: np.ndarray
-    lines: np.ndarray
-
-    def select(self, keep: np.ndarray) -> Tokens:
-        return Tokens(self.starts[keep], self.lengths[keep], self.line_ends[keep], self.lines[keep])
-
-    def then(self, other: Tokens, offset: int, lines: np.ndarray) -> Tokens:
-        """These tokens, then `other`'s, found `offset` bytes further on and of the lines `lines` indexes."""
-        return Tokens(
-            np.concatenate([self.starts, other.starts + offset]),
-            np.concatenate([self.lengths, other.lengths]),
-            np.concatenate([self.line_ends, other.line_ends]),
-            np.concatenate([self.lines, lines[other.lines]]),
-        )
+def line_buffer(lines: list[str]) -> bytes:
+    """`lines`, each ended by "\\n", after a separator (so a token starts only after a separator) and before
+    PADDING, in one join."""
+    return "\n".join(["\0" + lines[0], *lines[1:], PADDING]).encode("utf-8")
 
 
-def split_lines(buffer: bytes, line_count: int) -> tuple[Tokens, np.ndarray]:
-    """readWord's tokens of `buffer` (`line_count` lines, each ended by "\\n", then PADDING), and per line an upper
-    bound of its words as str.split() sees them: its tokens plus the bytes that may start a whitespace character
-    readWord keeps in a token (each splits a token in two at most; "\\0" only joins)."""
+def split_lines(buffer: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """readWord's tokens of a line_buffer and its line ends in order: each one's byte offset, its length (0 for a
+    line end), the indexes of the line ends, and the buffer's byte classes."""
     classes = np.frombuffer(buffer.translate(BYTE_CLASSES), dtype=np.uint8)
-    change = np.diff((classes & 1).view(np.int8), prepend=np.int8(1))
-    items = np.flatnonzero((change == -1) | (classes == LINE_END))
-    line_ends = classes[items] == LINE_END
-    words = ~line_ends
-    lengths = np.zeros(len(items), dtype=np.int64)
-    lengths[words] = np.flatnonzero(change == 1) - items[words]
-    lines = np.cumsum(line_ends) - line_ends
-    leads = np.searchsorted(items[line_ends], np.flatnonzero(classes == OTHER_SPACE_LEAD))
-    bound = np.bincount(lines[words], minlength=line_count) + np.bincount(leads, minlength=line_count)
-    return Tokens(items, lengths, line_ends, lines), bound
+    separators = classes & 1
+    # the buffer starts and ends with separators: the changes alternate between a token's start and its end
+    changes = np.flatnonzero(separators[1:] != separators[:-1])
+    token_starts = changes[0::2] + 1
+    newlines = np.flatnonzero(classes == LINE_END)
+    before = np.searchsorted(token_starts, newlines)
+    starts = np.insert(token_starts, before, newlines)
+    lengths = np.insert(changes[1::2] - changes[0::2], before, 0)
+    return starts, lengths, before + np.arange(len(newlines)), classes
 
 
 def first_words(line: str, max_tokens: int) -> str | None:
     """The first `max_tokens` of `line`'s whitespace-separated words, joined by spaces, where it has more."""
     words = line.split(None, max_tokens)
     return " ".join(words[:max_tokens]) if len(words) > max_tokens else None
+
+
+@dataclass
+class Items:
+    """A batch's tokens and line ends, line by line: each one's byte offset and length (0 for a line end), the
+    indexes of the line ends (each the last item of its line), and the line of each of these runs (None: in
+    order)."""
+
+    starts: np.ndarray
+    lengths: np.ndarray
+    ends: np.ndarray
+    order: np.ndarray | None = None
+
+    def select(self, keep: np.ndarray) -> Items:
+        """The items `keep` marks, where every line keeps its end."""
+        lengths = self.lengths[keep]
+        return Items(self.starts[keep], lengths, np.flatnonzero(lengths == 0), self.order)
 
 
 class LinearFastText:
@@ -170,12 +177,13 @@ class LinearFastText:
         label_prefix: bytes,
     ):
         difference = output_matrix[positive_row] - output_matrix[1 - positive_row]
-        self.row_values = input_matrix @ difference  # float32, nwords + bucket rows
+        # nwords + bucket rows (float32), then a row of 0 for the n-grams across two lines
+        self.row_values = np.append(input_matrix @ difference, np.float32(0))
+        self.zero_row = len(self.row_values) - 1
         self.nwords = len(words)
         self.word_ngrams = word_ngrams
         self.bucket = np.uint64(bucket)
         self.label_prefix = label_prefix
-        self.eos_id = words.index(EOS) if EOS in words else EMPTY
         eos = np.frombuffer(EOS, dtype=np.uint8)
         self.eos_hash = fnv1a_spans(eos, np.zeros(1, dtype=np.int64), np.full(1, len(EOS)))[0]
 
@@ -183,24 +191,34 @@ class LinearFastText:
         lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
         starts = np.zeros(len(words), dtype=np.int64)
         np.cumsum(lengths[:-1], out=starts[1:])
-        self.word_hashes = fnv1a_spans(np.frombuffer(buffer, dtype=np.uint8), starts, lengths)
+        word_hashes = fnv1a_spans(np.frombuffer(buffer, dtype=np.uint8), starts, lengths)
         self.word_lengths = lengths
-        self.long_words = {word: i for i, word in enumerate(words) if len(word) > SHORT_TOKEN}
         loads = uint64_loads(buffer)
         short = np.flatnonzero(lengths <= SHORT_TOKEN)
         self.word_chunks = np.zeros((CHUNKS, len(words)), dtype=np.uint64)
         for index in range(CHUNKS):
             self.word_chunks[index, short] = chunk(loads, starts[short], lengths[short], index)
-        _, keys = chunk_keys(loads, starts[short], lengths[short])
+        keys, _ = item_keys(loads, starts[short], lengths[short])
         self._build_table(keys, short)
+        # after the table's slots: a slot for the tokens the dictionary lacks, then one per long word
+        long_ids = [i for i, word in enumerate(words) if len(word) > SHORT_TOKEN]
+        self.miss = len(self.table_keys)
+        self.long_words = {words[i]: self.miss + 1 + n for n, i in enumerate(long_ids)}
+        slot_ids = np.concatenate([self.table_ids, [EMPTY], long_ids]).astype(np.int64)
+        known = slot_ids != EMPTY
+        # per slot what a token found there adds: its word's row value (0 for none) and hash
+        self.slot_values = np.where(known, self.row_values[np.maximum(slot_ids, 0)], np.float32(0))
+        self.slot_hashes = np.where(known, word_hashes[np.maximum(slot_ids, 0)], np.uint32(0)).astype(np.uint32)
 
     def _build_table(self, keys: np.ndarray, ids: np.ndarray) -> None:
-        """An open-addressing table (linear probing, under half full) of the words `ids` by their `keys`."""
+        """An open-addressing table (linear probing, under half full, key 0 empty) of the words `ids` by their
+        `keys`; words placed in id order (fastText's, most frequent first), so frequent words sit in their first
+        slot."""
         bits = max(10, (2 * len(ids)).bit_length())
         self.slot_shift = np.uint64(64 - bits)
         self.slot_mask = (1 << bits) - 1
         self.table_keys = np.zeros(1 << bits, dtype=np.uint64)
-        self.table_ids = np.full(1 << bits, EMPTY, dtype=np.int64)
+        self.table_ids = np.full(1 << bits, EMPTY, dtype=np.int32)
         slots = ((keys * SLOT_MULTIPLIER) >> self.slot_shift).astype(np.int64)
         pending = np.arange(len(ids))
         while pending.size:
@@ -214,109 +232,123 @@ class LinearFastText:
             pending = pending[~placed]
             slots[pending] = (slots[pending] + 1) & self.slot_mask
 
-    def lookup(self, buffer: bytes, loads: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """The word id of each token (EMPTY where the dictionary lacks it)."""
-        ids = np.full(len(starts), EMPTY, dtype=np.int64)
-        short = np.flatnonzero(lengths <= SHORT_TOKEN)
-        short_starts, short_lengths = starts[short], lengths[short]
-        first, keys = chunk_keys(loads, short_starts, short_lengths)
-        slots = ((keys * SLOT_MULTIPLIER) >> self.slot_shift).astype(np.int64)
-        found = np.full(len(short), EMPTY, dtype=np.int64)
-        pending = np.arange(len(short))
-        while pending.size:
-            table_ids = self.table_ids[slots[pending]]
-            hit = self.table_keys[slots[pending]] == keys[pending]
-            found[pending[hit]] = table_ids[hit]
-            pending = pending[~hit & (table_ids != EMPTY)]
-            slots[pending] = (slots[pending] + 1) & self.slot_mask
-        # the key hashes the chunks: a hit counts where the token's bytes are the word's
-        hits = np.flatnonzero(found != EMPTY)
-        words, hit_lengths = found[hits], short_lengths[hits]
-        same = (self.word_lengths[words] == hit_lengths) & (self.word_chunks[0, words] == first[hits])
-        for index in range(1, CHUNKS):
-            longer = np.flatnonzero(same & (hit_lengths > CHUNK * index))
-            at = hits[longer]
-            same[longer] = self.word_chunks[index, words[longer]] == chunk(
-                loads, short_starts[at], short_lengths[at], index
-            )
-        ids[short[hits[same]]] = words[same]
+    def lookup(self, buffer: bytes, loads: np.ndarray, items: Items, keys: np.ndarray, long: np.ndarray) -> np.ndarray:
+        """The slot of each item (`keys` from item_keys; self.miss where the dictionary lacks it)."""
+        # the shifted product is below 2 ** bits: its int64 view is the slot, without a copy
+        slots = ((keys * SLOT_MULTIPLIER) >> self.slot_shift).view(np.int64)
+        probed = self.table_keys[slots]
+        found = np.where(probed == keys, slots, self.miss)
+        at = np.flatnonzero((probed != keys) & (probed != 0))
+        probe = (slots[at] + 1) & self.slot_mask
+        while at.size:
+            probed = self.table_keys[probe]
+            hit = probed == keys[at]
+            found[at[hit]] = probe[hit]
+            more = ~hit & (probed != 0)
+            at, probe = at[more], (probe[more] + 1) & self.slot_mask
+        # a long token's key hashes its bytes: a hit counts where they are the word's
+        candidates = long[found[long] != self.miss]
+        if candidates.size:
+            ids = self.table_ids[found[candidates]]
+            starts, lengths = items.starts[candidates], items.lengths[candidates]
+            same = self.word_lengths[ids] == lengths
+            for index in range(CHUNKS):
+                same &= self.word_chunks[index, ids] == chunk(loads, starts, lengths, index)
+            found[candidates[~same]] = self.miss
         if self.long_words:
-            for i in np.flatnonzero(lengths > SHORT_TOKEN).tolist():
-                start = int(starts[i])
-                ids[i] = self.long_words.get(buffer[start : start + int(lengths[i])], EMPTY)
-        return ids
+            for i in np.flatnonzero(items.lengths > SHORT_TOKEN).tolist():
+                start = int(items.starts[i])
+                found[i] = self.long_words.get(buffer[start : start + int(items.lengths[i])], self.miss)
+        return found
 
-    def tokens(self, lines: list[str], max_tokens: int) -> tuple[bytes, Tokens]:
+    def items(self, lines: list[str], max_tokens: int) -> tuple[bytes, Items]:
         """The batch's buffer and readWord's tokens of each line cut to its first `max_tokens` words."""
-        buffer = ("\n".join(lines) + "\n" + PADDING).encode("utf-8")
-        tokens, bound = split_lines(buffer, len(lines))
+        buffer = line_buffer(lines)
+        starts, lengths, ends, classes = split_lines(buffer)
+        bound = np.diff(ends, prepend=-1) - 1
+        # a byte that may start a whitespace character str.split() splits on but readWord does not splits a token
+        # in two at most: with the tokens, they bound a line's words as str.split() sees them
+        if not buffer.isascii() or any(byte in buffer for byte in ASCII_OTHER_SPACES):
+            leads = np.flatnonzero(classes == OTHER_SPACE_LEAD)
+            bound += np.bincount(np.searchsorted(starts[ends], leads), minlength=len(lines))
         cut = {}
         for i in np.flatnonzero(bound > max_tokens).tolist():
             if (first := first_words(lines[i], max_tokens)) is not None:
                 cut[i] = first
         if not cut:
-            return buffer, tokens
-        more = ("\n".join(cut.values()) + "\n" + PADDING).encode("utf-8")
-        cut_tokens, _ = split_lines(more, len(cut))
+            return buffer, Items(starts, lengths, ends)
+        more = line_buffer(list(cut.values()))
+        cut_starts, cut_lengths, _, _ = split_lines(more)
         cut_lines = np.fromiter(cut, dtype=np.int64, count=len(cut))
-        kept = tokens.select(~np.isin(tokens.lines, cut_lines))
-        return buffer + more, kept.then(cut_tokens, len(buffer), cut_lines)
+        cut_out = np.zeros(len(lines), dtype=bool)
+        cut_out[cut_lines] = True
+        keep = ~np.repeat(cut_out, np.diff(ends, prepend=-1))
+        lengths = np.concatenate([lengths[keep], cut_lengths])
+        return buffer + more, Items(
+            np.concatenate([starts[keep], cut_starts + len(buffer)]),
+            lengths,
+            np.flatnonzero(lengths == 0),
+            np.concatenate([np.flatnonzero(~cut_out), cut_lines]),
+        )
 
-    def labels(self, buffer: bytes, tokens: Tokens) -> np.ndarray:
-        """Whether each token starts with the label prefix."""
+    def labels(self, buffer: bytes, items: Items) -> np.ndarray:
+        """Whether each item is a token starting with the label prefix."""
         at = []
         start = buffer.find(self.label_prefix)
         while start >= 0:
             at.append(start)
             start = buffer.find(self.label_prefix, start + 1)
-        return np.isin(tokens.starts, at) & ~tokens.line_ends
+        return np.isin(items.starts, at) & (items.lengths > 0)
 
     def probabilities(self, lines: list[str], max_tokens: int) -> np.ndarray:
         """predict's probability of the positive label for each line (no "\\n" in one) cut to its first
         `max_tokens` words (float64; 0 for a line with no features)."""
-        buffer, tokens = self.tokens(lines, max_tokens)
+        if not lines:
+            return np.zeros(0)
+        buffer, items = self.items(lines, max_tokens)
         data, loads = np.frombuffer(buffer, dtype=np.uint8), uint64_loads(buffer)
         if self.label_prefix in buffer:
-            tokens = tokens.select(~self.labels(buffer, tokens))
-        words = np.flatnonzero(~tokens.line_ends)
-        starts, lengths = tokens.starts[words], tokens.lengths[words]
-        word_ids = self.lookup(buffer, loads, starts, lengths)
-        ids = np.full(len(tokens.starts), self.eos_id, dtype=np.int64)
-        ids[words] = word_ids
-        hashes = np.full(len(tokens.starts), self.eos_hash, dtype=np.uint32)
-        known = word_ids != EMPTY
-        hashes[words[known]] = self.word_hashes[word_ids[known]]
-        unknown = words[~known]
-        hashes[unknown] = fnv1a_spans(data, tokens.starts[unknown], tokens.lengths[unknown])
-        lines_of = tokens.lines
-        # getLine stops at a token "</s>" inside a line as at its end
-        four = words[lengths == len(EOS)]
-        inner_ends = four[chunk(loads, tokens.starts[four], tokens.lengths[four], 0) == EOS_CHUNK]
-        if inner_ends.size:
-            ends = np.union1d(np.flatnonzero(tokens.line_ends), inner_ends)
-            end_lines, first = np.unique(lines_of[ends], return_index=True)
-            first_end = np.empty(len(lines), dtype=np.int64)
-            first_end[end_lines] = ends[first]
-            keep = np.arange(len(ids)) <= first_end[lines_of]
-            ids, hashes, lines_of = ids[keep], hashes[keep], lines_of[keep]
-        return self.mean_sigmoid(ids, hashes, lines_of, len(lines))
+            items = items.select(~self.labels(buffer, items))
+        keys, long = item_keys(loads, items.starts, items.lengths)
+        keys[items.ends] = EOS_CHUNK
+        eos_items = np.flatnonzero(keys == EOS_CHUNK)
+        if len(eos_items) > len(items.ends):
+            # getLine stops at a token "</s>" inside a line as at its end: the line's first "</s>" ends it
+            _, first = np.unique(np.searchsorted(items.ends, eos_items), return_index=True)
+            keep = np.arange(len(keys)) <= np.repeat(eos_items[first], np.diff(items.ends, prepend=-1))
+            keys, long = keys[keep], np.flatnonzero(items.lengths[keep] > CHUNK)
+            items = Items(items.starts[keep], items.lengths[keep], np.flatnonzero(keys == EOS_CHUNK), items.order)
+        found = self.lookup(buffer, loads, items, keys, long)
+        hashes = self.slot_hashes[found]
+        unknown = np.flatnonzero(found == self.miss)
+        hashes[unknown] = fnv1a_spans(data, items.starts[unknown], items.lengths[unknown])
+        hashes[items.ends] = self.eos_hash
+        out = self.mean_sigmoid(self.slot_values[found], hashes, unknown, items.ends)
+        if items.order is None:
+            return out
+        ordered = np.empty_like(out)
+        ordered[items.order] = out
+        return ordered
 
-    def mean_sigmoid(self, ids: np.ndarray, hashes: np.ndarray, lines_of: np.ndarray, count: int) -> np.ndarray:
-        """predict's probability per line from its tokens' word ids (EMPTY: unknown) and hashes, line by line."""
-        known = ids != EMPTY
-        sums = np.bincount(lines_of[known], weights=self.row_values[ids[known]], minlength=count)
-        features = np.bincount(lines_of[known], minlength=count)
+    def mean_sigmoid(self, values: np.ndarray, hashes: np.ndarray, unknown: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """predict's probability per line from its items' row values (0: unknown) and hashes, the indexes of the
+        unknown ones and of the line ends."""
+        sizes = np.diff(ends, prepend=-1)
+        features = sizes - np.bincount(np.searchsorted(ends, unknown), minlength=len(ends))
+        # each item's number plus that of the n-grams it starts, summed line by line
+        contributions = values.astype(np.float64)
         # addWordNgrams keeps the hashes as int32 and widens them to uint64, sign-extending
         signed = hashes.view(np.int32).astype(np.int64).view(np.uint64)
         gram = signed
         for n in range(2, self.word_ngrams + 1):
             gram = gram[:-1] * NGRAM_MULTIPLIER + signed[n - 1 :]
-            first = lines_of[: len(gram)]
-            within = first == lines_of[n - 1 :]
-            rows = (gram[within] % self.bucket).astype(np.int64) + self.nwords
-            sums += np.bincount(first[within], weights=self.row_values[rows], minlength=count)
-            features += np.bincount(first[within], minlength=count)
-        mean = np.divide(sums, features, out=np.zeros(count), where=features > 0)
+            rows = (gram % self.bucket).view(np.int64) + self.nwords
+            across = (ends[:, None] - np.arange(n - 1)).ravel()
+            rows[across[(across >= 0) & (across < len(rows))]] = self.zero_row
+            contributions[: len(rows)] += self.row_values[rows]
+            features += np.maximum(sizes - (n - 1), 0)
+        sums = np.add.reduceat(contributions, ends - sizes + 1)
+        mean = np.divide(sums, features, out=np.zeros(len(ends)), where=features > 0)
         return np.where(features > 0, 1 / (1 + np.exp(-mean)) + PREDICT_OFFSET, 0.0)
 
 
