@@ -90,6 +90,12 @@ def fnv1a_spans(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np
     return out
 
 
+def widened(hashes: np.ndarray) -> np.ndarray:
+    """uint32 hashes as addWordNgrams widens them: it keeps them as int32 and widens those to uint64,
+    sign-extending."""
+    return hashes.view(np.int32).astype(np.int64).view(np.uint64)
+
+
 def uint64_loads(buffer: bytes) -> np.ndarray:
     """The little-endian uint64 at every byte offset of `buffer` (a view: entry i holds bytes i..i+7)."""
     return np.ndarray(shape=(len(buffer) - CHUNK + 1,), dtype="<u8", buffer=buffer, strides=(1,))
@@ -185,7 +191,7 @@ class LinearFastText:
         self.bucket = np.uint64(bucket)
         self.label_prefix = label_prefix
         eos = np.frombuffer(EOS, dtype=np.uint8)
-        self.eos_hash = fnv1a_spans(eos, np.zeros(1, dtype=np.int64), np.full(1, len(EOS)))[0]
+        self.eos_hash = widened(fnv1a_spans(eos, np.zeros(1, dtype=np.int64), np.full(1, len(EOS))))[0]
 
         buffer = b"".join(words) + PADDING.encode()
         lengths = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
@@ -206,9 +212,9 @@ class LinearFastText:
         self.long_words = {words[i]: self.miss + 1 + n for n, i in enumerate(long_ids)}
         slot_ids = np.concatenate([self.table_ids, [EMPTY], long_ids]).astype(np.int64)
         known = slot_ids != EMPTY
-        # per slot what a token found there adds: its word's row value (0 for none) and hash
+        # per slot what a token found there adds: its word's row value (0 for none) and widened hash
         self.slot_values = np.where(known, self.row_values[np.maximum(slot_ids, 0)], np.float32(0))
-        self.slot_hashes = np.where(known, word_hashes[np.maximum(slot_ids, 0)], np.uint32(0)).astype(np.uint32)
+        self.slot_hashes = widened(np.where(known, word_hashes[np.maximum(slot_ids, 0)], 0).astype(np.uint32))
 
     def _build_table(self, keys: np.ndarray, ids: np.ndarray) -> None:
         """An open-addressing table (linear probing, under half full, key 0 empty) of the words `ids` by their
@@ -237,8 +243,9 @@ class LinearFastText:
         # the shifted product is below 2 ** bits: its int64 view is the slot, without a copy
         slots = ((keys * SLOT_MULTIPLIER) >> self.slot_shift).view(np.int64)
         probed = self.table_keys[slots]
-        found = np.where(probed == keys, slots, self.miss)
-        at = np.flatnonzero((probed != keys) & (probed != 0))
+        hit = probed == keys
+        found = np.where(hit, slots, self.miss)
+        at = np.flatnonzero(~hit & (probed != 0))
         probe = (slots[at] + 1) & self.slot_mask
         while at.size:
             probed = self.table_keys[probe]
@@ -321,7 +328,7 @@ class LinearFastText:
         found = self.lookup(buffer, loads, items, keys, long)
         hashes = self.slot_hashes[found]
         unknown = np.flatnonzero(found == self.miss)
-        hashes[unknown] = fnv1a_spans(data, items.starts[unknown], items.lengths[unknown])
+        hashes[unknown] = widened(fnv1a_spans(data, items.starts[unknown], items.lengths[unknown]))
         hashes[items.ends] = self.eos_hash
         out = self.mean_sigmoid(self.slot_values[found], hashes, unknown, items.ends)
         if items.order is None:
@@ -330,15 +337,13 @@ class LinearFastText:
         ordered[items.order] = out
         return ordered
 
-    def mean_sigmoid(self, values: np.ndarray, hashes: np.ndarray, unknown: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """predict's probability per line from its items' row values (0: unknown) and hashes, the indexes of the
-        unknown ones and of the line ends."""
+    def mean_sigmoid(self, values: np.ndarray, signed: np.ndarray, unknown: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """predict's probability per line from its items' row values (0: unknown) and widened hashes, the indexes
+        of the unknown ones and of the line ends."""
         sizes = np.diff(ends, prepend=-1)
         features = sizes - np.bincount(np.searchsorted(ends, unknown), minlength=len(ends))
         # each item's number plus that of the n-grams it starts, summed line by line
         contributions = values.astype(np.float64)
-        # addWordNgrams keeps the hashes as int32 and widens them to uint64, sign-extending
-        signed = hashes.view(np.int32).astype(np.int64).view(np.uint64)
         gram = signed
         for n in range(2, self.word_ngrams + 1):
             gram = gram[:-1] * NGRAM_MULTIPLIER + signed[n - 1 :]
