@@ -28,6 +28,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from devtools.tiny_models import random_bert  # noqa: E402
 from tokenmill.stages.clean.prepare import BATCH, prepare_batch  # noqa: E402
 from tokenmill.stages.clean.report import Timer  # noqa: E402
 from tokenmill.stages.clean.settings import CleanSettings  # noqa: E402
@@ -86,34 +87,6 @@ def clean_cpu_rate(texts: list[str]) -> float:
     return len(texts) / (time.process_time() - cpu)
 
 
-def tiny_bert(folder: Path, corpus: list[str], hidden: int, layers: int) -> Path:
-    import torch
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokenizer.train_from_iterator(corpus, trainers.WordPieceTrainer(vocab_size=8_000, special_tokens=special))
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
-    )
-    fast.save_pretrained(folder)
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=fast.vocab_size,
-        hidden_size=hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=max(hidden // 64, 2),
-        intermediate_size=4 * hidden,
-        max_position_embeddings=512,
-        num_labels=1,
-    )
-    BertForSequenceClassification(config).save_pretrained(folder)
-    return folder
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--docs", type=int, default=5_000, help="documents fastText scores")
@@ -147,7 +120,8 @@ def main() -> None:
         sample = test[: args.transformer_docs // 2] + test[-(args.transformer_docs // 2) :]
         bert_sizes = (("tiny BERT (hidden 32, 2 layers)", 32, 2), ("small BERT (hidden 256, 4 layers)", 256, 4))
         for name, hidden, layers in bert_sizes:
-            folder = tiny_bert(Path(tmp) / name.split()[0], train[:500], hidden, layers)
+            folder = Path(tmp) / name.split()[0]
+            random_bert(folder, train[:500], hidden=hidden, layers=layers, vocab_size=8_000)
             scorer = load_quality_model(folder, device="cpu", max_tokens=args.max_tokens)
             per_cpu_s, per_s = cpu_rate(scorer, sample)
             print(
