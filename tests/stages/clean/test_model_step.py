@@ -154,6 +154,10 @@ def test_a_changed_rule_rescores_nothing_a_changed_model_rescores(tmp_path, mode
     raw.rename(raw.with_name("batch-2"))
     raw = raw.with_name("batch-2")
     assert run("e", quality_model=models[0], quality_threshold=0.5)[0]["reused_scores"] == 30
+    # a damaged store file is a cache miss: its shard is scored again
+    store = next((tmp_path / "cleaned" / "_quality_scores").glob(f"{first['model']['id']}-*/*.npy"))
+    store.write_bytes(store.read_bytes()[:20])
+    assert run("f", quality_model=models[0], quality_threshold=0.5)[0]["model_scored"] > 0
     for name in [p.name for p in record_shards(out_first)] + [REJECTED_FILE]:
         assert (out_first / name).read_bytes() == (out_rerun / name).read_bytes()
 

@@ -125,9 +125,12 @@ class ShardScores:
 
 
 def _read_store(path: Path) -> np.ndarray:
-    if not path.is_file():
+    """The stored scores of a shard; none when the file is missing or unreadable (its records are scored again and
+    the file written anew: a store is a cache, never the only copy of anything)."""
+    try:
+        store = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
         return np.zeros(0, _STORE_DTYPE)
-    store = np.load(path, allow_pickle=False)
     return store if store.dtype == _STORE_DTYPE else np.zeros(0, _STORE_DTYPE)
 
 
