@@ -31,7 +31,7 @@ from tokenmill.errors import UnknownBatchError
 
 REPO = Path(__file__).resolve().parents[1]
 # The production launcher: its health check tells run monitoring that a run died holding its data root's lock.
-MONITORED = {"run_launcher": {"module": "resources.run_launcher", "class": "DataRootRunLauncher"}}
+MONITORED = {"run_launcher": {"module": "tokenmill.launch", "class": "DataRootRunLauncher"}}
 # A run of the tick's request in its own process (the instance is the test's: DAGSTER_HOME), stalled in cleaned_jsonl
 # so that it is killed mid-run: raw_records published, cleaned_jsonl staging, the data root's lock held.
 STALLED_RUN = """

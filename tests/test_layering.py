@@ -5,8 +5,11 @@ ones included: a cycle through one is still a cycle."""
 
 import ast
 import json
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -228,3 +231,54 @@ def test_no_stage_imports_the_exports():
         if name.startswith("tokenmill.exports")
     ]
     assert offending == [], "\n".join(offending)
+
+
+def test_the_wheel_installs_the_library_only(tmp_path):
+    """`pip install .` puts `tokenmill` in site-packages and nothing under a generic top-level name: the wiring
+    (definitions, cli, assets, resources, ...) loads from the project folder. Built from a copy of the project, as
+    setuptools writes its build folder where it builds."""
+    project = tmp_path / "project"
+    shutil.copytree(REPO, project, ignore=shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "data*", "build"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", tmp_path, project],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = tmp_path.glob("tokenmill-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        top_level = {name.split("/")[0] for name in z.namelist()}
+        entry_points = z.read(next(n for n in z.namelist() if n.endswith("entry_points.txt"))).decode()
+    assert {name for name in top_level if not name.endswith(".dist-info")} == {"tokenmill"}
+    assert "tokenmill = tokenmill.launch:main" in entry_points
+
+
+def test_the_console_script_runs_the_project_cli_from_any_folder(tmp_path):
+    script = Path(sys.executable).with_name("tokenmill")
+    ran = subprocess.run([str(script), "--help"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0 and "train-quality" in ran.stdout, ran.stderr
+    lost = subprocess.run(
+        [str(script), "--help"],
+        cwd=tmp_path,
+        env={**os.environ, "TOKENMILL_PROJECT": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert lost.returncode == 1 and lost.stderr.strip() == (
+        f"tokenmill: TOKENMILL_PROJECT={tmp_path.resolve()} holds no definitions.py, cli.py, workspace.yaml"
+    )
+
+
+def test_the_instance_loads_its_run_launcher_outside_the_project_folder(tmp_path):
+    """dagster.yaml names the launcher as tokenmill.launch: a Dagster process started anywhere (the daemon, `dagster
+    instance migrate`) loads resources/run_launcher.py's class from the project folder."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(REPO / "dagster_home" / "dagster.yaml", home)
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"} | {"DAGSTER_HOME": str(home)}
+    code = "import dagster as dg; launcher = type(dg.DagsterInstance.get().run_launcher); print(launcher.__module__)"
+    ran = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["resources.run_launcher"]
