@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.s3_server import s3_fixtures
+
 REPO = Path(__file__).resolve().parents[1]
 DEMO_DIR = REPO / "demo_corpus"
 # design material and real corpora sit next to the repo (../shared) in CI and in the workspace
@@ -110,6 +112,10 @@ def pytest_configure(config):
     # registered as a plugin, not as this conftest's hooks: those would only see the tests under tests/
     if os.environ.get(CURRENT_TEST_FILE):
         config.pluginmanager.register(CurrentTest(os.environ[CURRENT_TEST_FILE]), "tokenmill-current-test")
+
+
+# a real S3 server on loopback (SeaweedFS) for the tests of object storage: `s3`, and `s3_env` with its AWS variables
+s3, s3_env = s3_fixtures()
 
 
 @pytest.fixture(scope="session")
