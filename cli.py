@@ -116,6 +116,8 @@ def train_quality(args: argparse.Namespace) -> int:
         f"{m['recall']:.4f}"
     )
     print(f"model {card.model_id}: {args.out / card.model_file} (card: {args.out / 'model.json'})")
+    for warning in m["warnings"]:
+        print(f"tokenmill train-quality: warning: {warning}", file=sys.stderr)
     return 0
 
 

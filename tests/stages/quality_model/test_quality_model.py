@@ -75,12 +75,23 @@ def test_cli_trains_and_refuses_in_one_line(corpus, tmp_path, capsys):
     good, bad = corpus
     args = ["train-quality", "--positive", str(good), "--negative", str(bad), "--out", str(tmp_path / "m")]
     assert main([*args, "--dim", "16", "--bucket", "20000"]) == 0
-    out = capsys.readouterr().out
-    assert "ROC AUC" in out and str(tmp_path / "m" / "model.bin") in out
+    printed = capsys.readouterr()
+    assert "ROC AUC" in printed.out and str(tmp_path / "m" / "model.bin") in printed.out
+    assert printed.err == ""  # these classes separate: no warning
     for negative in (good, tmp_path / "nope.txt"):  # one class under two names; a missing file
         assert main([*args[:3], "--negative", str(negative), "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err
         assert err.startswith("tokenmill train-quality: ") and err.count("\n") == 1
+
+
+def test_scores_that_barely_move_are_warned_about(corpus, tmp_path, capsys):
+    """One epoch at a tiny learning rate ranks the classes with every score near 0.5: the card and the CLI say so."""
+    good, bad = corpus
+    args = ["train-quality", "--positive", str(good), "--negative", str(bad), "--out", str(tmp_path / "m")]
+    assert main([*args, "--dim", "16", "--bucket", "20000", "--epoch", "1", "--lr", "0.001"]) == 0
+    (warning,) = json.loads((tmp_path / "m" / "model.json").read_text())["metrics"]["warnings"]
+    assert warning.startswith("held-out scores span only ")
+    assert capsys.readouterr().err == f"tokenmill train-quality: warning: {warning}\n"
 
 
 def test_model_id_changes_with_a_file(tmp_path):

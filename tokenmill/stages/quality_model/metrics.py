@@ -1,9 +1,13 @@
 """How well scores separate the held-out positives from the negatives: ROC AUC, the threshold of best F1 with its
-precision and recall, and a histogram of each class's scores."""
+precision and recall, a histogram of each class's scores, and a warning when the scores barely move."""
 
 from __future__ import annotations
 
 import numpy as np
+
+# held-out scores whose 5th to 95th percentiles lie closer than this rank the classes, but no threshold a person
+# would write cuts between them: fastText with few examples and DCLM's 5 epochs leaves every score near 0.5
+MIN_SCORE_SPREAD = 0.01
 
 
 def roc_auc(scores: np.ndarray, positive: np.ndarray) -> float:
@@ -30,6 +34,18 @@ def best_f1_threshold(scores: np.ndarray, positive: np.ndarray) -> tuple[float, 
     return float(ranked[last_of_value][best]), float(precision[best]), float(recall[best])
 
 
+def spread_warnings(scores: np.ndarray) -> list[str]:
+    """A warning when the middle 90% of the held-out scores spans less than MIN_SCORE_SPREAD."""
+    low, high = (float(v) for v in np.percentile(scores, [5, 95]))
+    if high - low >= MIN_SCORE_SPREAD:
+        return []
+    return [
+        f"held-out scores span only {high - low:.2g} (5th to 95th percentile, {low:.4f} to {high:.4f}): the model "
+        "ranks, but a quality_threshold hardly cuts; train longer (--epoch) or on more examples, or keep by rank "
+        "with quality_keep_share"
+    ]
+
+
 def held_out_metrics(scores: np.ndarray, positive: np.ndarray, bins: int) -> dict:
     """The card's metrics for scores in [0, 1] of held-out texts whose class is `positive` (bool per text)."""
     positive = np.asarray(positive, dtype=bool)
@@ -47,4 +63,5 @@ def held_out_metrics(scores: np.ndarray, positive: np.ndarray, bins: int) -> dic
             "positive": np.histogram(scores[positive], edges)[0].tolist(),
             "negative": np.histogram(scores[~positive], edges)[0].tolist(),
         },
+        "warnings": spread_warnings(scores),
     }
