@@ -24,6 +24,8 @@ _SOURCES = {
     "PackingLoader": ".packing",
     "MixedLoader": ".mixing",
     "DevicePrefetcher": ".prefetch",
+    "trace_step": ".trace",
+    "find_windows": ".trace",
 }
 __all__ = ["DatasetError", *_SOURCES]
 __version__ = "0.2.0"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import operator
 
 import numpy as np
@@ -91,6 +92,14 @@ def iter_chunks(indices, size: int = 8192):
     """Materialized chunks (int64 arrays) of an index array or LazyIndices."""
     for i in range(0, len(indices), size):
         yield np.asarray(indices[i : i + size])
+
+
+def dealt_to(order_positions: np.ndarray, start: int, world_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rank, item of the rank's share) of each position of an epoch's order dealt out from `start`: the inverse of
+    `rank_indices`, whose rank r takes positions start + r, start + r + world_size, ... (only positions >= start
+    were dealt; a share's length cuts off the epoch's tail, see `_share_len`)."""
+    item, rank = np.divmod(np.asarray(order_positions, dtype=np.int64) - start, world_size)
+    return rank, item
 
 
 class ResumableSampler(torch.utils.data.Sampler):
@@ -190,6 +199,20 @@ class ResumableSampler(torch.utils.data.Sampler):
             idx = self.permutation(epoch)[first :: self.world_size][:count]
         self._cache = ((epoch, start), idx)
         return idx
+
+    def share_len(self, epoch: int | None = None) -> int:
+        """Items of this rank in `epoch` (the current epoch: from the `start` of a resume; any other: from 0)."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        return self._share_len(self.start if epoch == self.epoch else 0)
+
+    def for_rank(self, rank: int) -> ResumableSampler:
+        """A copy at the same epoch and positions dealing rank `rank`'s share (tokenmill_loader.trace: every rank's
+        batches from one loader's settings)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} not in [0, {self.world_size})")
+        other = copy.copy(self)
+        other.rank, other._cache = int(rank), None
+        return other
 
     def shard(self, epoch: int | None = None, worker_id: int = 0, num_workers: int = 1):
         """Indices of stream (rank, worker_id): the rank share [worker_id::num_workers]."""
