@@ -147,6 +147,8 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
         "-s3",
         f"-s3.port={ports['s3']}",
         f"-s3.config={config}",
+        "-s3.port.iceberg=0",  # its Iceberg and Lance listeners take fixed ports: a second server on the host fails
+        "-s3.port.lance=0",
     ]
     log = folder / "weed.log"
     with log.open("wb") as log_file:
