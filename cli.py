@@ -64,7 +64,39 @@ def main(argv: list[str] | None = None) -> int:
     trq.add_argument("--word-ngrams", type=int, default=None)
     trq.add_argument("--bucket", type=int, default=None, help="hash buckets of the n-gram features")
     trq.add_argument("--seed", type=int, default=None)
+    for name, text in (
+        (
+            "trace",
+            "a training step -> its samples: each window's records, token spans, file:line and folded duplicates",
+        ),
+        ("where", "a record or a source file -> every epoch, step, rank and row whose window holds its tokens"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        if name == "trace":
+            cmd.add_argument("--step", type=int, required=True, help="the run's step (0: its first batch)")
+            cmd.add_argument("--rank", type=int, default=None, help="one rank's batch (default: every rank's)")
+        else:
+            cmd.add_argument("id", nargs="?", help="record id, or PATH:N (source file and line or index)")
+            cmd.add_argument("--source", default=None, metavar="PATH", help="every record of a source file")
+            cmd.add_argument("--epochs", type=int, default=1, help="epochs of the run to search (default 1)")
+        cmd.add_argument("--seq-len", type=int, default=2049, help="TokenDataset seq_len (default 2049: L + 1)")
+        cmd.add_argument("--stride", type=int, default=None, help="TokenDataset stride (default: seq_len - 1)")
+        cmd.add_argument("--batch-size", type=int, default=32, help="DataLoader batch_size per rank")
+        cmd.add_argument("--seed", type=int, default=0)
+        cmd.add_argument("--no-shuffle", action="store_true")
+        cmd.add_argument("--world", type=int, default=1, help="world_size: data-parallel ranks")
+        cmd.add_argument("--workers", type=int, default=0, help="num_workers (names the worker of each batch)")
+        cmd.add_argument("--drop-last", action="store_true")
+        cmd.add_argument("--state", type=Path, default=None, help="JSON loader state the run resumed from")
+        cmd.add_argument("--resumed-at", type=int, default=0, help="the run's step of the first batch after --state")
+        cmd.add_argument("--split", default="train")
+        cmd.add_argument("--dataset-version", type=int, default=None, help="default: the state's, else the latest")
+        cmd.add_argument("--json", action="store_true", help="everything, as JSON")
+        cmd.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
     args = parser.parse_args(argv)
+
+    if args.command in ("trace", "where"):
+        return trace_command(args)
 
     if args.command == "update":
         from runs import update
@@ -91,6 +123,39 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tokenmill lineage: {e}", file=sys.stderr)
             return 2
         print(json.dumps(found, ensure_ascii=False, indent=2))
+    return 0
+
+
+def trace_command(args: argparse.Namespace) -> int:
+    from tokenmill.trace import LoaderSettings, render_trace, render_where, trace, where
+    from tokenmill_loader import DatasetError
+
+    try:
+        settings = LoaderSettings(
+            seq_len=args.seq_len,
+            stride=args.stride,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            shuffle=not args.no_shuffle,
+            world_size=args.world,
+            num_workers=args.workers,
+            drop_last=args.drop_last,
+            state=json.loads(args.state.read_text(encoding="utf-8")) if args.state else None,
+            resumed_at=args.resumed_at,
+        )
+        data = Path(args.data)
+        if args.command == "trace":
+            found = trace(data, args.step, settings, args.rank, args.split, args.dataset_version)
+        elif (args.id is None) == (args.source is None):
+            print("tokenmill where: give a record id (or PATH:N) or --source PATH", file=sys.stderr)
+            return 2
+        else:
+            found = where(data, settings, args.id, args.source, args.epochs, args.split, args.dataset_version)
+    except (DatasetError, OSError, ValueError, KeyError) as e:  # a missing split or state file, bad settings
+        print(f"tokenmill {args.command}: {e}", file=sys.stderr)
+        return 2
+    render = render_trace if args.command == "trace" else render_where
+    print(json.dumps(found, ensure_ascii=False, indent=2) if args.json else render(found))
     return 0
 
 
