@@ -3,7 +3,6 @@ a batch that failed."""
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import dagster as dg
 from pydantic import Field
@@ -67,7 +66,7 @@ def next_batch(source: CorpusSource, data_root: DataRoot, instance: dg.DagsterIn
     through the whole graph, else the source's new files planned as the next batch from the registry and the
     source, which the run registers when it starts. One batch at a time, each deduplicated against the ones
     before it; a batch whose last run failed waits for the user unless the cause may pass (MAX_ATTEMPTS)."""
-    path = Path(source.path).expanduser()
+    path = source.location()
     if not path.exists():
         return f"source {path} does not exist"
     root = data_root.path("")
@@ -127,7 +126,7 @@ def _failure(instance: dg.DagsterInstance, run_id: str) -> tuple[str, bool]:
 
 
 def request(source: CorpusSource, batch: NextBatch) -> dg.RunRequest:
-    tags = {SOURCE_TAG: str(Path(source.path).expanduser()), "tokenmill/batch_files": str(batch.files)}
+    tags = {SOURCE_TAG: str(source.location()), "tokenmill/batch_files": str(batch.files)}
     if batch.planned:
         tags[PLANNED_BATCH_TAG] = batch.key
     return dg.RunRequest(run_key=batch.run_key, partition_key=batch.key, tags=tags)
