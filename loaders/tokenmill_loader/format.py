@@ -443,9 +443,11 @@ def read_shard(
     declared: dict | None = None,
     manifest_path: Path | None = None,
     digest: bool = False,
+    lazy_data: bool = False,
 ) -> Shard:
     """A shard folder's meta.json checked against its data files (and the dtypes dataset.json declares); every
-    file read must resolve inside the shard folder. `digest` sets meta_sha256 (a shard opened alone)."""
+    file read must resolve inside the shard folder. `digest` sets meta_sha256 (a shard opened alone). `lazy_data`:
+    a data file may be absent (a remote store's cache fetches it on first touch and checks it then)."""
     folder = Path(folder)
     inside = os.path.realpath(folder)
     mpath = _confine(folder / SHARD_META_FILE, inside, folder)
@@ -469,9 +471,10 @@ def read_shard(
         if want is not None and want != dtype_name:  # before the size check: a wrong dtype is not truncation
             raise DatasetError(f"{mpath}: {key} has dtype {dt}, {manifest_path} declares {want}")
         bpath = _confine(folder / data_file(key), inside, mpath)
-        if not bpath.is_file():
+        present = bpath.is_file()
+        if not present and not lazy_data:
             raise DatasetError(f"{bpath}: missing (listed in {mpath})")
-        size = bpath.stat().st_size
+        size = bpath.stat().st_size if present else n * dt.itemsize
         if size != n * dt.itemsize:
             raise DatasetError(
                 f"{bpath}: {size} bytes, expected {n * dt.itemsize} = {n} x {dt} from {mpath} (truncated or corrupted)"
@@ -481,7 +484,7 @@ def read_shard(
     return shard
 
 
-def _check_listed_files(folder: Path, files, dpath: Path, checksums: bool) -> None:
+def _check_listed_files(folder: Path, files, dpath: Path, checksums: bool, lazy_data: bool = False) -> None:
     if not isinstance(files, dict):
         raise DatasetError(f"{dpath}: 'files' of shard {folder.name} must be an object")
     inside = os.path.realpath(folder)
@@ -490,6 +493,8 @@ def _check_listed_files(folder: Path, files, dpath: Path, checksums: bool) -> No
         if not isinstance(fmeta, dict):
             raise DatasetError(f"{dpath}: file entry {fname!r} of {folder.name} must be an object {{bytes, sha256}}")
         fpath = _confine(folder / fname, inside, dpath)
+        if lazy_data and fname != SHARD_META_FILE and not fpath.is_file():
+            continue  # fetched on first touch, its bytes and SHA-256 checked against this entry then
         if not fpath.is_file():
             raise DatasetError(f"{fpath}: listed in {dpath} but missing")
         size = fpath.stat().st_size
@@ -636,7 +641,9 @@ def _recorded_max_id(value, tokens: int, vocab: int | None, name: str, dpath: Pa
     return top
 
 
-def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, checksums: bool) -> Shard:
+def _dataset_shard(
+    root: Path, entry, info: dict, tt: str | None, dpath: Path, checksums: bool, lazy_data: bool = False
+) -> Shard:
     if not isinstance(entry, dict):
         raise DatasetError(f"{dpath}: shard entry {_show(entry)} is not an object")
     # a shard is a folder of the dataset, never a path or a symlink leaving it
@@ -644,9 +651,9 @@ def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, c
     folder = _confine(root / name, os.path.realpath(root), dpath)
     if not folder.is_dir():
         raise DatasetError(f"{folder}: shard listed in {dpath} is missing")
-    _check_listed_files(folder, entry.get("files", {}), dpath, checksums)
+    _check_listed_files(folder, entry.get("files", {}), dpath, checksums, lazy_data)
     declared = info.get("keys") or {}
-    shard = read_shard(folder, tt, declared, dpath)
+    shard = read_shard(folder, tt, declared, dpath, lazy_data=lazy_data)
     for k in shard.keys:
         if declared and k not in declared:
             raise DatasetError(f"{folder / SHARD_META_FILE}: key {k!r} is not declared in {dpath}")
@@ -670,7 +677,13 @@ def _dataset_shard(root: Path, entry, info: dict, tt: str | None, dpath: Path, c
 
 
 def validate_dataset(
-    folder, *, checksums: bool = False, scan: bool = False, collect: bool = False, version: int | None = None
+    folder,
+    *,
+    checksums: bool = False,
+    scan: bool = False,
+    collect: bool = False,
+    version: int | None = None,
+    lazy_data: bool = False,
 ) -> Dataset:
     """A split folder checked against its dataset.json (or the manifest of `version`): shard list (plain names
     resolving inside the folder), file sizes, meta.json (dtypes, offsets, alignment, record counts), totals, each
@@ -678,7 +691,8 @@ def validate_dataset(
     the data (token ids < vocab_size and equal at most to the recorded max_token_id, masks 0/1).
 
     Raises DatasetError (naming the file) at the first problem; with `collect`, a shard's problem is listed
-    in `problems` and the next shard is checked (a dataset.json that cannot be read still raises).
+    in `problems` and the next shard is checked (a dataset.json that cannot be read still raises). `lazy_data`
+    (a remote store's local cache): data files not fetched yet are not checked; every meta.json must be there.
     """
     root = Path(folder)
     dpath, info, manifest_sha256 = read_manifest(root, version)
@@ -694,7 +708,7 @@ def validate_dataset(
     top_id = -1
     for entry in info["shards"]:
         try:
-            shard = _dataset_shard(root, entry, info, tt, dpath, checksums)
+            shard = _dataset_shard(root, entry, info, tt, dpath, checksums, lazy_data)
             if scan:
                 top = _check_shard_data(shard, vocab, dpath)
                 if shard.max_token_id is not None and top != shard.max_token_id:

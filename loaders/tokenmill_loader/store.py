@@ -16,6 +16,8 @@ refuses a dataset that differs from its parent's; a forked worker checks the fin
 file.
 Every read of a mapped file first compares the file's size with what was mapped (a truncated file would kill the
 process with SIGBUS), and token ids read are checked against the dataset's vocab_size.
+A split in object storage (`s3://bucket/prefix/train`) is read through its local mirror (remote.py): the same
+Store over the cache folder, whose data files are fetched as shards are first touched.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from .format import (
     sha256_file,
     validate_dataset,
 )
+from .remote import RemoteSpec, RemoteSplit, is_url, remote_spec
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
@@ -127,9 +130,20 @@ def _stat_fingerprint(paths: list[Path]) -> str:
 class Store:
     """Validated, lazily memory-mapped view of a token dataset. Build it with `open_store`."""
 
-    def __init__(self, path: str | os.PathLike, dtype=None, verify: bool = False, version: int | None = None):
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        dtype=None,
+        verify: bool = False,
+        version: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_bytes: int | None = None,
+    ):
         self.path = str(path)
-        self.real_path = os.path.realpath(path)  # read from here on, whatever the symlinks on the way point to later
+        # a URL: its local mirror (remote.py), which the Store reads as it reads a local folder
+        self._remote_spec: RemoteSpec | None = remote_spec(self.path, cache_dir, cache_bytes) if is_url(path) else None
+        local = path if self._remote_spec is None else self._remote_spec.folder
+        self.real_path = os.path.realpath(local)  # read from here on, whatever the symlinks on the way point to later
         self.fingerprint: str | None = None  # set by the first open; a later open must find the same
         # the dataset version read (None: the latest, fixed by the first open; stays None for unversioned sources)
         self.version: int | None = version
@@ -139,7 +153,7 @@ class Store:
         self._load()
 
     # -- pickling: only the paths, options and fingerprint travel; the receiving process re-opens lazily
-    _STATE = ("path", "real_path", "fingerprint", "version", "_dtype_arg")
+    _STATE = ("path", "real_path", "fingerprint", "version", "_dtype_arg", "_remote_spec")
 
     def __getstate__(self):
         return {**{k: self.__dict__[k] for k in self._STATE}, "verify": False}  # the parent verified
@@ -214,6 +228,12 @@ class Store:
     def _open(self):
         p = Path(self.real_path)
         self.info: dict = {}
+        self._remote = None if self._remote_spec is None else RemoteSplit(self._remote_spec)
+        if self._remote is not None:
+            # the version resolved once, from the remote current.json (a worker re-opens the parent's, from the cache)
+            self.version = self._remote.sync(self.version)
+            if self.verify:  # checksums and ids of every file: every shard fetched now
+                self._remote.fetch_all()
         if p.is_dir() and (self.version is not None or current_version(p) or (p / DATASET_FILE).exists()):
             self.kind = "dataset"
             parts = self._load_dataset(p)
@@ -280,7 +300,9 @@ class Store:
 
     def _load_dataset(self, root: Path) -> list[_Part]:
         # the latest version is resolved once, by the first open; every later open (a worker) reads its manifest
-        dataset = validate_dataset(root, checksums=self.verify, scan=self.verify, version=self.version)
+        dataset = validate_dataset(
+            root, checksums=self.verify, scan=self.verify, version=self.version, lazy_data=self._remote is not None
+        )
         self.info = dataset.manifest
         self.version = dataset.manifest.get("version")
         self._fingerprint_now = dataset.manifest_sha256
@@ -366,6 +388,8 @@ class Store:
             if self._pid != os.getpid():  # a forked worker maps its first file: is it still the parent's dataset?
                 self._check_fingerprint(self._current_fingerprint())
                 self._pid = os.getpid()
+            if self._remote is not None:
+                self._fetch({i})
             path = self._bin_file if self.kind == "bin" else part.folder / data_file(key)
             a, mm = _map_file(path, part.dtypes[key], part.lengths[key])
             part.arrays[key] = a
@@ -378,6 +402,24 @@ class Store:
                 f"truncated or rewritten in place under the reader"
             )
         return a
+
+    def _fetch(self, parts: set[int]) -> None:
+        """A remote store: the data files of `parts` made local (those not mapped yet, fetched together); mappings
+        of files evicted meanwhile (by this or another process) are dropped, to be fetched again when touched."""
+        remote = self._remote
+        unmapped = [
+            self.parts[i]
+            for i in sorted(parts)
+            if any(self.parts[i].lengths[k] and self.parts[i].arrays.get(k) is None for k in self.parts[i].dtypes)
+        ]
+        if remote is None or not unmapped:
+            return
+        remote.fetch(part.name for part in unmapped)
+        for part in self.parts:
+            for key, (_, _, path) in list(part.maps.items()):
+                if not path.exists():
+                    del part.maps[key]
+                    part.arrays[key] = None
 
     def _check_ids(self, key: str, ids: np.ndarray, where) -> None:
         """Refuses token ids >= vocab_size (one max over what was read)."""
@@ -486,6 +528,8 @@ class Store:
             local = starts - cum[sh]
             inside = (local + length <= cum[sh + 1] - cum[sh]).tolist()
             sh = sh.tolist()
+            if self._remote is not None:
+                self._fetch(set(sh))  # a batch's missing shards fetched together
             arrays = {s: self._array(s, key) for s in set(sh)}  # each file's size checked once per batch
             for i, (s, lo, ok) in enumerate(zip(sh, local.tolist(), inside)):
                 if ok:
@@ -581,8 +625,16 @@ def _jsonl_row(rec: dict) -> dict:
     return row
 
 
-def open_store(path: str | os.PathLike, dtype=None, verify: bool = False, version: int | None = None) -> Store:
-    """Open a dataset folder, a shard folder, a headerless `.bin` (with `dtype`) or token-id JSONL.
+def open_store(
+    path: str | os.PathLike,
+    dtype=None,
+    verify: bool = False,
+    version: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    cache_bytes: int | None = None,
+) -> Store:
+    """Open a dataset folder, a shard folder, a headerless `.bin` (with `dtype`) or token-id JSONL, or a split
+    published to object storage (`s3://bucket/prefix/train`, with `cache_dir`: docs/publish.md).
 
     A dataset folder opens its latest version (resolved once, through tokenized_bins/current.json where there is
     one, else dataset.json: `Store.version` is the version it holds, None for a folder written before versions
@@ -590,9 +642,11 @@ def open_store(path: str | os.PathLike, dtype=None, verify: bool = False, versio
     was never published or has been removed by retention.
     Raises DatasetError (naming the file) when a file does not match its metadata; `verify=True` also
     checks the SHA-256 of every file listed in dataset.json and that every token id < vocab_size.
+    A URL's files are fetched into `cache_dir` on first touch, each checked against the manifest's SHA-256, and
+    `cache_bytes` bounds what stays there (remote.py; `verify=True` fetches every shard at open).
     """
     if isinstance(path, Store):
         if version is not None and path.version != version:
             raise DatasetError(f"{path.real_path}: this Store reads version {path.version}, not {version}")
         return path
-    return Store(path, dtype=dtype, verify=verify, version=version)
+    return Store(path, dtype=dtype, verify=verify, version=version, cache_dir=cache_dir, cache_bytes=cache_bytes)

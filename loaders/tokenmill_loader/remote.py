@@ -1,0 +1,308 @@
+"""A published store in object storage (`s3://bucket/prefix/train`), read through a local cache folder.
+
+`open_store(url, cache_dir=...)` mirrors the split's small files at open: the version's manifest (the version the
+prefix's current.json names, resolved once, as for a local folder) and every shard's meta.json, checked against the
+manifest's SHA-256. A shard's data files are fetched on its first touch (a batch's missing shards together), each
+checked against the manifest's bytes and SHA-256 before it is renamed into place, so the cache never holds a file a
+reader accepts half-written or altered; the next PREFETCH_SHARDS shards after it in stream order are fetched in the
+background. The Store then memory-maps the cached files exactly as it maps a local folder's, so the batches,
+shuffles, rank x worker shares and resumes are the local store's.
+
+`cache_bytes` bounds the cached data files: past it, the files least recently first touched (their mtime) are
+removed, never those of the shards being fetched. A process keeps its mapping of a file another process removed
+until its next fetch (then it drops it and fetches the file again when it touches it), so the bound is exceeded by at
+most the shards each process has mapped since its last fetch. Several processes (DataLoader workers, ranks on one
+host) may share a cache folder: each file is downloaded to a temporary name and renamed.
+
+Credentials come from where s3fs looks (AWS_* variables, ~/.aws); they never travel in a pickled Store, and
+messages have them masked. s3fs is the `tokenmill-loader[s3]` extra, imported only for a URL.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import threading
+import uuid
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from .format import (
+    CURRENT_FILE,
+    DATASET_FILE,
+    PLAIN_NAME,
+    SHARD_META_FILE,
+    DatasetError,
+    load_json,
+    version_file,
+)
+
+PREFETCH_SHARDS = 4  # shards fetched ahead of the one touched, in stream order
+FETCH_THREADS = 8  # parallel downloads: object stores serve one connection at far less than a host's bandwidth
+CHUNK_BYTES = 8 << 20  # one ranged GET, hashed while it is written
+_URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
+SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_KEY")
+TEMP_PREFIX = ".fetch-"
+
+
+def is_url(location) -> bool:
+    """True for `scheme://...` other than `file://` (a local path opens as before)."""
+    match = _URL.match(os.fspath(location)) if isinstance(location, str | os.PathLike) else None
+    return match is not None and match.group("scheme").lower() != "file"
+
+
+def mask_secrets(text: str) -> str:
+    """`text` with this process's credentials and any URL's user:password@ replaced by ***."""
+    for name in SECRET_VARIABLES:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, "***")
+    return _USERINFO.sub(r"\1***@", text)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteSpec:
+    """What a pickled Store carries to re-open a remote split in a worker: no credentials, no connection."""
+
+    url: str
+    """The split's URL, `s3://bucket/prefix/train`; its parent prefix holds current.json."""
+    cache_dir: str
+    """The local folder the split is mirrored into (under a folder named after the URL)."""
+    cache_bytes: int | None = None
+    """Bound on the cached data files (None: no bound)."""
+
+    @property
+    def root(self) -> Path:
+        """The cache folder mirroring the URL's parent prefix (the one that holds current.json)."""
+        parent = self.url.rstrip("/").rsplit("/", 1)[0]
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", _URL.sub("", parent)).strip("-.")[:80] or "store"
+        return Path(self.cache_dir) / f"{slug}-{hashlib.sha256(parent.encode()).hexdigest()[:12]}"
+
+    @property
+    def split(self) -> str:
+        return self.url.rstrip("/").rsplit("/", 1)[-1]
+
+    @property
+    def folder(self) -> Path:
+        return self.root / self.split
+
+
+def remote_spec(url: str, cache_dir, cache_bytes: int | None) -> RemoteSpec:
+    if cache_dir is None:
+        raise DatasetError(f"{mask_secrets(url)}: a remote store needs a local cache: open_store(url, cache_dir=...)")
+    if cache_bytes is not None and cache_bytes < 1:
+        raise DatasetError(f"{mask_secrets(url)}: cache_bytes must be >= 1 (or None: no bound), not {cache_bytes}")
+    split = url.rstrip("/").rsplit("/", 1)[-1]
+    if "/" not in _URL.sub("", url.rstrip("/")) or not PLAIN_NAME.fullmatch(split):
+        raise DatasetError(f"{mask_secrets(url)}: expected the URL of a split folder, like s3://bucket/prefix/train")
+    return RemoteSpec(url=url.rstrip("/"), cache_dir=os.path.realpath(cache_dir), cache_bytes=cache_bytes)
+
+
+class RemoteSplit:
+    """The local mirror of one remote split: fetches, checks and evicts its files (one per process)."""
+
+    def __init__(self, spec: RemoteSpec):
+        self.spec = spec
+        self.folder = spec.folder
+        self.files: dict[str, dict[str, dict]] = {}  # shard -> file name -> {bytes, sha256} from the manifest
+        self.order: list[str] = []  # shard names in stream order
+        self._pid = -1
+        self._lock = threading.RLock()  # a done callback may run in the thread holding it
+        self._inflight: dict[Path, Future] = {}
+
+    # -- per process: a forked worker gets neither the parent's threads nor its event loop
+    def _fresh(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._lock = threading.RLock()  # a done callback may run in the thread holding it
+            self._inflight = {}
+            self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-fetch")
+            self._fs, self._remote_root = _filesystem(self.spec.url.rsplit("/", 1)[0])
+
+    def _remote(self, *parts: str) -> str:
+        return "/".join((self._remote_root.rstrip("/"), self.spec.split, *parts))
+
+    def _url(self, *parts: str) -> str:
+        return mask_secrets("/".join((self.spec.url, *parts)))
+
+    # -- open: the manifest and every meta.json
+    def sync(self, version: int | None) -> int | None:
+        """Mirrors the manifest of `version` (None: the one the remote current.json names, else dataset.json) and
+        every shard's meta.json; returns the version (None: an unversioned split)."""
+        self._fresh()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if version is None:
+            version = self._published_version()
+        if version is None:  # written before versions: dataset.json is the latest, fetched again at each open
+            manifest = self._download((DATASET_FILE,), self.folder / DATASET_FILE, None)
+        else:
+            manifest = self.folder / version_file(version)
+            if not manifest.is_file():  # immutable once published: a cached copy is that version
+                manifest = self._download((manifest.name,), manifest, None)
+        info, _ = load_json(manifest, "dataset description")
+        shards = info.get("shards") if isinstance(info, dict) else None
+        if not isinstance(info, dict) or not isinstance(shards, list):
+            raise DatasetError(f"{manifest}: expected a dataset manifest with a 'shards' list")
+        for entry in shards:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            files = entry.get("files") if isinstance(entry, dict) else None
+            if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name) or not isinstance(files, dict):
+                raise DatasetError(f"{manifest}: shard entry {str(entry)[:120]} has no plain name and files")
+            self.files[name] = {
+                f: spec for f, spec in files.items() if isinstance(spec, dict) and PLAIN_NAME.fullmatch(f)
+            }
+            self.order.append(name)
+        tokenizer = info.get("tokenizer")
+        tokenizer = tokenizer if isinstance(tokenizer, dict) else {}
+        self._wait([self._start(name, [SHARD_META_FILE]) for name in self.order] + [self._tokenizer(tokenizer)])
+        return version
+
+    def _tokenizer(self, tokenizer: dict) -> list[Future]:
+        """The version's tokenizer copy (Store.tokenizer_path), checked against the SHA-256 it was encoded with."""
+        name = tokenizer.get("file")
+        if not isinstance(name, str) or not PLAIN_NAME.fullmatch(name) or (self.folder / name).is_file():
+            return []
+        expected = {"sha256": tokenizer["sha256"]} if isinstance(tokenizer.get("sha256"), str) else None
+        return [self._pool.submit(self._download, (name,), self.folder / name, expected)]
+
+    def _published_version(self) -> int | None:
+        pointer = self._remote_root.rstrip("/") + "/" + CURRENT_FILE
+        try:
+            with self._fs.open(pointer, "rb") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        except Exception as error:
+            raise OSError(mask_secrets(f"{self.spec.url.rsplit('/', 1)[0]}/{CURRENT_FILE}: {error}")) from None
+        try:
+            value = json.loads(text).get("version")
+        except (ValueError, AttributeError):
+            value = None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            where = mask_secrets(f"{self.spec.url.rsplit('/', 1)[0]}/{CURRENT_FILE}")
+            raise DatasetError(f'{where}: expected {{"version": <int >= 1>}}')
+        return value
+
+    # -- data files
+    def data_files(self, shard: str) -> list[str]:
+        """The files of `shard` the Store maps (every listed one but meta.json, which is mirrored at open)."""
+        return [f for f in self.files[shard] if f != SHARD_META_FILE]
+
+    def fetch(self, shards: Iterable[str]) -> set[Path]:
+        """Makes the data files of `shards` local (fetched together), starts prefetching the shards after the last
+        of them, then evicts past the bound; returns the paths evicted."""
+        self._fresh()
+        shards = list(shards)
+        self._wait([self._start(name, self.data_files(name)) for name in shards])
+        touched = {self.folder / name / f for name in shards for f in self.data_files(name)}
+        for path in touched:
+            os.utime(path)  # the LRU clock: first touch in this process
+        if shards:
+            after = self.order.index(shards[-1]) + 1
+            for name in self.order[after : after + PREFETCH_SHARDS]:
+                self._start(name, self.data_files(name))
+        return self.evict(protect=touched)
+
+    def fetch_all(self) -> None:
+        self._fresh()
+        self._wait([self._start(name, self.data_files(name)) for name in self.order])
+
+    def _start(self, shard: str, names: list[str]) -> list[Future]:
+        futures = []
+        with self._lock:
+            for name in names:
+                path = self.folder / shard / name
+                if path.is_file():
+                    continue
+                future = self._inflight.get(path)
+                if future is None:
+                    future = self._pool.submit(self._download, (shard, name), path, self.files[shard].get(name))
+                    self._inflight[path] = future
+                    future.add_done_callback(functools.partial(self._done, path))
+                futures.append(future)
+        return futures
+
+    def _done(self, path: Path, _: Future) -> None:
+        with self._lock:
+            self._inflight.pop(path, None)
+
+    @staticmethod
+    def _wait(groups: list[list[Future]]) -> None:
+        for futures in groups:
+            for future in futures:
+                future.result()
+
+    def _download(self, parts: tuple[str, ...], path: Path, expected: dict | None) -> Path:
+        """The split's object `parts` into `path` through a temporary file, checked against `expected`
+        ({bytes, sha256} from the manifest)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f"{TEMP_PREFIX}{uuid.uuid4().hex[:12]}-{path.name}")
+        digest, size = hashlib.sha256(), 0
+        where = self._url(*parts)
+        try:
+            with (
+                self._fs.open(self._remote(*parts), "rb", block_size=CHUNK_BYTES, cache_type="none") as given,
+                open(temp, "wb") as f,
+            ):
+                while chunk := given.read(CHUNK_BYTES):
+                    digest.update(chunk)
+                    size += len(chunk)
+                    f.write(chunk)
+            if expected is not None:
+                if "bytes" in expected and size != expected["bytes"]:
+                    raise DatasetError(f"{where}: {size} bytes, the manifest lists {expected['bytes']}")
+                if expected.get("sha256") and digest.hexdigest() != expected["sha256"]:
+                    raise DatasetError(f"{where}: sha256 differs from the manifest (corrupted or another build)")
+            os.replace(temp, path)
+        except FileNotFoundError:
+            raise DatasetError(f"{where}: not in object storage (not published, or removed by retention)") from None
+        except DatasetError:
+            raise
+        except Exception as error:
+            raise OSError(mask_secrets(f"{where}: fetch failed: {error}")) from None
+        finally:
+            temp.unlink(missing_ok=True)
+        return path
+
+    def evict(self, protect: set[Path]) -> set[Path]:
+        """Removes the least recently touched data files while the cache's data files exceed the bound."""
+        limit = self.spec.cache_bytes
+        if limit is None:
+            return set()
+        cached = []
+        for split in self.spec.root.iterdir():
+            for shard in split.iterdir() if split.is_dir() else ():
+                for entry in os.scandir(shard) if shard.is_dir() else ():
+                    if entry.name not in (SHARD_META_FILE,) and not entry.name.startswith(TEMP_PREFIX):
+                        stat = entry.stat()
+                        cached.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+        total = sum(size for _, size, _ in cached)
+        evicted = set()
+        for _, size, path in sorted(cached, key=lambda item: item[0]):
+            if total <= limit:
+                break
+            if path in protect or path in self._inflight:
+                continue
+            path.unlink(missing_ok=True)
+            evicted.add(path)
+            total -= size
+        return evicted
+
+
+def _filesystem(url: str):
+    """(fsspec filesystem, path inside it); a missing s3fs is one line naming the extra."""
+    try:
+        import fsspec.core
+
+        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+    except ImportError as error:
+        raise ImportError(
+            f"{mask_secrets(url)}: reading object storage needs s3fs: pip install 'tokenmill-loader[s3]' ({error})"
+        ) from None
+    return fs, path
