@@ -21,6 +21,7 @@ from tokenmill.common.failpoints import failpoint
 from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import local_workers, workers_kept
+from tokenmill.common.remote import Location, as_location
 from tokenmill.errors import ConfigError, DataRootBusyError, SourceError
 from tokenmill.settings import number_from_env, validate_run_settings
 
@@ -53,15 +54,26 @@ def fail_run_of_dead_holder(
 
 class CorpusSource(dg.ConfigurableResource):
     """The input corpus: a file or a folder searched recursively (.jsonl, .json, .txt, .csv, .gz and .zst of these,
-    .parquet)."""
+    .parquet), or an object or a prefix on object storage (`s3://bucket/prefix/`, any fsspec URL:
+    docs/object-storage.md; credentials from the standard variables or profile, never from here)."""
 
-    path: str = Field(description="File or folder to ingest; env TOKENMILL_SOURCE, default the bundled demo corpus")
+    path: str = Field(
+        description="File, folder or URL (s3://bucket/prefix/) to ingest; env TOKENMILL_SOURCE, default the bundled "
+        "demo corpus"
+    )
 
-    def resolved(self) -> Path:
-        """The source path, or a clear error before any work starts."""
-        p = Path(self.path).expanduser()
+    def location(self) -> Location:
+        """The source as given: a local Path (`~` expanded, `file://` taken off) or a URL."""
+        return as_location(self.path)
+
+    def resolved(self) -> Location:
+        """The source path (absolute) or URL, or a clear error before any work starts."""
+        p = self.location()
         if not p.exists():
-            raise SourceError(f"TOKENMILL_SOURCE does not exist: {p} (set TOKENMILL_SOURCE to a file or folder)")
+            raise SourceError(
+                f"TOKENMILL_SOURCE does not exist: {p} (set TOKENMILL_SOURCE to a file or folder, or an object or "
+                "prefix URL)"
+            )
         return p.resolve()
 
 
@@ -93,7 +105,7 @@ class DataRoot(dg.ConfigurableResource):
     def path(self, asset_key: str) -> Path:
         return Path(self.root).expanduser().resolve() / asset_key
 
-    def usable(self, source: Path | None = None) -> Path:
+    def usable(self, source: Location | None = None) -> Path:
         """The data root, created when missing, or a ConfigError in one line when it cannot be one: a file, a
         folder whose parent does not exist (a typo more often than a wish for a new tree), the folder of `source`
         (or one inside the data root: the stages would ingest their own outputs), or a folder this user cannot

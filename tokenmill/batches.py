@@ -7,9 +7,13 @@ retired. Keys are `g<generation>-b<number>` (zero-padded, so sorting by name is 
 Dagster dynamic partitions of the per-batch assets.
 
 A file is told changed by its content: size, then (only when size or mtime moved) a BLAKE2b hash of its bytes, so a
-`touch` changes nothing and a steady source costs one stat per file. A file that changed or disappeared after its
-batch was published cannot be taken back out of the records, the dedup index and the shards built from it: it
-waits for a full rebuild, which starts a new generation (`tokenmill update --rebuild`), while new files go on.
+`touch` changes nothing and a steady source costs one stat per file. An object of a source on object storage
+(`s3://bucket/prefix/`) is registered by its URL with its size and ETag, from the listing alone: a new ETag is new
+content (the store computes it from the bytes), so nothing is read to register it.
+
+A file that changed or disappeared after its batch was published cannot be taken back out of the records, the dedup
+index and the shards built from it: it waits for a full rebuild, which starts a new generation (`tokenmill update
+--rebuild`), while new files go on.
 
 A file the readers refuse (a FIFO, a socket, a symlink out of the source) or cannot open when its batch is registered
 is listed with the batch's refused files and reported, with its reason, in the batch's `_rejected.jsonl`; it counts as
@@ -33,6 +37,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import overload
 
 from tokenmill.common.io import (
     REJECTED_FILE,
@@ -44,6 +49,7 @@ from tokenmill.common.io import (
     read_json,
     remove_stage,
 )
+from tokenmill.common.remote import Location, RemoteLocation, same_location
 from tokenmill.errors import CorruptOutputError, SourceChangedError, UnknownBatchError
 from tokenmill.stages.raw.discover import examine
 from tokenmill.stages.registry import per_batch_keys
@@ -93,8 +99,15 @@ def content_hash(path: Path) -> str:
     return digest.hexdigest()
 
 
-def source_file(source: Path, rel: str) -> Path:
-    """The file a `source_state` entry names (a source that is one file lists it by its name)."""
+@overload
+def source_file(source: Path, rel: str) -> Path: ...
+@overload
+def source_file(source: RemoteLocation, rel: str) -> RemoteLocation: ...
+def source_file(source: Location, rel: str) -> Location:
+    """The file a `source_state` entry names (a source that is one file lists it by its name; an object by its
+    URL)."""
+    if isinstance(source, RemoteLocation):
+        return RemoteLocation(rel)
     return source if source.is_file() else source / rel
 
 
@@ -103,7 +116,7 @@ class Batch:
     key: str
     files: dict[str, list]
     """{path relative to the source: [size, mtime_ns, content hash]} when the batch was registered (registries
-    written before content hashes: [size, mtime_ns])."""
+    written before content hashes: [size, mtime_ns]); {object URL: [size, ETag]} for a source on object storage."""
     retired: str | None = None
     """Why the batch was retired (it never published; later batches do not count it), None while it counts."""
     refused: dict[str, list[str]] = field(default_factory=dict)
@@ -119,7 +132,7 @@ def _plural(n: int, one: str, many: str) -> str:
 class SourceChanges:
     """How the source's ingestible files differ from what the registry holds."""
 
-    new: dict[str, list[int]] = field(default_factory=dict)
+    new: dict[str, list] = field(default_factory=dict)
     changed: list[tuple[str, str]] = field(default_factory=list)
     """(file, batch key) of registered files whose content changed (size, or content hash)."""
     removed: list[tuple[str, str]] = field(default_factory=list)
@@ -179,12 +192,12 @@ class Registry:
         position = self.keys.index(self.batch(key).key)
         return [b.key for b in self.batches[:position] if not b.retired]
 
-    def compare(self, source: Path, state: dict[str, list[int]]) -> SourceChanges:
+    def compare(self, source: Location, state: dict[str, list]) -> SourceChanges:
         """New, changed, removed and touched files of `state` (a `source_state`) against the registered batches.
         A file whose size and mtime are as registered is not read; one whose mtime alone moved is hashed. A file of
         a retired batch is new again once its content changed; one its batch refused or could not open, once it can
         be read."""
-        if self.source is not None and Path(self.source) != Path(source):
+        if self.source is not None and not same_location(self.source, source):
             raise SourceChangedError(
                 f"this data root was built from {self.source}, not {source}: point TOKENMILL_DATA at another "
                 f"folder for another corpus, or {REBUILD_HINT}"
@@ -219,17 +232,21 @@ class Registry:
         return changes
 
 
-def refusal(source: Path, rel: str) -> list[str] | None:
+def refusal(source: Location, rel: str) -> list[str] | None:
     """[reason, detail] when the readers refuse the file without opening it (`examine`; a symlink out of the source
     is refused here whatever raw_records' follow_outside_symlinks says: registering never reads outside the
-    source), None when it is a regular file inside the source."""
+    source), None when it is a regular file inside the source, or an object (there is nothing else in a store)."""
+    if isinstance(source, RemoteLocation):
+        return None
     root = os.path.realpath(source) if source.is_dir() else None
     found = examine(rel, str(source_file(source, rel)), root, follow_outside_symlinks=False)
     return [found.refused, found.detail] if found.refused else None
 
 
-def _readable(source: Path, rel: str) -> bool:
+def _readable(source: Location, rel: str) -> bool:
     """Whether a file registered as refused or unreadable can be read now (a regular file that opens)."""
+    if isinstance(source, RemoteLocation):  # never refused when registered
+        return True
     if refusal(source, rel) is not None:
         return False
     try:
@@ -239,12 +256,13 @@ def _readable(source: Path, rel: str) -> bool:
     return True
 
 
-def _content(source: Path, rel: str, registered: list, now: list[int]) -> list | None:
+def _content(source: Location, rel: str, registered: list, now: list) -> list | None:
     """The file's entry ([size, mtime_ns, hash]) when its content is the registered one, else None. Hashed only
-    when the mtime moved; an entry without a hash (an older registry) cannot be told apart, so it changed."""
+    when the mtime moved; an entry without a hash (an older registry, an object: [size, ETag]) cannot be told
+    apart, so it changed."""
     if registered[:2] == now:
         return list(registered)
-    if registered[0] != now[0] or len(registered) < 3:
+    if registered[0] != now[0] or len(registered) < 3 or isinstance(source, RemoteLocation):
         return None
     try:
         digest = content_hash(source_file(source, rel))
@@ -304,11 +322,13 @@ def _registry_lock(data_root: Path):
         os.close(fd)
 
 
-def new_batch(key: str, source: Path, files: dict[str, list[int]]) -> Batch:
+def new_batch(key: str, source: Location, files: dict[str, list]) -> Batch:
     """Batch `key` of `files` (a `source_state`'s entries), each with its content hash, sorted by path; a file the
     readers refuse, or one that cannot be opened, goes to the batch's refused files with its reason instead, and a
     batch of refused files alone is retired (nothing to read). A file gone since it was listed keeps [size,
-    mtime_ns] (its run then names it missing)."""
+    mtime_ns] (its run then names it missing). Objects keep their [size, ETag], nothing read."""
+    if isinstance(source, RemoteLocation):
+        return Batch(key=key, files={f: list(meta) for f, meta in sorted(files.items())})
     entries, refused = {}, {}
     for f, meta in sorted(files.items()):
         if (why := refusal(source, f)) is not None:
@@ -348,7 +368,7 @@ def _list_refused(data_root: Path, batch: Batch) -> None:
 
 
 def register_new_files(
-    data_root: Path, source: Path, state: dict[str, list[int]], key: str | None = None
+    data_root: Path, source: Location, state: dict[str, list], key: str | None = None
 ) -> tuple[str | None, SourceChanges]:
     """Registers the files of `state` not yet in a batch as the next batch; returns its key (None: nothing new)
     and the changes found. Changed and removed files are left waiting (`SourceChanges.waiting`); touched ones get
@@ -381,7 +401,7 @@ def register_new_files(
         return new_key, changes
 
 
-def start_generation(data_root: Path, source: Path, state: dict[str, list[int]], after: int = 0) -> str:
+def start_generation(data_root: Path, source: Location, state: dict[str, list], after: int = 0) -> str:
     """A full rebuild: the next generation (past the registry's and `after`, the latest one other outputs name),
     whose first batch holds every file of `state`; returns its key. A damaged registry is replaced."""
     with _registry_lock(data_root):

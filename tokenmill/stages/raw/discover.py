@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenmill.common.remote import RETRIES, Location, RemoteLocation, RemoteObject, list_objects
 from tokenmill.stages.raw.stream import file_type
 
 READERS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".txt": "txt", ".csv": "csv", ".parquet": "parquet"}
@@ -19,11 +20,11 @@ READERS |= {".warc": "warc", ".wet": "warc", ".html": "html", ".htm": "html"}
 @dataclass(frozen=True, kw_only=True)
 class SourceFile:
     rel: str
-    """Path relative to the source (POSIX), as records name it."""
+    """Path relative to the source (POSIX), as records name it; an object's URL (scheme://bucket/key)."""
     path: str
-    """Path to open."""
+    """Path or URL to open."""
     size: int
-    """Bytes on disk (compressed size for .gz/.zst); 0 when it cannot be read or is refused."""
+    """Bytes on disk or in the store (compressed size for .gz/.zst); 0 when it cannot be read or is refused."""
     refused: str | None = None
     """Why the file is not opened at all ("not_a_regular_file", "outside_source", "unreadable_file": a symlink to
     nothing), None when it is read."""
@@ -121,9 +122,27 @@ def examine(rel: str, full: str, root: str | None, follow_outside_symlinks: bool
     return SourceFile(rel=rel, path=full, size=st.st_size)
 
 
-def list_source(source: Path, exclude: Path | None = None, follow_outside_symlinks: bool = False) -> Listing:
-    """The files of `source` (a file, or a folder searched recursively) to read and to skip. `exclude` is the
-    data root when it lies inside the source: never ingest our own outputs."""
+def _remote_objects(source: RemoteLocation) -> tuple[list[RemoteObject], list[str]]:
+    """(objects of a format we read, URLs of the others) under a prefix or the one object it names; as in a folder,
+    an object whose key below the prefix has a part starting with "." (a hidden file or folder) is in neither."""
+    prefix = source.url.rstrip("/") + "/"
+    read: list[RemoteObject] = []
+    skipped: list[RemoteObject] = []
+    for found in list_objects(source, RETRIES):
+        below = found.url[len(prefix) :] if found.url.startswith(prefix) else found.url.rsplit("/", 1)[-1]
+        if any(part.startswith(".") for part in below.split("/")):
+            continue
+        (read if reader_kind(found.url)[0] else skipped).append(found)
+    return read, [found.url for found in skipped]
+
+
+def list_source(source: Location, exclude: Path | None = None, follow_outside_symlinks: bool = False) -> Listing:
+    """The files of `source` (a file, or a folder searched recursively; an object or a prefix, listed recursively)
+    to read and to skip. `exclude` is the data root when it lies inside the source: never ingest our own
+    outputs."""
+    if isinstance(source, RemoteLocation):
+        read, skipped = _remote_objects(source)
+        return Listing([SourceFile(rel=found.url, path=found.url, size=found.size) for found in read], skipped)
     root = os.path.realpath(source) if source.is_dir() else None
     files, skipped = [], []
     found, linked_folders = _walk(source, exclude)
@@ -141,12 +160,15 @@ def list_source(source: Path, exclude: Path | None = None, follow_outside_symlin
     return Listing(sorted(files, key=lambda f: f.rel), skipped)
 
 
-def source_state(source: Path, exclude: Path | None = None) -> dict[str, list[int]]:
+def source_state(source: Location, exclude: Path | None = None) -> dict[str, list]:
     """{relative path: [size, mtime_ns]} of the files the readers list: one stat each, nothing read. Files the
     readers skip (a README, a hidden file) are not in it, so changing them changes nothing downstream. Files they
     refuse (a FIFO, a socket, a symlink out of the source or to nothing: `examine`) are, with their own stat (not
-    followed), so the batch that first sees one lists it in its `_rejected.jsonl`."""
-    state = {}
+    followed), so the batch that first sees one lists it in its `_rejected.jsonl`. Objects: {URL: [size, ETag]}
+    from the listing alone (the ETag is the store's tag of the content: a new one is new content)."""
+    if isinstance(source, RemoteLocation):
+        return {found.url: [found.size, found.identity] for found in _remote_objects(source)[0]}
+    state: dict[str, list] = {}
     for f in list_source(source, exclude).files:
         try:
             st = os.lstat(f.path) if f.refused else os.stat(f.path)
@@ -156,8 +178,9 @@ def source_state(source: Path, exclude: Path | None = None) -> dict[str, list[in
     return state
 
 
-def source_fingerprint(state: dict[str, list[int]]) -> str:
-    """16 hex of SHA-256 over a `source_state`: equal fingerprints, same listed files (names, sizes, mtimes)."""
+def source_fingerprint(state: dict[str, list]) -> str:
+    """16 hex of SHA-256 over a `source_state`: equal fingerprints, same listed files (names, sizes, mtimes or
+    ETags)."""
     return hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()[:16]
 
 

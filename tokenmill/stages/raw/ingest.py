@@ -24,6 +24,7 @@ from tokenmill.common.io import (
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.common.quarantine import FileQuarantine
+from tokenmill.common.remote import RETRIES, Location, RemoteLocation, as_location
 from tokenmill.common.results import StageResult, run_fact, write_result
 from tokenmill.common.samples import ReasonSamples
 from tokenmill.errors import SourceError
@@ -108,6 +109,9 @@ class TaskResult:
     files: list[FileReport]
     samples: dict
     """reason -> the task's first rejected entries (each with its snippet of the bad input)."""
+    retries: int = 0
+    """Transient errors of remote reads retried (throttling, resets, 5xx), and the backoff waited for them."""
+    retry_wait_s: float = 0.0
 
 
 class _ShardSink:
@@ -267,17 +271,38 @@ def ingest_task(task: IngestTask) -> TaskResult:
     folder = Path(task.folder)
     folder.mkdir(parents=True, exist_ok=True)
     sink, samples = _ShardSink(folder, task.settings.records_per_shard), ReasonSamples()
+    retried, waited = RETRIES.retried, RETRIES.waited_s  # this process's counter: what this task adds to it
     with open(folder / REJECTED_FILE, "w", encoding="utf-8") as rejected:
         reports = [_FileIngest(src, sink, rejected, samples, task.settings).run() for src in task.files]
     sink.close()
-    return TaskResult(folder=str(folder), shards=sink.counts, files=reports, samples=samples.by_reason)
+    return TaskResult(
+        folder=str(folder),
+        shards=sink.counts,
+        files=reports,
+        samples=samples.by_reason,
+        retries=RETRIES.retried - retried,
+        retry_wait_s=RETRIES.waited_s - waited,
+    )
 
 
-def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[FileReport], dict]:
+@dataclass(kw_only=True)
+class _Collected:
+    shards: int = 0
+    reports: list[FileReport] = field(default_factory=list)
+    samples: dict = field(default_factory=dict)
+    retries: int = 0
+    retry_wait_s: float = 0.0
+
+
+def _collect(results, out_dir: Path, progress: Progress) -> _Collected:
     """Renames each task's shards into one global sequence, in task order; concatenates the rejected parts;
-    returns the shard count, the per-file reports and the batch's first rejected entries per reason."""
+    returns the shard count, the per-file reports, the batch's first rejected entries per reason and the tasks'
+    remote retries."""
     n_shard, rejected_parts, reports, samples = 0, [], [], ReasonSamples()
+    collected = _Collected()
     for res in results:
+        collected.retries += res.retries
+        collected.retry_wait_s += res.retry_wait_s
         folder = Path(res.folder)
         for i, _ in enumerate(res.shards):
             os.replace(folder / shard_name(i), out_dir / shard_name(n_shard))
@@ -288,7 +313,8 @@ def _collect(results, out_dir: Path, progress: Progress) -> tuple[int, list[File
         progress.advance(len(res.files))
     concat_files(rejected_parts, out_dir / REJECTED_FILE)
     progress.finish()
-    return n_shard, reports, samples.as_dict()
+    collected.shards, collected.reports, collected.samples = n_shard, reports, samples.as_dict()
+    return collected
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -315,19 +341,23 @@ class RawResult(StageResult):
     refused_files: int
     settings: dict
     tasks: int = run_fact()
+    # an object-storage source: transient errors (throttling, resets, 5xx) retried while listing and reading, and
+    # the seconds their backoff waited
+    remote_retries: int = run_fact(default=0)
+    remote_retry_wait_s: float = run_fact(default=0.0)
 
 
 def _result(
-    reports: list[FileReport],
-    samples: dict,
+    collected: _Collected,
     listing: Listing,
-    shards: int,
     tasks: int,
-    source: Path,
+    source: Location,
     fingerprint: str,
     settings: RawSettings,
+    listing_retries: tuple[int, float],
     t0: float,
 ) -> RawResult:
+    reports = collected.reports
     by_reason: Counter[str] = Counter()
     not_documents: Counter[str] = Counter()
     shapes: Counter[str] = Counter()
@@ -346,23 +376,25 @@ def _result(
         skipped_records=sum(not_documents.values()),
         skipped_records_by_reason=dict(sorted(not_documents.items())),
         pages_by_shape=dict(sorted(shapes.items())),
-        rejected_samples=samples,
+        rejected_samples=collected.samples,
         files_read=len(reports),
         files=[asdict(f) for f in reports],
         skipped_files=listing.skipped,
         bytes_read=sum(f.bytes for f in reports),
-        shards=shards,
+        shards=collected.shards,
         source=str(source),
         source_fingerprint=fingerprint,
         refused_files=sum(f.refused is not None for f in listing.files),
         settings=settings.model_dump(),
         tasks=tasks,
+        remote_retries=listing_retries[0] + collected.retries,
+        remote_retry_wait_s=round(listing_retries[1] + collected.retry_wait_s, 3),
         seconds=round(time.perf_counter() - t0, 3),
     )
 
 
 def ingest(
-    source: Path,
+    source: Location | str,
     out_dir: Path,
     settings: RawSettings | None = None,
     workers: int | None = None,
@@ -371,7 +403,8 @@ def ingest(
     only: Collection[str] | None = None,
     refused: Mapping[str, Sequence[str]] | None = None,
 ) -> RawResult:
-    """Reads `source` (a file, or a folder searched recursively) into record shards in `out_dir`; with `only`,
+    """Reads `source` (a file, or a folder searched recursively; an object, or every object under a prefix) into
+    record shards in `out_dir`; with `only`,
     just those files (paths relative to the source: one source batch), ids as in a read of the whole source, and
     `refused` ({path: [reason, detail]}: the batch's files refused or unopenable when it was registered) rejected
     whole without being opened, but for symlinks out of the source when `follow_outside_symlinks` is set.
@@ -380,12 +413,13 @@ def ingest(
     (`write_result`); returns it. Raises SourceError before any work when `source` does not exist.
     """
     t0 = time.perf_counter()
-    source, out_dir = Path(source), Path(out_dir)
+    source, out_dir = as_location(source), Path(out_dir)
+    retried, waited = RETRIES.retried, RETRIES.waited_s  # the listing's, in this process
     if not source.exists():
         raise SourceError(f"corpus source does not exist: {source} (set TOKENMILL_SOURCE to a file or folder)")
     # the plain class, also for the asset's config: workers never import the asset module (dagster)
     settings = RawSettings(**settings.model_dump()) if settings is not None else RawSettings()
-    exclude = Path(exclude).resolve() if exclude else None
+    exclude = Path(exclude).resolve() if exclude and not isinstance(source, RemoteLocation) else None
     state = source_state(source, exclude)
     listing = list_source(source, exclude, settings.follow_outside_symlinks)
     if only is not None:
@@ -399,7 +433,7 @@ def ingest(
             raise SourceError(f"files of this source batch are gone from {source}: {', '.join(missing[:5])}")
         state = {rel: meta for rel, meta in state.items() if rel in only or rel in refused}
         unopened = [
-            SourceFile(rel=rel, path=os.path.join(source, rel), size=0, refused=why[0], detail=why[1])
+            SourceFile(rel=rel, path=os.path.join(str(source), rel), size=0, refused=why[0], detail=why[1])
             for rel, why in refused.items()
         ]
         files = sorted([f for f in listing.files if f.rel in only] + unopened, key=lambda f: f.rel)
@@ -421,12 +455,13 @@ def ingest(
         IngestTask(files=files, folder=str(out_dir / f".task-{i:05d}"), settings=settings)
         for i, files in enumerate(plan_tasks(listing.files, max(1, int(settings.task_mb * 1024 * 1024))))
     ]
+    listing_retries = (RETRIES.retried - retried, RETRIES.waited_s - waited)
     progress = Progress("raw_records", total=len(listing.files), unit="files", log=log)
     try:
-        shards, reports, samples = _collect(map_ordered(ingest_task, tasks, workers), out_dir, progress)
+        collected = _collect(map_ordered(ingest_task, tasks, workers), out_dir, progress)
     finally:
         for t in tasks:
             shutil.rmtree(t.folder, ignore_errors=True)
-    result = _result(reports, samples, listing, shards, len(tasks), source, fingerprint, settings, t0)
+    result = _result(collected, listing, len(tasks), source, fingerprint, settings, listing_retries, t0)
     write_result(out_dir, result)
     return result

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tokenmill.common.io import zstd
+from tokenmill.common.remote import is_url, open_object
 
 SNIPPET_CHARS = 200
 SKIP_CHUNK = 1 << 20  # bytes read at a time while skipping the rest of an oversized line
@@ -249,7 +250,12 @@ def file_type(mode: int) -> str | None:
 @contextlib.contextmanager
 def open_regular(path: str) -> Iterator:
     """The file opened for binary reading, non-blocking and checked again after opening, so a file swapped for a
-    FIFO after discovery fails (OSError) instead of blocking the run."""
+    FIFO after discovery fails (OSError) instead of blocking the run. A URL: the object, buffered and seekable over
+    ranged reads (remote.open_object), never copied whole to disk."""
+    if is_url(path):
+        with open_object(path) as remote_file:
+            yield remote_file
+        return
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     with open(fd, "rb") as raw:
         kind = file_type(os.fstat(fd).st_mode)
