@@ -20,7 +20,14 @@ from pathlib import Path
 
 import numpy as np
 
-from tokenmill.common.io import REJECTED_FILE, REMOVED_FILE, batch_folders, record_shards, temporary_path
+from tokenmill.common.io import (
+    REJECTED_FILE,
+    REMOVED_FILE,
+    batch_folders,
+    record_id,
+    record_shards,
+    temporary_path,
+)
 from tokenmill.explain import explain, resolve_ids
 from tokenmill.explain import where as source_text
 from tokenmill_loader import DataLoader, TokenDataset, open_store
@@ -30,6 +37,7 @@ from tokenmill_loader.trace import Sample, find_windows, trace_step, windows_of_
 INDEX_DIR = "_trace_index"
 NO_SPLIT = 255  # `split` of a removed record whose kept record is not in the version
 LOCATORS = ("line", "index")  # `kind` 1 and 2: how `at` locates the record in its source file (0: no source)
+SHOWN = 10  # records and sightings `tokenmill where` prints (--json: all)
 MAX_FOLDS = 8  # removed -> kept chains are one step (dedup keeps one record per cluster); a few more tolerated
 
 
@@ -340,6 +348,7 @@ def where(
     if source is not None:
         number = index.files.index(source) if source in index.files else -1
         entries = np.flatnonzero(np.asarray(index.file) == number) if number >= 0 else np.arange(0)
+        entries = entries[np.argsort(index.at[entries], kind="stable")]  # in file order
         missing: list[dict] = dropped_from(Path(data_root), source)
     else:
         assert key is not None  # the command line requires one of them
@@ -416,9 +425,10 @@ def dropped_from(data_root: Path, source: str) -> list[dict]:
                     entry = json.loads(line)
                     where_from = entry.get("source") or {k: entry[k] for k in ("path", "line", "index") if k in entry}
                     if where_from.get("path") == source:
+                        locator = {k: where_from[k] for k in LOCATORS if k in where_from}
                         out.append(
                             {
-                                "id": entry.get("id"),
+                                "id": entry.get("id") or record_id(source, **locator),
                                 "fate": "dropped",
                                 "stage": stage,
                                 "batch": folder.name,
@@ -453,28 +463,37 @@ def _piece_line(p: dict) -> str:
     )
 
 
-def render_where(found: dict) -> str:
-    """`tokenmill where`'s text: the records asked about, then a line per sample that showed their tokens."""
-    lines = []
-    for r in found["records"]:
+def render_where(found: dict, shown: int = SHOWN) -> str:
+    """`tokenmill where`'s text: the records asked about, then a line per window piece of theirs a sample showed
+    (the first `shown` of each; --json lists every one)."""
+    records, missing, seen = found["records"], found["not_in_dataset"], found["seen"]
+    counts = {s: sum(r["split"] == s and not r["folded_into"] for r in records) for s in SPLITS}
+    folded = sum(bool(r["folded_into"]) for r in records)
+    lines = [
+        f"{len(records) + len(missing)} records: "
+        + ", ".join(f"{counts[s]} in {s}" for s in SPLITS)
+        + f", {folded} folded into another by dedup, {len(missing)} not in the dataset"
+    ]
+    for r in records[:shown]:
         place = f"{r['split']} record {r['record']}" if r["split"] else "its kept record is not in this version"
-        folded = f", folded into {r['folded_into']}" if r["folded_into"] else ""
-        lines.append(f"record {r['id']}  {source_text(r['source'])}  {place}{folded}")
-    for m in found["not_in_dataset"]:
-        why = f"{m.get('fate')} by {m.get('stage')}: {m.get('reason')}" if m.get("fate") == "dropped" else m.get("fate")
-        lines.append(f"record {m.get('id')}  {source_text(m.get('source'))}  not in the dataset: {why}")
-    in_split = [r for r in found["records"] if r["split"] == found["split"]]
-    if found["records"] and not in_split:
-        lines.append(f"  not in {found['split']}: no training batch holds it")
+        into = f", folded into {r['folded_into']}" if r["folded_into"] else ""
+        lines.append(f"  record {r['id']}  {source_text(r['source'])}  {place}{into}")
+    for m in missing[: max(0, shown - len(records))]:
+        why = f"dropped by {m.get('stage')}: {m.get('reason')}" if m.get("fate") == "dropped" else m.get("fate")
+        lines.append(f"  record {m.get('id')}  {source_text(m.get('source'))}  not in the dataset: {why}")
+    if len(records) + len(missing) > shown:
+        lines.append(f"  … {len(records) + len(missing) - shown} more")
+    pieces = [(s, p) for s in seen for p in s["pieces"]]
     lines.append(
-        f"seen {len(found['seen'])} times in {found['epochs']} epoch(s) of {found['split']} version "
-        f"{found['dataset_version']}"
+        f"seen in {len(seen)} samples over {found['epochs']} epoch(s) of {found['split']} version "
+        f"{found['dataset_version']}" + (":" if seen else "")
     )
-    for s in found["seen"]:
+    for s, p in pieces[:shown]:
         worker = "-" if s["worker"] is None else s["worker"]
-        for p in s["pieces"]:
-            lines.append(
-                f"  epoch {s['epoch']} step {s['step']} rank {s['rank']} row {s['row']} (worker {worker}): window "
-                f"{s['window']} at {p['at']}, {p['id']} tokens {p['begin']}..{p['end']}"
-            )
+        lines.append(
+            f"  epoch {s['epoch']} step {s['step']} rank {s['rank']} row {s['row']} (worker {worker}): window "
+            f"{s['window']} at {p['at']}, {p['id']} tokens {p['begin']}..{p['end']}"
+        )
+    if len(pieces) > shown:
+        lines.append(f"  … {len(pieces) - shown} more (--json lists every one)")
     return "\n".join(lines)
