@@ -62,6 +62,7 @@ SLOW_FIXTURES = {
     "tests/test_explain.py": "graph",
     "tests/test_exports.py": "roots",
     "tests/test_graph.py": "graph_run",
+    "tests/test_trace.py": "graph",
     "tests/test_incremental.py": "batches_and_one_build",
     "tests/stages/clean/test_language.py": "curated",
 }

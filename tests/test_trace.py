@@ -2,7 +2,7 @@
 records, token spans, source lines and folded duplicates; `where` agrees with `trace` on every position of a small
 data root; the record index (kept, folded, folded into a folded one, into a val record, into none); the commands.
 A small data root written directly (the loader tests' shard writer, deduped_jsonl as dedup writes it); the demo
-graph's run end to end in the slow test."""
+graph run in two batches end to end in the slow test."""
 
 import json
 import sys
@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import two_batch_graph
 
 from cli import main
 from tokenmill.common.io import record_id
+from tokenmill.lineage import locate_token
 from tokenmill.trace import INDEX_DIR, LoaderSettings, id_text, record_index, trace, where
 from tokenmill_loader import DataLoader, TokenDataset
 from tokenmill_loader.format import RECORD_IDS_FILE
@@ -212,3 +214,43 @@ def test_commands_print_the_samples_and_the_sightings(data, capsys):
     assert main(["where", *args]) == 2
     assert main(["trace", "--step", "0", "--state", str(data / "missing.json"), *args]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    """The graph run in two batches (tests/support.py two_batch_graph): a.jsonl with copies of its records 1 and 2
+    (lines 41, 42), a line that is not JSON (43) and a too-short text (44); b.jsonl with copies of a.jsonl's 3, 4."""
+    return two_batch_graph(tmp_path_factory.mktemp("trace-graph"))[0]
+
+
+def test_graph_batches_trace_to_the_records_lineage_names(graph):
+    settings = dict(seq_len=33, stride=32, batch_size=4, seed=1, world_size=2, num_workers=2)
+    traced = set()
+    for rank in range(2):
+        batches = drawn(loader(graph, rank, **settings), epochs=1)
+        for step, batch in enumerate(batches):
+            found = trace(graph, step, LoaderSettings(**settings), rank=rank)
+            assert found["dataset_version"] == 2
+            for sample, row in zip(found["samples"], batch["input_ids"], strict=True):
+                assert sample["end"] - sample["begin"] == len(row)
+                for p in sample["pieces"]:
+                    lineage = locate_token(graph, sample["begin"] + p["at"])
+                    assert (p["id"], p["source"], p["begin"]) == (
+                        lineage["record_id"],
+                        lineage["source"],
+                        lineage["offset_in_record"],
+                    )
+                    assert [f["id"] for f in p["folded"]] == [f["id"] for f in lineage["folded_duplicates"]]
+                    traced.add((step, rank, sample["row"], p["at"], p["id"]))
+    run = LoaderSettings(**settings)
+    copy, kept = where(graph, run, key="a.jsonl:41"), where(graph, run, key="a.jsonl:1")
+    assert copy["records"][0]["folded_into"] == record_id("a.jsonl", line=1) and copy["seen"] == kept["seen"]
+    assert where(graph, run, key="b.jsonl:41")["records"][0]["folded_into"] == record_id("a.jsonl", line=3)
+    for line, stage in ((43, "raw_records"), (44, "cleaned_jsonl")):
+        assert where(graph, run, key=f"a.jsonl:{line}")["not_in_dataset"][0]["stage"] == stage
+    from_a = where(graph, run, source="a.jsonl")
+    a_ids = {record_id("a.jsonl", line=n) for n in range(1, 45)}
+    assert {(s["step"], s["rank"], s["row"], p["at"], p["id"]) for s in from_a["seen"] for p in s["pieces"]} == {
+        x for x in traced if x[-1] in a_ids
+    }
+    assert {m["reason"] for m in from_a["not_in_dataset"]} == {"malformed_json", "too_short"}
