@@ -36,7 +36,7 @@ TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTime
                    "InternalError", "ServiceUnavailable", "503", "500", "502", "504"}  # fmt: skip
 # the client's own retries off, so `Retries` is the one policy and counts every retry: botocore's per request here,
 # s3fs's (5 tries, a class attribute) on the instance `filesystem` returns; that instance is the one for these options
-OWN_RETRIES_OPTIONS: dict[str, dict[str, Any]] = {"s3": {"config_kwargs": {"retries": {"max_attempts": 1}}}}
+OWN_RETRIES_OPTIONS: dict[str, dict[str, Any]] = {"s3": {"config_kwargs": {"retries": {"total_max_attempts": 1}}}}
 OWN_RETRIES_OPTIONS["s3a"] = OWN_RETRIES_OPTIONS["s3"]
 READ_BLOCK = 8 << 20  # bytes one ranged GET fetches ahead of a streaming reader
 
