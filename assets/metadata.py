@@ -372,6 +372,7 @@ def raw_records_metadata(result: RawResult, path: Path) -> dict:
         "skipped_files": len(result.skipped_files),
         "files": dagster_table(_raw_files_table(result.files)),
         "bytes_read": result.bytes_read,
+        "remote_retries": result.remote_retries,  # an object-storage source: transient errors retried (run fact)
         "shards": result.shards,
         "preview": markdown_table(_raw_preview_table(path)),
     }
