@@ -22,6 +22,7 @@ SHARED = (REPO.parent / "shared").resolve()
 SLOW = (
     "tests/stages/clean/test_model_step.py::test_update_with_a_quality_model_runs_the_graph_and_counts_its_step",
     "tests/test_kill_harness.py",
+    "tests/s3/test_sources_wiring.py",  # the sensor, raw_records and update over a bucket, in process
     "tests/test_ray.py",
     "tests/test_ui.py",
     "tests/test_run_processes.py",
