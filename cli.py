@@ -93,7 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument("--dataset-version", type=int, default=None, help="default: the state's, else the latest")
         cmd.add_argument("--json", action="store_true", help="everything, as JSON")
         cmd.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
+    pub = sub.add_parser(
+        "publish",
+        help="upload a dataset version (shards, meta, checksums; current.json last) to object storage, resuming "
+        "what a killed publish left, then apply retention there; read it with open_store('s3://.../train', "
+        "cache_dir=...) (docs/publish.md)",
+    )
+    pub.add_argument("--to", required=True, metavar="URL", help="s3://bucket/prefix (credentials: the AWS_* variables)")
+    pub.add_argument("--dataset-version", type=int, default=None, help="default: the one tokenized_bins publishes")
+    pub.add_argument("--retention-hours", type=float, default=None, help="default: tokenized_bins' (24)")
+    pub.add_argument("--keep-versions", type=int, default=None, help="default: tokenized_bins' (1)")
+    pub.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
     args = parser.parse_args(argv)
+    if args.command == "publish":
+        from tokenmill.publish import publish_command
+
+        chosen = {"retention_hours": args.retention_hours, "keep_versions": args.keep_versions}
+        options = {k: v for k, v in chosen.items() if v is not None}
+        return publish_command(Path(args.data) / "tokenized_bins", args.to, version=args.dataset_version, **options)
 
     if args.command in ("trace", "where"):
         return trace_command(args)

@@ -20,6 +20,7 @@ the logs or an error's text."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +30,8 @@ from typing import Any
 
 from tokenmill.common.failpoints import failpoint
 from tokenmill.common.remote import Retries, filesystem, is_url, mask_secrets
-from tokenmill.errors import ConfigError, CorruptOutputError
+from tokenmill.errors import ConfigError, CorruptOutputError, TokenmillError
+from tokenmill.stages.tokenize.settings import ShardSettings
 from tokenmill_loader.format import (
     CURRENT_FILE,
     DATASET_FILE,
@@ -48,6 +50,9 @@ from tokenmill_loader.format import (
 PART_BYTES = 64 << 20  # multipart part size: S3 allows 10,000 parts, so up to 640 GB per file at this size
 UPLOAD_THREADS = 8  # files uploaded at once: one connection to an object store carries far less than a host's link
 STAGE = "publish"
+# the prefix keeps versions as the data root does, unless told otherwise
+RETENTION_HOURS = float(ShardSettings.model_fields["retention_hours"].default)
+KEEP_VERSIONS = int(ShardSettings.model_fields["keep_versions"].default)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -292,8 +297,8 @@ def publish_dataset(
     to: str,
     *,
     version: int | None = None,
-    retention_hours: float = 24.0,
-    keep_versions: int = 1,
+    retention_hours: float = RETENTION_HOURS,
+    keep_versions: int = KEEP_VERSIONS,
     part_bytes: int = PART_BYTES,
     log: Callable[[str], None] | None = None,
 ) -> PublishResult:
@@ -304,6 +309,10 @@ def publish_dataset(
     say = log or (lambda _: None)
     if version is None:
         version = published_version(bins_dir)
+    if retention_hours < 0 or keep_versions < 1:
+        raise ConfigError(
+            f"publish: retention_hours {retention_hours} must be >= 0, keep_versions {keep_versions} >= 1"
+        )
     if part_bytes < 5 << 20:
         raise ConfigError(f"publish: part_bytes {part_bytes} is below S3's 5 MiB minimum part size")
     files, manifests, copies = plan(bins_dir, version)
@@ -341,3 +350,20 @@ def publish_dataset(
         retried=retries.retried,
         seconds=round(time.monotonic() - started, 3),
     )
+
+
+def publish_command(bins_dir: Path, to: str, **options: Any) -> int:
+    """`tokenmill publish`: the summary on stdout, progress on stderr, a failure in one line (exit status 2)."""
+    try:
+        result = publish_dataset(bins_dir, to, log=lambda line: print(line, file=sys.stderr), **options)
+    except (TokenmillError, DatasetError, OSError, ImportError) as error:
+        print(f"tokenmill publish: {mask_secrets(str(error))}", file=sys.stderr)
+        return 2
+    print(
+        f"published version {result.version} to {result.url}: {result.uploaded} objects uploaded "
+        f"({result.uploaded_bytes / 2**20:.1f} MiB, {result.multipart} in parts), {result.skipped} already there, "
+        f"{result.seconds:.1f} s"
+        + (f"; retention removed versions {result.removed_versions}" if result.removed_versions else "")
+    )
+    print(f'read it: open_store("{result.url}/train", cache_dir="/local/cache")  (docs/publish.md)')
+    return 0

@@ -206,3 +206,16 @@ def test_credentials_stay_out_of_errors(tmp_path, destination, s3_env, monkeypat
         publish_dataset(bins, destination)
     assert "not-the-secret-at-all" not in str(refused.value) and s3_env.access_key not in str(refused.value)
     assert destination.split("/")[2] in str(refused.value)  # names the bucket
+
+
+def test_the_command_line_publishes_and_says_how_to_read_it(tmp_path, destination, capsys):
+    import cli
+
+    write_version(tmp_path / "tokenized_bins", 1, {0: 3000})
+    assert cli.main(["publish", "--to", destination, "--data", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"published version 1 to {destination}: " in out and f'open_store("{destination}/train"' in out
+    assert cli.main(["publish", "--to", "s3://u:p@bucket/x", "--data", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip().endswith("or AWS_PROFILE")
+    assert cli.main(["publish", "--to", destination, "--data", str(tmp_path / "nowhere")]) == 2
+    assert "current.json: missing" in capsys.readouterr().err
