@@ -30,6 +30,7 @@ import numpy as np
 from tokenmill.common.io import json_parser, record_shards
 from tokenmill.common.samples import ReasonSamples, with_text
 from tokenmill.errors import CapacityError, CorruptOutputError
+from tokenmill.stages.tokenize.forgotten import FORGOTTEN_REASON, Forgotten
 from tokenmill.stages.tokenize.piece_bpe import PieceEncoder
 from tokenmill.stages.tokenize.render import RENDERERS, Segments, split_hash, title_author
 from tokenmill.stages.tokenize.settings import ShardSettings
@@ -127,6 +128,7 @@ class EncodeTask:
     threads: bool  # let the encoder use every core (one task at a time in this process)
     out: str  # the task's encoded arrays, written here for the run process (a folder in the stage folder)
     val_ids: frozenset[str] = frozenset()  # records put in val whatever their split hash (an empty val topped up)
+    forgotten: Forgotten = field(default_factory=Forgotten)  # taken down: dropped as FORGOTTEN_REASON (forgotten.py)
 
 
 def plan_ranges(in_dir: Path, task_bytes: int, workers: int) -> list[ByteRange]:
@@ -447,7 +449,8 @@ def _reject(result: TaskResult, samples: ReasonSamples, reason: str, rec: dict, 
     result.reasons[reason] = result.reasons.get(reason, 0) + 1
     rid = rec.get("id")
     entry = {"id": rid, "reason": reason, "where": where, "source": rec.get("source")}
-    if samples.add(reason, rid):  # the record as deduped_jsonl holds it: the fields the renderer lacked
+    # the record as deduped_jsonl holds it (the fields the renderer lacked); a taken-down text is never copied
+    if reason != FORGOTTEN_REASON and samples.add(reason, rid):
         entry = with_text(entry, line.decode("utf-8", "surrogatepass"))
     result.rejected.append(entry)
 
@@ -476,6 +479,8 @@ def encode_task(task: EncodeTask) -> TaskResult:
         rid = rec.get("id")
         if not isinstance(rid, str) or not rid:
             reason = "missing_id"
+        elif task.forgotten.holds(rid, rec):
+            reason = FORGOTTEN_REASON
         else:
             h = split_hash(rid)
             s = 1 if h < settings.val_fraction * 2.0**64 or rid in task.val_ids else 0

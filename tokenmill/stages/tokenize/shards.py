@@ -223,6 +223,10 @@ class ShardWriter:
         sh.ids.extend(ch.ids[i:j])
         sh.tokens += int(spans.chunk.rec_tokens[i:j].sum())
 
+    def write_chunk(self, ch: SplitChunk) -> None:
+        """Every record of a chunk, appended to the open shard (a shard re-packed without some records)."""
+        self.write(_ChunkSpans(ch, self.keys), 0, ch.records)
+
     def close(self) -> list[dict]:
         if self._open is not None:
             self._finish()

@@ -30,6 +30,7 @@ from tokenmill.stages.tokenize.encode import (
     plan_ranges,
     read_splits,
 )
+from tokenmill.stages.tokenize.forgotten import REMOVALS_KEY, Forgotten, read_forgotten
 from tokenmill.stages.tokenize.render import VAL_MOVED_KEY, TrainingTypeChoice
 from tokenmill.stages.tokenize.settings import ShardSettings, TokenizerSettings
 from tokenmill.stages.tokenize.shards import (
@@ -204,7 +205,7 @@ def _resolved(settings: ShardSettings, choice: TrainingTypeChoice) -> ShardSetti
     return settings.model_copy(update={"training_type": choice.resolved})
 
 
-def _load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals:
+def load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals:
     path = batch_summary_file(bins_dir, generation, key)
     if not path.exists():
         raise CorruptOutputError(f"{path}: missing (the counts of published batch {key})")
@@ -218,7 +219,7 @@ def _load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals
     return BatchTotals.from_json(summary, {})
 
 
-def _save_batch_totals(bins_dir: Path, generation: int, key: str, batch: BatchTotals) -> None:
+def save_batch_totals(bins_dir: Path, generation: int, key: str, batch: BatchTotals) -> None:
     path = batch_summary_file(bins_dir, generation, key)
     path.parent.mkdir(exist_ok=True)
     with atomic_file(batch_token_counts_file(bins_dir, generation, key), "wb") as f:
@@ -266,6 +267,7 @@ class _Run:
     pin: TokenizerPin
     tokenizer_bytes: bytes
     choice: TrainingTypeChoice  # the training type (_decide_rebuild and _confirm_training_type may choose again)
+    forgotten: Forgotten  # the records taken down (forgotten.py): dropped wherever they come again
     reason: str | None = None  # why every batch is encoded again into a new generation; None: append
     kept: tuple[str, ...] = ()  # the published batches the next version keeps
     generation: int = 0
@@ -321,6 +323,7 @@ def _encode_batches(run: _Run, val_ids: frozenset[str] = frozenset()) -> Encoded
             threads=threads,
             out=str(folder / f"r{i:05d}"),
             val_ids=val_ids,
+            forgotten=run.forgotten,
         )
         for i, r in enumerate(ranges)
     ]
@@ -365,7 +368,7 @@ def _count_batch(
         progress.advance(rng.end - rng.start)
     packs.finish_batch()
     batch.finish(enc)
-    _save_batch_totals(run.bins_dir, run.generation, key, batch)
+    save_batch_totals(run.bins_dir, run.generation, key, batch)
     encoded.totals[key] = batch
 
 
@@ -426,6 +429,7 @@ def _start(batches, tokenizer_dir, bins_dir, settings, workers, log) -> _Run:
         pin=pin,
         tokenizer_bytes=tokenizer_bytes,
         choice=choice,
+        forgotten=read_forgotten(bins_dir),
     )
 
 
@@ -441,7 +445,7 @@ def _decide_rebuild(run: _Run) -> None:
         run.kept, run.generation = published.batches, published.generation
     else:
         run.generation = published.generation + 1 if published else 1
-    run.totals = {key: _load_batch_totals(run.bins_dir, run.generation, key) for key in run.kept}
+    run.totals = {key: load_batch_totals(run.bins_dir, run.generation, key) for key in run.kept}
 
 
 def _write_version(run: _Run, check: Callable[[int], None] | None) -> Published:
@@ -544,9 +548,11 @@ def _split_shards(run: _Run, encoded: Encoded) -> dict[str, list[dict]]:
 
 
 def _version_fields(run: _Run) -> dict:
-    """The manifest's version, generation, batches, encoding settings, training type and val_moved."""
+    """The manifest's version, generation, batches, encoding settings, training type, val_moved and the takedowns
+    so far (every later version, of any generation, carries them)."""
     appended_to = run.appended_to
     moved = (appended_to.manifests[SPLITS[0]].get(VAL_MOVED_KEY, []) if appended_to else []) or sorted(run.moved)
+    removals = run.published.manifests[SPLITS[0]].get(REMOVALS_KEY) if run.published else None
     return {
         "version": run.published.version + 1 if run.published else 1,
         "generation": run.generation,
@@ -554,6 +560,7 @@ def _version_fields(run: _Run) -> dict:
         "encoding": run.resolved.encoding(),
         **run.choice.manifest_entry(),
         **({VAL_MOVED_KEY: moved} if moved else {}),
+        **({REMOVALS_KEY: removals} if removals else {}),
     }
 
 

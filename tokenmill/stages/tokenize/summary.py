@@ -95,6 +95,25 @@ class BatchTotals:
                 "markdown": sample_markdown(enc.tok, self.first.ids, self.first.mask),
             }
 
+    def take_off(self, removed: TaskResult, kept: dict[str, np.ndarray], reason: str) -> None:
+        """The batch without the records a takedown removed: `removed` is their encoding alone (encode_task, its
+        `splits` read), `kept[s]` which of the batch's records of split s stay, in order. They count as dropped for
+        `reason`, so docs_in = docs_out + dropped still holds."""
+        token_counts = self.token_counts()
+        for s, ch in removed.splits.items():
+            t = self.splits[s]
+            t.records -= ch.records
+            for name in SPLIT_COUNTS:
+                setattr(t, name, getattr(t, name) - getattr(ch, name))
+            t.tokens_per_doc = [token_counts[s][kept[s]]]
+            self.reasons[reason] = self.reasons.get(reason, 0) + ch.records
+        for language, (records, tokens) in removed.languages.items():
+            figures = self.languages[language]
+            figures[0] -= records
+            figures[1] -= tokens
+            if not figures[0]:
+                del self.languages[language]
+
     @property
     def docs_out(self) -> int:
         return sum(t.records for t in self.splits.values())

@@ -211,12 +211,14 @@ def _switch(bins_dir: Path, version: int) -> None:
 def publish(
     bins_dir: Path,
     manifests: dict[str, dict],
-    tokenizer_dir: Path,
+    tokenizer_dir: Path | None,
     check: Callable[[int], None] | None = None,
 ) -> None:
     """Writes each split's version manifest (its shards and tokenizer copy already in place), runs `check` on the
     complete version, then switches current.json to it (both splits at once) and refreshes each split's
-    dataset.json. A check that raises publishes nothing (`recover` then removes the version's files)."""
+    dataset.json. The tokenizer's extra files come from `tokenizer_dir` (None: the split's, as they are: a version
+    with the previous one's tokenizer). A check that raises publishes nothing (`recover` then removes the version's
+    files)."""
     bins_dir = Path(bins_dir)
     version = manifests[SPLITS[0]]["version"]
     for s, m in manifests.items():
