@@ -1,8 +1,8 @@
 """tokenmill trace / where: real DataLoader batches (several ranks, workers, after a resume) traced back to their
 records, token spans, source lines and folded duplicates; `where` agrees with `trace` on every position of a small
 data root; the record index (kept, folded, folded into a folded one, into a val record, into none); the commands.
-A small data root written directly (the loader tests' shard writer, deduped_jsonl as dedup writes it); the demo
-graph run in two batches end to end in the slow test."""
+A small data root written directly (the loader tests' shard writer, deduped_jsonl as dedup writes it); the whole
+graph, run in two source batches, end to end in the slow test."""
 
 import json
 import sys
@@ -15,7 +15,16 @@ from support import two_batch_graph
 from cli import main
 from tokenmill.common.io import record_id
 from tokenmill.lineage import locate_token
-from tokenmill.trace import INDEX_DIR, LoaderSettings, id_text, record_index, trace, where
+from tokenmill.trace import (
+    INDEX_DIR,
+    LoaderSettings,
+    _record_sources,
+    _source_fields,
+    id_text,
+    record_index,
+    trace,
+    where,
+)
 from tokenmill_loader import DataLoader, TokenDataset
 from tokenmill_loader.format import RECORD_IDS_FILE
 
@@ -55,6 +64,8 @@ def data(tmp_path_factory) -> Path:
                 "meta": {},
                 "source": {"path": path, "line": n},
             }
+            if n == 10:  # a line in another field order: parsed whole, not by the index's line pattern
+                record = {"id": rid, "source": record["source"], "text": "t", "meta": {}}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
     dups = [record_id("c.jsonl", line=n) for n in range(1, 5)]
     kept_of = [ids[2], ids[4], dups[0], "0123456789abcdef"]
@@ -254,3 +265,21 @@ def test_graph_batches_trace_to_the_records_lineage_names(graph):
         x for x in traced if x[-1] in a_ids
     }
     assert {m["reason"] for m in from_a["not_in_dataset"]} == {"malformed_json", "too_short"}
+
+
+def test_record_lines_give_the_sources_json_gives():
+    records = [
+        {"id": f"{i:016x}", "text": 'x "source": {"path": "y", "line": 1}}', "meta": {}, "source": source}
+        for i, source in enumerate(
+            [
+                {"path": 'a"b\\c.jsonl', "line": 3},
+                {"path": "中文/诗.json", "index": 7},
+                {"path": "w.warc.gz", "index": 2, "offset": 99},
+            ]
+        )
+    ]
+    lines = [json.dumps(r, ensure_ascii=False).encode("utf-8") + b"\n" for r in records]
+    ids, fields = _record_sources(lines)
+    assert [id_text(x) for x in ids] == [r["id"] for r in records]
+    assert fields == [_source_fields(r) for r in records]
+    assert [json.loads(b'"' + f[0] + b'"') for f in fields] == [r["source"]["path"] for r in records]
