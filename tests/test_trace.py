@@ -218,9 +218,12 @@ def test_commands_print_the_samples_and_the_sightings(data, capsys):
     assert main(["trace", "--step", "1", "--world", "2", *args]) == 0
     out = capsys.readouterr().out
     assert out.startswith("step 1 (epoch 0): 8 samples of train version None") and "a.jsonl:" in out
+    assert main(["trace", "--step", "1", "--workers", "2", "--rank", "1", "--world", "2", *args]) == 0
+    assert capsys.readouterr().out.splitlines()[1].startswith("  rank 1 row 0 (worker 1): window ")
     assert main(["where", "c.jsonl:1", *args]) == 0
     out = capsys.readouterr().out
-    assert f"c.jsonl:1  train record {train_ids(data).index(record_id('a.jsonl', line=3))}, folded into" in out
+    kept = record_id("a.jsonl", line=3)
+    assert f"c.jsonl:1  folded by dedup into {kept} (train record {train_ids(data).index(kept)})" in out
     assert "epoch 0 step" in out
     assert main(["where", *args]) == 2
     assert main(["trace", "--step", "0", "--state", str(data / "missing.json"), *args]) == 2

@@ -474,10 +474,8 @@ def render_trace(found: dict) -> str:
         f"version {found['dataset_version']}"
     ]
     for s in found["samples"]:
-        worker = "-" if s["worker"] is None else s["worker"]
         lines.append(
-            f"  rank {s['rank']} row {s['row']} (worker {worker}): window {s['window']}, "
-            f"tokens {s['begin']}..{s['end']}"
+            f"  rank {s['rank']} row {s['row']}{_worker(s)}: window {s['window']}, tokens {s['begin']}..{s['end']}"
         )
         lines += [_piece_line(p) for p in s["pieces"]]
     return "\n".join(lines)
@@ -491,21 +489,31 @@ def _piece_line(p: dict) -> str:
     )
 
 
+def _worker(sample: dict) -> str:
+    return "" if sample["worker"] is None else f" (worker {sample['worker']})"
+
+
 def render_where(found: dict, shown: int = SHOWN) -> str:
     """`tokenmill where`'s text: the records asked about, then a line per window piece of theirs a sample showed
     (the first `shown` of each; --json lists every one)."""
     records, missing, seen = found["records"], found["not_in_dataset"], found["seen"]
-    counts = {s: sum(r["split"] == s and not r["folded_into"] for r in records) for s in SPLITS}
-    folded = sum(bool(r["folded_into"]) for r in records)
+    counts = {
+        f"in {s}" + ("" if s == found["split"] else " (in no batch)"): sum(
+            r["split"] == s and not r["folded_into"] for r in records
+        )
+        for s in SPLITS
+    }
+    counts["folded into another by dedup"] = sum(bool(r["folded_into"]) for r in records)
+    counts["not in the dataset"] = len(missing)
+    total = len(records) + len(missing)
     lines = [
-        f"{len(records) + len(missing)} records: "
-        + ", ".join(f"{counts[s]} in {s}" + ("" if s == found["split"] else " (in no batch)") for s in SPLITS)
-        + f", {folded} folded into another by dedup, {len(missing)} not in the dataset"
+        f"{total} record{'' if total == 1 else 's'}: " + ", ".join(f"{n} {what}" for what, n in counts.items() if n)
     ]
     for r in records[:shown]:
         place = f"{r['split']} record {r['record']}" if r["split"] else "its kept record is not in this version"
-        into = f", folded into {r['folded_into']}" if r["folded_into"] else ""
-        lines.append(f"  record {r['id']}  {source_text(r['source'])}  {place}{into}")
+        if r["folded_into"]:
+            place = f"folded by dedup into {r['folded_into']} ({place})"
+        lines.append(f"  record {r['id']}  {source_text(r['source'])}  {place}")
     for m in missing[: max(0, shown - len(records))]:
         why = f"dropped by {m.get('stage')}: {m.get('reason')}" if m.get("fate") == "dropped" else m.get("fate")
         lines.append(f"  record {m.get('id')}  {source_text(m.get('source'))}  not in the dataset: {why}")
@@ -517,9 +525,8 @@ def render_where(found: dict, shown: int = SHOWN) -> str:
         f"{found['dataset_version']}" + (":" if seen else "")
     )
     for s, p in pieces[:shown]:
-        worker = "-" if s["worker"] is None else s["worker"]
         lines.append(
-            f"  epoch {s['epoch']} step {s['step']} rank {s['rank']} row {s['row']} (worker {worker}): window "
+            f"  epoch {s['epoch']} step {s['step']} rank {s['rank']} row {s['row']}{_worker(s)}: window "
             f"{s['window']} at {p['at']}, {p['id']} tokens {p['begin']}..{p['end']}"
         )
     if len(pieces) > shown:
