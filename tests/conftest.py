@@ -23,6 +23,7 @@ SLOW = (
     "tests/stages/clean/test_model_step.py::test_update_with_a_quality_model_runs_the_graph_and_counts_its_step",
     "tests/test_kill_harness.py",
     "tests/s3/test_sources_wiring.py",  # the sensor, raw_records and update over a bucket, in process
+    "tests/s3/test_sources_update.py",  # `tokenmill update` from a bucket, three times
     "tests/test_ray.py",
     "tests/test_ui.py",
     "tests/test_run_processes.py",
