@@ -208,38 +208,38 @@ def _joined(ids: np.ndarray, sources: dict[str, np.ndarray]) -> dict[str, np.nda
 def _sources(data_root: Path, batches: list[str], files: dict[str, int]) -> dict[str, np.ndarray]:
     """Source of every record of deduped_jsonl (kept and removed) in `batches`, sorted by id, and the removed
     records with the record each was folded into."""
-    ids: list[np.ndarray] = []
-    fields: list[tuple[bytes, bytes, bytes]] = []
-    removed, duplicate_of = [], []
+    escaped: dict[bytes, int] = {}  # a path as its lines spell it -> its number (one per source file)
+    parts: list[tuple[np.ndarray, ...]] = []
+    removed: list[dict] = []
     for batch in batches:
         folder = data_root / "deduped_jsonl" / batch
         for path in record_shards(folder):
             with open(path, "rb") as f:
                 while lines := f.readlines(READ_BYTES):
-                    chunk_ids, chunk_fields = _record_sources(lines)
-                    ids.append(chunk_ids)
-                    fields += chunk_fields
+                    parts.append(_as_arrays(*_record_sources(lines), escaped))
         if (folder / REMOVED_FILE).is_file():
             with open(folder / REMOVED_FILE, "rb") as f:
-                for line in f:  # a few per cent of the records: parsed whole
-                    entry = json.loads(line)
-                    ids.append(hex_ids([entry["id"]]))
-                    fields.append(_source_fields(entry))
-                    removed.append(entry["id"])
-                    duplicate_of.append(entry["duplicate_of"])
-    escaped: dict[bytes, int] = {}  # a path as its line spells it -> its number (one per source file)
-    number = np.array([escaped.setdefault(f[0], len(escaped)) for f in fields], dtype=np.int64)
-    as_file = [files.setdefault(json.loads(b'"' + raw + b'"'), len(files)) if raw else -1 for raw in escaped]
-    keys = np.concatenate(ids) if ids else np.empty(0, dtype=np.uint64)
+                removed += [json.loads(line) for line in f]  # a few per cent of the records: parsed whole
+    ids = [e["id"] for e in removed]
+    parts.append(_as_arrays(hex_ids(ids), [_source_fields(e) for e in removed], escaped))
+    keys, number, at, kind = (np.concatenate(column) for column in zip(*parts))
+    as_file = np.array([files.setdefault(json.loads(b'"' + raw + b'"'), len(files)) if raw else -1 for raw in escaped])
     order = np.argsort(keys, kind="stable")
     return {
         "ids": keys[order],
-        "file": np.array(as_file, dtype=np.int32)[number][order],
-        "at": np.array([f[2] for f in fields], dtype=bytes).astype(np.int64)[order],
-        "kind": np.array([LOCATOR_KIND.get(f[1], 0) for f in fields], dtype=np.uint8)[order],
-        "removed": hex_ids(removed),
-        "duplicate_of": hex_ids(duplicate_of),
+        "file": as_file.astype(np.int32)[number[order]] if len(escaped) else np.full(len(keys), -1, np.int32),
+        "at": at[order],
+        "kind": kind[order],
+        "removed": hex_ids(ids),
+        "duplicate_of": hex_ids([e["duplicate_of"] for e in removed]),
     }
+
+
+def _as_arrays(ids: np.ndarray, fields: list[tuple[bytes, bytes, bytes]], escaped: dict[bytes, int]):
+    """(ids, path number, at, kind) of some records as arrays: no Python object per record outlives its chunk."""
+    number = np.array([escaped.setdefault(f[0], len(escaped)) for f in fields], dtype=np.int64)
+    at = np.array([f[2] for f in fields], dtype=bytes).astype(np.int64)
+    return ids, number, at, np.array([LOCATOR_KIND.get(f[1], 0) for f in fields], dtype=np.uint8)
 
 
 # a record line as the record stages write it: the id first ({"id": "<16 hex>"), the source last (path, line or
