@@ -29,6 +29,9 @@ from tokenmill.stages.registry import kept_search_order
 from tokenmill_loader.format import SPLITS, manifest_path
 
 DEDUP_REPORT_FILE = "report.json"  # dedup_report's layout names (tokenmill.stages.dedup.layout), without its imports
+REMOVALS_KEY = "removals"  # tokenized_bins' takedowns (tokenmill.stages.tokenize.forgotten), without its imports
+FORGOTTEN_REASON = "forgotten"
+WITHHELD = "(withheld: taken down)"  # what explain shows of a forgotten record's text, and of a later copy's
 DEDUP_CLUSTERS_FILE = "clusters.jsonl"
 ID_RE = re.compile(r"[0-9a-f]{16}")
 DIFF_CONTEXT = 4  # unchanged words shown around each change in a word diff
@@ -254,9 +257,24 @@ def _dedup_drop(data_root: Path, rid: str) -> dict | None:
     return None
 
 
+def _forgotten(bins: Path, rid: str) -> dict | None:
+    """The takedown that removed `rid` (`tokenmill forget`), from the latest version's removals; None: none did."""
+    latest = manifest_path(bins / SPLITS[0])
+    removals = read_json(latest).get(REMOVALS_KEY, []) if latest.is_file() else []
+    for removal in removals:
+        if rid in removal["records"] or rid in removal["duplicates"]:
+            said = {k: removal.get(k) for k in ("version", "selector", "by", "at")}
+            why = removal.get("reason")
+            return {"fate": "forgotten", "stage": "tokenized_bins", "reason": FORGOTTEN_REASON, "why": why, **said}
+    return None
+
+
 def _tokenized(data_root: Path, rid: str) -> dict | None:
-    """Where tokenized_bins put `rid` (split, version, shard, record of the shard), or why it dropped it."""
+    """Where tokenized_bins put `rid` (split, version, shard, record of the shard), why it dropped it, or the
+    takedown that removed it."""
     bins = data_root / "tokenized_bins"
+    if forgotten := _forgotten(bins, rid):
+        return forgotten
     rejected = bins / "_rejected.json"
     if rejected.is_file() and f'"{rid}"' in rejected.read_text(encoding="utf-8"):
         entry = next((e for e in read_json(rejected) if e.get("id") == rid), None)
@@ -299,7 +317,10 @@ def _kept(data_root: Path, rid: str) -> dict | None:
                 "text": record.get("text"),
             }
             if stage == "deduped_jsonl" and (tokenized := _tokenized(data_root, rid)):
+                withheld = tokenized.get("reason") == FORGOTTEN_REASON  # a taken-down text is not shown either
                 fate.update({k: v for k, v in tokenized.items() if k not in ("id", "source", "text")})
+                if withheld:
+                    fate["text"] = None
                 fate["batch_shard"] = shard.name
             return fate
     return None
@@ -325,6 +346,13 @@ def _indent(text: str | None) -> str:
 def render(fate: dict) -> str:
     """The fate as the command prints it: a few labelled lines, then the texts in full."""
     lines = [f"record {fate['id']}", f"  source      {where(fate.get('source'))}"]
+    if fate["fate"] == "forgotten":
+        said = "".join(f", {k} {fate[k]}" for k in ("by", "at") if fate.get(k))
+        lines.append(
+            f"  forgotten   in tokenized_bins version {fate['version']} ({fate['why'] or 'no reason given'}{said})"
+        )
+        lines.append(f"  selector    {json.dumps(fate['selector'], ensure_ascii=False)}")
+        return "\n".join([*lines, "  text", _indent(WITHHELD)])
     if fate["fate"] == "kept":
         if fate["stage"] == "tokenized_bins":
             lines.append(
@@ -350,7 +378,8 @@ def render(fate: dict) -> str:
         lines.append(f"  {name:<11} {json.dumps(value, ensure_ascii=False)}")
     if fate["stage"] != "deduped_jsonl":
         label = "snippet" if fate["stage"] == "raw_records" else "text"
-        return "\n".join([*lines, f"  {label}", _indent(fate.get("text"))])
+        text = WITHHELD if fate.get("reason") == FORGOTTEN_REASON else fate.get("text")
+        return "\n".join([*lines, f"  {label}", _indent(text)])
     kept, cluster = fate["duplicate_of"], fate["cluster"]
     threshold = f" (threshold {fate['threshold']})" if fate.get("threshold") is not None else ""
     if fate.get("threshold") is not None and fate["level"] == "near" and fate["similarity"] < fate["threshold"]:

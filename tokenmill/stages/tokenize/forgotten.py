@@ -28,12 +28,18 @@ REMOVALS_KEY = "removals"  # a version's manifest: every takedown so far (docs/f
 RENDERED_FIELDS = ("messages", "prompt", "chosen", "rejected", "responses", "rewards")
 
 
-def text_key(rec: dict) -> str:
-    """The record's exact-text key: dedup's key of `text` (a record without one: of its rendered fields as JSON)."""
+def record_text(rec: dict) -> str:
+    """What a takedown matches and keys a record by: its `text` (a record without one: its rendered fields, as
+    JSON)."""
     text = rec.get("text")
-    if not isinstance(text, str) or not text:
-        text = json.dumps({k: rec[k] for k in RENDERED_FIELDS if k in rec}, ensure_ascii=False, sort_keys=True)
-    return hashlib.sha256(dedup_key(text).encode("utf-8")).hexdigest()  # dedup's keys.key_digest, not imported
+    if isinstance(text, str) and text:
+        return text
+    return json.dumps({k: rec[k] for k in RENDERED_FIELDS if k in rec}, ensure_ascii=False, sort_keys=True)
+
+
+def text_key(rec: dict) -> str:
+    """The record's exact-text key: dedup's exact key of its text."""
+    return hashlib.sha256(dedup_key(record_text(rec)).encode("utf-8")).hexdigest()  # dedup's keys.key_digest
 
 
 @dataclass(frozen=True, kw_only=True)
