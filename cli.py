@@ -41,19 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     fgt.add_argument("--reason", default=None, help="why (recorded in the version's removals)")
     fgt.add_argument("--by", default=None, metavar="NAME", help="who asked (recorded in the version's removals)")
     fgt.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
-    fgt = sub.add_parser(
-        "forget",
-        help="a takedown: the next tokenized_bins version without the named records (only their shards re-packed), "
-        "kept out of later batches by id and text; the materialized exports written again from it",
-    )
-    named = fgt.add_mutually_exclusive_group(required=True)
-    named.add_argument("--id", nargs="+", default=(), metavar="ID", help="record ids")
-    named.add_argument("--source", nargs="+", default=(), metavar="PATH", help="source files, or folders of them")
-    named.add_argument("--match", default=None, metavar="REGEX", help="records whose text matches (Python re)")
-    fgt.add_argument("--with-duplicates", action="store_true", help="also the records dedup folded into them")
-    fgt.add_argument("--reason", default=None, help="why (recorded in the version's removals)")
-    fgt.add_argument("--by", default=None, metavar="NAME", help="who asked (recorded in the version's removals)")
-    fgt.add_argument("--data", default=default_data, help="data root (default: $TOKENMILL_DATA or ./data)")
     upd = sub.add_parser(
         "update",
         help="register the new files of TOKENMILL_SOURCE as a source batch and bring every asset in "
@@ -147,10 +134,6 @@ def main(argv: list[str] | None = None) -> int:
         return update(args.config, rebuild=args.rebuild, drop_batches=tuple(args.drop_batch))
     if args.command == "train-quality":
         return train_quality(args)
-    if args.command == "forget":
-        from tokenmill.forget import forget_command
-
-        return forget_command(args)
     if args.command == "forget":
         from tokenmill.forget import forget_command
 
