@@ -9,7 +9,7 @@ files) in deduped_jsonl, 1% of them also as dedup removals folded into a kept re
 record's text in deduped_jsonl: the index build reads every line of it, so its time has a per-record part and a
 per-byte part; run it twice (many records with short texts, fewer with texts of real length: about 4 bytes per
 token) to measure both, and extrapolate to 10B tokens (20M records, 40 GB of deduped_jsonl text) from them.
-Figures: docs/profile.md, 'Trace and where'.
+Figures: docs/training.md, 'After training: trace and where'.
 """
 
 from __future__ import annotations

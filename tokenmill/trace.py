@@ -7,7 +7,7 @@ an index per dataset version (both splits) maps every record id to its split and
 file and line, and every record dedup removed to the record it was folded into. It is built once per version from
 each shard's record_ids.json and the version's deduped_jsonl batches, kept as .npy files (memory-mapped by every
 query) in `<data root>/_trace_index/v<K>-<manifest sha>/`, written to a temporary folder and renamed. Its size and
-build time at scale: benchmarks/bench_trace.py (docs/profile.md, 'Trace and where').
+build time at scale: benchmarks/bench_trace.py (docs/training.md, 'After training: trace and where').
 """
 
 from __future__ import annotations
@@ -148,7 +148,8 @@ def build_index(data_root: Path, version: int | None) -> dict:
     batches: list[str] = []
     for s, name in enumerate(SPLITS):
         store = open_store(bins / name, version=version or None)
-        ids = hex_ids([rid for part in store.parts for rid in read_record_ids(part.folder)])
+        # a shard at a time: a Python string per record of the whole split would be most of the build's memory
+        ids = np.concatenate([hex_ids(read_record_ids(part.folder)) for part in store.parts] or [hex_ids([])])
         kept_ids.append(ids)
         kept_split.append(np.full(len(ids), s, dtype=np.uint8))
         kept_record.append(np.arange(len(ids), dtype=np.int64))
