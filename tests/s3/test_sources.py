@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 import s3fs
 
+from tests.stages.raw.test_warc_lengths import lie, pages
+from tests.stages.raw.test_warc_lengths import write as write_layout
 from tests.stages.raw.test_web_readers import crawl, multilingual_pages, write_warc
 from tokenmill.batches import read_registry, register_new_files
 from tokenmill.common.io import REJECTED_FILE, iter_jsonl, record_shards, zstd
@@ -32,7 +34,8 @@ PREFIX = "corpus/"
 
 
 def mixed_corpus(folder: Path) -> None:
-    """One file of every format, a nested folder, an empty file, a README (skipped) and a hidden file (left out)."""
+    """One file of every format, a nested folder, an empty file, a README (skipped), a hidden file (left out) and
+    WARC records whose Content-Length lies (plain and one gzip member each: checked by ranged reads of the object)."""
     (folder / "nested" / "deeper").mkdir(parents=True)
     (folder / ".hidden").mkdir()
     lines = [json.dumps({"text": f"line {i} of the articles", "lang": "en"}) for i in range(5)]
@@ -43,6 +46,10 @@ def mixed_corpus(folder: Path) -> None:
     table = pa.table({"text": [f"parquet row {i}" for i in range(50)], "n": list(range(50))})
     pq.write_table(table, folder / "rows.parquet", row_group_size=7)  # several row groups, each a ranged read
     write_warc(folder / "nested" / "crawl.warc.gz", crawl(multilingual_pages()))
+    for layout, name, liar, delta in (("plain", "liar.warc", 2, 7), ("members", "nested/liar.warc.gz", 3, -5)):
+        records = pages()
+        records[liar] = lie(records[liar], delta)
+        write_layout(folder / name, records, layout)
     (folder / "empty.jsonl").write_bytes(b"")
     (folder / "README.md").write_text("not a corpus file\n")
     (folder / ".hidden" / "secret.jsonl").write_text('{"text": "never read"}\n')
@@ -95,8 +102,8 @@ def test_a_prefix_of_mixed_formats_reads_as_its_local_copy(s3, fresh_clients, tm
     local_rejected = list(iter_jsonl(tmp_path / "local-out" / REJECTED_FILE))
     assert [comparable(r, url) for r in rejected] == [comparable(r, "") for r in local_rejected]
     assert remote.docs_in == mirror.docs_in and remote.docs_out == mirror.docs_out
-    assert remote.rejected_by_reason == mirror.rejected_by_reason == {"malformed_json": 1}
-    assert remote.files_read == mirror.files_read == 7  # README skipped, the hidden folder left out
+    assert remote.rejected_by_reason == mirror.rejected_by_reason == {"malformed_json": 1, "warc_length_mismatch": 2}
+    assert remote.files_read == mirror.files_read == 9  # README skipped, the hidden folder left out
     assert remote.skipped_files == [url + "README.md"]
     assert remote.bytes_read == mirror.bytes_read
     assert remote.source == url and remote.remote_retries == 0

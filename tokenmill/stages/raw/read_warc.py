@@ -39,6 +39,7 @@ from typing import NamedTuple
 from fastwarc.stream_io import BrotliReader, ChunkedReader, GzipReader
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
+from tokenmill.common.remote import is_url, open_object
 from tokenmill.stages.raw.html_text import page_text
 from tokenmill.stages.raw.records import Mapped
 from tokenmill.stages.raw.settings import RawSettings
@@ -172,7 +173,26 @@ def _plain_misframed(raw, start: int, at_end: bool) -> Misframed | None:
     return Misframed("warc_length_mismatch", detail, resume)
 
 
-def _lands(view: mmap.mmap, gz: bool, length: int, at: int) -> bool:
+class _RangedView:
+    """Slices of an object read from a second handle of it (ranged GETs), where a local file is mapped: the length
+    checks read a few bytes before each record, and the handle FastWARC reads never moves."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def __getitem__(self, span: slice) -> bytes:
+        self._f.seek(span.start)
+        return self._f.read(span.stop - span.start)
+
+
+def _view(raw, path: str, stack: contextlib.ExitStack) -> mmap.mmap | _RangedView | None:
+    """What the length checks slice: the file mapped, or an object's second handle; None: lengths are not checked."""
+    if is_url(path):
+        return _RangedView(stack.enter_context(open_object(path)))
+    return _mapped(raw, stack)
+
+
+def _lands(view: mmap.mmap | _RangedView, gz: bool, length: int, at: int) -> bool:
     """Whether the record before the one at `at`, of declared block `length`, ends right there: the header's CRLF
     CRLF `length` + 4 bytes before `at` (uncompressed), or a gzip member ending at `at` (its ISIZE) that holds the
     block and a header. A length that FastWARC's CR/LF slack lets land near a later record fails both."""
@@ -392,7 +412,7 @@ def read_warc(path: str, compression: str | None, settings: RawSettings) -> Iter
         whole = gz and _holds_several_records(raw)  # a gzip of the whole file: read as its decompressed stream
         stream = _Inflated(raw) if whole else raw
         gz = gz and not whole
-        view = None if whole else _mapped(raw, stack)  # None: lengths are not checked (until a whole gzip is spilled)
+        view = None if whole else _view(raw, path, stack)  # None: lengths not checked (until a whole gzip is spilled)
         while pos is not None:
             stream.seek(pos)
             inflated = isinstance(stream, _Inflated)
