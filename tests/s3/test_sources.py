@@ -24,7 +24,7 @@ from tests.stages.raw.test_warc_lengths import write as write_layout
 from tests.stages.raw.test_web_readers import crawl, multilingual_pages, write_warc
 from tokenmill.batches import read_registry, register_new_files
 from tokenmill.common.io import REJECTED_FILE, iter_jsonl, record_shards, zstd
-from tokenmill.common.remote import RemoteLocation
+from tokenmill.common.remote import RETRIES, RemoteLocation
 from tokenmill.errors import SourceError
 from tokenmill.stages.raw import RawSettings, ingest
 from tokenmill.stages.raw.discover import list_source, source_state
@@ -168,8 +168,9 @@ class _ProxyHandler(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def throttled(s3, fresh_clients, monkeypatch) -> Iterator[ThrottlingProxy]:
-    proxy = ThrottlingProxy(s3.endpoint, {"LIST": 1, "GET": 1, "HEAD": 1})
+def throttled(s3, fresh_clients, monkeypatch, request) -> Iterator[ThrottlingProxy]:
+    """The proxy in front of the server, refusing one LIST, one HEAD and one GET (or `request.param`'s counts)."""
+    proxy = ThrottlingProxy(s3.endpoint, getattr(request, "param", {"LIST": 1, "GET": 1, "HEAD": 1}))
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
@@ -284,3 +285,21 @@ def test_a_single_object_is_a_source(s3, fresh_clients, tmp_path):
     result = ingest(url, tmp_path / "out")
     assert [r["source"] for r in records(tmp_path / "out")] == [{"path": url, "index": i} for i in range(3)]
     assert result.files_read == 1
+
+
+@pytest.mark.parametrize("throttled", [{"GET": 5}], indirect=True)
+def test_a_read_throttled_past_the_last_try_rejects_its_file_by_name(s3, throttled, tmp_path, monkeypatch):
+    monkeypatch.setattr(RETRIES, "base_delay_s", 0.001)  # the same tries, without seconds of backoff
+    bucket = s3.make_bucket("throttled-out")
+    client = s3.client()
+    client.put_object(Bucket=bucket, Key="corpus/a.jsonl", Body=b'{"text": "never read"}\n')
+    client.put_object(Bucket=bucket, Key="corpus/b.jsonl", Body=b'{"text": "read"}\n')
+    url = f"s3://{bucket}/corpus/"
+
+    result = ingest(url, tmp_path / "out", workers=1)
+
+    assert result.docs_out == 1 and result.remote_retries == 4
+    (entry,) = iter_jsonl(tmp_path / "out" / REJECTED_FILE)
+    assert entry["path"] == url + "a.jsonl" and entry["reason"] == "unreadable_file"
+    assert entry["detail"].startswith(f"StillFailing: {url}a.jsonl: still failing after 5 tries: ")
+    assert "\n" not in entry["detail"] and s3.secret_key not in entry["detail"]

@@ -108,6 +108,10 @@ def is_transient(error: BaseException) -> bool:
                                     "ReadTimeoutError", "ConnectTimeoutError", "EndpointConnectionError"}  # fmt: skip
 
 
+class StillFailing(OSError):
+    """A transient error that outlasted every try: its message names what failed, credentials masked."""
+
+
 @dataclass(kw_only=True)
 class Retries:
     """How many transient failures were retried, and how long their backoff waited: a stage reports both."""
@@ -120,7 +124,7 @@ class Retries:
 
     def call(self, operation: Callable[[], T], *, what: str) -> T:
         """`operation()`, again after an exponential backoff while it fails transiently, at most `attempts` times;
-        the last failure is raised as OSError naming `what`, credentials masked."""
+        the last failure is raised as StillFailing (an OSError) naming `what`, credentials masked."""
         for attempt in range(1, self.attempts + 1):
             try:
                 return operation()
@@ -129,7 +133,7 @@ class Retries:
                     raise
                 if attempt == self.attempts:
                     message = mask_secrets(f"{what}: still failing after {attempt} tries: {error}")
-                    raise OSError(message) from None
+                    raise StillFailing(message) from None
                 delay = min(self.max_delay_s, self.base_delay_s * 2 ** (attempt - 1))
                 self.retried += 1
                 self.waited_s += delay
@@ -159,6 +163,8 @@ def _identity(info: dict) -> str:
 
 def _masked_error(url: str, error: Exception) -> OSError:
     """One line naming the object for a missing or forbidden one (or any error that is not retried)."""
+    if isinstance(error, StillFailing):  # names it already
+        return error
     if isinstance(error, FileNotFoundError):
         return FileNotFoundError(f"{url}: no such object (removed since it was listed?)")
     if isinstance(error, PermissionError):
