@@ -6,6 +6,7 @@ import dagster as dg
 
 import assets
 from assets.exports import EXPORT_ASSETS
+from assets.publish import publish_dataset_job, publish_schedules_from_env
 from automation import daily_refresh, retire_source_batch_job, source_sensor, whole_graph_job
 from resources import Compute, CorpusSource, DataRoot, compute_from_env, data_root_from_env, source_from_env
 from tokenmill.errors import ConfigError
@@ -40,8 +41,8 @@ def build_defs(source: CorpusSource, data_root: DataRoot, compute: Compute | Non
     """The code location for one source, data root and compute engine (tests build their own)."""
     return dg.Definitions(
         assets=[*ASSETS, *EXPORT_ASSETS],
-        jobs=[whole_graph_job(str(data_root.path("")), source.path), retire_source_batch_job],
-        schedules=[daily_refresh],
+        jobs=[whole_graph_job(str(data_root.path("")), source.path), retire_source_batch_job, publish_dataset_job],
+        schedules=[daily_refresh, *publish_schedules_from_env()],  # publish's: when TOKENMILL_PUBLISH_TO is set
         sensors=[source_sensor(source.path)],
         resources={"source": source, "data_root": data_root, "compute": compute or Compute()},
         # one process per run, whatever launches it (job, UI "Materialize all", dg launch, schedule, sensor):
