@@ -62,6 +62,7 @@ SLOW = (
 # would move the fixture's run to the next one).
 SLOW_FIXTURES = {
     "tests/test_explain.py": "graph",
+    "tests/test_forget.py": "graph",
     "tests/test_exports.py": "roots",
     "tests/test_graph.py": "graph_run",
     "tests/test_trace.py": "graph",
