@@ -180,9 +180,6 @@ def trace_command(args: argparse.Namespace) -> int:
         data = Path(args.data)
         if args.command == "trace":
             found = trace(data, args.step, settings, args.rank, args.split, args.dataset_version)
-        elif (args.id is None) == (args.source is None):
-            print("tokenmill where: give a record id (or PATH:N) or --source PATH", file=sys.stderr)
-            return 2
         else:
             found = where(data, settings, args.id, args.source, args.epochs, args.split, args.dataset_version)
     except (DatasetError, OSError, ValueError, KeyError) as e:  # a missing split or state file, bad settings

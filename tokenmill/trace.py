@@ -372,6 +372,8 @@ def where(
     """Where the records of `key` (a record id or PATH:N) or of source file `source` are seen in the next `epochs`
     epochs of the run: every (epoch, step, rank, row) of a window holding their tokens. A record in another split,
     dropped before tokenized_bins or not in the version says so (its fate from `tokenmill explain`)."""
+    if (key is None) == (source is None):
+        raise ValueError("give a record id (or PATH:N) or --source PATH, one of them")
     loader = open_loader(data_root, settings, split, version)
     index = record_index(data_root, loader.dataset.store.version)
     if source is not None:
@@ -379,18 +381,13 @@ def where(
         entries = np.flatnonzero(np.asarray(index.file) == number) if number >= 0 else np.arange(0)
         entries = entries[np.argsort(index.at[entries], kind="stable")]  # in file order
         missing: list[dict] = dropped_from(Path(data_root), source)
-    else:
-        assert key is not None  # the command line requires one of them
-        found = [(rid, index.entries_of(rid)) for rid in resolve_ids(key)]
-        entries = np.concatenate([e for _, e in found])
+    elif key is not None:
+        entries = np.concatenate([index.entries_of(rid) for rid in resolve_ids(key)])
         missing = [] if len(entries) else [_fate(Path(data_root), key)]
-    records = {}
-    for entry in entries.tolist():
-        records[entry] = _record_view(index, entry)
-    wanted = sorted({r["record"] for r in records.values() if r["split"] == split})
-    windows = windows_of_records(loader.dataset, wanted)
+    records = [_record_view(index, entry) for entry in entries.tolist()]
+    wanted = {r["record"] for r in records if r["split"] == split}
     seen = []
-    for s in find_windows(loader, windows, epochs):
+    for s in find_windows(loader, windows_of_records(loader.dataset, sorted(wanted)), epochs):
         view = _sample_view(s, index, split, {}, settings.resumed_at)
         view["pieces"] = [p for p in view["pieces"] if p["record"] in wanted]
         seen.append(view)
@@ -398,7 +395,7 @@ def where(
         "split": split,
         "dataset_version": loader.dataset.store.version,
         "epochs": epochs,
-        "records": list(records.values()),
+        "records": records,
         "not_in_dataset": missing,
         "seen": seen,
     }
