@@ -21,6 +21,7 @@ from definitions import build_defs
 from resources import CorpusSource, DataRoot
 from runs import run_batches
 from tokenmill.common.io import STATS_FILE, read_json, record_id, staged_output
+from tokenmill.common.lock import DataRootLock
 from tokenmill.explain import explain, render
 from tokenmill.exports import hf_parquet, nanogpt
 from tokenmill.forget import Selector, forget
@@ -175,6 +176,13 @@ def test_source_and_match_selectors_and_a_selector_naming_nothing(root, capsys):
     assert [set(r["records"]) for r in removals] == [by_source, by_text]
 
 
+def test_a_takedown_waits_for_no_running_update(root, capsys):
+    with DataRootLock(root).acquire("tokenmill update"):  # a run writing the data root
+        rc, _, err = run(root, "--id", record(BATCHES[0][0], 0)["id"], capsys=capsys)
+    assert rc == 2 and "is in use by run tokenmill update" in err
+    assert read_json(root / "tokenized_bins" / "current.json") == {"version": 1}
+
+
 def test_a_record_is_keyed_by_its_text_as_dedup_keys_it():
     assert text_key({"text": "Hello, World!"}) == text_key({"text": "hello world"})
     assert text_key({"text": "hello world"}) != text_key({"text": "hello there"})
@@ -200,7 +208,7 @@ def test_on_a_graph_run_explain_exports_and_a_later_batch_agree(graph, capsys):
     root, data, first = graph
     kept, copy = record_id("a.jsonl", line=1), record_id("a.jsonl", line=41)
     rc, out, _ = run(data, "--match", "^" + re.escape(first[0][:40]), "--with-duplicates", "--by", "ops", capsys=capsys)
-    assert rc == 0 and "with 1 duplicates" in out and "nanogpt_bins, hf_parquet" in out
+    assert rc == 0 and "with 1 duplicate dedup" in out and "nanogpt_bins, hf_parquet" in out
     fate = explain(data, kept)
     assert (fate["fate"], fate["why"], fate["by"], fate["selector"]["with_duplicates"]) == (
         "forgotten",

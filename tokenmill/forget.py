@@ -206,10 +206,16 @@ def forget_command(args) -> int:
         return 2
     result = outcome.result
     print(
-        f"forgot {len(outcome.removed):,} records ({result.dropped.get('forgotten', 0):,} forgotten in all): "
+        f"forgot {_count(len(outcome.removed), 'record')} ({result.dropped.get('forgotten', 0):,} forgotten in all): "
         f"tokenized_bins version {result.version}, {result.records:,} records, {result.tokens:,} tokens"
     )
     if outcome.duplicates:
-        print(f"  with {len(outcome.duplicates):,} duplicates dedup folded into them (kept out of later batches)")
+        print(
+            f"  with {_count(len(outcome.duplicates), 'duplicate')} dedup folded into them (kept out of later batches)"
+        )
     print(f"  exports written again: {', '.join(outcome.exports) or 'none materialized'}")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
