@@ -44,8 +44,9 @@ def write_split(folder: Path, docs: list[dict], ids: list[str]) -> None:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    """a.jsonl lines 1-30 and b.jsonl lines 1-20, every 5th record in val; c.jsonl's four duplicates: of a.jsonl:3,
-    of a.jsonl:5 (val), of the first duplicate, of a record not in the version; a.jsonl:31 dropped by clean."""
+    """a.jsonl lines 1-30 and b.jsonl lines 1-20, every 5th record in val, b.jsonl:21 deduped but in neither split;
+    c.jsonl's four duplicates: of a.jsonl:3, of a.jsonl:5 (val), of the first duplicate, of a record not in the
+    version; a.jsonl:31 dropped by clean."""
     root = tmp_path_factory.mktemp("trace") / "data"
     sources = [("a.jsonl", n) for n in range(1, 31)] + [("b.jsonl", n) for n in range(1, 21)]
     ids = [record_id(path, line=n) for path, n in sources]
@@ -67,6 +68,13 @@ def data(tmp_path_factory) -> Path:
             if n == 10:  # a line in another field order: parsed whole, not by the index's line pattern
                 record = {"id": rid, "source": record["source"], "text": "t", "meta": {}}
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        absent = {
+            "id": record_id("b.jsonl", line=21),
+            "text": "t",
+            "meta": {},
+            "source": {"path": "b.jsonl", "line": 21},
+        }
+        f.write(json.dumps(absent) + "\n")  # deduped, then not rendered by tokenized_bins: in no split
     dups = [record_id("c.jsonl", line=n) for n in range(1, 5)]
     kept_of = [ids[2], ids[4], dups[0], "0123456789abcdef"]
     with open(batch / "removed.jsonl", "w", encoding="utf-8") as f:
@@ -204,6 +212,11 @@ def test_index_resolves_folded_records_and_where_names_each_fate(data):
     )
     assert [m["reason"] for m in where(data, settings, source="a.jsonl")["not_in_dataset"]] == ["too_short"]
     assert where(data, settings, key="ffffffffffffffff")["not_in_dataset"][0]["fate"] == "unknown"
+    absent = where(data, settings, key="b.jsonl:21")
+    assert not absent["records"] and absent["not_in_dataset"][0]["stage"] == "deduped_jsonl"
+    assert [m["id"] for m in where(data, settings, source="b.jsonl")["not_in_dataset"]] == [
+        record_id("b.jsonl", line=21)
+    ]
     step0 = trace(data, 0, settings)
     folded = {p["id"]: [f["id"] for f in p["folded"]] for s in step0["samples"] for p in s["pieces"]}
     assert all(v == [] or k == kept for k, v in folded.items())

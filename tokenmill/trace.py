@@ -157,9 +157,12 @@ def build_index(data_root: Path, version: int | None) -> dict:
     files: dict[str, int] = {}
     sources = _sources(data_root, batches, files)
     removed, duplicate_of = sources.pop("removed"), sources.pop("duplicate_of")
-    ids = np.concatenate([*kept_ids, removed])
-    split = np.concatenate([*kept_split, np.full(len(removed), NO_SPLIT, dtype=np.uint8)])
-    record = np.concatenate([*kept_record, np.full(len(removed), -1, dtype=np.int64)])
+    # deduped records the version does not hold (tokenized_bins could not render them, or they were forgotten):
+    # entries without a split, so that `where` names them and explain says why
+    absent = np.setdiff1d(sources["ids"], np.concatenate([*kept_ids, removed]))
+    ids = np.concatenate([*kept_ids, absent, removed])
+    split = np.concatenate([*kept_split, np.full(len(absent) + len(removed), NO_SPLIT, dtype=np.uint8)])
+    record = np.concatenate([*kept_record, np.full(len(absent) + len(removed), -1, dtype=np.int64)])
     folded = np.arange(len(ids)) >= len(ids) - len(removed)
     order = np.argsort(ids, kind="stable")
     ids, split, record, folded = ids[order], split[order], record[order], folded[order]
@@ -384,7 +387,9 @@ def where(
     elif key is not None:
         entries = np.concatenate([index.entries_of(rid) for rid in resolve_ids(key)])
         missing = [] if len(entries) else [_fate(Path(data_root), key)]
-    records = [_record_view(index, entry) for entry in entries.tolist()]
+    absent = (np.asarray(index.split)[entries] == NO_SPLIT) & ~np.asarray(index.folded)[entries]
+    missing += [_fate(Path(data_root), id_text(index.ids[entry])) for entry in entries[absent].tolist()]
+    records = [_record_view(index, entry) for entry in entries[~absent].tolist()]
     wanted = {r["record"] for r in records if r["split"] == split}
     seen = []
     for s in find_windows(loader, windows_of_records(loader.dataset, sorted(wanted)), epochs):
@@ -487,6 +492,14 @@ def _piece_line(p: dict) -> str:
     )
 
 
+def _why(fate: dict) -> str:
+    """A record's fate in a few words: `dropped by cleaned_jsonl: repetition`, `last kept by deduped_jsonl`."""
+    if not fate.get("stage"):
+        return str(fate.get("fate"))
+    why = f"last kept by {fate['stage']}" if fate.get("fate") == "kept" else f"{fate.get('fate')} by {fate['stage']}"
+    return why + (f": {fate['reason']}" if fate.get("reason") and fate.get("reason") != fate.get("fate") else "")
+
+
 def _worker(sample: dict) -> str:
     return "" if sample["worker"] is None else f" (worker {sample['worker']})"
 
@@ -513,8 +526,7 @@ def render_where(found: dict, shown: int = SHOWN) -> str:
             place = f"folded by dedup into {r['folded_into']} ({place})"
         lines.append(f"  record {r['id']}  {source_text(r['source'])}  {place}")
     for m in missing[: max(0, shown - len(records))]:
-        why = f"dropped by {m.get('stage')}: {m.get('reason')}" if m.get("fate") == "dropped" else m.get("fate")
-        lines.append(f"  record {m.get('id')}  {source_text(m.get('source'))}  not in the dataset: {why}")
+        lines.append(f"  record {m.get('id')}  {source_text(m.get('source'))}  not in the dataset: {_why(m)}")
     if len(records) + len(missing) > shown:
         lines.append(f"  … {len(records) + len(missing) - shown} more")
     pieces = [(s, p) for s in seen for p in s["pieces"]]
