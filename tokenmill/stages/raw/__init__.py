@@ -11,9 +11,11 @@ Steps, one module each:
   discover     the source's files in sorted order (hidden ones and the data root left out), each checked with
                stat before anything opens it (FIFOs, sockets, devices and symlinks leaving the source are
                refused with a reason), grouped into tasks of whole files (bounded input bytes, fixed: the same
-               layout for any worker count)
-  stream       opening (plain, gzip or zstd) with bounded reads (max_record_bytes per record, max_file_bytes per file,
-               JSON nesting depth) and what every reader yields: Found values or Bad input with a reason
+               layout for any worker count); a URL source's objects listed recursively (common/remote.py), each
+               named by its URL in records
+  stream       opening (plain, gzip or zstd; an object by ranged reads, transient errors retried) with bounded
+               reads (max_record_bytes per record, max_file_bytes per file, JSON nesting depth) and what every
+               reader yields: Found values or Bad input with a reason
   read_jsonl, read_json, read_txt, read_csv, read_parquet
                one reader per format (read_parquet: row groups in bounded batches of rows)
   read_warc, read_html
