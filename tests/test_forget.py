@@ -25,6 +25,7 @@ from tokenmill.common.lock import DataRootLock
 from tokenmill.explain import explain, render
 from tokenmill.exports import hf_parquet, nanogpt
 from tokenmill.forget import Selector, forget
+from tokenmill.stages.telemetry import read_funnel
 from tokenmill.stages.tokenize import ShardSettings, TokenizerSettings, tokenize_batches, train_tokenizer
 from tokenmill.stages.tokenize.forgotten import FORGOTTEN_FILE, text_key
 from tokenmill_loader import open_store
@@ -208,7 +209,9 @@ def test_on_a_graph_run_explain_exports_and_a_later_batch_agree(graph, capsys):
     root, data, first = graph
     kept, copy = record_id("a.jsonl", line=1), record_id("a.jsonl", line=41)
     rc, out, _ = run(data, "--match", "^" + re.escape(first[0][:40]), "--with-duplicates", "--by", "ops", capsys=capsys)
-    assert rc == 0 and "with 1 duplicate dedup" in out and "nanogpt_bins, hf_parquet" in out
+    assert rc == 0 and "with 1 duplicate dedup" in out and "nanogpt_bins, hf_parquet, funnel_telemetry" in out
+    (tokenized,) = [s for s in read_funnel(data).stages if s.stage == "tokenized_bins"]
+    assert (tokenized.dropped, tokenized.docs_in - tokenized.docs_out) == ({"forgotten": 1}, 1)
     fate = explain(data, kept)
     assert (fate["fate"], fate["why"], fate["by"], fate["selector"]["with_duplicates"]) == (
         "forgotten",

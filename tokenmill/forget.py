@@ -1,12 +1,12 @@
 """`tokenmill forget`: a takedown. The records named by id, by source path or by a regex over their text (and, with
 `--with-duplicates`, those dedup folded into them) leave tokenized_bins in its next version, and every export
-already materialized is written again from that version.
+already materialized, and funnel_telemetry, is written again from that version.
 
 Under the data root's lock (one writer at a time, as `tokenmill update` takes it), in order: the selector is
 resolved over deduped_jsonl's batches of the published version (streamed, part file by part file; `--id` by a byte
 search for the ids), the takedown list gets the records' ids and text keys (tokenize/forgotten.py: later batches
-with the same text stay out), the version without them is published (tokenize/takedown.py), then the exports are
-rewritten. A selector that names nothing in the published version publishes nothing.
+with the same text stay out), the version without them is published (tokenize/takedown.py), then the exports and
+the funnel are rewritten. A selector that names nothing in the published version publishes nothing.
 """
 
 from __future__ import annotations
@@ -20,11 +20,21 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tokenmill.common.io import REMOVED_FILE, batch_folders, iter_jsonl, read_json, record_shards, staged_output
+from tokenmill.common.io import (
+    REMOVED_FILE,
+    atomic_write_json,
+    batch_folders,
+    iter_jsonl,
+    read_json,
+    record_shards,
+    staged_output,
+)
 from tokenmill.common.lock import DataRootLock
-from tokenmill.errors import TokenmillError
+from tokenmill.errors import CorruptOutputError, TokenmillError
 from tokenmill.exports import hf_parquet, megatron, nanogpt
 from tokenmill.settings import number_from_env
+from tokenmill.stages.funnel_chart import funnel_chart_svg
+from tokenmill.stages.telemetry import build_funnel
 from tokenmill.stages.tokenize.forgotten import Forgotten, read_forgotten, record_text, text_key
 from tokenmill.stages.tokenize.summary import TokenizeResult
 from tokenmill.stages.tokenize.takedown import Takedown, forget_records, locate
@@ -33,6 +43,7 @@ from tokenmill.stages.tokenize.versions import recover
 from tokenmill_loader.format import SPLITS, manifest_path
 
 EXPORTS = ("nanogpt_bins", "megatron_indexed", "hf_parquet")  # the export assets' folders (assets/exports.py)
+FUNNEL_DIR = "funnel_telemetry"
 KEPT_RECORDS_DIR = ".tmp-forget-records"  # deduped_jsonl without the forgotten records, for hf_parquet's records/
 
 
@@ -69,12 +80,12 @@ class Selector:
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
     """What a takedown published: the version and its result, the records removed, the duplicates forgotten with
-    them, and the exports written again."""
+    them, and what was written again from the version."""
 
     result: TokenizeResult
     removed: list[str]
     duplicates: list[str]
-    exports: list[str]
+    rewritten: list[str]  # the exports and funnel_telemetry, written again from the new version
 
 
 def _records(folders: list[Path]) -> Iterator[dict]:
@@ -144,9 +155,9 @@ def forget(data_root: Path, selector: Selector, reason: str | None = None, by: s
         recover(data_root / "tokenized_bins", log)  # what a killed run left, before the published version is read
         takedown = plan_takedown(data_root, selector, reason, by)
         result = forget_records(data_root / "tokenized_bins", data_root / "deduped_jsonl", takedown, log)
-        exports = rewrite_exports(data_root)
+        rewritten = rewrite_exports(data_root) + rewrite_funnel(data_root)
     return Outcome(
-        result=result, removed=sorted(takedown.records), duplicates=list(takedown.duplicates), exports=exports
+        result=result, removed=sorted(takedown.records), duplicates=list(takedown.duplicates), rewritten=rewritten
     )
 
 
@@ -188,6 +199,22 @@ def rewrite_exports(data_root: Path) -> list[str]:
     return written
 
 
+def rewrite_funnel(data_root: Path) -> list[str]:
+    """funnel_telemetry's funnel.json and funnel.svg written again from the stages' figures, as its asset does (the
+    chart without the earlier materializations' counts, which only the Dagster instance holds, until the asset runs
+    again), so `tokenmill update`'s summary shows the takedown; [] when it was never materialized."""
+    folder = data_root / FUNNEL_DIR
+    if not folder.exists():
+        return []
+    funnel = build_funnel(data_root)
+    if not funnel.conserved:
+        raise CorruptOutputError(f"{data_root}: the stages' _stats.json no longer conserve records; funnel kept")
+    with staged_output(folder) as out:
+        atomic_write_json(out / "funnel.json", funnel.to_json())
+        funnel_chart_svg(funnel, [], out / "funnel.svg")
+    return [FUNNEL_DIR]
+
+
 def forget_command(args) -> int:
     """`tokenmill forget` (cli.py's arguments): a few lines saying what was published; a selector naming nothing,
     a bad regex or a busy data root is one line on stderr and exit status 2, with nothing published."""
@@ -213,7 +240,7 @@ def forget_command(args) -> int:
         print(
             f"  with {_count(len(outcome.duplicates), 'duplicate')} dedup folded into them (kept out of later batches)"
         )
-    print(f"  exports written again: {', '.join(outcome.exports) or 'none materialized'}")
+    print(f"  written again from it: {', '.join(outcome.rewritten) or 'nothing (no export materialized)'}")
     return 0
 
 
