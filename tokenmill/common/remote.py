@@ -191,9 +191,9 @@ class RemoteLocation:
     def __str__(self) -> str:
         return self.url
 
-    def _fs(self, retries: Retries | None = None) -> tuple[Any, str]:
+    def _fs(self) -> tuple[Any, str]:
         fs, path = filesystem(self.url, own_retries=True)
-        (retries or RETRIES).call(lambda: fs.invalidate_cache(), what=self.url)  # others may have written since
+        fs.invalidate_cache()  # the client keeps listings; objects may have come and gone since
         return fs, path
 
     def _info(self) -> dict | None:
@@ -245,7 +245,7 @@ def same_location(a: str | os.PathLike[str] | RemoteLocation, b: str | os.PathLi
 def list_objects(location: RemoteLocation, retries: Retries) -> list[RemoteObject]:
     """Every object under the prefix (recursive, listed page by page by the client), or the one object the URL
     names; sorted by URL. Keys ending in / (folder markers) are left out."""
-    fs, path = location._fs(retries)
+    fs, path = location._fs()
     try:
         info = retries.call(lambda: fs.info(path), what=location.url)
         found = (
