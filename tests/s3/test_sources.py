@@ -303,3 +303,24 @@ def test_a_read_throttled_past_the_last_try_rejects_its_file_by_name(s3, throttl
     assert entry["path"] == url + "a.jsonl" and entry["reason"] == "unreadable_file"
     assert entry["detail"].startswith(f"StillFailing: {url}a.jsonl: still failing after 5 tries: ")
     assert "\n" not in entry["detail"] and s3.secret_key not in entry["detail"]
+
+
+def test_listing_goes_through_every_page(s3, fresh_clients, monkeypatch):
+    bucket = s3.make_bucket("paged-listing")
+    client = s3.client()
+    keys = [f"corpus/{d}/part-{i}.jsonl" for d in ("a", "b/c", "d") for i in range(3)]
+    for key in keys:
+        client.put_object(Bucket=bucket, Key=key, Body=b'{"text": "x"}\n')
+    pages = []
+    call = s3fs.S3FileSystem._call_s3
+
+    async def two_keys_a_page(self, method, *args, **kwargs):  # pages of 2 keys, as AWS's are of 1,000
+        if method == "list_objects_v2" and "MaxKeys" not in kwargs:
+            kwargs["MaxKeys"] = 2
+            pages.append(kwargs.get("ContinuationToken"))
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", two_keys_a_page)
+    state = source_state(RemoteLocation(f"s3://{bucket}/corpus/"))
+    assert sorted(state) == sorted(f"s3://{bucket}/{key}" for key in keys)
+    assert len(pages) >= 5 and pages[0] is None and all(pages[1:])
