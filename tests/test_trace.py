@@ -211,7 +211,8 @@ def test_index_resolves_folded_records_and_where_names_each_fate(data):
         and dropped["not_in_dataset"][0]["reason"] == "too_short"
     )
     assert [m["reason"] for m in where(data, settings, source="a.jsonl")["not_in_dataset"]] == ["too_short"]
-    assert where(data, settings, key="ffffffffffffffff")["not_in_dataset"][0]["fate"] == "unknown"
+    for unknown in ("ffffffffffffffff", "not-an-id"):
+        assert where(data, settings, key=unknown)["not_in_dataset"][0]["fate"] == "unknown"
     absent = where(data, settings, key="b.jsonl:21")
     assert not absent["records"] and absent["not_in_dataset"][0]["stage"] == "deduped_jsonl"
     assert [m["id"] for m in where(data, settings, source="b.jsonl")["not_in_dataset"]] == [

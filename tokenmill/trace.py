@@ -29,14 +29,14 @@ from tokenmill.common.io import (
     record_shards,
     temporary_path,
 )
-from tokenmill.explain import explain, resolve_ids
+from tokenmill.explain import ID_RE, explain, resolve_ids
 from tokenmill.explain import where as source_text
 from tokenmill_loader import DataLoader, TokenDataset, open_store
 from tokenmill_loader.format import SPLITS, list_versions, manifest_path, read_record_ids, sha256_file
 from tokenmill_loader.trace import Sample, find_windows, trace_step, windows_of_records
 
 INDEX_DIR = "_trace_index"
-NO_SPLIT = 255  # `split` of a removed record whose kept record is not in the version
+NO_SPLIT = 255  # `split` of a record the version does not hold (or, removed by dedup, whose kept record it does not)
 LOCATORS = ("line", "index")  # `kind` 1 and 2: how `at` locates the record in its source file (0: no source)
 SHOWN = 10  # records and sightings `tokenmill where` prints (--json: all)
 MAX_FOLDS = 8  # removed -> kept chains are one step (dedup keeps one record per cluster); a few more tolerated
@@ -85,6 +85,8 @@ class RecordIndex:
         return {"path": self.files[int(self.file[entry])], LOCATORS[kind - 1]: int(self.at[entry])}
 
     def entries_of(self, record_id: str) -> np.ndarray:
+        if not ID_RE.fullmatch(record_id):
+            return np.arange(0)
         key = hex_ids([record_id])
         at = int(np.searchsorted(self.ids, key[0]))
         return np.arange(at, at + 1) if at < len(self.ids) and self.ids[at] == key[0] else np.arange(0)
