@@ -6,7 +6,11 @@ forgotten, the exports are written again without it, and a later batch with its 
 
 import hashlib
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import dagster as dg
@@ -175,6 +179,25 @@ def test_source_and_match_selectors_and_a_selector_naming_nothing(root, capsys):
         {"match": r"g1-b0002 其3\d$", "with_duplicates": False},
     ]
     assert [set(r["records"]) for r in removals] == [by_source, by_text]
+
+
+def forget_killed_at(root: Path, point: str, rid: str) -> int:
+    """`tokenmill forget --id rid` in a process SIGKILLed at failpoint `point`; its exit status."""
+    script = "import sys; from cli import main; sys.exit(main(sys.argv[1:]))"
+    command = [sys.executable, "-c", script, "forget", "--id", rid, "--data", str(root)]
+    env = {**os.environ, "TOKENMILL_FAILPOINT": point}
+    return subprocess.run(command, cwd=Path(__file__).parents[1], env=env, capture_output=True).returncode
+
+
+def test_a_takedown_killed_before_or_after_its_switch_leaves_one_consistent_version(root, tokenizer):
+    bins, gone = root / "tokenized_bins", record(BATCHES[0][0], 7)["id"]
+    assert forget_killed_at(root, "tokenized_bins:version_written", gone) == -signal.SIGKILL
+    assert read_json(bins / "current.json") == {"version": 1} and gone in records(root, "train") | records(root, "val")
+    assert forget_killed_at(root, "tokenized_bins:split_published", gone) == -signal.SIGKILL
+    assert read_json(bins / "current.json") == {"version": 2}  # switched: the next run settles the batch counts
+    appended = build(root, tokenizer, 2)  # nothing new: recovers, reports the published version
+    assert (appended.version, appended.new_version, appended.dropped) == (2, False, {"forgotten": 1})
+    assert appended.docs_in == appended.docs_out + 1 == 120 and not list((bins / "_batches").glob("*.pending"))
 
 
 def test_a_takedown_waits_for_no_running_update(root, capsys):

@@ -53,6 +53,7 @@ from tokenmill.stages.tokenize.versions import (
     batch_summary_file,
     batch_token_counts_file,
     next_shard_index,
+    pending_file,
     publish,
     recover,
 )
@@ -219,10 +220,15 @@ def load_batch_totals(bins_dir: Path, generation: int, key: str) -> BatchTotals:
     return BatchTotals.from_json(summary, {})
 
 
-def save_batch_totals(bins_dir: Path, generation: int, key: str, batch: BatchTotals) -> None:
-    path = batch_summary_file(bins_dir, generation, key)
+def save_batch_totals(
+    bins_dir: Path, generation: int, key: str, batch: BatchTotals, pending: int | None = None
+) -> None:
+    """The batch's counts; `pending`: as the counts of that version, not published yet (versions.pending_file)."""
+    path, counts = batch_summary_file(bins_dir, generation, key), batch_token_counts_file(bins_dir, generation, key)
+    if pending is not None:
+        path, counts = pending_file(path, pending), pending_file(counts, pending)
     path.parent.mkdir(exist_ok=True)
-    with atomic_file(batch_token_counts_file(bins_dir, generation, key), "wb") as f:
+    with atomic_file(counts, "wb") as f:
         np.savez(f, allow_pickle=False, **batch.token_counts())
     atomic_write_text(path, json.dumps(batch.to_json(), ensure_ascii=False, separators=(",", ":")))
 

@@ -39,7 +39,14 @@ from tokenmill.stages.tokenize.stage import load_batch_totals, save_batch_totals
 from tokenmill.stages.tokenize.summary import BatchTotals, FirstRecord, TokenizeResult, stage_result
 from tokenmill.stages.tokenize.tokenizer import TokenizerPin
 from tokenmill.stages.tokenize.verify import find_records
-from tokenmill.stages.tokenize.versions import TMP_PREFIX, Published, next_shard_index, publish, recover
+from tokenmill.stages.tokenize.versions import (
+    TMP_PREFIX,
+    Published,
+    next_shard_index,
+    publish,
+    recover,
+    settle_pending,
+)
 from tokenmill_loader.format import (
     GROUP_KEY,
     KEYS,
@@ -277,15 +284,15 @@ def forget_records(bins_dir: Path, deduped_dir: Path, takedown: Takedown, log=No
             shards=repacked.shards,
             supervised={s: sum(t.splits[s].supervised for t in totals.values()) for s in SPLITS},
         )
+        for batch in repacked.removed:  # renamed into place once the version is published (here or by recover)
+            save_batch_totals(bins_dir, published.generation, batch, totals[batch], pending=version)
         publish(bins_dir, manifests, None, lambda v: _check(bins_dir, deduped_dir, sorted(repacked.removed), v))
     except BaseException:
         recover(bins_dir, log)
         raise
     finally:
         shutil.rmtree(bins_dir / REENCODED_DIR, ignore_errors=True)
-    # after the switch: a kill here leaves the version right and only these counts (the stage's figures) behind
-    for batch in repacked.removed:
-        save_batch_totals(bins_dir, published.generation, batch, totals[batch])
+    settle_pending(bins_dir, version, [])
     settings = read_json(bins_dir / STATS_FILE)["settings"] if (bins_dir / STATS_FILE).exists() else latest["encoding"]
     result = stage_result(
         ShardSettings(**settings),

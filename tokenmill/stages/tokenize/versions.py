@@ -38,6 +38,7 @@ from tokenmill_loader.format import (
 )
 
 BATCHES_DIR = "_batches"  # per-batch counts of the latest generation, so a later run reports the whole dataset
+PENDING_SUFFIX = ".pending"  # a takedown's batch counts of a version not published yet (pending_file)
 TMP_PREFIX = ".tmp-"  # what a run writes before renaming it into place (shards, files)
 STAGE = "tokenized_bins"
 
@@ -74,6 +75,20 @@ def batch_token_counts_file(bins_dir: Path, generation: int, batch: str) -> Path
     """The tokens of each record of a batch, per split (.npz), beside its summary (written first: the summary,
     written last, says both are complete)."""
     return Path(bins_dir) / BATCHES_DIR / f"g{generation:06d}.{batch}.tokens.npz"
+
+
+def pending_file(path: Path, version: int) -> Path:
+    """Where a takedown writes a batch file of `version` before it publishes it (settle_pending renames it onto
+    `path` once the version is published; recover removes it if it never is)."""
+    return path.with_name(f"{path.name}.v{version:06d}{PENDING_SUFFIX}")
+
+
+def settle_pending(bins_dir: Path, version: int, actions: list[str]) -> None:
+    """The batch files a takedown wrote for `version`, now published, renamed into place."""
+    tail = f".v{version:06d}{PENDING_SUFFIX}"
+    for p in sorted((Path(bins_dir) / BATCHES_DIR).glob(f"g*{tail}")):
+        os.replace(p, p.with_name(p.name.removesuffix(tail)))
+        actions.append(f"settled {BATCHES_DIR}/{p.name.removesuffix(tail)} of version {version}")
 
 
 def _copy_atomic(src: Path, dst: Path) -> None:
@@ -149,6 +164,8 @@ def recover(bins_dir: Path, log=None) -> Published | None:
                 _remove(d / version_file(v), actions, "unpublished")
     _remove_unreferenced(bins_dir, actions)
     published = Published.of({s: read_json(d / DATASET_FILE) for s, d in split_dirs.items()}) if latest else None
+    if published is not None:  # a takedown killed after its switch: its batch counts are the published ones
+        settle_pending(bins_dir, published.version, actions)
     keep = (
         {
             f(bins_dir, published.generation, b)
