@@ -117,3 +117,13 @@ def test_windows_of_records_are_the_windows_whose_pieces_name_them(path):
     assert windows_of_records(ds, [3, 1, 3]).tolist() == sorted(
         set(windows_of_records(ds, [1]).tolist()) | set(windows_of_records(ds, [3]).tolist())
     )
+
+
+def test_an_epoch_left_with_only_a_partial_batch_under_drop_last_rolls_into_the_next(path):
+    settings = dict(batch_size=4, seed=5, drop_last=True)
+    live, real = loader_for(path, **settings), loader_for(path, **settings)
+    for loader in (live, real):  # less than a batch left: the loader yields none of it
+        loader.resumable_sampler.position = len(loader.dataset) - 2
+    first = drawn(real, epochs=2)[0]
+    assert [s.window for s in trace_step(live, 0)] == first["window"].tolist()
+    assert trace_step(live, 0)[0].epoch == 1

@@ -79,7 +79,7 @@ def _epochs(loader: DataLoader) -> Iterator[_Epoch]:
     while True:
         left = s.share_len(epoch) - skip
         batches = left // bs if drop_last else -(-left // bs)
-        if batches == 0 and start == 0:
+        if batches == 0 and start == skip == 0:  # a whole epoch without a batch: so is every later one
             raise ValueError(f"{s.length} samples give no batch of {bs} on {s.world_size} ranks: no step to trace")
         yield _Epoch(epoch=epoch, start=start, skip=skip, first_step=step, batches=batches)
         step += batches
