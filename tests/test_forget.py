@@ -82,7 +82,12 @@ def records(data: Path, split: str, version: int | None = None) -> dict[str, lis
     store = open_store(data / "tokenized_bins" / split, version=version)
     ids = [rid for part in store.parts for rid in read_record_ids(part.folder)]
     keys = list(KEYS[store.training_type])
-    return {rid: [store.read_record(i, k).tolist() for k in keys] for i, rid in enumerate(ids)}
+    return {rid: [as_lists(store.read_record(i, k)) for k in keys] for i, rid in enumerate(ids)}
+
+
+def as_lists(arrays) -> list:
+    """A record's key as lists (grpo's responses and masks: a list of arrays, one per response)."""
+    return [a.tolist() for a in arrays] if isinstance(arrays, list) else arrays.tolist()
 
 
 def folder_bytes(split_dir: Path) -> dict[str, bytes]:
@@ -205,6 +210,35 @@ def test_a_takedown_waits_for_no_running_update(root, capsys):
         rc, _, err = run(root, "--id", record(BATCHES[0][0], 0)["id"], capsys=capsys)
     assert rc == 2 and "is in use by run tokenmill update" in err
     assert read_json(root / "tokenized_bins" / "current.json") == {"version": 1}
+
+
+def chat(batch: str, i: int) -> dict:
+    """A record every training type renders: messages (sft), prompt/chosen/rejected (dpo), responses/rewards
+    (grpo: 1-3 responses)."""
+    n = 1 + i % 3
+    return {
+        **record(batch, i),
+        "messages": [{"role": "user", "content": f"问{i}"}, {"role": "assistant", "content": LINES[i % 4]}],
+        "prompt": f"题{i}：写月亮",
+        "chosen": LINES[i % 4],
+        "rejected": "月亮 " * n,
+        "responses": [LINES[(i + k) % 4] for k in range(n)],
+        "rewards": [k - 0.5 for k in range(n)],
+    }
+
+
+@pytest.mark.parametrize("training_type", ["seq", "sft", "dpo", "grpo"])
+def test_every_training_type_is_re_packed_by_its_item_offsets(tmp_path, tokenizer, training_type):
+    key = BATCHES[0][0]
+    write_batch(tmp_path / "deduped_jsonl", key, [chat(key, i) for i in range(40)])
+    settings = SETTINGS.model_copy(update={"training_type": training_type, "val_fraction": 0.0})
+    build(tmp_path, tokenizer, 1, settings)
+    before = records(tmp_path, "train")
+    gone = {chat(key, i)["id"] for i in (2, 3, 11)}  # one, two and three responses (grpo)
+    outcome = forget(tmp_path, Selector(ids=tuple(sorted(gone))))  # its check re-encodes a sample of the batch
+    assert outcome.result.version == 2 and outcome.removed == sorted(gone)
+    assert records(tmp_path, "train") == {rid: arrays for rid, arrays in before.items() if rid not in gone}
+    validate_dataset(tmp_path / "tokenized_bins" / "train", checksums=True, scan=True)
 
 
 def test_a_record_is_keyed_by_its_text_as_dedup_keys_it():
