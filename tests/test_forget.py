@@ -301,4 +301,7 @@ def test_on_a_graph_run_explain_exports_and_a_later_batch_agree(graph, capsys):
             assert result.success, key
     again = record_id("c.jsonl", line=1)
     ids = {rid for s in SPLITS for rid in records(data, s)}
-    assert again not in ids and kept not in ids and explain(data, again)["fate"] == "dropped"
+    assert again not in ids and kept not in ids
+    for rid in (again, copy):  # a copy of the forgotten text, before or after: dropped, its text withheld too
+        fate = explain(data, rid)
+        assert fate["fate"] == "dropped" and first[0] not in render(fate) and "(withheld: taken down)" in render(fate)

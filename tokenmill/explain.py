@@ -228,6 +228,9 @@ def _dedup_drop(data_root: Path, rid: str) -> dict | None:
             kept_batch, kept = _text_of(data_root, kept_id, [batch, *earlier])
         report = read_json(report_dir / DEDUP_REPORT_FILE) if (report_dir / DEDUP_REPORT_FILE).is_file() else {}
         text, kept_text = (record or {}).get("text"), (kept or {}).get("text")
+        bins = data_root / "tokenized_bins"
+        if taken_down := _forgotten(bins, rid) or _forgotten(bins, kept_id):  # neither text is shown
+            text = kept_text = None
         return {
             "id": rid,
             "fate": "dropped",
@@ -253,6 +256,7 @@ def _dedup_drop(data_root: Path, rid: str) -> dict | None:
                 "keep_reason": cluster.get("reason"),
             },
             "diff": word_diff(kept_text, text) if text is not None and kept_text is not None else None,
+            "taken_down": taken_down,
         }
     return None
 
@@ -343,14 +347,16 @@ def _indent(text: str | None) -> str:
     return "\n".join("    " + line for line in (text if text is not None else "(not found)").splitlines() or [""])
 
 
+def _takedown(removal: dict) -> str:
+    said = "".join(f", {k} {removal[k]}" for k in ("by", "at") if removal.get(k))
+    return f"in tokenized_bins version {removal['version']} ({removal['why'] or 'no reason given'}{said})"
+
+
 def render(fate: dict) -> str:
     """The fate as the command prints it: a few labelled lines, then the texts in full."""
     lines = [f"record {fate['id']}", f"  source      {where(fate.get('source'))}"]
     if fate["fate"] == "forgotten":
-        said = "".join(f", {k} {fate[k]}" for k in ("by", "at") if fate.get(k))
-        lines.append(
-            f"  forgotten   in tokenized_bins version {fate['version']} ({fate['why'] or 'no reason given'}{said})"
-        )
+        lines.append(f"  forgotten   {_takedown(fate)}")
         lines.append(f"  selector    {json.dumps(fate['selector'], ensure_ascii=False)}")
         return "\n".join([*lines, "  text", _indent(WITHHELD)])
     if fate["fate"] == "kept":
@@ -394,4 +400,7 @@ def render(fate: dict) -> str:
         lines += ["  diff        kept -> this record ([-kept only-] {+this only+})", _indent(fate["diff"])]
     elif fate.get("diff") == "":
         lines.append("  diff        the same words as the kept record")
+    if down := fate.get("taken_down"):
+        lines.append(f"  forgotten   {_takedown(down)}")
+        return "\n".join([*lines, "  text", _indent(WITHHELD), "  kept text", _indent(WITHHELD)])
     return "\n".join([*lines, "  text", _indent(fate.get("text")), "  kept text", _indent(kept.get("text"))])
