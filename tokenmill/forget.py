@@ -11,7 +11,6 @@ the funnel are rewritten. A selector that names nothing in the published version
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import sys
@@ -25,6 +24,7 @@ from tokenmill.common.io import (
     atomic_write_json,
     batch_folders,
     iter_jsonl,
+    loads,
     read_json,
     record_shards,
     staged_output,
@@ -162,16 +162,17 @@ def forget(data_root: Path, selector: Selector, reason: str | None = None, by: s
 
 
 def _kept_records(data_root: Path, forgotten: Forgotten) -> Path:
-    """deduped_jsonl's batch folders without the forgotten records (what hf_parquet's records/ is written from)."""
+    """deduped_jsonl's batch folders without the forgotten records, each other line copied as it is (what
+    hf_parquet's records/ is written from; as large as deduped_jsonl while it lasts)."""
     out = data_root / KEPT_RECORDS_DIR
-    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)  # what a killed takedown left
     for folder in batch_folders(data_root / "deduped_jsonl"):
         (out / folder.name).mkdir(parents=True)
         for part in record_shards(folder):
-            with open(out / folder.name / part.name, "w", encoding="utf-8") as f:
-                for rec in iter_jsonl(part):
-                    if not forgotten.holds(rec["id"], rec):
-                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+            with open(part, "rb") as given, open(out / folder.name / part.name, "wb") as f:
+                for line in given:
+                    if line.strip() and not forgotten.holds((rec := loads(line))["id"], rec):
+                        f.write(line)
     return out
 
 
