@@ -9,6 +9,8 @@ Steps, one module each:
   shards     shards planned from the tasks' record token counts, one pack task per shard -> shard folders;
              the version manifests of each split
   versions   what is published, publishing a version (current.json switches both splits), recovery, retention
+  forgotten  the takedown list: records `tokenmill forget` removed, dropped as `forgotten` wherever they come again
+  takedown   the next version without some records: their shards re-packed, the rest listed unchanged
   summary    counts per input batch and the stage's _stats.json
   verify     re-encoding a sample of the shards' records with the dataset's tokenizer (the asset check)
   stage      train_tokenizer and tokenize_batches: the steps in order

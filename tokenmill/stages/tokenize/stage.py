@@ -394,6 +394,7 @@ def tokenize_batches(
     With the tokenizer and the encoding settings (ShardSettings.ENCODING) of the latest version, only the batches
     after its own are encoded and appended; otherwise (first build, retrained tokenizer, changed settings, a
     published batch missing) a new generation encodes every batch. Nothing new: no version (`new_version` False).
+    A record on the takedown list (forgotten.py: its id, or its text's key) is dropped as `forgotten` either way.
     `check(version)` runs on the complete new version before current.json names it; if it raises, nothing is
     published. The tokenizer is pinned when the run starts (a task that finds it changed raises
     StaleUpstreamError). Superseded versions past retention are removed at the end.
