@@ -146,10 +146,13 @@ def _repack(bins_dir: Path, published: Published, removed: frozenset[str]) -> _R
         entries: list[dict] = []
         for entry, shard in zip(dataset.manifest["shards"], dataset.shards):
             ids = read_record_ids(shard.folder)
-            keep = np.fromiter((rid not in removed for rid in ids), dtype=bool, count=len(ids))
-            if ids and "batch" not in entry:
+            if not ids:  # an empty split's one shard, listed as it is
+                entries.append(entry)
+                continue
+            if "batch" not in entry:
                 raise CorruptOutputError(f"{manifest_path(folder)}: shard {entry['name']} names no batch")
-            masks.setdefault(entry.get("batch", ""), []).append(keep)
+            keep = np.fromiter((rid not in removed for rid in ids), dtype=bool, count=len(ids))
+            masks.setdefault(entry["batch"], []).append(keep)
             if keep.all():
                 entries.append(entry)
                 continue
