@@ -8,7 +8,8 @@ ids, never tokens), lognormal record lengths (mean about 500 tokens), record ids
 files) in deduped_jsonl, 1% of them also as dedup removals folded into a kept record. `--text-bytes` sets each
 record's text in deduped_jsonl: the index build reads every line of it, so its time has a per-record part and a
 per-byte part; run it twice (many records with short texts, fewer with texts of real length: about 4 bytes per
-token) to measure both, and extrapolate to 10B tokens (20M records, 40 GB of deduped_jsonl text) from them.
+token) to measure both. `--tokens 10_000_000_000` measures a 10B-token version directly (20M records; sparse token
+files, so about 4 GB on disk with short texts, and some 10 minutes on 2 busy cores).
 Figures: docs/training.md, 'After training: trace and where'.
 """
 
