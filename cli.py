@@ -1,6 +1,7 @@
 """`tokenmill` command line: `update` (every asset up to date with the source, with a short summary),
-`lineage` (token position -> source record), `explain` (a record's fate through the graph) and `train-quality` (a
-fastText quality classifier from positive and negative example files)."""
+`lineage` (token position -> source record), `explain` (a record's fate through the graph), `trace` and `where` (a
+training step -> its records and source lines; a record or source file -> the steps that saw it) and `train-quality`
+(a fastText quality classifier from positive and negative example files)."""
 
 from __future__ import annotations
 
