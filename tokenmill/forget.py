@@ -12,7 +12,6 @@ the funnel are rewritten. A selector that names nothing in the published version
 from __future__ import annotations
 
 import re
-import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from tokenmill.common.io import (
     atomic_write_json,
     batch_folders,
     iter_jsonl,
-    loads,
     read_json,
     record_shards,
     staged_output,
@@ -35,7 +33,7 @@ from tokenmill.exports import hf_parquet, megatron, nanogpt
 from tokenmill.settings import number_from_env
 from tokenmill.stages.funnel_chart import funnel_chart_svg
 from tokenmill.stages.telemetry import build_funnel
-from tokenmill.stages.tokenize.forgotten import Forgotten, read_forgotten, record_text, text_key
+from tokenmill.stages.tokenize.forgotten import record_text, text_key
 from tokenmill.stages.tokenize.summary import TokenizeResult
 from tokenmill.stages.tokenize.takedown import Takedown, forget_records, locate
 from tokenmill.stages.tokenize.verify import find_records
@@ -44,7 +42,6 @@ from tokenmill_loader.format import SPLITS, manifest_path
 
 EXPORTS = ("nanogpt_bins", "megatron_indexed", "hf_parquet")  # the export assets' folders (assets/exports.py)
 FUNNEL_DIR = "funnel_telemetry"
-KEPT_RECORDS_DIR = ".tmp-forget-records"  # deduped_jsonl without the forgotten records, for hf_parquet's records/
 
 
 class NothingToForget(TokenmillError, ValueError):
@@ -161,25 +158,10 @@ def forget(data_root: Path, selector: Selector, reason: str | None = None, by: s
     )
 
 
-def _kept_records(data_root: Path, forgotten: Forgotten) -> Path:
-    """deduped_jsonl's batch folders without the forgotten records, each other line copied as it is (what
-    hf_parquet's records/ is written from; as large as deduped_jsonl while it lasts)."""
-    out = data_root / KEPT_RECORDS_DIR
-    shutil.rmtree(out, ignore_errors=True)  # what a killed takedown left
-    for folder in batch_folders(data_root / "deduped_jsonl"):
-        (out / folder.name).mkdir(parents=True)
-        for part in record_shards(folder):
-            with open(part, "rb") as given, open(out / folder.name / part.name, "wb") as f:
-                for line in given:
-                    if line.strip() and not forgotten.holds((rec := loads(line))["id"], rec):
-                        f.write(line)
-    return out
-
-
 def rewrite_exports(data_root: Path) -> list[str]:
     """Every export already materialized, written again from the latest version by its own function (as its
     asset would, with the default settings; the Dagster catalog shows the earlier materialization until the asset
-    is materialized again); hf_parquet's records/ from deduped_jsonl without the forgotten records."""
+    is materialized again); hf_parquet's records/ leave out the forgotten records as every run of it does."""
     bins = data_root / "tokenized_bins"
     written = []
     for name in EXPORTS:
@@ -191,11 +173,7 @@ def rewrite_exports(data_root: Path) -> list[str]:
             elif name == "megatron_indexed":
                 megatron.write_megatron(bins, out)
             else:
-                try:
-                    records = _kept_records(data_root, read_forgotten(bins))
-                    hf_parquet.write_hf_parquet(records, bins, out, hf_parquet.ParquetSettings())
-                finally:
-                    shutil.rmtree(data_root / KEPT_RECORDS_DIR, ignore_errors=True)
+                hf_parquet.write_hf_parquet(data_root / "deduped_jsonl", bins, out, hf_parquet.ParquetSettings())
         written.append(name)
     return written
 

@@ -36,6 +36,7 @@ from tokenmill.common.io import json_parser, record_shards, shards_as_written
 from tokenmill.common.parallel import map_ordered
 from tokenmill.exports.streams import dataset_version, open_splits, size_stats
 from tokenmill.settings import StageSettings
+from tokenmill.stages.tokenize.forgotten import read_forgotten
 from tokenmill_loader import Store, open_store
 
 # code_version of hf_parquet (Dagster shows what an older one built as stale): the date of the last
@@ -86,11 +87,14 @@ class ParquetFile:
     compression: str
 
 
-def write_parquet_file(task: RecordsFile | TokenizedFile) -> None:
-    """A worker task: writes one file, a row group per table."""
+def write_parquet_file(task: RecordsFile | TokenizedFile) -> int:
+    """A worker task: writes one file, a row group per table; returns its rows."""
+    rows = 0
     with pq.ParquetWriter(task.path, task.schema, compression=task.compression) as writer:
         for table in task.tables():
             writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+            rows += table.num_rows
+    return rows
 
 
 RECORD_KEYS = ["id", "text", "meta", "source"]  # a deduped_jsonl record's fields, in the order its stages write them
@@ -119,9 +123,11 @@ def meta_source_json(line: bytes, rec: dict) -> tuple[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class RecordsFile(ParquetFile):
-    """Records [start, end) of deduped_jsonl's shards (`parts`: each shard and its record count, in order)."""
+    """Records [start, end) of deduped_jsonl's shards (`parts`: each shard and its record count, in order), less
+    those a takedown named (`tokenmill forget`: tokenized_bins/_forgotten.jsonl), so a file can hold fewer rows."""
 
     parts: tuple[tuple[str, int], ...]
+    bins_dir: str
 
     schema: ClassVar[pa.Schema] = RECORD_SCHEMA
 
@@ -136,12 +142,15 @@ class RecordsFile(ParquetFile):
 
     def tables(self) -> Iterator[pa.Table]:
         lines = self._lines()
+        forgotten = read_forgotten(Path(self.bins_dir))
         for a, b in row_groups(self.start, self.end):
             group = list(itertools.islice(lines, b - a))
             parse = json_parser(b"".join(group))
             ids, texts, metas, sources = [], [], [], []
             for line in group:
                 rec = parse(line)
+                if forgotten and forgotten.holds(rec["id"], rec):
+                    continue
                 meta, source = meta_source_json(line, rec)
                 ids.append(str(rec["id"]))
                 texts.append(rec.get("text"))
@@ -231,9 +240,9 @@ def _files(folder: Path, rows: int, settings: ParquetSettings) -> list[tuple[str
     return [(str(folder / part_name(i)), r0, min(rows, r0 + settings.rows_per_file)) for i, r0 in enumerate(cuts)]
 
 
-def _outcome(tasks: Sequence[ParquetFile]) -> dict:
+def _outcome(tasks: Sequence[ParquetFile], rows: Sequence[int]) -> dict:
     return {
-        "rows": sum(t.end - t.start for t in tasks),
+        "rows": sum(rows),
         "files": len(tasks),
         "bytes": sum(Path(t.path).stat().st_size for t in tasks),
     }
@@ -262,7 +271,7 @@ def write_hf_parquet(
     out_dir = Path(out_dir)
     parts = _record_counts(deduped_dir)
     records = [
-        RecordsFile(path=path, start=r0, end=r1, compression=settings.compression, parts=parts)
+        RecordsFile(path=path, start=r0, end=r1, compression=settings.compression, parts=parts, bins_dir=str(bins_dir))
         for path, r0, r1 in _files(out_dir / RECORDS_DIR, sum(n for _, n in parts), settings)
     ]
     stores = open_splits(bins_dir)
@@ -284,17 +293,17 @@ def write_hf_parquet(
         if training_type in TABLES
     }
     files: list[RecordsFile | TokenizedFile] = [*records, *(t for tasks in tokenized.values() for t in tasks)]
-    for _ in map_ordered(write_parquet_file, files):
-        pass
+    rows = list(map_ordered(write_parquet_file, files))
     stats = {
-        "records": _outcome(records),
+        "records": _outcome(records, rows[: len(records)]),
         "training_type": training_type,
         "tokenized_bins_version": dataset_version(stores),
     }
     if not tokenized:
         stats["tokenized"] = None
         return stats
-    stats["tokenized"] = {split: _outcome(tasks) for split, tasks in tokenized.items()}
+    rows_of = dict(zip(files, rows))
+    stats["tokenized"] = {split: _outcome(tasks, [rows_of[t] for t in tasks]) for split, tasks in tokenized.items()}
     stats.update(size_stats(stores, sum(s["bytes"] for s in stats["tokenized"].values())))
     return stats
 
