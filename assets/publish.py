@@ -39,7 +39,10 @@ def publish_version(context: dg.OpExecutionContext, config: PublishConfig, data_
     return dg.Output(result.version, metadata=result.as_metadata())
 
 
-@dg.job(description="Upload the latest dataset version to object storage (ops.publish_version.config.to)")
+@dg.job(
+    name="publish_dataset",
+    description="Upload the latest dataset version to object storage (ops.publish_version.config.to)",
+)
 def publish_dataset_job() -> None:
     publish_version()
 

@@ -20,6 +20,8 @@ messages have them masked. s3fs is the `tokenmill-loader[s3]` extra, imported on
 
 from __future__ import annotations
 
+import concurrent.futures
+import errno
 import functools
 import hashlib
 import json
@@ -27,7 +29,7 @@ import os
 import re
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +46,7 @@ from .format import (
 
 PREFETCH_SHARDS = 4  # shards fetched ahead of the one touched, in stream order
 FETCH_THREADS = 8  # parallel downloads: object stores serve one connection at far less than a host's bandwidth
-CHUNK_BYTES = 8 << 20  # one ranged GET, hashed while it is written
+CHUNK_BYTES = 16 << 20  # one ranged GET, hashed while it is written
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_KEY")
@@ -174,8 +176,7 @@ class RemoteSplit:
     def _published_version(self) -> int | None:
         pointer = self._remote_root.rstrip("/") + "/" + CURRENT_FILE
         try:
-            with self._fs.open(pointer, "rb") as f:
-                text = f.read()
+            text = self._fs.cat_file(pointer)
         except FileNotFoundError:
             return None
         except Exception as error:
@@ -234,9 +235,11 @@ class RemoteSplit:
 
     @staticmethod
     def _wait(groups: list[list[Future]]) -> None:
-        for futures in groups:
-            for future in futures:
-                future.result()
+        """Every download done (none left running behind an error), then the first failure raised."""
+        futures = [future for group in groups for future in group]
+        concurrent.futures.wait(futures)
+        for future in futures:
+            future.result()
 
     def _download(self, parts: tuple[str, ...], path: Path, expected: dict | None) -> Path:
         """The split's object `parts` into `path` through a temporary file, checked against `expected`
@@ -246,11 +249,8 @@ class RemoteSplit:
         digest, size = hashlib.sha256(), 0
         where = self._url(*parts)
         try:
-            with (
-                self._fs.open(self._remote(*parts), "rb", block_size=CHUNK_BYTES, cache_type="none") as given,
-                open(temp, "wb") as f,
-            ):
-                while chunk := given.read(CHUNK_BYTES):
+            with open(temp, "wb") as f:
+                for chunk in self._chunks(self._remote(*parts), (expected or {}).get("bytes")):
                     digest.update(chunk)
                     size += len(chunk)
                     f.write(chunk)
@@ -269,6 +269,27 @@ class RemoteSplit:
         finally:
             temp.unlink(missing_ok=True)
         return path
+
+    def _chunks(self, remote: str, listed: int | None) -> Iterator[bytes]:
+        """The object's bytes, by ranged GETs when its size is listed (no HEAD first; the last range asks for one byte
+        more, so an object longer than listed shows), else in one GET (manifests, tokenizer: small)."""
+        if not isinstance(listed, int) or listed <= 0:
+            yield self._fs.cat_file(remote)
+            return
+        start = 0
+        while start < listed:
+            end = min(start + CHUNK_BYTES, listed)
+            end += end == listed
+            try:
+                chunk = self._fs.cat_file(remote, start=start, end=end)
+            except OSError as error:
+                if error.errno == errno.EINVAL and start:  # 416: the object ends before `start`, short of its listing
+                    return
+                raise
+            yield chunk
+            if len(chunk) < end - start:
+                return
+            start += len(chunk)
 
     def evict(self, protect: set[Path]) -> set[Path]:
         """Removes the least recently touched data files while the cache's data files exceed the bound."""
@@ -300,7 +321,9 @@ def _filesystem(url: str):
     try:
         import fsspec.core
 
-        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True)
+        # its own instance: fsspec's shared ones keep the endpoint and credentials of the environment they met first,
+        # and listings cached from before a version was published
+        fs, path = fsspec.core.url_to_fs(url, skip_instance_cache=True, use_listings_cache=False)
     except ImportError as error:
         raise ImportError(
             f"{mask_secrets(url)}: reading object storage needs s3fs: pip install 'tokenmill-loader[s3]' ({error})"
