@@ -12,8 +12,8 @@ by its MDSWriter). Every reader shuffles, uses num_workers=0 (one process: the f
 windows of L + 1 tokens, ids only (tokenmill: TokenDataset(fields=("input_ids",))).
 
   first batch   seconds from nothing opened (an empty cache folder for the s3 rows) to the first batch
-  tokens/s      window tokens delivered per second over the next --batches batches (from s3: cold, every shard
-                fetched while it runs; the cache starts empty)
+  tokens/s      window tokens delivered per second over the rest of the epoch (--batches: that many), from s3 with
+                the cache empty at the start: every shard is downloaded, checked and written while it runs
   ratio         s3 over local, per reader
 
 The server runs on this machine, so the network is loopback: the figures measure each reader's fetch path (requests,
@@ -233,7 +233,7 @@ def measure(reader: str, location: str, cache: Path | None, seq_len: int, batch:
     for tokens_in_batch in it:
         tokens += tokens_in_batch
         n += 1
-        if n == batches:
+        if n == batches:  # never, with 0: the whole epoch
             break
     seconds = time.perf_counter() - t1
     return {"first_s": first, "tokens_per_s": tokens / seconds if seconds else float("nan"), "batches": n}
@@ -245,7 +245,7 @@ def main() -> None:
     parser.add_argument("--shard-tokens", type=int, default=4_000_000)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--batches", type=int, default=2000)
+    parser.add_argument("--batches", type=int, default=0, help="batches timed after the first (0: the epoch's rest)")
     parser.add_argument("--readers", default=",".join(READERS))
     parser.add_argument("--dir", type=Path, default=Path("/tmp/tm_s3_loader"))
     args = parser.parse_args()
@@ -270,7 +270,8 @@ def main() -> None:
             "streaming": (str(base / "streaming"), None),
         }
         rows = []
-        print(f"\nL = {args.seq_len}, batch {args.batch}, shuffled, num_workers=0, {args.batches} batches timed")
+        timed = f"{args.batches} batches" if args.batches else "one epoch"
+        print(f"\nL = {args.seq_len}, batch {args.batch}, shuffled, num_workers=0, {timed} timed")
         print(f"{'reader':<10} {'from':<6} {'first batch':>12} {'tokens/s':>14}   s3 / local")
         for reader in args.readers.split(","):
             local, remote = places[reader]

@@ -46,6 +46,7 @@ from .format import (
 
 PREFETCH_SHARDS = 4  # shards fetched ahead of the one touched, in stream order
 FETCH_THREADS = 8  # parallel downloads: object stores serve one connection at far less than a host's bandwidth
+TOUCH_TRIES = 3  # a file another process evicted between its download and its first touch is fetched again
 CHUNK_BYTES = 16 << 20  # one ranged GET, hashed while it is written
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
@@ -114,16 +115,14 @@ class RemoteSplit:
         self.folder = spec.folder
         self.files: dict[str, dict[str, dict]] = {}  # shard -> file name -> {bytes, sha256} from the manifest
         self.order: list[str] = []  # shard names in stream order
-        self._pid = -1
-        self._lock = threading.RLock()  # a done callback may run in the thread holding it
-        self._inflight: dict[Path, Future] = {}
+        self._pid = -1  # the process whose threads, client and in-flight downloads _fresh set up
 
     # -- per process: a forked worker gets neither the parent's threads nor its event loop
     def _fresh(self) -> None:
         if self._pid != os.getpid():
             self._pid = os.getpid()
             self._lock = threading.RLock()  # a done callback may run in the thread holding it
-            self._inflight = {}
+            self._inflight: dict[Path, Future] = {}
             self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-fetch")
             self._fs, self._remote_root = _filesystem(self.spec.url.rsplit("/", 1)[0])
 
@@ -200,10 +199,15 @@ class RemoteSplit:
         of them, then evicts past the bound; returns the paths evicted."""
         self._fresh()
         shards = list(shards)
-        self._wait([self._start(name, self.data_files(name)) for name in shards])
         touched = {self.folder / name / f for name in shards for f in self.data_files(name)}
-        for path in touched:
-            os.utime(path)  # the LRU clock: first touch in this process
+        for _ in range(TOUCH_TRIES):
+            self._wait([self._start(name, self.data_files(name)) for name in shards])
+            try:
+                for path in touched:
+                    os.utime(path)  # the LRU clock: first touch in this process
+                break
+            except FileNotFoundError:  # another process sharing the cache evicted it meanwhile: fetch it again
+                continue
         if shards:
             after = self.order.index(shards[-1]) + 1
             for name in self.order[after : after + PREFETCH_SHARDS]:
