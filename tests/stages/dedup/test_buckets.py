@@ -50,6 +50,18 @@ def test_bucket_pairs_and_oversized_buckets():
     assert len(pairs) == emitted and max(np.bincount(np.array(list(pairs)).ravel())) <= 2 * 4
     # members agreeing on the order rows sit together: 1, 6, 11, ... are neighbours, 1 and 2 are not
     assert {(1, 6), (1, 11), (1, 16), (1, 21), (1, 45)} <= pairs and (1, 2) not in pairs
+    # hubs: the members sharing the most order values with the others. Member 7 alone has the first row's
+    # common value and the last row's common value; 0-6 lack the first, the rest the last
+    order = np.zeros((50, 1), dtype=np.uint64)
+    order[:7, 0] |= np.uint64(1) << np.uint64(48)  # first row: 7 members differ
+    order[8:, 0] |= np.arange(1, 43, dtype=np.uint64)  # fourth row: 42 members with values of their own
+    assert mh.hub_positions(order[np.lexsort((np.arange(50), order[:, 0]))], 1).tolist() == [0]
+    pairs, st = mh.bucket_pairs(big, np.arange(50), max_bucket=10, neighbours=1, order=order, hubs=1)
+    pairs = set(map(tuple, mh.unique_pairs(pairs).tolist()))
+    assert {(min(7, j), max(7, j)) for j in range(50) if j != 7} <= pairs  # every member with the hub
+    assert len(pairs) == len(mh.unique_pairs(np.array(list(pairs)))) <= 49 + 49
+    assert st["pairs_not_emitted"] == 50 * 49 // 2 - len(pairs)
+    assert len(pairs) <= mh.pairs_per_bucket(np.array([50]), 10, 1, 1)[0]
 
 
 def test_verification_rejects_planted_false_candidate(tmp_path):
@@ -118,9 +130,9 @@ def test_components_remove_a_chain_naming_the_kept_record_with_its_measured_simi
 
 def test_no_two_kept_records_are_near_duplicates_in_an_oversized_bucket(tmp_path):
     """A page and many copies of it, each with its own changes (0.87-0.91 to the page, 0.76-0.84 between copies):
-    buckets far above max_bucket pair each member with one neighbour only, so the first walk keeps copies never
-    compared with the record kept; the second look compares them. No kept pair reaches the threshold, and every
-    removal does."""
+    buckets far above max_bucket pair each member with one neighbour only (no hubs), so the first walk keeps copies
+    never compared with the record kept; the second look compares them. No kept pair reaches the threshold, and
+    every removal does. With hubs the page is a hub of every bucket: each copy is compared with it."""
     rng = random.Random(5)
     base = random_poem(rng, 90)
     texts = [base]
@@ -130,7 +142,9 @@ def test_no_two_kept_records_are_near_duplicates_in_an_oversized_bucket(tmp_path
             text = substitute(text, pos, rng.choice("甲乙丙丁戊己庚辛"))
         texts.append(text)
     write_records(tmp_path / "in", [dedup_record("p.json", i, t) for i, t in enumerate(texts)])
-    settings = DedupSettings(max_bucket=4, bucket_neighbours=1, clusters="star")
+    hubs = build_dedup_report(tmp_path / "in", tmp_path / "hubs", DedupSettings(max_bucket=4, clusters="star"))
+    assert hubs.docs_out == 1 and hubs.second_look_pairs == 0 and hubs.pairs_not_emitted > 0
+    settings = DedupSettings(max_bucket=4, bucket_neighbours=1, bucket_hubs=0, clusters="star")
     stats = build_dedup_report(tmp_path / "in", tmp_path / "rep", settings, workers=1)
     write_deduped(tmp_path / "in", tmp_path / "rep", tmp_path / "out", workers=1)
     assert stats.second_look_pairs >= stats.second_look_joins > 0

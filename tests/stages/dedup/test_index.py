@@ -330,7 +330,7 @@ def test_the_second_look_never_removes_an_earlier_batch_record(tmp_path, cluster
             text = substitute(text, pos, rng.choice("甲乙丙丁戊己庚辛"))
         return text
 
-    sparse = {"max_bucket": 4, "bucket_neighbours": 1}
+    sparse = {"max_bucket": 4, "bucket_neighbours": 1, "bucket_hubs": 0}  # copies left apart by the first walk
     first = [dedup_record("a.json", i, copy()) for i in range(120)]
     _run_batches(tmp_path, [first], DedupSettings(keep="first_seen", **sparse), workers=1)
     kept_first, _ = _decisions([tmp_path / "deduped" / "g1-b0001"])

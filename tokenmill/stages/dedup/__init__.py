@@ -24,7 +24,7 @@ from tokenmill.stages.dedup.stage import Partitions, build_dedup_report, dedup_b
 # code_version of dedup_report, dedup_index and deduped_jsonl (Dagster shows what an older one built as stale):
 # the date of the last change to the output's bytes; bump it with such a change, not with a refactor that keeps
 # them byte-identical.
-VERSION = "2026-12-05.2"  # clusters "components" by default; report.json counts chained_removals and second_look_*
+VERSION = "2026-12-07.1"  # hubs in oversized buckets (bucket_hubs 2): more near duplicates found on web text
 
 __all__ = [
     "CLUSTERS_FILE",

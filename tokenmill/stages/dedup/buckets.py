@@ -115,6 +115,7 @@ class BucketTask:
     hi: int
     max_bucket: int
     neighbours: int
+    hubs: int
     bins: int  # histogram bins: ceil(documents / BIN_DOCS)
     rows: int  # LSH rows per band (where the band's order words start)
     pair_batch: int = PAIR_BATCH
@@ -128,6 +129,7 @@ class BucketResult:
     oversized_buckets: int
     pairs_not_emitted: int
     first_doc_histogram: np.ndarray | None  # candidate pairs per BIN_DOCS documents of their first document
+    oversized: np.ndarray  # (buckets, 3) uint64: band, hash and members of each oversized bucket (quality.py)
 
 
 def _found(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
@@ -162,7 +164,7 @@ def _bound(hashes: NpyRows, band: int, fence: np.ndarray, value: int) -> int:
     return start + int(np.searchsorted(hashes.read((band,), start, stop), np.uint64(value)))
 
 
-def _range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def range_items(task: BucketTask) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(hashes, docs, order words) of the band's items in the hash range, sorted by (hash, doc); an indexed item
     only where a document of the batch shares its hash."""
     band = (task.band,)
@@ -208,12 +210,13 @@ def _index_items(base: Path, items: np.ndarray, first_row: int) -> tuple[np.ndar
 
 @releases_memory
 def bucket_pairs(task: BucketTask) -> BucketResult:
-    h, d, words = _range_items(task)
+    h, d, words = range_items(task)
     starts = np.flatnonzero(np.concatenate(([True], h[1:] != h[:-1]))) if len(h) else np.empty(0, dtype=np.int64)
     lens = np.diff(np.append(starts, len(h)))
+    big = lens > task.max_bucket
     # pairs each bucket emits (all pairs, or m * neighbours when oversized): cut the runs into groups of about
     # pair_batch pairs, so one call of mh.bucket_pairs never holds more
-    emitted = mh.pairs_per_bucket(lens, task.max_bucket, task.neighbours)
+    emitted = mh.pairs_per_bucket(lens, task.max_bucket, task.neighbours, task.hubs)
     cuts = np.searchsorted(
         np.cumsum(emitted),
         np.arange(task.pair_batch, int(emitted.sum()) + task.pair_batch, task.pair_batch),
@@ -238,7 +241,7 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
     for lo, hi in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
         a = int(starts[lo])
         b = int(starts[hi]) if hi < len(starts) else len(h)
-        p, st = mh.bucket_pairs(h[a:b], d[a:b], task.max_bucket, task.neighbours, words[a:b])
+        p, st = mh.bucket_pairs(h[a:b], d[a:b], task.max_bucket, task.neighbours, words[a:b], task.hubs)
         p = p[(p[:, 0] >= task.probe_from) | (p[:, 1] >= task.probe_from)]
         for k in stats:
             stats[k] += st[k]
@@ -255,4 +258,7 @@ def bucket_pairs(task: BucketTask) -> BucketResult:
         oversized_buckets=stats["oversized_buckets"],
         pairs_not_emitted=stats["pairs_not_emitted"],
         first_doc_histogram=hist,
+        oversized=np.stack(
+            [np.full(int(big.sum()), task.band, dtype=np.uint64), h[starts[big]], lens[big].astype(np.uint64)], axis=1
+        ),
     )

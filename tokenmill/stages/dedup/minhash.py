@@ -345,12 +345,14 @@ def band_hashes(sig: np.ndarray, bands: int, rows: int, salt: np.ndarray | int =
     return out
 
 
-def pairs_per_bucket(lens: np.ndarray, max_bucket: int, neighbours: int) -> np.ndarray:
-    """Candidate pairs a bucket of each size emits (see bucket_pairs): all of them up to max_bucket members,
-    else each member with its next `neighbours`."""
+def pairs_per_bucket(lens: np.ndarray, max_bucket: int, neighbours: int, hubs: int = 0) -> np.ndarray:
+    """Candidate pairs a bucket of each size emits at most (see bucket_pairs): all of them up to max_bucket
+    members, else each member with its next `neighbours` and with each of `hubs` hubs (pairs found both ways
+    are emitted once, so an oversized bucket may emit fewer)."""
     lens = np.asarray(lens, dtype=np.int64)
     w = np.minimum(neighbours, lens - 1)
-    return np.where(lens <= max_bucket, lens * (lens - 1) // 2, w * lens - w * (w + 1) // 2)
+    oversized = w * lens - w * (w + 1) // 2 + np.minimum(hubs, lens) * (lens - 1)
+    return np.where(lens <= max_bucket, lens * (lens - 1) // 2, np.minimum(oversized, lens * (lens - 1) // 2))
 
 
 def stable_argsort(keys: np.ndarray) -> np.ndarray:
@@ -394,17 +396,37 @@ def order_words(folded: np.ndarray, first_row: int, rows: int = 8) -> np.ndarray
     return np.ascontiguousarray(lanes[:, ::-1]).view("<u8")[:, ::-1].astype(np.uint64)
 
 
+def hub_positions(words: np.ndarray, hubs: int) -> np.ndarray:
+    """Positions of the `hubs` most central rows of `words` (an oversized bucket's order words, in its sorted
+    order): a member scores, over each order row, the members sharing its value there, so the copy closest to
+    what a family of copies has in common scores highest; ties go to the earlier position (deterministic)."""
+    lanes = np.ascontiguousarray(words).view("<u2").reshape(len(words), -1)  # the 16-bit values, any lane order
+    score = np.zeros(len(words), dtype=np.int64)
+    for column in lanes.T:
+        _, inverse, counts = np.unique(column, return_inverse=True, return_counts=True)
+        score += counts[inverse.ravel()]
+    return np.argsort(-score, kind="stable")[:hubs]
+
+
 def bucket_pairs(
-    hashes: np.ndarray, members: np.ndarray, max_bucket: int, neighbours: int = 4, order: np.ndarray | None = None
+    hashes: np.ndarray,
+    members: np.ndarray,
+    max_bucket: int,
+    neighbours: int = 4,
+    order: np.ndarray | None = None,
+    hubs: int = 0,
 ) -> tuple[np.ndarray, dict]:
     """Candidate pairs (k, 2) int64 of `members` whose band hashes are equal, for one band.
 
     Sorts the hashes and walks equal runs: every pair in a run of at most max_bucket items. A larger run
-    (a template shared by thousands of documents, or low-entropy text whose minima collide) is sorted by
-    `order` (rows of order_words per member, outside this band; by member when None) and pairs each member
-    with its next `neighbours`: m * neighbours pairs instead of m^2/2, and at most 2 * neighbours per member,
-    so a document's candidates stay bounded whatever the corpus size (no star: its center would gather
-    pairs in proportion to the corpus); such runs are counted in the returned stats, never dropped silently.
+    (a template shared by thousands of documents, low-entropy text whose minima collide, or a page copied a
+    thousand times) is sorted by `order` (rows of order_words per member, outside this band; by member when
+    None) and pairs each member with its next `neighbours` and with each of `hubs` hubs (hub_positions: the
+    members sharing the most order-row values with the others): at most 2 * neighbours + hubs pairs per member,
+    m * (neighbours + hubs) instead of m^2/2, so the pairs grow linearly with the corpus. A hub's own pairs grow
+    with its bucket. Neighbours alone leave a family of copies in pieces (pairs at the threshold that sort apart
+    are never compared); its hubs join them (docs/dedup-quality.md). Such runs are counted in the returned
+    stats, never dropped silently.
     """
     stats = {"oversized_buckets": 0, "pairs_not_emitted": 0}
     if len(hashes) < 2:
@@ -427,10 +449,15 @@ def bucket_pairs(
             continue
         stats["oversized_buckets"] += 1
         words = order[order_by[s : s + L]] if order is not None else np.empty((L, 0), dtype=np.uint64)
-        run = run[np.lexsort((run, *words.T[::-1]))]
+        by_order = np.lexsort((run, *words.T[::-1]))
+        run, words = run[by_order], words[by_order]
         w = min(neighbours, L - 1)
-        out.extend(np.stack([run[:-k], run[k:]], axis=1) for k in range(1, w + 1))
-        stats["pairs_not_emitted"] += L * (L - 1) // 2 - int(pairs_per_bucket(np.array([L]), max_bucket, w)[0])
+        found = [np.stack([run[:-k], run[k:]], axis=1) for k in range(1, w + 1)]
+        if hubs and words.shape[1]:
+            found.extend(np.stack([np.full(L, run[h]), run], axis=1) for h in hub_positions(words, hubs).tolist())
+        found = [unique_pairs(np.concatenate(found))] if hubs else found  # a hub's pairs with its neighbours
+        out.extend(found)
+        stats["pairs_not_emitted"] += L * (L - 1) // 2 - sum(len(f) for f in found)
     if not out:
         return np.empty((0, 2), dtype=np.int64), stats
     return np.concatenate(out).astype(np.int64), stats

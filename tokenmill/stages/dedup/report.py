@@ -303,6 +303,7 @@ class RunSummary:
     started: float  # time.perf_counter() when the stage started
     timings: dict = field(default_factory=dict)
     index: dict | None = None  # dedup_batch: the index read and the segment written (counts), see stage.py
+    quality: dict = field(default_factory=dict)  # quality.estimate_quality: recall and precision estimates
 
 
 def _incremental(run: RunSummary, index: dict, c: ClusterCounts, n_exact: int, n_near: int) -> tuple[dict, dict]:
@@ -391,7 +392,7 @@ def _parameters(s: DedupSettings, bands: int, rows: int, shingle_sizes: dict) ->
             "miss_probability_at_threshold": FILTER_MISS,
         },
         "bucket_limit": f"buckets above {s.max_bucket} members pair each member with its next "
-        f"{s.bucket_neighbours} in signature order",
+        f"{s.bucket_neighbours} in signature order and with its {s.bucket_hubs} hubs",
         "shingle_hash": s.shingle_hash,
         "minhash": f"datasketch affine32 scheme: datasketch.MinHash(num_perm, seed, hashfunc={hashfunc})",
         "key": "NFKC, casefold, remove punctuation/separators/controls"
@@ -491,6 +492,11 @@ class DedupResult(StageResult):
     bands: int
     rows: int
     incremental: dict[str, int] | None = None
+    # quality.py: near-duplicate recall of pairs estimated on a sample, its interval, the removals' direct precision
+    recall_estimate: float = 1.0
+    recall_low: float = 0.0
+    recall_high: float = 1.0
+    direct_precision: float = 1.0
     timings: dict[str, float] = run_fact()  # seconds per step
 
 
@@ -513,6 +519,7 @@ def write_report(
         "input": _input(run.chunks),
         "files": _files(clusters_written),
         "partitions": run.partitions,
+        "quality": run.quality,
     }
     incremental: dict = {}
     if run.index is not None:
@@ -532,6 +539,10 @@ def write_report(
         bands=run.bands,
         rows=run.rows,
         incremental=incremental or None,
+        recall_estimate=round(run.quality.get("recall", 1.0), 5),
+        recall_low=round(run.quality.get("recall_low", 0.0), 5),
+        recall_high=round(run.quality.get("recall_high", 1.0), 5),
+        direct_precision=round(run.quality.get("direct_precision", 1.0), 5),
         timings={k: round(v, 3) for k, v in run.timings.items()},
         seconds=round(seconds, 3),
     )

@@ -84,6 +84,7 @@ from tokenmill.stages.dedup.layout import (
     folder,
     plan_chunks,
 )
+from tokenmill.stages.dedup.quality import QualityTask, estimate_quality
 from tokenmill.stages.dedup.report import ClusterCounts, DedupResult, RunSummary, choose_samples, write_report
 from tokenmill.stages.dedup.settings import DedupSettings
 from tokenmill.stages.dedup.signatures import SketchTask, sketch_chunk
@@ -221,7 +222,29 @@ def _deduplicate(run: DedupRun) -> DedupResult:
     clusters = _clusters(run, chunks, exact_files, verified_files)
     clusters_written, shown, index_summary = _write_outputs(run, chunks, clusters)
     summary = _summary(run, chunks, sketches, exact, buckets, verified, index_summary, len(clusters.candidates))
+    summary.quality = _quality(run, chunks, buckets, verified_files, summary.verified_pairs)
     return _report(run, summary, clusters, shown, clusters_written)
+
+
+def _quality(
+    run: DedupRun, chunks: list[Chunk], buckets: list[BucketResult], verified_files: tuple[Path, ...], verified: int
+) -> dict:
+    """Step 7a, in this process: the recall and precision estimates on the run's own data (quality.py)."""
+    task = QualityTask(
+        out_dir=run.out_dir,
+        chunks=tuple(chunks),
+        lsh_files=tuple(c.step_file(run.out_dir, LSH_DIR, "") for c in chunks),
+        firsts=tuple(c.first for c in chunks),
+        oversized=np.concatenate([r.oversized for r in buckets]) if buckets else np.empty((0, 3), np.uint64),
+        verified_files=verified_files,
+        verified_pairs=verified,
+        settings=run.settings,
+        bands=run.bands,
+        rows=run.rows,
+        probe_from=run.indexed_docs,
+    )
+    with run.timed("quality"):
+        return estimate_quality(task)
 
 
 def _documents(chunks: list[Chunk]) -> int:
@@ -289,6 +312,7 @@ def _buckets(
             hi=hi,
             max_bucket=run.settings.max_bucket,
             neighbours=run.settings.bucket_neighbours,
+            hubs=run.settings.bucket_hubs,
             bins=len(first_docs),
             rows=run.rows,
             probe_from=run.indexed_docs,
