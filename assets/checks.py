@@ -44,6 +44,14 @@ DEDUPED_NO_EXACT_DUPLICATES = dg.AssetCheckSpec(
     blocking=True,
     description="No two surviving records share an exact dedup key (the report's key settings).",
 )
+DEDUP_REPORT_QUALITY = dg.AssetCheckSpec(
+    "dedup_report_quality",
+    asset="dedup_report",
+    blocking=False,  # a warning; with dedup_report's quality_blocking the step refuses to publish instead
+    description="Near-duplicate recall estimated on the batch's own records (pairs sampled from the oversized LSH "
+    "buckets, compared exactly; a Wilson interval): its lower bound at least 0.95. Warns below; fails the step "
+    "with dedup_report's quality_blocking.",
+)
 TOKEN_SHARDS_CONSISTENT = dg.AssetCheckSpec(
     "token_shards_consistent",
     asset="tokenized_bins",
@@ -125,6 +133,28 @@ def deduped_no_exact_duplicates(folder: Path, report_dir: Path) -> dg.AssetCheck
             "duplicate_keys": len(problems),
             "problems": _problems_md(problems),
             "audit": result["audit"],
+        },
+    )
+
+
+def dedup_report_quality(report: dict, blocking: bool) -> dg.AssetCheckResult:
+    """A batch's report.json `quality` (tokenmill.stages.dedup.quality): passes while the recall's lower bound is at
+    least its floor; a failure is a warning unless `blocking`."""
+    q = report.get("quality") or {}
+    low, floor = float(q.get("recall_low", 0.0)), float(q.get("recall_floor", 0.95))
+    return dg.AssetCheckResult(
+        asset_key=DEDUP_REPORT_QUALITY.asset_key,
+        check_name=DEDUP_REPORT_QUALITY.name,
+        passed=low >= floor,
+        severity=dg.AssetCheckSeverity.ERROR if blocking else dg.AssetCheckSeverity.WARN,
+        metadata={
+            "recall_estimate": float(q.get("recall", 1.0)),
+            "recall_low": low,
+            "recall_high": float(q.get("recall_high", 1.0)),
+            "floor": floor,
+            "direct_precision": float(q.get("direct_precision", 1.0)),
+            "sampled_pairs": int(q.get("sampled_pairs", 0)),
+            "sampled_missed": int(q.get("sampled_missed", 0)),
         },
     )
 

@@ -4,7 +4,13 @@ Jaccard) of each source batch within itself and against every record kept from t
 import dagster as dg
 
 from assets.batches import SOURCE_BATCHES, batch_output, registered_batch
-from assets.checks import DEDUPED_NO_EXACT_DUPLICATES, deduped_no_exact_duplicates, publish_only_if_passed
+from assets.checks import (
+    DEDUP_REPORT_QUALITY,
+    DEDUPED_NO_EXACT_DUPLICATES,
+    dedup_report_quality,
+    deduped_no_exact_duplicates,
+    publish_only_if_passed,
+)
 from assets.clean import cleaned_jsonl
 from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jsonl_metadata, disk_metadata
 from resources import Compute, DataRoot
@@ -54,6 +60,7 @@ class DedupConfig(DedupSettings, dg.Config):
         ),
     ],
     partitions_def=SOURCE_BATCHES,
+    check_specs=[DEDUP_REPORT_QUALITY],
 )
 def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot, compute: Compute):
     key = registered_batch(context, data_root).key
@@ -72,12 +79,16 @@ def dedup_batch_assets(context: dg.AssetExecutionContext, config: DedupConfig, d
             data_root.path("cleaned_jsonl") / key, earlier, report_out, index_out, config, log=context.log
         )
         report = read_json(report_out / REPORT_FILE)
+        quality = dedup_report_quality(report, config.quality_blocking)
+        if config.quality_blocking:
+            yield from publish_only_if_passed(quality)
     yield dg.MaterializeResult(
         asset_key="dedup_report",
         metadata={
             **dedup_report_metadata(result, report, report_dir, CLUSTERS_FILE, REPORT_FILE),
             **compute_metadata(usage),
         },
+        check_results=[quality],
     )
     yield dg.MaterializeResult(
         asset_key="dedup_index",

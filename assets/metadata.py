@@ -593,6 +593,16 @@ def dedup_report_metadata(
                 "pairs_not_emitted",
             )
         },
+        # numbers, so the asset's Plots draw them across its materializations (quality.py: the estimate's interval)
+        **{
+            k: dg.MetadataValue.float(float(report.get("quality", {}).get(key, default)))
+            for k, key, default in (
+                ("recall_estimate", "recall", 1.0),
+                ("recall_low", "recall_low", 0.0),
+                ("recall_high", "recall_high", 1.0),
+                ("direct_precision", "direct_precision", 1.0),
+            )
+        },
         "bands_x_rows": f"{p['bands']} x {p['rows']}",
         "parameters": markdown_table(
             table([(name, wrappable(value)) for name, value in params], ["parameter", "value"])

@@ -48,7 +48,7 @@ def test_every_check_passes_and_funnel_adds_up(graph_run, demo_manifest):
     _, result, data, _ = graph_run
     assert result.success
     evaluations = result.get_asset_check_evaluations()
-    assert len(evaluations) == 5 and all(e.passed for e in evaluations), [
+    assert len(evaluations) == 6 and all(e.passed for e in evaluations), [
         (e.check_name, e.metadata) for e in evaluations
     ]
     funnel = read_json(data / "funnel_telemetry" / "funnel.json")

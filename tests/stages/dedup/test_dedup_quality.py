@@ -86,3 +86,16 @@ def test_wilson_interval():
     low, high = wilson(50, 100)
     assert low < 0.5 < high and abs((0.5 - low) - (high - 0.5)) < 1e-12
     assert wilson(0, 0) == (0.0, 1.0)
+
+
+def test_quality_check_warns_or_blocks_below_the_floor():
+    import dagster as dg
+
+    from assets.checks import dedup_report_quality
+
+    good = {"quality": {"recall": 0.99, "recall_low": 0.97, "recall_high": 1.0, "recall_floor": 0.95}}
+    bad = {"quality": {"recall": 0.96, "recall_low": 0.90, "recall_high": 0.99, "recall_floor": 0.95}}
+    assert dedup_report_quality(good, blocking=False).passed
+    warned = dedup_report_quality(bad, blocking=False)
+    assert not warned.passed and warned.severity == dg.AssetCheckSeverity.WARN
+    assert dedup_report_quality(bad, blocking=True).severity == dg.AssetCheckSeverity.ERROR

@@ -145,6 +145,12 @@ class DedupSettings(StageSettings):
         le=1 << 30,  # a task holds its chunk's keys, signatures and shingles (~10x the bytes)
         description="Input is split into line-aligned byte ranges of about this size: one parallel task each",
     )
+    quality_blocking: bool = Field(
+        False,
+        description="Fail the step (the batch's earlier dedup_report stays published) when the dedup_report_quality "
+        "check fails: the near-duplicate recall estimated on the batch (quality.py) has its lower bound below 0.95; "
+        "False: a warning",
+    )
     sample_clusters: int = Field(
         12, ge=0, le=1000, description="Sample clusters (with texts) kept in report.json and shown in the UI"
     )
