@@ -49,12 +49,12 @@ def _truth_recall(texts: list[str], ids: list[str], report_dir, threshold: float
 @pytest.mark.parametrize(
     "settings",
     [
-        # neighbours only, star clusters: copies never compared stay apart (recall well below 1)
-        DedupSettings(max_bucket=4, bucket_neighbours=1, bucket_hubs=0, clusters="star"),
+        # neighbours only, first seen wins (no second look): copies never compared stay apart (truth ~0.42)
+        DedupSettings(max_bucket=4, bucket_neighbours=1, bucket_hubs=0, keep="first_seen"),
         # the defaults but small buckets: hubs and components join nearly every pair
         DedupSettings(max_bucket=4),
     ],
-    ids=["neighbours-star", "hubs-components"],
+    ids=["neighbours-first-seen", "hubs-components"],
 )
 def test_recall_interval_covers_the_truth(tmp_path, settings):
     texts = _families(random.Random(11), families=3, copies=60)
@@ -65,14 +65,14 @@ def test_recall_interval_covers_the_truth(tmp_path, settings):
     truth = _truth_recall(texts, [r["id"] for r in recs], tmp_path / "rep", settings.threshold)
     assert quality["recall_low"] <= truth <= quality["recall_high"], (truth, quality)
     assert abs(quality["recall"] - truth) < 0.1 and quality["sampled_pairs"] > 0
-    # every removal is measured: star removes only records at the threshold to the one they name
-    assert quality["direct_precision"] == 1.0 or settings.clusters == "components"
+    # every removal is measured: the star walk removes only records at the threshold to the one they name
+    assert quality["direct_precision"] == 1.0 or settings.cluster_mode() == "components"
 
 
 def test_estimate_is_seeded_by_the_data(tmp_path):
     texts = _families(random.Random(3), families=1, copies=40)
     write_records(tmp_path / "in", [dedup_record("q.json", i, t) for i, t in enumerate(texts)])
-    settings = DedupSettings(max_bucket=4, bucket_neighbours=1, bucket_hubs=0, clusters="star")
+    settings = DedupSettings(max_bucket=4, bucket_neighbours=1, bucket_hubs=0, keep="first_seen")
     runs = []
     for name, workers in (("one", 1), ("two", 2)):
         build_dedup_report(tmp_path / "in", tmp_path / name, settings, workers=workers)

@@ -21,8 +21,9 @@ chunks' names and byte ranges, so a rerun of the same data draws the same pairs,
 each is compared exactly. A pair counts only in the first band whose frame holds it, so each distinct pair is one
 Bernoulli outcome: missed (at the threshold, in two clusters), found without being verified (at the threshold, one
 cluster: joined through others) or neither (below the threshold, verified already, or in an earlier band's frame).
-With k of n missed, the missed near pairs are F * k / n, and likewise the found ones; V, the verified pairs, are
-exact. Recall = found / (found + missed), found = V + F * k_found / n, missed = F * k_missed / n + the LSH bound.
+With k of n missed, the missed near pairs are F * k / n, and likewise the found ones; the verified pairs are
+exact, split into those in one cluster (V) and those left in two (A: clusters='star' and keep='first_seen' cut
+chains). Recall = found / (found + missed), found = V + F * k_found / n, missed = A + F * k_missed / n.
 
 The interval: a Wilson interval for each of the two shares at Z (97.5% each, so both hold together with >= 95%),
 the recall's lower bound from the found share's lower and the missed share's upper bound with the LSH bound added,
@@ -207,11 +208,16 @@ def _first_band(task: QualityTask, items: _Items, oversized: set, band: int, a, 
     return True
 
 
-def _verified(files: tuple[Path, ...]) -> np.ndarray:
-    """The verified pairs as sorted a * 2^32 + b keys."""
+def _verified(files: tuple[Path, ...], corpus: Corpus, out_dir: Path) -> tuple[np.ndarray, int]:
+    """(the verified pairs as sorted a * 2^32 + b keys, how many of them ended in two clusters: clusters='star'
+    and keep='first_seen' cut chains, so a verified pair is not always found)."""
     parts = [np.load(f) for f in files if Path(f).exists()]
     rows = np.concatenate(parts) if parts else np.empty(0, dtype=VERIFIED_DTYPE)
-    return np.sort(rows["a"].astype(np.int64) * (1 << 32) + rows["b"].astype(np.int64))
+    a, b = rows["a"].astype(np.int64), rows["b"].astype(np.int64)
+    docs, inverse = np.unique(np.concatenate([a, b]), return_inverse=True)
+    cluster = _kept_of(out_dir, corpus.rows(docs).ids) if len(docs) else np.empty(0, dtype=object)
+    apart = int((cluster[inverse[: len(a)]] != cluster[inverse[len(a) :]]).sum())
+    return np.sort(a * (1 << 32) + b), apart
 
 
 def _kept_of(out_dir: Path, ids: np.ndarray) -> np.ndarray:
@@ -253,7 +259,7 @@ def estimate_quality(task: QualityTask) -> dict:
     cluster = dict(zip(docs.tolist(), _kept_of(task.out_dir, corpus.rows(docs).ids).tolist())) if len(docs) else {}
     units, by_word = corpus.shingle_units(docs) if len(docs) else (np.empty(0), np.empty(0))
     unit = dict(zip(docs.tolist(), zip(units.tolist(), by_word.tolist())))
-    verified = _verified(task.verified_files)
+    verified, verified_apart = _verified(task.verified_files, corpus, task.out_dir)
     missed = found = 0
     for band, a, b in samples:
         a, b = min(a, b), max(a, b)
@@ -262,7 +268,7 @@ def estimate_quality(task: QualityTask) -> dict:
         key = a * (1 << 32) + b
         pos = int(np.searchsorted(verified, key))
         if pos < len(verified) and verified[pos] == key:
-            continue  # counted in V
+            continue  # counted in V (found) or verified_apart (missed), exactly
         code = int(s.pair_codes(np.array([[unit[a][0], unit[b][0]]]), np.array([[unit[a][1], unit[b][1]]]))[0])
         ia, ib = items.of(a, code), items.of(b, code)
         if ia is None or ib is None or not _first_band(task, items, oversized, band, ia, ib):
@@ -275,22 +281,23 @@ def estimate_quality(task: QualityTask) -> dict:
     miss_low, miss_high = wilson(missed, n)
     found_low, found_high = wilson(found, n)
     lsh_miss = 1.0 - mh.catch_probability(s.threshold, task.bands, task.rows)
-    v = task.verified_pairs
+    v = task.verified_pairs - verified_apart
     near = v + frame * found / n if n else float(v)
-    est_missed = frame * missed / n if n else 0.0
+    est_missed = verified_apart + (frame * missed / n if n else 0.0)
 
     def recall(found_pairs: float, missed_pairs: float) -> float:
         total = found_pairs + missed_pairs
         return found_pairs / total if total else 1.0
 
-    lsh_bound = (v + frame * found_high + frame * miss_high) * lsh_miss / (1 - lsh_miss)
+    lsh_bound = (task.verified_pairs + frame * found_high + frame * miss_high) * lsh_miss / (1 - lsh_miss)
     return {
         "recall": recall(near, est_missed),
-        "recall_low": recall(v + frame * found_low, frame * miss_high + lsh_bound),
-        "recall_high": recall(v + frame * found_high, frame * miss_low),
+        "recall_low": recall(v + frame * found_low, verified_apart + frame * miss_high + lsh_bound),
+        "recall_high": recall(v + frame * found_high, verified_apart + frame * miss_low),
         **precision(task.out_dir, s.threshold),
         "recall_floor": RECALL_FLOOR,
-        "verified_pairs": v,
+        "verified_pairs": task.verified_pairs,
+        "verified_pairs_apart": verified_apart,
         "frame_pairs": round(frame),
         "sampled_pairs": n,
         "sampled_missed": missed,
