@@ -28,6 +28,7 @@ import json
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -46,6 +47,7 @@ from .format import (
 
 PREFETCH_SHARDS = 4  # shards fetched ahead of the one touched, in stream order
 FETCH_THREADS = 8  # parallel downloads: object stores serve one connection at far less than a host's bandwidth
+STALE_TEMP_S = 3600.0  # a download's temporary file untouched this long was left by a killed process
 TOUCH_TRIES = 3  # a file another process evicted between its download and its first touch is fetched again
 CHUNK_BYTES = 16 << 20  # one ranged GET, hashed while it is written
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
@@ -296,27 +298,32 @@ class RemoteSplit:
             start += len(chunk)
 
     def evict(self, protect: set[Path]) -> set[Path]:
-        """Removes the least recently touched data files while the cache's data files exceed the bound."""
+        """Removes the least recently touched data files while the cache's data files exceed the bound (and the
+        temporary files of downloads a killed process left)."""
         limit = self.spec.cache_bytes
         if limit is None:
             return set()
-        cached = []
+        cached, now = [], time.time()
         for split in self.spec.root.iterdir():
             for shard in split.iterdir() if split.is_dir() else ():
                 for entry in os.scandir(shard) if shard.is_dir() else ():
-                    if entry.name not in (SHARD_META_FILE,) and not entry.name.startswith(TEMP_PREFIX):
+                    try:
                         stat = entry.stat()
-                        cached.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+                        if entry.name.startswith(TEMP_PREFIX) and now - stat.st_mtime > STALE_TEMP_S:
+                            os.unlink(entry.path)
+                        elif entry.name != SHARD_META_FILE and not entry.name.startswith(TEMP_PREFIX):
+                            cached.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+                    except FileNotFoundError:  # another process sharing the cache removed it meanwhile
+                        continue
         total = sum(size for _, size, _ in cached)
         evicted = set()
         for _, size, path in sorted(cached, key=lambda item: item[0]):
             if total <= limit:
                 break
-            if path in protect or path in self._inflight:
-                continue
-            path.unlink(missing_ok=True)
-            evicted.add(path)
-            total -= size
+            if path not in protect:
+                path.unlink(missing_ok=True)
+                evicted.add(path)
+                total -= size
         return evicted
 
 
