@@ -4,9 +4,10 @@
 prefix's current.json names, resolved once, as for a local folder) and every shard's meta.json, checked against the
 manifest's SHA-256. A shard's data files are fetched on its first touch (a batch's missing shards together), each
 checked against the manifest's bytes and SHA-256 before it is renamed into place, so the cache never holds a file a
-reader accepts half-written or altered; the next PREFETCH_SHARDS shards after it in stream order are fetched in the
-background. The Store then memory-maps the cached files exactly as it maps a local folder's, so the batches,
-shuffles, rank x worker shares and resumes are the local store's.
+reader accepts half-written or altered; PREFETCH_SHARDS shards keep downloading in the background, the ones not
+cached yet in stream order from the first one touched (wrapping around: under a shuffle every shard is needed early),
+while the cache has room. The Store then memory-maps the cached files exactly as it maps a local folder's, so the
+batches, shuffles, rank x worker shares and resumes are the local store's.
 
 `cache_bytes` bounds the cached data files: past it, the files least recently first touched (their mtime) are
 removed, never those of the shards being fetched. A process keeps its mapping of a file another process removed
@@ -45,7 +46,7 @@ from .format import (
     version_file,
 )
 
-PREFETCH_SHARDS = 4  # shards fetched ahead of the one touched, in stream order
+PREFETCH_SHARDS = 4  # shards downloading in the background at once
 FETCH_THREADS = 8  # parallel downloads: object stores serve one connection at far less than a host's bandwidth
 STALE_TEMP_S = 3600.0  # a download's temporary file untouched this long was left by a killed process
 TOUCH_TRIES = 3  # a file another process evicted between its download and its first touch is fetched again
@@ -118,6 +119,9 @@ class RemoteSplit:
         self.files: dict[str, dict[str, dict]] = {}  # shard -> file name -> {bytes, sha256} from the manifest
         self.order: list[str] = []  # shard names in stream order
         self._pid = -1  # the process whose threads, client and in-flight downloads _fresh set up
+        self._cursor: int | None = None  # the next shard (index into order, wrapping) prefetching considers
+        self._walked = 0  # shards prefetching has considered: it stops after every one
+        self._cached_bytes = 0  # the cache's data files at the last eviction (a bounded cache)
 
     # -- per process: a forked worker gets neither the parent's threads nor its event loop
     def _fresh(self) -> None:
@@ -210,11 +214,35 @@ class RemoteSplit:
                 break
             except FileNotFoundError:  # another process sharing the cache evicted it meanwhile: fetch it again
                 continue
+        evicted = self.evict(protect=touched)
         if shards:
-            after = self.order.index(shards[-1]) + 1
-            for name in self.order[after : after + PREFETCH_SHARDS]:
-                self._start(name, self.data_files(name))
-        return self.evict(protect=touched)
+            self._prefetch(after=shards[-1])
+        return evicted
+
+    def _prefetch(self, after: str | None = None) -> None:
+        """Keeps PREFETCH_SHARDS shards downloading: the next ones not cached yet, in stream order from the first shard
+        touched, wrapping around (under a shuffle every shard is needed early), while the cache has room for them.
+        Each shard is considered once per Store: one evicted later is fetched again when touched."""
+        with self._lock:  # called from the reader and from download threads (as each finishes)
+            if self._cursor is None:
+                if after is None:
+                    return
+                self._cursor = self.order.index(after) + 1
+            limit = self.spec.cache_bytes
+            room = None if limit is None else limit - self._cached_bytes
+            downloading = len({path.parent for path in self._inflight})
+            while downloading < PREFETCH_SHARDS and self._walked < len(self.order):
+                name = self.order[self._cursor % len(self.order)]
+                size = sum(int(self.files[name][f].get("bytes") or 0) for f in self.data_files(name))
+                if room is not None and size > room:
+                    return  # the cache is full: from here shards are fetched when touched
+                self._cursor += 1
+                self._walked += 1
+                if self._start(name, self.data_files(name)):
+                    downloading += 1
+                    if room is not None:
+                        room -= size
+                        self._cached_bytes += size  # counted until the next eviction measures the cache
 
     def fetch_all(self) -> None:
         self._fresh()
@@ -238,6 +266,12 @@ class RemoteSplit:
     def _done(self, path: Path, _: Future) -> None:
         with self._lock:
             self._inflight.pop(path, None)
+            if self._cursor is None:
+                return
+            try:  # the next shard starts as one finishes, so prefetching goes on between the reader's misses
+                self._prefetch()
+            except RuntimeError:  # the pool is shut down: the interpreter is exiting
+                pass
 
     @staticmethod
     def _wait(groups: list[list[Future]]) -> None:
@@ -324,6 +358,7 @@ class RemoteSplit:
                 path.unlink(missing_ok=True)
                 evicted.add(path)
                 total -= size
+        self._cached_bytes = total
         return evicted
 
 
