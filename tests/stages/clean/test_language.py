@@ -149,8 +149,9 @@ POETRY_FILES = ("全唐诗/poet.tang.0.json", "全唐诗/poet.tang.1000.json", "
 # run statistics: they differ between any two runs (seconds) and gained per-language entries (languages,
 # dropped_language, identify_language seconds; the funnel's table and chart; tokenized_bins' per-batch totals)
 RUN_STATISTICS = ("_stats.json", "funnel.json", "funnel.svg", "tokenized_bins/_batches/")
-# what may differ in the other JSON files: the record files' sizes, offsets and CRCs (their meta grew)
-SIZE_KEYS = frozenset({"bytes", "start", "end", "corpus_bytes", "crc32"})
+# what may differ in the other JSON files: the record files' sizes, offsets and CRCs (their meta grew), and the
+# dedup report's quality estimate (its sample is drawn from the records as written, meta included)
+SIZE_KEYS = frozenset({"bytes", "start", "end", "corpus_bytes", "crc32", "quality"})
 
 
 def _graph(source: Path, data: Path, language_id: bool) -> None:
