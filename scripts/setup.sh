@@ -16,7 +16,7 @@ step() { echo "setup: $*" >&2; }
 step "torch 2.13.0 (CPU build; first time about a minute)"
 pip_install torch==2.13.0
 step "tokenmill, dagster, the loader and test tools (first time a few minutes)"
-pip_install -e ".[test,postgres,ray,extractors]" -e "./loaders[s3]"
+pip_install -e ".[test,postgres,ray,extractors]" -e ./loaders
 # an editable install leaves the project's own modules uncompiled, and where PYTHONDONTWRITEBYTECODE is set every
 # process (the run and each worker) would compile them again at import: compile them once, as pip does for a wheel
 .venv/bin/python -m compileall -q tokenmill assets resources loaders/tokenmill_loader definitions.py automation.py >/dev/null
