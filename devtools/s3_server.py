@@ -77,20 +77,22 @@ class S3Server:
             "AWS_REGION": REGION,
         }
 
-    def client(self):  # -> botocore S3 client (boto3 ships no type hints)
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            aws_access_key_id=self.access_key,
-            aws_secret_access_key=self.secret_key,
-            region_name=REGION,
-        )
+    def client(self, access_key: str | None = None, secret_key: str | None = None):  # -> botocore S3 client
+        return s3_client(self.endpoint, access_key or self.access_key, secret_key or self.secret_key)
 
     def make_bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
         return name
+
+
+def s3_client(endpoint: str, access_key: str, secret_key: str):
+    """A plain synchronous S3 client from botocore, which s3fs already brings (through aiobotocore): boto3 would add
+    nothing but a third package whose botocore pin pip must reconcile with aiobotocore's."""
+    import botocore.session
+
+    return botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=access_key, aws_secret_access_key=secret_key, region_name=REGION
+    )
 
 
 def _answers(endpoint: str) -> bool:
