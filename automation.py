@@ -21,7 +21,7 @@ from tokenmill.batches import (
     refusal,
     retire_hint,
 )
-from tokenmill.errors import TOKENMILL_ERRORS, CorruptOutputError, SourceChangedError, failure_reason
+from tokenmill.errors import TOKENMILL_ERRORS, CorruptOutputError, SourceChangedError, SourceError, failure_reason
 from tokenmill.stages.raw.discover import source_state
 
 RETIRE_JOB = "retire_source_batch"
@@ -67,14 +67,14 @@ def next_batch(source: CorpusSource, data_root: DataRoot, instance: dg.DagsterIn
     source, which the run registers when it starts. One batch at a time, each deduplicated against the ones
     before it; a batch whose last run failed waits for the user unless the cause may pass (MAX_ATTEMPTS)."""
     path = source.location()
-    if not path.exists():
-        return f"source {path} does not exist"
     root = data_root.path("")
     try:
+        if not path.exists():
+            return f"source {path} does not exist"
         registry = read_registry(root)
         changes = registry.compare(path.resolve(), source_state(path.resolve(), exclude=root))
         pending = pending_batches(root)
-    except (SourceChangedError, CorruptOutputError) as e:
+    except (SourceError, SourceChangedError, CorruptOutputError) as e:  # SourceError: a store that does not answer
         return str(e)
     waiting = f"; {changes.waiting()}" if changes.waiting() else ""
     if pending:

@@ -23,6 +23,7 @@ from tokenmill.batches import (
 )
 from tokenmill.common.io import REJECTED_FILE, STATS_FILE, read_json, remove_stage
 from tokenmill.common.lock import DataRootLock
+from tokenmill.common.remote import Location
 from tokenmill.errors import ConfigError, SourceChangedError, SourceError, UnknownBatchError
 from tokenmill.settings import StageSettings
 from tokenmill.stages.clean import CleanSettings
@@ -127,7 +128,9 @@ def batch_output(data_root: DataRoot, asset_key: str, key: str) -> Path:
     return stage_dir / key
 
 
-def register_batches(instance, data_root: Path, source: Path, rebuild: bool = False) -> tuple[list[str], str | None]:
+def register_batches(
+    instance, data_root: Path, source: Location, rebuild: bool = False
+) -> tuple[list[str], str | None]:
     """Registers the source's new files as a batch (with `rebuild`, every file as the first batch of a new
     generation, the per-batch outputs and the tokenizer removed) and adds the batches to the instance's dynamic
     partitions; returns the pending batches, and what waits for the user (files already ingested that changed or

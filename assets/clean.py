@@ -8,7 +8,7 @@ from assets.metadata import cleaned_jsonl_metadata, compute_metadata
 from assets.raw import raw_records
 from resources import Compute, DataRoot
 from tokenmill.common.disk import records_bytes
-from tokenmill.common.io import REJECTED_FILE, gather_batch_files, staged_output
+from tokenmill.common.io import REJECTED_FILE, gather_batch_files, shards_version, staged_output
 from tokenmill.stages import clean
 from tokenmill.stages.clean import CleanSettings, clean_corpus
 
@@ -41,5 +41,7 @@ def cleaned_jsonl(context: dg.AssetExecutionContext, config: CleanConfig, data_r
         yield from publish_only_if_passed(check)
     gather_batch_files(data_root.path("cleaned_jsonl"), REJECTED_FILE)
     yield dg.MaterializeResult(
-        metadata={**cleaned_jsonl_metadata(result, folder), **compute_metadata(usage)}, check_results=[check]
+        metadata={**cleaned_jsonl_metadata(result, folder), **compute_metadata(usage)},
+        check_results=[check],
+        data_version=dg.DataVersion(shards_version(folder)),  # another quality model's records: downstream stale
     )

@@ -16,7 +16,7 @@ from assets.metadata import compute_metadata, dedup_report_metadata, deduped_jso
 from resources import Compute, DataRoot
 from tokenmill.batches import read_registry
 from tokenmill.common.disk import records_bytes
-from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, staged_output
+from tokenmill.common.io import REMOVED_FILE, gather_batch_files, read_json, shards_version, staged_output
 from tokenmill.errors import StaleUpstreamError
 from tokenmill.stages import dedup
 from tokenmill.stages.dedup import CLUSTERS_FILE, REPORT_FILE, DedupSettings, dedup_batch, write_deduped
@@ -127,4 +127,5 @@ def deduped_jsonl(context: dg.AssetExecutionContext, data_root: DataRoot, comput
     yield dg.MaterializeResult(
         metadata={**deduped_jsonl_metadata(applied, folder, REMOVED_FILE), **compute_metadata(usage)},
         check_results=[check],
+        data_version=dg.DataVersion(shards_version(folder)),
     )

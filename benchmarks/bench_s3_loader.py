@@ -174,7 +174,7 @@ def upload(server, local: Path, bucket: str) -> str:
     client = server.client()
     client.create_bucket(Bucket=bucket)
     for path in sorted(p for p in local.rglob("*") if p.is_file()):
-        client.upload_file(str(path), bucket, str(path.relative_to(local)))
+        client.put_object(Bucket=bucket, Key=str(path.relative_to(local)), Body=path.read_bytes())
     return f"s3://{bucket}"
 
 

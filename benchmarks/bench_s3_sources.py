@@ -110,7 +110,7 @@ def main() -> None:
         client = server.client()
         for paths in files.values():
             for path in paths:
-                client.upload_file(str(path), bucket, path.relative_to(local).as_posix())
+                client.put_object(Bucket=bucket, Key=path.relative_to(local).as_posix(), Body=path.read_bytes())
         print(f"{args.mb} MB of each format in {FILE_MB} MB files; server {server.endpoint}; best of {args.repeat}")
         print(f"{'format':<10} {'what':<8} {'where':<6} {'MB':>6} {'wall s':>7} {'MB/s':>7} {'CPU s':>6} "
               f"{'MB/CPU-s':>9} {'server CPU-s':>13}")  # fmt: skip

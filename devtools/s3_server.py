@@ -30,6 +30,7 @@ LOOPBACK = "127.0.0.1"
 REGION = "us-east-1"
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+START_ATTEMPTS = 3  # each with new ports
 
 
 def weed_binary() -> str:
@@ -134,6 +135,27 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
     }
     config = folder / "s3-identities.json"
     config.write_text(json.dumps(identities))
+    log = folder / "weed.log"
+    for attempt in range(1, START_ATTEMPTS + 1):
+        server = _start(data, config, log, access_key, secret_key)
+        try:
+            _wait_until_ready(server)
+            break
+        except Exception as error:
+            stop(server.process)
+            if not isinstance(error, _ExitedEarly) or attempt == START_ATTEMPTS:
+                raise
+    try:
+        yield server
+    finally:
+        stop(server.process)
+
+
+class _ExitedEarly(RuntimeError):
+    """weed stopped before it answered: most often a port another process took between our probe and its bind."""
+
+
+def _start(data: Path, config: Path, log: Path, access_key: str, secret_key: str) -> S3Server:
     ports = {name: free_port_pair() for name in ("master", "volume", "filer", "s3")}
     command = [
         weed_binary(),
@@ -152,21 +174,15 @@ def s3_server(folder: Path) -> Iterator[S3Server]:
         "-s3.port.iceberg=0",  # its Iceberg and Lance listeners take fixed ports: a second server on the host fails
         "-s3.port.lance=0",
     ]
-    log = folder / "weed.log"
     with log.open("wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-    server = S3Server(
+    return S3Server(
         endpoint=f"http://{LOOPBACK}:{ports['s3']}",
         access_key=access_key,
         secret_key=secret_key,
         process=process,
         log=log,
     )
-    try:
-        _wait_until_ready(server)
-        yield server
-    finally:
-        stop(process)
 
 
 def _wait_until_ready(server: S3Server) -> None:
@@ -174,7 +190,7 @@ def _wait_until_ready(server: S3Server) -> None:
     last_error: Exception | None = None
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError(f"weed exited with {server.process.returncode}: {server.log.read_text()[-2000:]}")
+            raise _ExitedEarly(f"weed exited with {server.process.returncode}: {server.log.read_text()[-2000:]}")
         if _answers(server.endpoint):
             try:
                 server.client().list_buckets()

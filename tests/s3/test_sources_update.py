@@ -24,7 +24,9 @@ def test_update_runs_the_graph_from_a_bucket_and_takes_new_objects_as_batches(s3
     bucket = s3.make_bucket("demo-update")
     client = s3.client()
     for path in sorted(p for p in DEMO_SOURCE.rglob("*") if p.is_file()):
-        client.upload_file(str(path), bucket, "corpus/" + path.relative_to(DEMO_SOURCE).as_posix())
+        client.put_object(
+            Bucket=bucket, Key="corpus/" + path.relative_to(DEMO_SOURCE).as_posix(), Body=path.read_bytes()
+        )
     url, data = f"s3://{bucket}/corpus/", tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}  # an ephemeral instance
     env |= {**s3.env, "TOKENMILL_SOURCE": url, "TOKENMILL_DATA": str(data)}

@@ -57,3 +57,18 @@ def test_sensor_plans_objects_raw_records_reads_them_and_update_sees_new_and_cha
         pending, waiting = register_batches(instance, data, source.resolved())
         assert pending == ["g1-b000001", "g1-b000002"]
         assert waiting is not None and f"{url}a.jsonl (batch g1-b000001)" in waiting
+
+
+def test_an_unreachable_bucket_skips_the_tick_naming_it_without_credentials(s3_env, tmp_path, monkeypatch):
+    """A sensor tick over a store that does not answer is skipped with one line naming the URL (the next tick tries
+    again), not failed with a stack; the secret stays out of it."""
+    from devtools.s3_server import free_port_pair
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port_pair()}")  # nothing listens there
+    source, data_root = CorpusSource(path="s3://gone/corpus/"), DataRoot(root=str(tmp_path / "data"))
+    with dg.instance_for_test() as instance:
+        skipped = next_batch(source, data_root, instance)
+    assert isinstance(skipped, str) and "s3://gone/corpus/" in skipped, skipped
+    assert s3_env.secret_key not in skipped and "Traceback" not in skipped
+    s3fs.S3FileSystem.clear_instance_cache()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -260,6 +261,14 @@ def shards_as_written(folder: str | os.PathLike) -> dict | None:
     with ThreadPoolExecutor(max(1, min(len(shards), os.cpu_count() or 1))) as pool:
         found = list(pool.map(file_crc32, shards))
     return figures if found == [(size, crc) for _, size, crc, _ in listed] else None
+
+
+def shards_version(folder: str | os.PathLike) -> str:
+    """The records' version: a digest of the folder's SHARDS_FILE (each shard's name, size and CRC-32), so the same
+    records give the same version and any changed byte (a record another quality model kept, a score it gave)
+    a new one. Dagster's data version of a record stage: what is downstream of it turns stale exactly then."""
+    listed = [(f["name"], f["bytes"], f["crc32"]) for f in read_json(Path(folder) / SHARDS_FILE)["shards"]]
+    return hashlib.sha256(json.dumps(listed).encode()).hexdigest()[:24]
 
 
 STAGING_MARK = ".staging-"  # .<stage>.staging-<token>: being written; removable whenever no run holds the lock

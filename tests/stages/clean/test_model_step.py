@@ -231,3 +231,34 @@ def test_update_with_a_quality_model_runs_the_graph_and_counts_its_step(tmp_path
     rows = {row["stage"]: row for row in funnel["stages"]}
     assert rows["quality_model"]["docs_in"] == 60 and rows["quality_model"]["docs_out"] == 30
     assert all(row["conserved"] and row["linked"] for row in funnel["stages"])
+
+
+def test_the_data_version_follows_the_model_not_the_rerun(tmp_path, models):
+    """cleaned_jsonl's Dagster data version is its records' digest: a rerun keeps it (nothing downstream turns
+    stale); a model retrained in place (same path and settings, other files) gives a new one, so everything
+    downstream turns stale though no setting changed."""
+    import shutil
+
+    from support import materialize_batch
+
+    from assets.clean import cleaned_jsonl
+    from assets.raw import raw_records
+
+    texts, _ = mixed(10, seed=12)
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "mixed.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    model = tmp_path / "model"
+    shutil.copytree(models[0], model)
+    config = {"ops": {"cleaned_jsonl": {"config": {"quality_model": str(model), "quality_threshold": 0.5}}}}
+
+    def version() -> str:
+        result = materialize_batch([raw_records, cleaned_jsonl], tmp_path / "data", source, config)
+        (event,) = [e for e in result.get_asset_materialization_events() if e.asset_key.path == ["cleaned_jsonl"]]
+        return event.materialization.tags["dagster/data_version"]
+
+    first = version()
+    assert version() == first
+    shutil.rmtree(model)
+    shutil.copytree(models[1], model)
+    assert version() != first
