@@ -162,6 +162,30 @@ def test_a_changed_rule_rescores_nothing_a_changed_model_rescores(tmp_path, mode
         assert (out_first / name).read_bytes() == (out_rerun / name).read_bytes()
 
 
+def test_the_score_store_keeps_only_what_some_batch_uses(tmp_path, models):
+    """Another model's scores stay while a batch built with it is in the stage folder, and go with that batch."""
+    import shutil
+
+    texts, _ = mixed(12, seed=13)
+    raw = tmp_path / "raw" / "batch-1"
+    make_raw(raw, texts, per_shard=8)
+    store = tmp_path / "cleaned" / "_quality_scores"
+
+    def run(name, model):
+        return clean_corpus(raw, tmp_path / "cleaned" / name, CleanSettings(quality_model=model)).quality_model
+
+    first = run("a", models[0])
+    assert first["store_pruned"] == 0 and len(first["store_files"]) == 3
+    assert sorted(p.relative_to(store).as_posix() for p in store.rglob("*.npy")) == first["store_files"]
+    other = run("b", models[1])
+    assert other["store_pruned"] == 0 and len(list(store.rglob("*.npy"))) == 6  # batch a still uses its files
+    shutil.rmtree(tmp_path / "cleaned" / "a")
+    again = run("c", models[1])
+    assert (again["store_pruned"], again["reused_scores"]) == (3, 24)
+    assert sorted(p.relative_to(store).as_posix() for p in store.rglob("*.npy")) == other["store_files"]
+    assert [p.name for p in store.iterdir()] == [other["store_files"][0].split("/")[0]]  # the empty folder gone
+
+
 def test_the_funnel_shows_the_model_step_as_its_own_row(tmp_path, models):
     texts, _ = mixed(10, seed=9)
     _, _, _, stats = clean(tmp_path, texts, quality_model=models[0], quality_threshold=0.5)

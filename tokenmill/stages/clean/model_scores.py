@@ -5,6 +5,8 @@ its rejected side file with reason "quality_score", their score, the cutoff, the
 
 Scores are stored per model (its files' hash and `quality_max_tokens`) and record (its id and text), so a changed
 rule re-runs no model and an unchanged record is never scored twice; a changed model or text is scored again.
+The store keeps what some batch in the stage folder uses: each batch lists its files (`store_files`), and the
+others (another model's, a rebuilt batch's) are removed once the step is done, so it never outgrows the batches.
 
   score   one task per shard: the shard's records looked up in the score store, the others scored, the store
           written; returns the shard's scores, languages and per-source sums
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tokenmill.common.io import atomic_file, dumps, line_ids, loads
+from tokenmill.common.io import STATS_FILE, atomic_file, dumps, line_ids, loads, read_json
 from tokenmill.common.parallel import map_ordered
 from tokenmill.common.progress import Progress
 from tokenmill.common.samples import ReasonSamples, cut_text, with_text
@@ -100,6 +102,30 @@ class ModelStep:
         """The store file of a shard (its SHARDS_FILE entry: bytes, crc32)."""
         name = f"{shard['crc32']:08x}-{shard['bytes']}.npy"
         return stage_folder / SCORE_STORE / f"{self.model_id}-t{self.max_tokens}" / name
+
+
+def prune_score_store(stage_folder: Path, in_use: list[str]) -> int:
+    """Removes the store files (paths relative to the store) that neither `in_use` nor any batch's `_stats.json` in
+    the stage folder lists; returns how many. A file a concurrent batch has written but not yet listed may go too:
+    that only costs it a scoring later (the store is a cache), and files being written (hidden) are never touched."""
+    store = stage_folder / SCORE_STORE
+    listed = set(in_use)
+    for batch in stage_folder.iterdir():
+        if batch.name.startswith((".", "_")) or not (batch / STATS_FILE).is_file():
+            continue
+        try:
+            listed.update((read_json(batch / STATS_FILE).get("quality_model") or {}).get("store_files", []))
+        except ValueError:  # a damaged stats file lists nothing: the files it listed are scored again if needed
+            continue
+    removed = 0
+    for path in sorted(store.glob("*/*.npy")):
+        if path.relative_to(store).as_posix() not in listed:
+            path.unlink(missing_ok=True)
+            removed += 1
+    for folder in store.iterdir() if store.is_dir() else ():
+        if folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+    return removed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -463,6 +489,10 @@ def run_model_step(
     totals.seconds["quality_model"] = t_rule - t0
     totals.seconds["quality_select"] = time.perf_counter() - t_rule
     totals.pass_seconds["quality"] = round(time.perf_counter() - t0, 3)
+    store_files = sorted({Path(p).relative_to(stage_folder / SCORE_STORE).as_posix() for p in stores})
+    pruned = prune_score_store(stage_folder, store_files)
+    if pruned and log is not None:
+        log.info(f"cleaned_jsonl quality model: {pruned} score store files no batch uses removed")
     by_language = {}
     for code, name in enumerate(batch_scores.language_names):
         members = scores[batch_scores.languages == code]
@@ -491,6 +521,8 @@ def run_model_step(
         "scored": len(scores),
         "reused_scores": batch_scores.reused,
         "model_scored": len(scores) - batch_scores.reused,
+        "store_files": store_files,
+        "store_pruned": pruned,
         "kept": kept,
         "dropped": len(scores) - kept,
         "kept_share": round(kept / len(scores), SCORE_DIGITS) if len(scores) else 1.0,
