@@ -99,3 +99,37 @@ def test_quality_check_warns_or_blocks_below_the_floor():
     warned = dedup_report_quality(bad, blocking=False)
     assert not warned.passed and warned.severity == dg.AssetCheckSeverity.WARN
     assert dedup_report_quality(bad, blocking=True).severity == dg.AssetCheckSeverity.ERROR
+
+
+def test_a_blocking_quality_check_refuses_the_batch_through_a_materialization(tmp_path):
+    """dedup_report materialized for real over a batch whose recall is poor (neighbours only, no second look): as a
+    warning the report is published with the failed check; with quality_blocking the step fails, the check's
+    evaluation is recorded failed, and nothing is published for the batch."""
+    from support import materialize_batch
+
+    from assets.clean import cleaned_jsonl
+    from assets.dedup import dedup_batch_assets
+    from assets.raw import raw_records
+
+    source = tmp_path / "source"
+    source.mkdir()
+    texts = _families(random.Random(11), families=3, copies=60)
+    (source / "q.jsonl").write_text("".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts))
+    poor = {"max_bucket": 4, "bucket_neighbours": 1, "bucket_hubs": 0, "keep": "first_seen"}
+
+    def run(root, blocking: bool):
+        config = {"ops": {"dedup_report": {"config": {**poor, "quality_blocking": blocking}}}}
+        assets = [raw_records, cleaned_jsonl, dedup_batch_assets]
+        return materialize_batch(assets, root, source, config, raise_on_error=False)
+
+    warned = run(tmp_path / "warned", blocking=False)
+    assert warned.success
+    (check,) = [e for e in warned.get_asset_check_evaluations() if e.check_name == "dedup_report_quality"]
+    assert not check.passed and check.severity.value == "WARN"
+    assert (tmp_path / "warned" / "dedup_report" / "g1-b000001" / REPORT_FILE).exists()
+
+    blocked = run(tmp_path / "blocked", blocking=True)
+    assert not blocked.success
+    (check,) = [e for e in blocked.get_asset_check_evaluations() if e.check_name == "dedup_report_quality"]
+    assert not check.passed and check.severity.value == "ERROR"
+    assert not (tmp_path / "blocked" / "dedup_report" / "g1-b000001").exists()
