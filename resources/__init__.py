@@ -22,6 +22,7 @@ from tokenmill.common.io import recover_data_root
 from tokenmill.common.lock import DataRootLock
 from tokenmill.common.parallel import local_workers, workers_kept
 from tokenmill.common.remote import Location, as_location
+from tokenmill.common.staging import STAGING_VARIABLE, DataRootStager, StagingArea
 from tokenmill.errors import ConfigError, DataRootBusyError, SourceError
 from tokenmill.settings import number_from_env, validate_run_settings
 
@@ -215,8 +216,9 @@ class DataRoot(dg.ConfigurableResource):
 class Compute(dg.ConfigurableResource):
     """Where every stage runs its task lists: `local` (a process pool on the run's machine, the default) or `ray`
     (Ray tasks on the cluster at `ray_address`, each declaring `task_cpus` and `task_memory_mb`). Either way the
-    outputs are byte-identical. Under Ray every node must mount the data root at the same path and run the same
-    environment (tokenmill installed)."""
+    outputs are byte-identical. Under Ray every node runs the same environment (tokenmill installed) and mounts the
+    data root at the same path, or, with `ray_staging`, no node needs it: the tasks' files cross that object-storage
+    prefix (docs/scale-out.md, 'Without a shared disk')."""
 
     engine: Literal["local", "ray"] = Field(
         default="local",
@@ -241,6 +243,14 @@ class Compute(dg.ConfigurableResource):
         description="ray engine: re-runs of a task whose worker process or "
         "node died; past them the step fails naming itself",
     )
+    ray_staging: str = Field(
+        default="",
+        description="ray engine without a shared disk: an object-storage prefix (s3://bucket/prefix) through which "
+        "each task's input and output files cross between the run's data root and the nodes; empty: every node "
+        "mounts the data root (env TOKENMILL_RAY_STAGING)",
+    )
+    # kept for the run: what one step staged, no later step stages again
+    _stager: DataRootStager | None = PrivateAttr(default=None)
 
     @contextlib.contextmanager
     def activated(self, context: dg.AssetExecutionContext, data_root: DataRoot) -> Iterator[Usage]:
@@ -255,6 +265,8 @@ class Compute(dg.ConfigurableResource):
                     "compute.ray_address: the ray engine needs the cluster's address ('auto', "
                     "'host:port' or 'ray://host:port'; env TOKENMILL_RAY_ADDRESS)"
                 )
+            if self.ray_staging and (self._stager is None or self._stager.root != str(data_root.path(""))):
+                self._stager = DataRootStager(StagingArea(self.ray_staging), data_root.path(""))
             RayEngine.connect(self.ray_address)  # once per run: yield_for_execution disconnects
             engine = RayEngine(
                 RayOptions(
@@ -266,8 +278,12 @@ class Compute(dg.ConfigurableResource):
                 str(data_root.path("")),
                 label,
                 log,
+                self._stager,
             )
-            log.info(f"ray engine: {engine.usage.nodes} nodes, {engine.usage.cpus:g} CPUs at {self.ray_address}")
+            staging = f", files staged through {self.ray_staging}" if self.ray_staging else ""
+            log.info(
+                f"ray engine: {engine.usage.nodes} nodes, {engine.usage.cpus:g} CPUs at {self.ray_address}{staging}"
+            )
         with activated(engine) as usage:
             yield usage
 
@@ -312,8 +328,12 @@ def data_root_from_env() -> DataRoot:
 
 
 def compute_from_env() -> Compute:
-    """TOKENMILL_RAY_ADDRESS selects the ray engine; TOKENMILL_WORKERS sizes the local one."""
+    """TOKENMILL_RAY_ADDRESS selects the ray engine (TOKENMILL_RAY_STAGING its staging prefix); TOKENMILL_WORKERS sizes
+    the local one."""
     address = os.environ.get("TOKENMILL_RAY_ADDRESS", "")
     return Compute(
-        engine="ray" if address else "local", ray_address=address, workers=number_from_env("TOKENMILL_WORKERS", 0, int)
+        engine="ray" if address else "local",
+        ray_address=address,
+        workers=number_from_env("TOKENMILL_WORKERS", 0, int),
+        ray_staging=os.environ.get(STAGING_VARIABLE, ""),
     )

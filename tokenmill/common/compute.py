@@ -4,8 +4,10 @@ An asset activates one engine around its stage call (`activated`); every `map_or
 tasks there, unchanged. Under Ray each task is a Ray task with declared CPUs and memory, retried by Ray when its
 worker process or node dies (`max_retries`); the run process only schedules and merges the small results. Tasks
 read and write the data root themselves, so every node must mount it at the same path: a task on a node that
-cannot see it fails naming the node and the path. Results still come back in task order, so the outputs are
-byte-identical whatever the engine, the number of nodes or the order in which tasks finish.
+cannot see it fails naming the node and the path. With a staging prefix on object storage (`DataRootStager`,
+tokenmill.common.staging) no node needs the data root: each task's files cross the prefix instead. Results still
+come back in task order, so the outputs are byte-identical whatever the engine, the number of nodes or the order in
+which tasks finish.
 
 `Usage` records what an asset used (engine, nodes, CPUs, seconds and tasks per step) for its metadata, and each
 step logs tasks done / total with rate and ETA.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -26,6 +29,15 @@ from typing import TypeVar
 
 from tokenmill.common.parallel import engine_in_use, local_workers, pool_map
 from tokenmill.common.progress import Progress
+from tokenmill.common.staging import (
+    DataRootStager,
+    StagingArea,
+    TaskFiles,
+    Traffic,
+    named_paths,
+    node_cache,
+    run_staged,
+)
 from tokenmill.errors import ComputeError
 
 T = TypeVar("T")
@@ -41,13 +53,23 @@ class Usage:
     engine: str
     nodes: int
     cpus: float
-    steps: dict[str, dict] = field(default_factory=dict)  # step -> seconds, tasks, nodes (the nodes its tasks ran on)
+    # step -> seconds, tasks, nodes (the nodes its tasks ran on); with a staging prefix also staged_bytes_up and
+    # staged_bytes_down (through the prefix, by the run process and the nodes together)
+    steps: dict[str, dict] = field(default_factory=dict)
 
     def add(self, step: str, tasks: int, seconds: float, nodes: set[str]) -> None:
-        entry = self.steps.setdefault(step, {"seconds": 0.0, "tasks": 0, "nodes": 0})
+        entry = self._entry(step)
         entry["seconds"] = round(entry["seconds"] + seconds, 3)
         entry["tasks"] += tasks
         entry["nodes"] = max(entry["nodes"], len(nodes))
+
+    def add_staged(self, step: str, traffic: Traffic) -> None:
+        entry = self._entry(step)
+        entry["staged_bytes_up"] = entry.get("staged_bytes_up", 0) + traffic.up
+        entry["staged_bytes_down"] = entry.get("staged_bytes_down", 0) + traffic.down
+
+    def _entry(self, step: str) -> dict:
+        return self.steps.setdefault(step, {"seconds": 0.0, "tasks": 0, "nodes": 0})
 
 
 class LocalEngine:
@@ -81,15 +103,18 @@ class RayOptions:
 
 
 class RayEngine:
-    """Tasks as Ray tasks on the cluster at `options.address`; connected once per run (`connect`)."""
+    """Tasks as Ray tasks on the cluster at `options.address`; connected once per run (`connect`). With a `stager`
+    the nodes need no data root: each task's files cross its staging prefix."""
 
     name = "ray"
 
-    def __init__(self, options: RayOptions, data_root: str, label: str = "", log=None):
+    def __init__(
+        self, options: RayOptions, data_root: str, label: str = "", log=None, stager: DataRootStager | None = None
+    ):
         import ray
 
         self.ray, self.options, self.data_root = ray, options, data_root
-        self.label, self.log = label, log
+        self.label, self.log, self.stager = label, log, stager
         nodes = [n for n in ray.nodes() if n["Alive"]]
         self.usage = Usage(engine=self.name, nodes=len(nodes), cpus=sum(n["Resources"].get("CPU", 0) for n in nodes))
 
@@ -131,8 +156,9 @@ class RayEngine:
         step = _step_name(self.label, fn)
         remote = ray.remote(run_task).options(
             name=step,
-            # across the nodes: tasks read and write the shared data root, so no node holds their data; Ray's default
-            # packs a short step's tasks onto the first node while the others' workers are still starting
+            # across the nodes: tasks read and write the shared data root (or the staging prefix), so no node holds
+            # their data; Ray's default packs a short step's tasks onto the first node while the others' workers are
+            # still starting
             scheduling_strategy="SPREAD",
             num_cpus=opt.task_cpus,
             memory=opt.task_memory_mb << 20,
@@ -144,10 +170,15 @@ class RayEngine:
         not_sent = iter(tasks)
         submitted: collections.deque = collections.deque()  # refs whose results are not taken yet, in task order
         unfinished: set = set()  # refs Ray has not finished: queued or running
+        stager = self.stager
+        counted = dataclasses.replace(stager.traffic) if stager is not None else Traffic()
 
         def top_up() -> None:
             for task in itertools.islice(not_sent, max(0, window - len(unfinished))):
-                ref = remote.remote(fn, task, self.data_root)
+                staged = None
+                if stager is not None:  # the files under the data-root paths the task names, uploaded where needed
+                    staged = Staged(area=stager.area, inputs=stager.inputs(named_paths((fn, task), self.data_root)))
+                ref = remote.remote(fn, task, self.data_root, staged)
                 submitted.append(ref)
                 unfinished.add(ref)
 
@@ -158,8 +189,21 @@ class RayEngine:
                 unfinished.difference_update(ready)
                 top_up()
             result, node = self._result(submitted.popleft(), step, i, len(tasks))
+            if stager is not None:
+                result = self._published(stager, step, result, counted)
             tracker.task_done(node)
             yield result
+
+    def _published(self, stager: DataRootStager, step: str, staged_result: tuple, counted: Traffic) -> object:
+        """A task's outputs written into the data root before its result is taken; the step's bytes through the
+        prefix counted: the node's, and the run process's since `counted` (its uploads for the tasks sent since)."""
+        result, outputs, traffic = staged_result
+        stager.publish(outputs)
+        total = stager.traffic
+        traffic.add(Traffic(up=total.up - counted.up, down=total.down - counted.down))
+        counted.up, counted.down = total.up, total.down
+        self.usage.add_staged(step, traffic)
+        return result
 
     def _result(self, ref, step: str, i: int, n: int):
         from ray.exceptions import RayError, RayTaskError
@@ -193,11 +237,25 @@ def _check_reachable(address: str) -> None:
         ) from e
 
 
-def run_task(fn: Callable[[T], R], task: T, data_root: str) -> tuple[R, str]:
-    """On a Ray worker: fn(task), after checking this node sees the data root; returns the result and node id."""
+@dataclass(frozen=True, kw_only=True)
+class Staged:
+    """What a staged task takes to its node: the prefix and the files it finds there."""
+
+    area: StagingArea
+    inputs: TaskFiles
+
+
+def run_task(fn: Callable[[T], R], task: T, data_root: str, staged: Staged | None = None) -> tuple[object, str]:
+    """On a Ray worker: fn(task), after checking this node sees the data root, or, `staged`, in a folder of this
+    node filled from the staging prefix (then the result comes with what the task wrote and the bytes moved);
+    returns that and the node id."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
+    if staged is not None:
+        return run_staged(
+            fn, task, data_root=data_root, area=staged.area, inputs=staged.inputs, cache=node_cache()
+        ), node
     if data_root and not os.path.isdir(data_root):
         raise ComputeError(
             f"node {socket.gethostname()} ({ray.util.get_node_ip_address()}, Ray node {node[:12]}) "
