@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -76,6 +77,32 @@ def cpu_rate(model, texts: list[str]) -> tuple[float, float]:
     return len(texts) / (time.process_time() - cpu), len(texts) / (time.perf_counter() - wall)
 
 
+LOAD_PROBE = """
+import re, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tokenmill.stages.quality_model.fasttext_model import FastTextScorer
+cpu = time.process_time()
+FastTextScorer(Path(sys.argv[2]), 512, linear_cache=Path(sys.argv[3]))
+# VmHWM: this process's own peak (ru_maxrss keeps the parent's from before exec)
+peak_kb = re.search(r"VmHWM:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)
+print(time.process_time() - cpu, int(peak_kb) / 1024)
+"""
+
+
+def load_cost(model: Path, linear_cache: Path) -> tuple[float, float]:
+    """(CPU seconds, peak RSS in MB) of a fresh process making a scorer, as a score task's worker does on its first
+    task (the process's start and imports not counted in the seconds)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD_PROBE, str(REPO), str(model), str(linear_cache)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    seconds, peak_mb = done.stdout.split()
+    return float(seconds), float(peak_mb)
+
+
 def clean_cpu_rate(texts: list[str]) -> float:
     """Docs per CPU-second of the clean stage's preparation (prepare_batch, default settings) of `texts`."""
     records = [(b"", {"text": text, "meta": {}}) for text in texts]
@@ -111,6 +138,13 @@ def main() -> None:
             f"fastText (DCLM recipe, {path.stat().st_size / 1e6:.0f} MB): {fasttext_rate:,.0f} docs per CPU-second, "
             f"{fasttext_rate / TARGET_DOCS_PER_CPU_S:.2f}x the {TARGET_DOCS_PER_CPU_S:,} target; the C++ predict "
             f"line by line: {per_line_rate:,.0f} ({fasttext_rate / per_line_rate:.2f}x as many)"
+        )
+        cache = Path(tmp) / "model.linear-v1.npz"
+        built, (cached, cached_peak) = load_cost(path, cache), load_cost(path, cache)
+        print(
+            f"a worker's first task: loading the model and building its linear form {built[0]:.2f} CPU-s, peak "
+            f"{built[1]:,.0f} MB; from the linear form the first worker saved ({cache.stat().st_size / 1e6:.0f} MB, "
+            f"in the score store) {cached:.2f} CPU-s, peak {cached_peak:,.0f} MB ({built[0] / cached:.0f}x less CPU)"
         )
         clean_rate = clean_cpu_rate(test)
         print(

@@ -183,7 +183,8 @@ def test_the_score_store_keeps_only_what_some_batch_uses(tmp_path, models):
     again = run("c", models[1])
     assert (again["store_pruned"], again["reused_scores"]) == (3, 24)
     assert sorted(p.relative_to(store).as_posix() for p in store.rglob("*.npy")) == other["store_files"]
-    assert [p.name for p in store.iterdir()] == [other["store_files"][0].split("/")[0]]  # the empty folder gone
+    model_folder = other["store_files"][0].split("/")[0]  # the other model's folder and linear form are gone
+    assert sorted(p.name for p in store.iterdir()) == [model_folder, model_folder.split("-t")[0] + ".linear-v1.npz"]
 
 
 def test_the_funnel_shows_the_model_step_as_its_own_row(tmp_path, models):

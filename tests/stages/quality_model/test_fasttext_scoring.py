@@ -8,8 +8,14 @@ import numpy as np
 import pytest
 
 from tokenmill.stages.quality_model import QualityTrainSettings, train_fasttext
-from tokenmill.stages.quality_model.fasttext_linear import OTHER_SPACE_LEADS
-from tokenmill.stages.quality_model.fasttext_model import NEGATIVE, POSITIVE, FastTextScorer, one_line
+from tokenmill.stages.quality_model.fasttext_linear import OTHER_SPACE_LEADS, LinearFastText
+from tokenmill.stages.quality_model.fasttext_model import (
+    NEGATIVE,
+    POSITIVE,
+    FastTextScorer,
+    cached_linear_form,
+    one_line,
+)
 
 # words of up to 8 bytes, longer ones (their lookup checks the token's bytes) and one past 32 bytes (a dict's)
 WORDS = (
@@ -94,3 +100,26 @@ def test_other_space_leads_cover_str_split():
     fasttext_separators = set(" \t\n\v\f\r\0")
     spaces = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace() and chr(c) not in fasttext_separators]
     assert {c.encode()[0] for c in spaces} <= set(OTHER_SPACE_LEADS)
+
+
+def test_a_cached_linear_form_scores_alike_without_loading_the_model(tmp_path, training, monkeypatch):
+    """The first scorer writes the linear form; the next reads it and never opens the model (long words and all);
+    an unreadable cache is built again."""
+    import fasttext.FastText
+
+    path, cache = model(tmp_path, training, word_ngrams=2), tmp_path / "cache" / "m.linear-v1.npz"
+    batch = PROBES + texts(random.Random(3), 200)
+    want = FastTextScorer(path, 512, linear_cache=cache).score(batch)
+    assert cache.is_file() and cache.stat().st_size < path.stat().st_size
+    real = fasttext.FastText._FastText
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(fasttext.FastText, "_FastText", refused)
+    cached = FastTextScorer(path, 512, linear_cache=cache)
+    assert not cached.per_line and np.array_equal(cached.score(batch), want)
+    monkeypatch.setattr(fasttext.FastText, "_FastText", real)
+    cache.write_bytes(cache.read_bytes()[:100])
+    assert np.array_equal(FastTextScorer(path, 512, linear_cache=cache).score(batch), want)
+    assert np.array_equal(LinearFastText.load(cache).row_values, cached_linear_form(cache).row_values)  # rewritten

@@ -7,6 +7,7 @@ Scores are stored per model (its files' hash and `quality_max_tokens`) and recor
 rule re-runs no model and an unchanged record is never scored twice; a changed model or text is scored again.
 The store keeps what some batch in the stage folder uses: each batch lists its files (`store_files`), and the
 others (another model's, a rebuilt batch's) are removed once the step is done, so it never outgrows the batches.
+Beside them, a fastText model's linear form (<model id>.linear-v1.npz): a process that finds it never loads the model.
 
   score   one task per shard: the shard's records looked up in the score store, the others scored, the store
           written; returns the shard's scores, languages and per-source sums
@@ -42,6 +43,8 @@ QUALITY_SCORE_REASON = "quality_score"
 SCORE_STORE = "_quality_scores"
 """The score store's folder in the stage folder: <model id>-t<max tokens>/<CRC-32>-<bytes>.npy, one file per shard
 pass 2 wrote, named by its contents: the same shard in a rebuild, a re-run or another batch finds its scores."""
+LINEAR_FORM_SUFFIX = ".linear-v1.npz"
+"""<model id> + this in the score store: the model's linear form (fasttext_linear.LinearFastText.save)."""
 SCORE_DIGITS = 4
 """Scores are rounded to this many decimals, in meta and for the rule alike (and CPU and GPU agree to it)."""
 SCORE_BATCH = 256
@@ -55,14 +58,20 @@ if TYPE_CHECKING:
 
 _STORE_DTYPE = np.dtype([("key", "<u8"), ("score", "<f4")])
 
-_loaded: dict[tuple[str, str, int], QualityModel] = {}  # one model per process, loaded on its first task
+_loaded: dict[tuple[str, str, str, int], QualityModel] = {}  # one model per process, loaded on its first task
 
 
-def loaded_model(path: str, device: str, max_tokens: int) -> QualityModel:
-    key = (path, device, max_tokens)
+def loaded_model(model: ModelStep, linear_cache: Path) -> QualityModel:
+    key = (model.path, model.model_id, model.device, model.max_tokens)
     if key not in _loaded:
         _loaded.clear()
-        _loaded[key] = load_quality_model(path, device=device, max_tokens=max_tokens)
+        _loaded[key] = load_quality_model(
+            model.path,
+            device=model.device,
+            max_tokens=model.max_tokens,
+            known_id=model.model_id,
+            linear_cache=linear_cache,
+        )
     return _loaded[key]
 
 
@@ -103,6 +112,10 @@ class ModelStep:
         name = f"{shard['crc32']:08x}-{shard['bytes']}.npy"
         return stage_folder / SCORE_STORE / f"{self.model_id}-t{self.max_tokens}" / name
 
+    def linear_cache(self, stage_folder: Path) -> Path:
+        """Where a fastText model's linear form is kept for the stage's processes (a few bytes per model row)."""
+        return stage_folder / SCORE_STORE / f"{self.model_id}{LINEAR_FORM_SUFFIX}"
+
 
 def prune_score_store(stage_folder: Path, in_use: list[str]) -> int:
     """Removes the store files (paths relative to the store) that neither `in_use` nor any batch's `_stats.json` in
@@ -125,6 +138,10 @@ def prune_score_store(stage_folder: Path, in_use: list[str]) -> int:
     for folder in store.iterdir() if store.is_dir() else ():
         if folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
+    models = {folder.name.rsplit("-t", 1)[0] for folder in store.iterdir() if folder.is_dir()} if store.is_dir() else ()
+    for form in store.glob(f"*{LINEAR_FORM_SUFFIX}"):
+        if form.name.removesuffix(LINEAR_FORM_SUFFIX) not in models:  # no batch uses its model's scores any more
+            form.unlink(missing_ok=True)
     return removed
 
 
@@ -135,6 +152,7 @@ class ScoreTask:
     store: str
     """Its score store file (.npy of key, score sorted by key), read when present and written anew."""
     model: ModelStep
+    linear_cache: str
 
 
 @dataclass(kw_only=True)
@@ -188,7 +206,7 @@ def score_task(task: ScoreTask) -> ShardScores:
         raw[found] = store["score"][at[found]]
     missing = np.flatnonzero(~found)
     if len(missing):  # the store file is the shard's alone (named by its bytes): rewritten whole
-        model = loaded_model(task.model.path, task.model.device, task.model.max_tokens)
+        model = loaded_model(task.model, Path(task.linear_cache))
         for start in range(0, len(missing), SCORE_BATCH):
             chunk = missing[start : start + SCORE_BATCH]
             raw[chunk] = model.score([texts[i] for i in chunk])
@@ -453,7 +471,10 @@ def run_model_step(
     t0 = time.perf_counter()
     parts = [str(p.out) for p in paths]
     stores = [str(model.store(stage_folder, shard)) for shard in totals.shards]
-    tasks = [ScoreTask(part=part, store=store, model=model) for part, store in zip(parts, stores)]
+    linear_cache = str(model.linear_cache(stage_folder))
+    tasks = [
+        ScoreTask(part=part, store=store, model=model, linear_cache=linear_cache) for part, store in zip(parts, stores)
+    ]
     # a transformers model is one per process (one per GPU): its own threads, or the GPU, run the batch
     score_workers = 1 if model.kind == "transformers" else workers
     progress = Progress("cleaned_jsonl quality model (score)", total=len(tasks), unit="shards", log=log)

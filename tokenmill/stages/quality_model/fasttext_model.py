@@ -5,13 +5,15 @@ become spaces, in training and in scoring alike."""
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from tokenmill.stages.quality_model.fasttext_linear import first_words, linear_fasttext
+from tokenmill.common.io import atomic_file
+from tokenmill.stages.quality_model.fasttext_linear import LinearFastText, first_words, linear_fasttext
 from tokenmill.stages.quality_model.settings import QualityTrainSettings
 
 POSITIVE = "__label__positive"
@@ -57,27 +59,15 @@ class FastTextScorer:
     """A fastText model's positive-class probability per text, on the CPU. Its words are whitespace-separated:
     `max_tokens` keeps a text's first that many words. A two-label softmax model of word features (tokenmill's, and
     DCLM's) scores a batch at once through its linear form (fasttext_linear), any other one line by line through the
-    C++ predict; `per_line` forces the latter."""
+    C++ predict; `per_line` forces the latter. With `linear_cache` (a file named by the model's id) the linear form
+    is read from there when present and written there when built, so a process after the first never loads the
+    model itself."""
 
-    def __init__(self, path: Path, max_tokens: int, per_line: bool = False):
-        from fasttext.FastText import _FastText
-
+    def __init__(self, path: Path, max_tokens: int, per_line: bool = False, linear_cache: Path | None = None):
         self.max_tokens = max_tokens
-        # _FastText, not fasttext.load_model, which warns on stderr that its return type changed; the C++ model
-        # (.f) is what scoring calls
-        model = _FastText(model_path=str(path))
-        labels = model.get_labels()
-        if set(labels) == {POSITIVE, NEGATIVE}:
-            self.positive = POSITIVE
-        elif len(labels) == 2:  # a model trained elsewhere: the label sorted last ("__label__hq" > "__label__cc")
-            self.positive = sorted(labels)[-1]
-        else:
-            raise ValueError(f"{path}: a quality model has two labels, this one has {len(labels)}: {labels[:5]}")
-        linear = None if per_line else linear_fasttext(model.f, labels, self.positive)
-        self.per_line = linear is None
-        # the linear form holds all scoring needs, so the C++ model (bucket x dim floats) is freed with `model`
-        self._probabilities: Callable[[list[str], int], np.ndarray] = (
-            partial(predict_lines, model.f, self.positive) if linear is None else linear.probabilities
+        linear = None if per_line or linear_cache is None else cached_linear_form(linear_cache)
+        self._probabilities, self.per_line = (
+            (linear.probabilities, False) if linear is not None else load_fasttext(path, per_line, linear_cache)
         )
 
     def score(self, texts: Sequence[str]) -> np.ndarray:
@@ -88,6 +78,42 @@ class FastTextScorer:
             part = scored[start : start + LINES_PER_CALL]
             out[part] = self._probabilities([one_line(texts[i]) for i in part], self.max_tokens)
         return out
+
+
+def load_fasttext(
+    path: Path, per_line: bool, linear_cache: Path | None
+) -> tuple[Callable[[list[str], int], np.ndarray], bool]:
+    """The model at `path` as its scoring function: its linear form's (saved to `linear_cache`), else predict line
+    by line; and whether it is the latter."""
+    from fasttext.FastText import _FastText
+
+    # _FastText, not fasttext.load_model, which warns on stderr that its return type changed; the C++ model (.f) is
+    # what scoring calls
+    model = _FastText(model_path=str(path))
+    labels = model.get_labels()
+    if set(labels) == {POSITIVE, NEGATIVE}:
+        positive = POSITIVE
+    elif len(labels) == 2:  # a model trained elsewhere: the label sorted last ("__label__hq" > "__label__cc")
+        positive = sorted(labels)[-1]
+    else:
+        raise ValueError(f"{path}: a quality model has two labels, this one has {len(labels)}: {labels[:5]}")
+    linear = None if per_line else linear_fasttext(model.f, labels, positive)
+    if linear is None:
+        return partial(predict_lines, model.f, positive), True
+    if linear_cache is not None:
+        linear_cache.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(linear_cache, "wb") as out:
+            linear.save(out)
+    # the linear form holds all scoring needs, so the C++ model (bucket x dim floats) is freed with `model`
+    return linear.probabilities, False
+
+
+def cached_linear_form(path: Path) -> LinearFastText | None:
+    """The linear form saved at `path`; None when there is none or it cannot be read (it is built again)."""
+    try:
+        return LinearFastText.load(path)
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None
 
 
 def predict_lines(model, positive: str, lines: list[str], max_tokens: int) -> np.ndarray:

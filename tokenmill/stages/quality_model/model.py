@@ -76,9 +76,18 @@ def model_kind(path: str | Path) -> Literal["fasttext", "transformers"]:
     )
 
 
-def load_quality_model(path: str | Path, device: str = "auto", max_tokens: int = 512) -> QualityModel:
+def load_quality_model(
+    path: str | Path,
+    device: str = "auto",
+    max_tokens: int = 512,
+    *,
+    known_id: str | None = None,
+    linear_cache: Path | None = None,
+) -> QualityModel:
     """The model at `path`; `device` auto picks CUDA when torch sees one (transformers only: fastText runs on the
-    CPU); texts are cut to `max_tokens` tokens (fastText: whitespace-separated words)."""
+    CPU); texts are cut to `max_tokens` tokens (fastText: whitespace-separated words). `known_id`: its model_id as
+    the caller computed it (not hashed again); `linear_cache`: where a fastText model's linear form is kept, a file
+    the caller names by that id (FastTextScorer)."""
     path = Path(path)
     if device not in DEVICES:
         raise ConfigError(f"quality_model.device: one of {', '.join(DEVICES)}, got {device!r}")
@@ -91,11 +100,12 @@ def load_quality_model(path: str | Path, device: str = "auto", max_tokens: int =
 
         file = path if path.is_file() else path / QualityModelCard.read(path).model_file
         try:
-            scorer = FastTextScorer(file, max_tokens)
+            scorer = FastTextScorer(file, max_tokens, linear_cache=linear_cache)
         except ValueError as e:  # not a fastText model, or not one of two labels
             raise ConfigError(f"quality_model: {file} is not a two-label fastText model ({e})") from None
     else:
         from tokenmill.stages.quality_model.transformers_model import TransformersScorer
 
         scorer = TransformersScorer(path, device, max_tokens)
-    return QualityModel(path=path, kind=kind, model_id=model_id(path), max_tokens=max_tokens, scorer=scorer)
+    identity = known_id or model_id(path)
+    return QualityModel(path=path, kind=kind, model_id=identity, max_tokens=max_tokens, scorer=scorer)
