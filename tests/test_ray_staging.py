@@ -110,6 +110,22 @@ def test_a_task_runs_in_a_node_folder_filled_and_emptied_through_the_bucket(s3_e
     assert second.down == 3  # the node's cache held every other object, its own output included
 
 
+def read_missing(task: WordTask) -> None:
+    Path(task.stem).read_text()
+
+
+def test_a_task_error_names_the_data_root_path(s3_env, tmp_path):
+    s3_env.make_bucket("staging-error")
+    root = tmp_path / "data"
+    (root / "stage").mkdir(parents=True)
+    task = WordTask(texts=root, stem=str(root / "stage" / "absent"), out=str(root / "o"), spent=root / "x")
+    stager = DataRootStager(StagingArea("s3://staging-error/run"), root)
+    inputs = stager.inputs(named_paths(task, str(root)))
+    with pytest.raises(FileNotFoundError) as missing:
+        run_staged(read_missing, task, data_root=str(root), area=stager.area, inputs=inputs, cache=tmp_path / "node")
+    assert str(root / "stage" / "absent") in str(missing.value) and str(tmp_path / "node") not in str(missing.value)
+
+
 class Span(NamedTuple):
     path: str
     start: int

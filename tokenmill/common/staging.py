@@ -309,11 +309,21 @@ def run_staged(
     try:
         placed = _pull(area, inputs, folder, cache / OBJECTS, retries, traffic)
         moved_fn, moved_task = rebased((fn, task), data_root, str(folder))
-        result = moved_fn(moved_task)
+        try:
+            result = moved_fn(moved_task)
+        except Exception as error:  # its message names the data root's paths, as on a shared disk
+            _moved_back(error, str(folder), data_root)
+            raise
         outputs = _push(area, inputs, placed, folder, cache / OBJECTS, retries, traffic)
         return rebased(result, str(folder), data_root), outputs, traffic
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _moved_back(error: Exception, folder: str, data_root: str) -> None:
+    error.args = rebased(error.args, folder, data_root)
+    if isinstance(error, OSError):
+        error.filename, error.filename2 = rebased((error.filename, error.filename2), folder, data_root)
 
 
 def _pull(
