@@ -266,7 +266,8 @@ def run_task(fn: Callable[[T], R], task: T, data_root: str, staged: Staged | Non
 
 
 def _step_name(label: str, fn: Callable) -> str:
-    name = getattr(fn, "__name__", str(fn))
+    # a functools.partial is named by its function (its repr holds an address, which would differ run to run)
+    name = getattr(getattr(fn, "func", fn), "__name__", type(fn).__name__)
     return f"{label}:{name}" if label else name
 
 
