@@ -134,3 +134,27 @@ def test_cuda_scores_match_the_cpu_within_the_bf16_tolerance(tiny_transformers):
     on_cpu = load_quality_model(tiny_transformers, device="cpu").score(texts)
     on_cuda = load_quality_model(tiny_transformers, device="cuda").score(texts)
     assert np.abs(on_cuda - on_cpu).max() < 2e-2
+
+
+def test_a_model_id_is_hashed_once_until_its_file_is_touched(tmp_path, monkeypatch):
+    """The id is remembered under the file's stat: an untouched model is not read again; a model rewritten in place,
+    even with its size and mtime kept, is hashed again (its ctime moved)."""
+    import os
+    import time
+
+    from tokenmill.stages.quality_model import model as model_module
+
+    monkeypatch.setenv("TOKENMILL_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model.bin"
+    path.write_bytes(b"a" * 1000)
+    first = model_id(path)
+    assert first == model_module.hashed_model_id(path, [path])
+    real = model_module.hashed_model_id
+    monkeypatch.setattr(model_module, "hashed_model_id", lambda *a: pytest.fail("hashed again"))
+    assert model_id(path) == first
+    monkeypatch.setattr(model_module, "hashed_model_id", real)
+    stat = path.stat()
+    time.sleep(0.01)
+    path.write_bytes(b"b" * 1000)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert model_id(path) == real(path, [path]) != first
