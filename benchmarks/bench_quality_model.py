@@ -1,7 +1,8 @@
 """Quality-model scoring speed, in one run: a fastText classifier trained with DCLM's recipe (tokenmill's defaults:
 word bigrams, dim 100, 2M buckets) on ~2 kB generated web-like documents, in documents per CPU-second of scoring
-(the target: 20,000) beside the C++ predict line by line and beside the clean stage's preparation of the same
-documents (scoring's share of its CPU: target 10%), and transformers sequence-classification models with random
+(the target: 20,000) beside the C++ predict line by line; a worker's first task with and without the linear form
+the first one saved; the whole clean stage on a second batch with and without the model (the step's share of its
+CPU: target 10%) and the preparation alone (prepare_batch); and transformers sequence-classification models with random
 weights (a tiny and a small BERT, a WordPiece tokenizer trained on the same documents)
 on the CPU, in documents/s. Nothing is downloaded.
 
@@ -16,6 +17,7 @@ clock and CPU-seconds both printed).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import subprocess
 import sys
@@ -30,14 +32,22 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from devtools.tiny_models import random_bert  # noqa: E402
+from tokenmill.common.io import record_id  # noqa: E402
+from tokenmill.stages.clean import clean_corpus  # noqa: E402
 from tokenmill.stages.clean.prepare import BATCH, prepare_batch  # noqa: E402
 from tokenmill.stages.clean.report import Timer  # noqa: E402
 from tokenmill.stages.clean.settings import CleanSettings  # noqa: E402
-from tokenmill.stages.quality_model import QualityTrainSettings, load_quality_model, train_fasttext  # noqa: E402
+from tokenmill.stages.quality_model import (  # noqa: E402
+    QualityTrainSettings,
+    load_quality_model,
+    train_fasttext,
+)
 from tokenmill.stages.quality_model.fasttext_model import FastTextScorer  # noqa: E402
+from tokenmill.stages.quality_model.model import hashed_model_id  # noqa: E402
 
 TARGET_DOCS_PER_CPU_S = 20_000  # issue 48: fastText scoring of 2 kB web documents
 DOC_CHARS = 2_000
+STAGE_RUNS = 3
 VOCABULARY = 30_000
 TRAIN_DOCS = 4_000
 
@@ -103,8 +113,30 @@ def load_cost(model: Path, linear_cache: Path) -> tuple[float, float]:
     return float(seconds), float(peak_mb)
 
 
+def write_raw_batch(folder: Path, texts: list[str], source: str) -> None:
+    """`texts` as one raw_records batch (one shard), ids as raw_records gives them."""
+    folder.mkdir(parents=True)
+    with open(folder / "part-00000.jsonl", "w", encoding="utf-8") as out:
+        for line, text in enumerate(texts, 1):
+            record = {
+                "id": record_id(source, line=line),
+                "text": text,
+                "meta": {},
+                "source": {"path": source, "line": line},
+            }
+            out.write(json.dumps(record) + "\n")
+
+
+def stage_cpu(raw: Path, out: Path, **settings) -> tuple[float, dict[str, float]]:
+    """CPU seconds of clean_corpus over the batch `raw` (one worker: in this process), and its passes' seconds."""
+    cpu = time.process_time()
+    result = clean_corpus(raw, out, CleanSettings(quality="web", **settings), workers=1)
+    return time.process_time() - cpu, result.pass_seconds
+
+
 def clean_cpu_rate(texts: list[str]) -> float:
-    """Docs per CPU-second of the clean stage's preparation (prepare_batch, default settings) of `texts`."""
+    """Docs per CPU-second of the clean stage's preparation function (prepare_batch, default settings) of `texts`:
+    a lower bound of the stage's cost, which reads, writes and runs the web rules besides."""
     records = [(b"", {"text": text, "meta": {}}) for text in texts]
     batches = [records[i : i + BATCH] for i in range(0, len(records), BATCH)]
     settings = CleanSettings()
@@ -146,10 +178,35 @@ def main() -> None:
             f"{built[1]:,.0f} MB; from the linear form the first worker saved ({cache.stat().st_size / 1e6:.0f} MB, "
             f"in the score store) {cached:.2f} CPU-s, peak {cached_peak:,.0f} MB ({built[0] / cached:.0f}x less CPU)"
         )
+        # the whole clean stage on a new batch (no stored scores; the linear form the first batch left), with and
+        # without the model: its step's share of the stage, all of it (reading, rules, boilerplate, writing, select)
+        half = len(test) // 2
+        for name, texts in (("first", test[:half:2] + test[half::2]), ("new", test[1:half:2] + test[half + 1 :: 2])):
+            write_raw_batch(Path(tmp) / "raw" / name, texts, f"{name}.jsonl")
+        stage = Path(tmp) / "cleaned"
+        with_model = {"quality_model": str(path), "quality_keep_share": 0.5}
+        stage_cpu(Path(tmp) / "raw" / "first", stage / "first", **with_model)
+        runs = []
+        for run in range(STAGE_RUNS):  # in turns: the machine's load falls on both alike
+            without, _ = stage_cpu(Path(tmp) / "raw" / "new", stage / f"plain-{run}")
+            scored, passes = stage_cpu(Path(tmp) / "raw" / "new", stage / f"new-{run}", **with_model)
+            runs.append((without, scored, passes["quality"], sum(passes.values())))
+        cpu = time.process_time()
+        hashed_model_id(path, [path])  # the first batch's, remembered for the next ones while the file is untouched
+        hashing = time.process_time() - cpu
+        without, scored, step, stage_s = (float(np.median(column)) for column in zip(*runs))
+        print(
+            f"clean stage (clean_corpus, web rules, one worker) on a second batch of {half:,} new documents, median of "
+            f"{STAGE_RUNS} pairs: {without:.2f} CPU-s without the model, {scored:.2f} with it "
+            f"({(scored - without) / without:+.1%}); the step itself {step:.2f} s of the stage's {stage_s:.2f} s, "
+            f"{step / (stage_s - step):.1%} of the rest (target: at most 10%); the first batch also hashes the model "
+            f"to its id ({hashing:.2f} CPU-s) and builds its linear form"
+        )
         clean_rate = clean_cpu_rate(test)
         print(
-            f"clean preparation (rules 0-6, prepare_batch): {clean_rate:,.0f} docs per CPU-second; fastText scoring "
-            f"takes {clean_rate / fasttext_rate:.1%} of its CPU (target: at most 10%)"
+            f"the preparation function alone (prepare_batch, CleanSettings(): the curated profile these documents get, "
+            f"not the web rules above): {clean_rate:,.0f} docs per CPU-second; scoring alone is "
+            f"{clean_rate / fasttext_rate:.1%} of it"
         )
         sample = test[: args.transformer_docs // 2] + test[-(args.transformer_docs // 2) :]
         bert_sizes = (("tiny BERT (hidden 32, 2 layers)", 32, 2), ("small BERT (hidden 256, 4 layers)", 256, 4))
