@@ -7,6 +7,10 @@ weights (a tiny and a small BERT, a WordPiece tokenizer trained on the same docu
 on the CPU, in documents/s. Nothing is downloaded.
 
 usage: python benchmarks/bench_quality_model.py [--docs 5000] [--transformer-docs 256] [--max-tokens 512]
+                                             [--gpu-docs 4096]
+
+Where torch sees a CUDA device, a last row scores --gpu-docs documents with a BERT-base-sized classifier (random
+weights) in bf16 and reports docs/s, the GPU's utilisation (nvidia-smi) and the tokenizer's share of the time.
 
 Documents: sentences of words drawn from a Zipf-distributed vocabulary of 30,000 generated words, a paragraph of
 4-8 sentences, paragraphs appended until the document reaches 2,000 characters. Speed: the process's CPU time
@@ -151,6 +155,9 @@ def main() -> None:
     parser.add_argument("--docs", type=int, default=5_000, help="documents fastText scores")
     parser.add_argument("--transformer-docs", type=int, default=256, help="documents each transformers model scores")
     parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument(
+        "--gpu-docs", type=int, default=4096, help="documents BERT-base scores on CUDA, where there is one"
+    )
     args = parser.parse_args()
     rng = random.Random(0)
     words = vocabulary(rng)
@@ -219,6 +226,44 @@ def main() -> None:
                 f"{name}, CPU, {args.max_tokens} tokens: {per_s:,.1f} docs/s ({per_cpu_s:,.1f} per CPU-second), "
                 f"fastText {fasttext_rate / per_cpu_s:,.0f}x as many per CPU-second"
             )
+        gpu_row(Path(tmp) / "bert-base", train[:2000], test[: args.gpu_docs], args.max_tokens)
+
+
+GPU_SAMPLE_MS = 200  # nvidia-smi's sampling period while the GPU row scores
+
+
+def gpu_row(folder: Path, train: list[str], texts: list[str], max_tokens: int) -> None:
+    """A BERT-base-sized classifier (hidden 768, 12 layers, random weights) on CUDA in bf16: docs/s, the GPU's
+    utilisation sampled by nvidia-smi while it scores, and the tokenizer's share of the time (the CPU side)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("BERT-base on a GPU: no CUDA device here, row skipped (run this benchmark where one is lent)")
+        return
+    random_bert(folder, train, hidden=768, layers=12, vocab_size=30_000, max_positions=max(512, max_tokens))
+    scorer = load_quality_model(folder, device="cuda", max_tokens=max_tokens)
+    scorer.score(texts[:64])  # warm-up: kernels, allocator
+    cpu = time.process_time()
+    scorer.scorer.tokenizer(texts, truncation=True, max_length=max_tokens)
+    tokenizing = time.process_time() - cpu
+    sampler = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", f"-lms={GPU_SAMPLE_MS}"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    torch.cuda.synchronize()
+    wall = time.perf_counter()
+    scorer.score(texts)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - wall
+    sampler.terminate()
+    samples = [int(line) for line in sampler.communicate()[0].split() if line.isdigit()]
+    utilisation = f"{np.mean(samples):.0f}% mean, {np.percentile(samples, 10):.0f}% p10" if samples else "not sampled"
+    print(
+        f"BERT-base (hidden 768, 12 layers), {torch.cuda.get_device_name()}, bf16, {max_tokens} tokens: "
+        f"{len(texts) / seconds:,.0f} docs/s; GPU utilisation {utilisation}; tokenizing took {tokenizing:.2f} "
+        f"CPU-s of the {seconds:.2f} s ({tokenizing / seconds:.0%}: above ~50%, the CPU side would be the bottleneck)"
+    )
 
 
 if __name__ == "__main__":
