@@ -4,6 +4,7 @@ streaming, each over a real S3 server on loopback (SeaweedFS, devtools/s3_server
     python benchmarks/bench_s3_loader.py [--tokens 64_000_000] [--shard-tokens 4_000_000] [--seq-len 2048]
                                          [--batch 8] [--batches 2000] [--readers tokenmill,litdata,streaming]
                                          [--dir /tmp/tm_s3_loader]
+    python benchmarks/bench_s3_loader.py --prefetch-order [--cache-fraction 0.5] [--step-ms 5] [--workers 0]
 
 One token stream (uint16) in each reader's own format: tokenmill's tokenized_bins (uploaded by
 `tokenmill.publish.publish_dataset`), LitData's chunks + index.json (TokensLoader, one item per chunk, as
@@ -15,6 +16,15 @@ windows of L + 1 tokens, ids only (tokenmill: TokenDataset(fields=("input_ids",)
   tokens/s      window tokens delivered per second over the rest of the epoch (--batches: that many), from s3 with
                 the cache empty at the start: every shard is downloaded, checked and written while it runs
   ratio         s3 over local, per reader
+
+--prefetch-order: tokenmill only, from s3 with a bounded cache (--cache-fraction of the split) under the shuffle, one
+run each way side by side: prefetching the shards the sampler's next batches need (the DataLoader's plan) against
+prefetching in stream order (what a Store read without the DataLoader does). Each batch is followed by a simulated
+training step (--step-ms of sleep, as a GPU step leaves the host idle), which prefetching can overlap:
+
+  tokens/s      window tokens per second over the run, steps included
+  stall         seconds the training loop waited for its next batch (the first batch included)
+  downloads     shard downloads the loader's process started (num_workers=0: all of them)
 
 The server runs on this machine, so the network is loopback: the figures measure each reader's fetch path (requests,
 checksums, cache writes), not a WAN. A reader that cannot be imported or run here is reported with the reason.
@@ -218,6 +228,66 @@ def streaming_batches(location: str, cache: Path | None, seq_len: int, batch: in
         yield b["tokens"].numel()
 
 
+def prefetch_order_run(remote: str, cache: Path, cache_bytes: int, args, planned: bool) -> dict:
+    """One timed run of tokenmill from s3 with a bounded cache: sampler-order prefetch (planned) or stream order."""
+    from tokenmill_loader import DataLoader, TokenDataset, open_store
+
+    class StreamOrder(TokenDataset):
+        shards_of = None  # no shard map: the DataLoader makes no plan, the Store prefetches in stream order
+
+    shutil.rmtree(cache, ignore_errors=True)
+    t0 = time.perf_counter()
+    store = open_store(remote, cache_dir=cache, cache_bytes=cache_bytes)
+    kind = TokenDataset if planned else StreamOrder
+    ds = kind(store, seq_len=args.seq_len + 1, stride=args.seq_len, fields=("input_ids",))
+    loader = DataLoader(ds, batch_size=args.batch, seed=SEED, num_workers=args.workers, pin_memory=False)
+    it, tokens, stall, n = iter(loader), 0, 0.0, 0
+    while n < (args.batches or len(loader)):
+        t = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            break
+        stall += time.perf_counter() - t
+        tokens += batch["input_ids"].numel()
+        n += 1
+        time.sleep(args.step_ms / 1000)  # the training step
+    seconds = time.perf_counter() - t0
+    downloads = len(store._remote.started)
+    return {
+        "tokens_per_s": tokens / seconds,
+        "stall_s": stall,
+        "seconds": seconds,
+        "batches": n,
+        "downloads": downloads,
+    }
+
+
+def compare_prefetch_order(args, base: Path) -> None:
+    split = base / "tokenized_bins" / "train"
+    split_bytes = sum(p.stat().st_size for p in split.rglob("*.bin"))
+    cache_bytes = int(split_bytes * args.cache_fraction)
+    timed = f"{args.batches} batches" if args.batches else "one epoch"
+    print(
+        f"\nL = {args.seq_len}, batch {args.batch}, shuffled, num_workers={args.workers}, {timed}, "
+        f"a {args.step_ms:g} ms step per batch; cache bound {cache_bytes / 2**20:.0f} MiB "
+        f"({args.cache_fraction:.0%} of the split)"
+    )
+    print(f"{'prefetch':<16} {'tokens/s':>14} {'stall':>9} {'seconds':>9} {'downloads':>10}")
+    rows = {}
+    for name, planned in (("sampler order", True), ("stream order", False)):
+        cache = args.dir / "cache-order"
+        r = rows[name] = prefetch_order_run("s3://tokenmill/corpus/train", cache, cache_bytes, args, planned)
+        print(
+            f"{name:<16} {r['tokens_per_s']:>14,.0f} {r['stall_s']:>7.2f} s {r['seconds']:>7.2f} s {r['downloads']:>10}"
+        )
+    ours, theirs = rows["sampler order"], rows["stream order"]
+    print(
+        f"sampler order: tokens/s x{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f} stream order's, "
+        f"stall {ours['stall_s']:.2f} s against {theirs['stall_s']:.2f} s"
+    )
+
+
 BATCHES = {"tokenmill": tokenmill_batches, "litdata": litdata_batches, "streaming": streaming_batches}
 IMPORTS = {"tokenmill": "tokenmill_loader.loader", "litdata": "litdata", "streaming": None}  # None: import_streaming
 
@@ -248,6 +318,10 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=0, help="batches timed after the first (0: the epoch's rest)")
     parser.add_argument("--readers", default=",".join(READERS))
     parser.add_argument("--dir", type=Path, default=Path("/tmp/tm_s3_loader"))
+    parser.add_argument("--prefetch-order", action="store_true", help="sampler-order against stream-order prefetch")
+    parser.add_argument("--cache-fraction", type=float, default=0.5, help="--prefetch-order: the cache bound")
+    parser.add_argument("--step-ms", type=float, default=5.0, help="--prefetch-order: simulated step per batch")
+    parser.add_argument("--workers", type=int, default=0, help="--prefetch-order: DataLoader num_workers")
     args = parser.parse_args()
     base = args.dir / f"corpus-{args.tokens}-{args.shard_tokens}-{args.seq_len}"
     t = time.perf_counter()
@@ -264,6 +338,9 @@ def main() -> None:
         result = publish_dataset(base / "tokenized_bins", "s3://tokenmill/corpus")
         print(f"tokenmill publish: {result.uploaded} objects, {result.uploaded_bytes / 2**20:.0f} MiB in "
               f"{time.perf_counter() - t:.1f} s")  # fmt: skip
+        if args.prefetch_order:
+            compare_prefetch_order(args, base)
+            return
         places = {
             "tokenmill": (str(base / "tokenized_bins" / "train"), "s3://tokenmill/corpus/train"),
             "litdata": (str(base / "litdata"), None),

@@ -222,6 +222,11 @@ class TokenDataset(torch.utils.data.Dataset):
         """Bytes of the (len(fields), batch_size, seq_len) block get_batch fills."""
         return len(self.fields) * int(batch_size) * self.seq_len * self.out_dtype.itemsize
 
+    def shards_of(self, indices) -> np.ndarray:
+        """The Store parts (shards) windows `indices` read, in their order (repeats kept): what the DataLoader's
+        prefetch plan of a remote store follows."""
+        return self.store.parts_of_windows(self.key, self._starts(indices), self.seq_len)
+
     def window(self, index: int) -> tuple[int, int]:
         """Stream range [begin, end) of window `index`."""
         b = int(index) * self.stride
@@ -375,6 +380,12 @@ class RecordDataset(torch.utils.data.Dataset):
     def pad_id(self) -> int:
         """The dataset's `<pad>` id (dataset.json special_tokens), else 0."""
         return int((self.store.info.get("special_tokens") or {}).get(PAD_TOKEN, 0))
+
+    def shards_of(self, indices) -> np.ndarray:
+        """The Store part (shard) of each record in `indices`, in their order: what the DataLoader's prefetch plan of
+        a remote store follows."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return self.store.parts_of_records(np.where(idx < 0, idx + len(self), idx))
 
     def lengths(self) -> np.ndarray:
         """Tokens per record (the record key: sequence, chosen or prompts), from offsets only."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import default_collate
 
@@ -18,6 +19,12 @@ from .datasets import (
 )
 from .sampler import ResumableSampler, iter_chunks
 from .shared import BatchRing, RingBatch
+
+# a remote store's prefetch plan: the shards of this many batches past those in flight, refreshed every PLAN_EVERY
+# batches (a refresh costs two np.searchsorted over the plan's windows; PLAN_EVERY <= PLAN_BATCHES keeps every batch
+# in flight inside the last plan, so none of its shards is evicted to make room)
+PLAN_BATCHES = 16
+PLAN_EVERY = 4
 
 
 def long_labels_collate(samples, collate_fn):
@@ -37,21 +44,42 @@ def attach_ring(worker_id: int, ring: BatchRing, worker_init_fn=None) -> None:
 
 
 class _ResumableBatchSampler:
-    """Batches of the sampler's remaining indices, read when an iterator starts (so resume works)."""
+    """Batches of the sampler's remaining indices, read when an iterator starts (so resume works). With `plan` set
+    (a remote store), it also tells the store which shards the batches in flight and the next ones need."""
 
     def __init__(self, sampler: ResumableSampler, batch_size: int, drop_last: bool):
         self.sampler = sampler
         self.batch_size = batch_size
         self.drop_last = drop_last
+        self.plan: tuple[Any, Any] | None = None  # (dataset, store): a dataset with shards_of over a remote store
+        self.in_flight = 0  # batches handed out before the current one and possibly not read yet (workers)
 
     def __iter__(self):
         bs = self.batch_size
-        for chunk in iter_chunks(self.sampler.remaining(), bs * 256):  # whole batches per chunk
+        remaining, plan = self.sampler.remaining(), self.plan
+        k = 0  # batches yielded
+        for chunk in iter_chunks(remaining, bs * 256):  # whole batches per chunk
             for i in range(0, len(chunk), bs):
                 b = chunk[i : i + bs]
                 if len(b) < bs and self.drop_last:
                     return
+                if plan is not None and k % PLAN_EVERY == 0:
+                    self._plan(plan, remaining, k)
+                k += 1
                 yield b.tolist()
+
+    def _plan(self, plan: tuple[Any, Any], remaining, k: int) -> None:
+        """The remote store's prefetch plan from batch k on: the shards of batches k .. k + ahead in the order they
+        are first needed, kept with those of the batches in flight before k."""
+        dataset, store = plan
+        bs = self.batch_size
+        ahead = max(PLAN_BATCHES, 2 * self.in_flight)
+        begin, end = k * bs, min(len(remaining), (k + ahead) * bs)
+        if self.drop_last:  # the epoch's partial last batch is never read
+            end -= (end - begin) % bs
+        upcoming = dataset.shards_of(np.asarray(remaining[begin:end]))
+        in_flight = dataset.shards_of(np.asarray(remaining[max(0, k - self.in_flight) * bs : begin]))
+        store.plan(upcoming, in_flight)
 
     def __len__(self) -> int:
         n = self.sampler.num_samples()
@@ -83,6 +111,9 @@ class DataLoader(torch.utils.data.DataLoader):
       (benchmarks/bench_loader.py: a fraction of the in-process rate when torch sent every batch as a new
       shared-memory segment; docs/profile.md, 'The loader against Megatron-Core, OLMo-core and LitData').
       Batches are identical to the in-process path's.
+    - Over a remote store (`open_store("s3://...", cache_dir=...)`, a dataset with `shards_of`), the main process
+      walks its batches PLAN_BATCHES ahead every PLAN_EVERY batches and has the store download the shards they need
+      in that order (remote.py), so workers find them cached; the batches are unchanged.
     - num_workers defaults to 0: with vectorized batch reads from the page cache the main process is
       fastest (see benchmarks/bench_loader.py).
     """
@@ -129,9 +160,10 @@ class DataLoader(torch.utils.data.DataLoader):
             else 0
         )
         worker_init_fn = kwargs.pop("worker_init_fn", None)
+        batch_sampler = _ResumableBatchSampler(sampler, batch_size, drop_last)
         super().__init__(
             dataset,
-            batch_sampler=_ResumableBatchSampler(sampler, batch_size, drop_last),
+            batch_sampler=batch_sampler,
             num_workers=num_workers,
             collate_fn=collate_fn,
             pin_memory=pin_memory,
@@ -139,6 +171,12 @@ class DataLoader(torch.utils.data.DataLoader):
             **kwargs,
         )
         self.resumable_sampler = sampler
+        store: Any = getattr(dataset, "store", None)
+        if callable(getattr(dataset, "shards_of", None)) and getattr(store, "is_remote", False):
+            # prefetching follows this loader's batches (walked ahead here, in the main process), not the stream
+            store.follow_plan()
+            batch_sampler.plan = (dataset, store)
+            batch_sampler.in_flight = num_workers * (self.prefetch_factor or 0)
         self._ring_slot_bytes = ring_slot_bytes
         self._user_worker_init_fn = worker_init_fn
         self._ring: BatchRing | None = None

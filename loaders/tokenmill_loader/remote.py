@@ -4,16 +4,26 @@
 prefix's current.json names, resolved once, as for a local folder) and every shard's meta.json, checked against the
 manifest's SHA-256. A shard's data files are fetched on its first touch (a batch's missing shards together), each
 checked against the manifest's bytes and SHA-256 before it is renamed into place, so the cache never holds a file a
-reader accepts half-written or altered; PREFETCH_SHARDS shards keep downloading in the background, the ones not
-cached yet in stream order from the first one touched (wrapping around: under a shuffle every shard is needed early),
-while the cache has room. The Store then memory-maps the cached files exactly as it maps a local folder's, so the
-batches, shuffles, rank x worker shares and resumes are the local store's.
+reader accepts half-written or altered. PREFETCH_SHARDS shards keep downloading in the background:
+
+- under tokenmill_loader.DataLoader (a dataset with `shards_of`: TokenDataset, RecordDataset), the shards the
+  sampler's next batches need, in the order they first need them: the loader's main process walks its sampler's
+  batches ahead (loader.PLAN_BATCHES past those in flight, from wherever it stands, a resume's position included; to
+  the epoch's end, not past it) and hands the shards to `plan`, which downloads them into the cache, where its
+  workers find them (they prefetch nothing themselves). A bounded cache keeps the shards of the batches in flight,
+  then as many planned ones as fit: to make room it evicts only other files, and it never prefetches past the bound;
+- otherwise (a Store read directly, PackingLoader), the ones not cached yet in stream order from the first one
+  touched (wrapping around), while the cache has room.
+
+The Store then memory-maps the cached files exactly as it maps a local folder's, so the batches, shuffles,
+rank x worker shares and resumes are the local store's.
 
 `cache_bytes` bounds the cached data files: past it, the files least recently first touched (their mtime) are
-removed, never those of the shards being fetched. A process keeps its mapping of a file another process removed
-until its next fetch (then it drops it and fetches the file again when it touches it), so the bound is exceeded by at
-most the shards each process has mapped since its last fetch. Several processes (DataLoader workers, ranks on one
-host) may share a cache folder: each file is downloaded to a temporary name and renamed.
+removed, never those of the shards being fetched (nor, in the process that plans, those its plan keeps). A process
+keeps its mapping of a file another process removed until its next fetch (then it drops it and fetches the file again
+when it touches it), so the bound is exceeded by at most the shards each process has mapped since its last fetch.
+Several processes (DataLoader workers, ranks on one host) may share a cache folder: each file is downloaded to a
+temporary name and renamed.
 
 Credentials come from where s3fs looks (AWS_* variables, ~/.aws); they never travel in a pickled Store, and
 messages have them masked. s3fs is the `tokenmill-loader[s3]` extra, imported only for a URL.
@@ -31,6 +41,7 @@ import re
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,6 +62,7 @@ FETCH_THREADS = 8  # parallel downloads: object stores serve one connection at f
 STALE_TEMP_S = 3600.0  # a download's temporary file untouched this long was left by a killed process
 TOUCH_TRIES = 3  # a file another process evicted between its download and its first touch is fetched again
 CHUNK_BYTES = 16 << 20  # one ranged GET, hashed while it is written
+STARTED_KEPT = 4096  # RemoteSplit.started: the latest downloads only, so a long run's log stays small
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]+)://")
 _USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+://)[^/@\s]+@")
 SECRET_VARIABLES = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_KEY")
@@ -82,6 +94,9 @@ class RemoteSpec:
     """The local folder the split is mirrored into (under a folder named after the URL)."""
     cache_bytes: int | None = None
     """Bound on the cached data files (None: no bound)."""
+    planned: bool = False
+    """Prefetching follows the plan the loader's main process gives (`RemoteSplit.plan`), not the stream: its
+    workers then prefetch nothing themselves."""
 
     @property
     def root(self) -> Path:
@@ -122,6 +137,8 @@ class RemoteSplit:
         self._cursor: int | None = None  # the next shard (index into order, wrapping) prefetching considers
         self._walked = 0  # shards prefetching has considered: it stops after every one
         self._cached_bytes = 0  # the cache's data files at the last eviction (a bounded cache)
+        # shards whose data files this process started downloading, in order (the last STARTED_KEPT; tests, benchmarks)
+        self.started: deque[str] = deque(maxlen=STARTED_KEPT)
 
     # -- per process: a forked worker gets neither the parent's threads nor its event loop
     def _fresh(self) -> None:
@@ -129,6 +146,10 @@ class RemoteSplit:
             self._pid = os.getpid()
             self._lock = threading.RLock()  # a done callback may run in the thread holding it
             self._inflight: dict[Path, Future] = {}
+            # the plan (this process's own: a forked worker gets none of its parent's)
+            self._plan: list[str] = []  # shards the next batches need, first need first
+            self._rank: dict[str, int] = {}  # shard -> its place in the plan
+            self._keep: set[Path] = set()  # data files of the shards batches in flight or planned need
             self._pool = ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="tokenmill-fetch")
             self._fs, self._remote_root = _filesystem(self.spec.url.rsplit("/", 1)[0])
 
@@ -204,7 +225,7 @@ class RemoteSplit:
         """Makes the data files of `shards` local (fetched together), starts prefetching the shards after the last
         of them, then evicts past the bound; returns the paths evicted."""
         self._fresh()
-        shards = list(shards)
+        shards = sorted(shards, key=lambda name: self._rank.get(name, len(self._rank)))  # planned: first need first
         touched = {self.folder / name / f for name in shards for f in self.data_files(name)}
         for _ in range(TOUCH_TRIES):
             self._wait([self._start(name, self.data_files(name)) for name in shards])
@@ -214,16 +235,49 @@ class RemoteSplit:
                 break
             except FileNotFoundError:  # another process sharing the cache evicted it meanwhile: fetch it again
                 continue
-        evicted = self.evict(protect=touched)
+        # the process that plans counts what it downloads (_done): it scans the cache only once past the bound
+        planner = self.spec.planned and bool(self._keep)
+        over = not planner or self._cached_bytes > (self.spec.cache_bytes or 0)
+        evicted = self.evict(protect=touched) if over else set()
         if shards:
             self._prefetch(after=shards[-1])
         return evicted
+
+    def plan(self, upcoming: list[str], in_flight: list[str]) -> None:
+        """Prefetching follows `upcoming` (the shards the sampler's next batches need, first need first) from now on.
+        A bounded cache keeps `in_flight` (the shards of batches handed out and not read yet), then as much of
+        `upcoming` as fits in the bound with them: those are never evicted to make room, the rest of the plan waits."""
+        self._fresh()
+        limit = self.spec.cache_bytes
+        keep: list[str] = []
+        for name in dict.fromkeys((*in_flight, *upcoming)):
+            size = self._bytes(name, self.data_files(name))
+            if limit is not None and size > limit:
+                break
+            limit = None if limit is None else limit - size
+            keep.append(name)
+        with self._lock:
+            kept = set(keep)
+            self._plan = [name for name in upcoming if name in kept]  # replaced whole: the loader walks on from here
+            self._rank = {name: i for i, name in enumerate(self._plan)}
+            self._keep = {self.folder / n / f for n in keep for f in self.data_files(n)}
+        try:  # in a download thread: an eviction's scan of the cache never holds up the training loop
+            self._pool.submit(self._prefetch)
+        except RuntimeError:  # the pool is shut down: the interpreter is exiting
+            pass
+
+    def _bytes(self, shard: str, names: list[str]) -> int:
+        """Bytes of the files `names` of `shard`, from the manifest."""
+        return sum(int(self.files[shard].get(f, {}).get("bytes") or 0) for f in names)
 
     def _prefetch(self, after: str | None = None) -> None:
         """Keeps PREFETCH_SHARDS shards downloading: the next ones not cached yet, in stream order from the first shard
         touched, wrapping around (under a shuffle every shard is needed early), while the cache has room for them.
         Each shard is considered once per Store: one evicted later is fetched again when touched."""
         with self._lock:  # called from the reader and from download threads (as each finishes)
+            if self.spec.planned:
+                self._prefetch_planned()
+                return
             if self._cursor is None:
                 if after is None:
                     return
@@ -244,6 +298,38 @@ class RemoteSplit:
                         room -= size
                         self._cached_bytes += size  # counted until the next eviction measures the cache
 
+    def _prefetch_planned(self) -> None:
+        """Keeps PREFETCH_SHARDS shards of the plan downloading, the first needed first. A bounded cache makes room
+        (one eviction) by removing files the plan does not keep; a shard that still does not fit waits (touched, it is
+        fetched)."""
+        downloading = {path.parent.name for path in self._inflight}
+        chosen: list[tuple[str, list[str], int]] = []  # (shard, its files not cached, their bytes)
+        for name in self._plan:
+            if len(downloading) + len(chosen) >= PREFETCH_SHARDS:
+                break
+            missing = (
+                []
+                if name in downloading
+                else [f for f in self.data_files(name) if not (self.folder / name / f).is_file()]
+            )
+            if missing:
+                chosen.append((name, missing, self._bytes(name, missing)))
+        limit = self.spec.cache_bytes
+        room = None
+        if chosen and limit is not None:
+            # the downloads running count against the bound until they finish (_done adds them to _cached_bytes)
+            pending = sum(self._bytes(path.parent.name, [path.name]) for path in self._inflight)
+            need = pending + sum(size for _, _, size in chosen)
+            if self._cached_bytes + need > limit:
+                self.evict(protect=set(), need=need)
+            room = limit - self._cached_bytes - pending
+        for name, missing, size in chosen:
+            if room is not None:
+                if size > room:
+                    return  # what the plan keeps fills the cache: from here shards are fetched when touched
+                room -= size
+            self._start(name, missing)
+
     def fetch_all(self) -> None:
         self._fresh()
         self._wait([self._start(name, self.data_files(name)) for name in self.order])
@@ -257,16 +343,25 @@ class RemoteSplit:
                     continue
                 future = self._inflight.get(path)
                 if future is None:
+                    if name != SHARD_META_FILE and (not self.started or self.started[-1] != shard):
+                        self.started.append(shard)
                     future = self._pool.submit(self._download, (shard, name), path, self.files[shard].get(name))
                     self._inflight[path] = future
                     future.add_done_callback(functools.partial(self._done, path))
                 futures.append(future)
         return futures
 
-    def _done(self, path: Path, _: Future) -> None:
+    def _done(self, path: Path, future: Future) -> None:
         with self._lock:
             self._inflight.pop(path, None)
-            if self._cursor is None:
+            if (
+                self.spec.planned
+                and self.spec.cache_bytes is not None
+                and not future.cancelled()
+                and not future.exception()
+            ):
+                self._cached_bytes += self._bytes(path.parent.name, [path.name])  # measured again at the next eviction
+            if self._cursor is None and not self._plan:
                 return
             try:  # the next shard starts as one finishes, so prefetching goes on between the reader's misses
                 self._prefetch()
@@ -331,12 +426,15 @@ class RemoteSplit:
                 return
             start += len(chunk)
 
-    def evict(self, protect: set[Path]) -> set[Path]:
-        """Removes the least recently touched data files while the cache's data files exceed the bound (and the
-        temporary files of downloads a killed process left)."""
+    def evict(self, protect: set[Path], need: int = 0) -> set[Path]:
+        """Removes the least recently touched data files while the cache's data files exceed the bound less `need`
+        bytes (and the temporary files of downloads a killed process left), never those of `protect` or of the
+        shards the plan keeps."""
         limit = self.spec.cache_bytes
         if limit is None:
             return set()
+        limit -= need
+        protect = protect | self._keep if self._pid == os.getpid() else protect
         cached, now = [], time.time()
         for split in self.spec.root.iterdir():
             for shard in split.iterdir() if split.is_dir() else ():

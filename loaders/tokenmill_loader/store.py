@@ -22,6 +22,7 @@ Store over the cache folder, whose data files are fetched as shards are first to
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import mmap
@@ -421,6 +422,42 @@ class Store:
                     del part.maps[key]
                     part.arrays[key] = None
 
+    # ------------------------------------------------------------------ prefetch plans (remote stores)
+    @property
+    def is_remote(self) -> bool:
+        """True for a split read from object storage through a cache folder."""
+        return self._remote_spec is not None
+
+    def follow_plan(self) -> None:
+        """A remote store: prefetching follows `plan` from now on (in this process and in the workers it is
+        pickled or forked to, which then prefetch nothing themselves), not the stream. Local: nothing."""
+        if self._remote_spec is not None and not self._remote_spec.planned:
+            self._remote_spec = dataclasses.replace(self._remote_spec, planned=True)
+            if self._remote is not None:
+                self._remote.spec = self._remote_spec
+
+    def plan(self, upcoming, in_flight=()) -> None:
+        """A remote store: download the shards `upcoming` (part indices, in the order the next batches need them;
+        repeats ignored) ahead of their first touch, evicting none of them nor of `in_flight` (parts batches handed
+        out and not read yet need) to make room. Local: nothing."""
+        if self._remote is None:
+            return
+        names = [self.parts[i].name for i in _first_seen(upcoming)]
+        self._remote.plan(names, [self.parts[i].name for i in _first_seen(in_flight)])
+
+    def parts_of_windows(self, key: str, starts, length: int) -> np.ndarray:
+        """The parts windows [s, s + length) of `key` read, each window's first then last (equal unless it
+        straddles a boundary), int64 (one np.searchsorted per end)."""
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+        cum = self._cum[key]
+        first = np.searchsorted(cum, starts, "right") - 1
+        last = np.searchsorted(cum, starts + max(int(length), 1) - 1, "right") - 1
+        return np.stack([first, last], axis=1).reshape(-1)
+
+    def parts_of_records(self, indices) -> np.ndarray:
+        """The part of each record in `indices` (non-negative), int64."""
+        return np.searchsorted(self._rec_cum, np.asarray(indices, dtype=np.int64).reshape(-1), "right") - 1
+
     def _check_ids(self, key: str, ids: np.ndarray, where) -> None:
         """Refuses token ids >= vocab_size (one max over what was read)."""
         if self.vocab_size is not None and key in ALL_TOKEN_KEYS and ids.size and int(ids.max()) >= self.vocab_size:
@@ -607,6 +644,13 @@ class Store:
             root, name = root.parent, TOKENIZER_FILE
         cand = root / name
         return cand if PLAIN_NAME.fullmatch(name) and cand.is_file() else None
+
+
+def _first_seen(parts) -> list[int]:
+    """`parts` without repeats, in the order each first appears."""
+    parts = np.asarray(parts, dtype=np.int64).reshape(-1)
+    unique, first = np.unique(parts, return_index=True)
+    return unique[np.argsort(first, kind="stable")].tolist()
 
 
 def _jsonl_row(rec: dict) -> dict:
