@@ -19,13 +19,13 @@ from typing import NamedTuple
 
 import pytest
 
+from tokenmill.common.io import file_sha256
 from tokenmill.common.remote import Retries
 from tokenmill.common.staging import (
     NODE_CACHE_VARIABLE,
     OBJECTS,
     DataRootStager,
     StagingArea,
-    file_digest,
     named_paths,
     rebased,
     run_staged,
@@ -161,7 +161,7 @@ def test_a_corrupt_or_missing_object_is_refused_and_leaves_no_partial(s3_env, tm
     s3_env.make_bucket("staging-corrupt")
     area = StagingArea("s3://staging-corrupt/run")
     (tmp_path / "f").write_bytes(b"right")
-    digest = file_digest(tmp_path / "f")
+    digest = file_sha256(tmp_path / "f")
     s3_env.client().put_object(Bucket="staging-corrupt", Key=f"run/{OBJECTS}/{digest}", Body=b"wrong")
     with pytest.raises(ComputeError, match="not to its name"):
         area.get(digest, tmp_path / "g", Retries())

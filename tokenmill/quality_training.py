@@ -7,7 +7,6 @@ the scoring side (tokenmill.stages.quality_model) imports neither."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import random
 import zlib
@@ -19,6 +18,7 @@ from typing import cast
 
 import numpy as np
 
+from tokenmill.common.io import file_sha256
 from tokenmill.errors import ConfigError, SourceError
 from tokenmill.stages.clean.prepare import BATCH, prepare_batch
 from tokenmill.stages.clean.report import Timer
@@ -37,8 +37,6 @@ from tokenmill.stages.raw.ingest import reader
 from tokenmill.stages.raw.records import Mapped, map_record
 from tokenmill.stages.raw.settings import RawSettings
 from tokenmill.stages.raw.stream import FileTooLarge, Found, Rejected
-
-HASH_CHUNK = 1 << 20
 
 
 def source_files(path: Path) -> list[Path]:
@@ -87,14 +85,6 @@ def prepare_texts(texts: list[str], settings: CleanSettings) -> list[str]:
             if entry.reject is None and entry.text.strip():
                 prepared.append(entry.text)
     return prepared
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_class(paths: list[Path], name: str) -> tuple[list[str], list[dict]]:

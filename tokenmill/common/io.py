@@ -240,6 +240,15 @@ def file_crc32(path: str | os.PathLike) -> tuple[int, int]:
     return size, crc
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 (hex) of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(READ_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def shards_as_written(folder: str | os.PathLike) -> dict | None:
     """The folder's SHARDS_FILE when its record shards are exactly the ones it lists, each with the size and CRC-32
     recorded when it was written (read on threads: zlib and file reads release the GIL); None otherwise (no

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import os
 import shutil
 import tempfile
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, TypeVar
 
+from tokenmill.common.io import file_sha256
 from tokenmill.common.remote import Retries, filesystem, is_url, mask_secrets
 from tokenmill.errors import ComputeError, ConfigError
 
@@ -44,7 +44,6 @@ STAGING_VARIABLE = "TOKENMILL_RAY_STAGING"
 NODE_CACHE_VARIABLE = "TOKENMILL_NODE_CACHE"
 OBJECTS = "objects"  # <prefix>/objects/<sha256>: content-addressed, shared by every run and data root
 TASKS = "tasks"  # <node cache>/tasks/<id>: one task's private copy of the data-root paths it names
-DIGEST_BLOCK = 8 << 20  # bytes hashed per read
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,14 +80,6 @@ class Traffic:
     def add(self, other: Traffic) -> None:
         self.up += other.up
         self.down += other.down
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(DIGEST_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -141,7 +132,7 @@ class StagingArea:
                 raise ComputeError(
                     f"{url}: no such object: the staging prefix was emptied or expired during the run; rerun"
                 ) from None
-            if (got := file_digest(partial)) != digest:
+            if (got := file_sha256(partial)) != digest:
                 raise ComputeError(f"{url}: its bytes hash to {got}, not to its name (a corrupt or replaced object)")
             os.replace(partial, dest)
         finally:
@@ -258,7 +249,7 @@ class DataRootStager:
         if known is not None and known[:2] == (stat.st_size, stat.st_mtime_ns):
             digest = known[2]
         else:
-            digest = file_digest(Path(path))
+            digest = file_sha256(Path(path))
             if digest not in self._stored_digests():
                 self.area.put(Path(path), digest, self.retries)
                 self.traffic.up += stat.st_size
@@ -377,7 +368,7 @@ def _push(
             stat = path.stat()
             if placed.get(rel) == (stat.st_size, stat.st_mtime_ns):
                 continue
-            digest = file_digest(path)
+            digest = file_sha256(path)
             if given.get(rel) == digest:
                 continue
             area.put(path, digest, retries)
