@@ -25,7 +25,9 @@ from tokenmill.common.staging import (
     NODE_CACHE_VARIABLE,
     OBJECTS,
     DataRootStager,
+    StagedFile,
     StagingArea,
+    TaskFiles,
     named_paths,
     rebased,
     run_staged,
@@ -124,6 +126,23 @@ def test_a_task_error_names_the_data_root_path(s3_env, tmp_path):
     with pytest.raises(FileNotFoundError) as missing:
         run_staged(read_missing, task, data_root=str(root), area=stager.area, inputs=inputs, cache=tmp_path / "node")
     assert str(root / "stage" / "absent") in str(missing.value) and str(tmp_path / "node") not in str(missing.value)
+
+
+def test_published_outputs_never_leave_the_data_root(s3_env, tmp_path):
+    """A node's list of what its task changed is applied under the data root only: a path climbing out of it, or an
+    absolute one, is refused before anything is written."""
+    s3_env.make_bucket("staging-escape")
+    root = tmp_path / "data"
+    root.mkdir()
+    stager = DataRootStager(StagingArea("s3://staging-escape/run"), root)
+    for outputs in (
+        TaskFiles(files=(StagedFile(rel="../escaped.txt", digest="0" * 64, size=1, mtime_ns=0),)),
+        TaskFiles(folders=("stage/../../out",)),
+        TaskFiles(removed=(str(tmp_path / "victim"),)),
+    ):
+        with pytest.raises(ComputeError, match="outside the data root"):
+            stager.publish(outputs)
+    assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "out").exists()
 
 
 class Span(NamedTuple):

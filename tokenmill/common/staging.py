@@ -266,6 +266,9 @@ class DataRootStager:
         """What a task changed, applied to the data root: its folders made, its files downloaded (each whole or not
         at all, with the task's time), what it removed removed (a folder only once empty)."""
         root = Path(self.root)
+        named = [*outputs.folders, *(f.rel for f in outputs.files), *outputs.removed, *outputs.removed_folders]
+        if outside := [rel for rel in named if PurePath(rel).is_absolute() or ".." in PurePath(rel).parts]:
+            raise ComputeError(f"a staged task named paths outside the data root {root}: {sorted(outside)[:5]}")
         for rel in outputs.folders:
             (root / rel).mkdir(parents=True, exist_ok=True)
         for staged in outputs.files:
